@@ -1,0 +1,32 @@
+// Element-wise kernels the operator needs (plain declarations; per-target code in
+// elementwise-inl.h, dispatch in elementwise.cc). All lengths are in elements; pointers need no
+// alignment.
+#ifndef MHA_KERNELS_ELEMENTWISE_H_
+#define MHA_KERNELS_ELEMENTWISE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mha {
+namespace kernels {
+
+// y[r, c] += bias[c] for a block of rows (row stride in elements).
+void AddBiasRows(float* y, size_t rows, size_t cols, ptrdiff_t row_stride, const float* bias);
+
+// y[i] *= s.
+void Scale(float* y, size_t n, float s);
+
+// y[i] += x[i].
+void Accumulate(float* y, const float* x, size_t n);
+
+// Conversions for 16-bit storage. bf16 rounds to nearest even; NaN stays NaN.
+void F32ToBF16(const float* x, uint16_t* y, size_t n);
+void BF16ToF32(const uint16_t* x, float* y, size_t n);
+// IEEE binary16, round to nearest even; overflow gives +-inf.
+void F16ToF32(const uint16_t* x, float* y, size_t n);
+void F32ToF16(const float* x, uint16_t* y, size_t n);
+
+}  // namespace kernels
+}  // namespace mha
+
+#endif  // MHA_KERNELS_ELEMENTWISE_H_

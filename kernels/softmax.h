@@ -1,0 +1,67 @@
+// Softmax kernels for attention scores (plain declarations; per-target code in softmax-inl.h,
+// dispatch in softmax.cc).
+//
+// Layout: a block of `rows` rows of `cols` f32 scores, row r at scores + r * row_stride
+// (elements). Masks are per-row pointers with their own row strides; a row stride of 0
+// broadcasts one mask row to every row.
+//
+// Semantics, for each row r and column j < cols:
+//   y_j = x_j * scale + sum(additive masks)_j, or -inf if any boolean mask is nonzero at j
+//         (true = masked out, as nn.MultiheadAttention) or j >= valid(r) (causal limit);
+//   p_j = exp(y_j - max_j y_j) / sum_j exp(y_j - max_j y_j).
+// A row with no unmasked entry (every y_j == -inf) yields all zeros, never NaN. NaN in x or in
+// an additive mask propagates to its own row only. Columns j >= valid(r) are written as 0.
+//
+// Accuracy: exp is Highway's hwy/contrib/math Exp (max error 1 ULP over its range); each output
+// is within 4 ULP-scale relative error plus 1e-7 absolute of the exact softmax of the f32 inputs
+// (tested against a double reference in tests/softmax_test.cc).
+#ifndef MHA_KERNELS_SOFTMAX_H_
+#define MHA_KERNELS_SOFTMAX_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mha {
+namespace kernels {
+
+// Masks applied to a block of score rows. Every pointer may be null (absent).
+struct SoftmaxMasks {
+  // Up to two additive f32 masks (attn_mask and key_padding_mask, say), each [rows, cols] with
+  // its own row stride in elements (0 = the same row for all rows).
+  const float* add[2] = {nullptr, nullptr};
+  ptrdiff_t add_row_stride[2] = {0, 0};
+  // Up to two boolean masks, one byte per column, nonzero = masked out.
+  const uint8_t* masked[2] = {nullptr, nullptr};
+  ptrdiff_t masked_row_stride[2] = {0, 0};
+  // Causal limit: when causal is true, row r keeps only columns j < causal_offset + r + 1
+  // (clamped to [0, cols]). For a query block starting at query index q0 over keys starting at
+  // key index k0, causal_offset = q0 - k0.
+  bool causal = false;
+  int64_t causal_offset = 0;
+};
+
+// In-place softmax of each row with scale and masks (see the file comment).
+void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
+                 const SoftmaxMasks& masks);
+
+// One step of the online-softmax (flash-attention) recurrence over a block of keys.
+//
+// In: scores [rows, cols] for keys [k0, k0 + cols) (raw x, scaled and masked here exactly as
+// SoftmaxRows does); row_max[rows], row_sum[rows] from the previous blocks (start with -inf and
+// 0); acc [rows, acc_cols] (row stride acc_row_stride), the running unnormalized output.
+// Out: scores hold p_j = exp(y_j - m_new) (0 where masked); row_max = m_new =
+// max(m_old, max_j y_j); row_sum = row_sum * exp(m_old - m_new) + sum_j p_j; acc rows are
+// multiplied by exp(m_old - m_new). The caller then adds p · V_block to acc, and after the last
+// block calls OnlineSoftmaxFinish.
+void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride,
+                         float scale, const SoftmaxMasks& masks, float* row_max, float* row_sum,
+                         float* acc, size_t acc_cols, ptrdiff_t acc_row_stride);
+
+// acc[r, :] /= row_sum[r]; rows whose sum is 0 (fully masked) become zeros.
+void OnlineSoftmaxFinish(float* acc, size_t rows, size_t acc_cols, ptrdiff_t acc_row_stride,
+                         const float* row_sum);
+
+}  // namespace kernels
+}  // namespace mha
+
+#endif  // MHA_KERNELS_SOFTMAX_H_

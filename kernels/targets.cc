@@ -1,0 +1,39 @@
+// Compiled once per Highway target (foreach_target) so that ActiveTarget reports exactly what
+// HWY_DYNAMIC_DISPATCH selects for the kernels.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/targets.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha {
+namespace kernels {
+namespace HWY_NAMESPACE {
+
+int64_t CurrentTarget() { return HWY_TARGET; }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace mha
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "kernels/targets.h"
+#include "hwy/targets.h"
+
+namespace mha {
+namespace kernels {
+
+HWY_EXPORT(CurrentTarget);
+
+std::vector<int64_t> SupportedTargets() { return hwy::SupportedAndGeneratedTargets(); }
+
+const char* TargetName(int64_t target) { return hwy::TargetName(target); }
+
+int64_t ActiveTarget() { return HWY_DYNAMIC_DISPATCH(CurrentTarget)(); }
+
+void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+}  // namespace kernels
+}  // namespace mha
+#endif  // HWY_ONCE

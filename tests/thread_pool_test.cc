@@ -1,0 +1,102 @@
+#include "runtime/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+namespace mha {
+namespace {
+
+TEST(ThreadPoolTest, EveryTaskRunsExactlyOnce) {
+  for (size_t threads = 1; threads <= 8; ++threads) {
+    ThreadPool pool(threads);
+    ASSERT_EQ(pool.NumThreads(), threads);
+    std::vector<std::atomic<int>> counts(10001);
+    // n from 0 to 10000 in steps that cover tiny, odd and large counts.
+    for (uint64_t n : {0, 1, 2, 3, 7, 8, 9, 63, 64, 65, 100, 999, 1000, 4097, 10000}) {
+      for (auto& c : counts) c.store(0);
+      std::atomic<bool> bad_worker{false};
+      pool.ParallelFor(n, [&](uint64_t task, size_t worker) {
+        if (worker >= threads) bad_worker = true;
+        counts[task].fetch_add(1, std::memory_order_relaxed);
+      });
+      EXPECT_FALSE(bad_worker.load()) << "threads=" << threads << " n=" << n;
+      for (uint64_t i = 0; i < counts.size(); ++i) {
+        ASSERT_EQ(counts[i].load(), i < n ? 1 : 0)
+            << "task " << i << " threads=" << threads << " n=" << n;
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, AllCountsFrom0To300) {
+  ThreadPool pool(4);
+  std::vector<int> hits(300);
+  for (uint64_t n = 0; n <= 300; ++n) {
+    std::fill(hits.begin(), hits.end(), 0);
+    std::atomic<uint64_t> sum{0};
+    pool.ParallelFor(n, [&](uint64_t task, size_t) {
+      hits[task] += 1;  // distinct tasks touch distinct elements
+      sum.fetch_add(task + 1);
+    });
+    ASSERT_EQ(sum.load(), n * (n + 1) / 2) << n;
+    for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1);
+  }
+}
+
+TEST(ThreadPoolTest, TenThousandBackToBackDispatches) {
+  ThreadPool pool(3);
+  std::atomic<uint64_t> total{0};
+  for (int i = 0; i < 10000; ++i) {
+    pool.ParallelFor(5, [&](uint64_t task, size_t) { total.fetch_add(task); });
+  }
+  EXPECT_EQ(total.load(), 10000u * (0 + 1 + 2 + 3 + 4));
+}
+
+TEST(ThreadPoolTest, WorkersSleepAndWakeUp) {
+  ThreadPool pool(4);
+  std::atomic<int> count{0};
+  pool.ParallelFor(16, [&](uint64_t, size_t) { count++; });
+  // Long enough for every worker to pass its spin phase and block on the condition variable.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  pool.ParallelFor(16, [&](uint64_t, size_t) { count++; });
+  EXPECT_EQ(count.load(), 32);
+}
+
+TEST(ThreadPoolTest, WorkerIndexSelectsPrivateScratch) {
+  ThreadPool pool(4);
+  // Each worker accumulates into its own slot without atomics; the sum must be exact.
+  std::vector<uint64_t> scratch(pool.NumThreads() * 8, 0);  // 8 apart: no false sharing concerns
+  pool.ParallelFor(100000, [&](uint64_t task, size_t worker) { scratch[worker * 8] += task; });
+  uint64_t sum = 0;
+  for (size_t w = 0; w < pool.NumThreads(); ++w) sum += scratch[w * 8];
+  EXPECT_EQ(sum, uint64_t{100000} * 99999 / 2);
+}
+
+TEST(ThreadPoolTest, DestroyWhileIdleAndRecreate) {
+  for (int i = 0; i < 50; ++i) {
+    auto pool = std::make_unique<ThreadPool>(1 + i % 6);
+    if (i % 2) {
+      std::atomic<int> n{0};
+      pool->ParallelFor(10, [&](uint64_t, size_t) { n++; });
+      ASSERT_EQ(n.load(), 10);
+    }
+    pool.reset();
+  }
+}
+
+TEST(ThreadPoolTest, ZeroThreadsMeansOne) {
+  ThreadPool pool(0);
+  EXPECT_EQ(pool.NumThreads(), 1u);
+  int n = 0;
+  pool.ParallelFor(3, [&](uint64_t, size_t worker) {
+    EXPECT_EQ(worker, 0u);
+    n++;
+  });
+  EXPECT_EQ(n, 3);
+}
+
+}  // namespace
+}  // namespace mha
