@@ -1,0 +1,197 @@
+// mha C++ API: multi-head attention with the semantics of torch.nn.MultiheadAttention.forward in
+// eval mode, plus what PyTorch lacks (query input dim != embed_dim, per-head interleaved packed
+// QKV weights, causal without a mask tensor, zeros for fully-masked rows, per-head Q/K/V access,
+// grouped-query attention).
+//
+// Objects:
+//   Context            threads (a pool created once) + an arena that serves every temporary of a
+//                      forward pass. One context per application thread that calls forward.
+//   MultiheadAttention a layer: configuration + weights (viewed or copied). Immutable after
+//                      creation: one layer may be used by several threads at once, each with its
+//                      own Context.
+//
+// Memory: Plan() returns the workspace bytes a forward needs; Forward() takes them from the
+// context's arena. A context with an owned arena grows it (one heap allocation) when a larger
+// plan arrives, then never allocates again for that size; a context over a caller-provided buffer
+// never allocates and returns OutOfMemory naming the bytes needed when the buffer is too small.
+// Forward performs no heap allocation in steady state.
+//
+// Errors: every call returns Status; on error, outputs are not written.
+// Determinism: the same inputs give bitwise the same outputs for any thread count.
+#ifndef MHA_MHA_HPP_
+#define MHA_MHA_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "mha/types.hpp"
+
+namespace mha {
+
+class ThreadPool;
+class Arena;
+struct TraceRecorder;
+
+struct ContextOptions {
+  // Threads used by forward passes, counting the calling thread; 0 = all hardware threads.
+  size_t num_threads = 0;
+  // Caller-provided arena memory (not owned; must outlive the context). When null the context
+  // owns its arena, starting at `arena_bytes` (0 = grow on first use).
+  void* arena_buffer = nullptr;
+  size_t arena_bytes = 0;
+};
+
+class MHA_API Context {
+ public:
+  static Status Create(const ContextOptions& options, std::unique_ptr<Context>* out);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  size_t num_threads() const;
+  // Bytes of arena memory available / used at most so far.
+  size_t arena_capacity() const;
+  size_t arena_high_water() const;
+
+  // Internal (runtime/): the pool, the arena, and the optional trace recorder used by
+  // mha-bench's --breakdown and --trace. Not part of the stable API.
+  ThreadPool& pool();
+  Arena& arena();
+  // Ensures the arena can serve `bytes` (grows an owned arena; fails for a borrowed one).
+  Status Reserve(size_t bytes);
+  void set_trace(TraceRecorder* trace) { trace_ = trace; }
+  TraceRecorder* trace() const { return trace_; }
+
+ private:
+  Context() = default;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Arena> arena_;
+  bool borrowed_ = false;
+  TraceRecorder* trace_ = nullptr;
+};
+
+// Order of the rows of a packed in_proj_weight [3 * E, in] (and in_proj_bias [3 * E]).
+enum class QkvLayout : int {
+  kPyTorch = 0,  // all q rows, then all k rows, then all v rows (nn.MultiheadAttention)
+  kPerHead = 1,  // for each head h: its head_dim q rows, k rows, v rows (a Linear(in, 3E) whose
+                 // output is reshaped to [..., heads, 3 * head_dim] and chunked)
+};
+
+struct AttentionConfig {
+  int64_t embed_dim = 0;     // E: model width, output width
+  int64_t num_heads = 0;     // H: E % H == 0, head_dim = E / H
+  int64_t num_kv_heads = 0;  // grouped-query attention: H % num_kv_heads == 0; 0 = num_heads
+  int64_t q_dim = 0;         // query input features; 0 = E (nn.MultiheadAttention requires E)
+  int64_t kdim = 0;          // key input features; 0 = E
+  int64_t vdim = 0;          // value input features; 0 = E
+  bool bias = true;          // in_proj and out_proj biases
+  bool add_bias_kv = false;  // bias_k, bias_v appended as one more key/value position
+  bool add_zero_attn = false;  // a zero key/value position appended (after bias_kv)
+  bool batch_first = false;  // batched inputs are [N, L, features] instead of [L, N, features]
+  float scale = 0.0f;        // score scale; 0 = 1 / sqrt(head_dim)
+};
+
+// Weights in nn.Linear layout ([out_features, in_features], row-major, f32). kvE =
+// num_kv_heads * head_dim (= E without grouped-query attention). Give either the packed
+// in_proj_weight (only when q_dim == kdim == vdim and kvE == E) or the three separate ones.
+struct AttentionWeights {
+  const float* in_proj_weight = nullptr;  // [3E, q_dim], rows ordered by `qkv_layout`
+  const float* in_proj_bias = nullptr;    // [3E], same order (when bias)
+  QkvLayout qkv_layout = QkvLayout::kPyTorch;
+  const float* q_proj_weight = nullptr;   // [E, q_dim]
+  const float* k_proj_weight = nullptr;   // [kvE, kdim]
+  const float* v_proj_weight = nullptr;   // [kvE, vdim]
+  // Separate-weight biases: PyTorch keeps one in_proj_bias [E + 2 kvE] even with separate weights;
+  // when in_proj_weight is null, in_proj_bias (if given) is that tensor, in q, k, v order.
+  const float* bias_k = nullptr;           // [kvE] (add_bias_kv)
+  const float* bias_v = nullptr;           // [kvE] (add_bias_kv)
+  const float* out_proj_weight = nullptr;  // [E, E]
+  const float* out_proj_bias = nullptr;    // [E] (when bias)
+};
+
+enum class WeightBinding : int {
+  kView = 0,  // the layer points at the caller's arrays: they must outlive it, unchanged
+  kCopy = 1,  // the layer copies the weights at creation
+};
+
+// Inputs of one forward pass. Batched: query [L, N, q_dim] ([N, L, q_dim] if batch_first), key
+// [S, N, kdim], value [S, N, vdim]. Unbatched: query [L, q_dim], key [S, kdim], value [S, vdim].
+// Views may be strided, but the last dimension must be contiguous (stride 1), all f32.
+struct AttentionInputs {
+  TensorView query;
+  TensorView key;    // absent: self-attention, key = query
+  TensorView value;  // absent: value = key
+  // Optional. [L, S] or [N * num_heads, L, S]; bool/u8 (nonzero = NOT allowed to attend, as
+  // nn.MultiheadAttention) or f32 (added to the scaled scores; -inf masks).
+  TensorView attn_mask;
+  // Optional. [N, S] ([S] unbatched); bool/u8 (nonzero = ignore this key) or f32 (added).
+  TensorView key_padding_mask;
+  // Mask key j for query i when j > i (top-left aligned, as torch's is_causal), without building
+  // a mask. Combines with the masks above. Positions added by add_bias_kv / add_zero_attn are
+  // never masked (PyTorch pads masks with "allowed" there).
+  bool causal = false;
+  bool need_weights = false;
+  bool average_attn_weights = true;  // weights averaged over heads: [N, L, S'] else [N, H, L, S']
+};
+
+// Outputs: `output` has the query's layout with E features ([L, N, E], [N, L, E] or [L, E]).
+// `attn_weights` (required iff need_weights) is [N, L, S'] averaged or [N, H, L, S'] per head
+// (unbatched: [L, S'] / [H, L, S']), S' = S + add_bias_kv + add_zero_attn. Last dims contiguous.
+// A query row with no allowed key gets all-zero weights and a zero attention result (so its
+// output row is out_proj_bias); PyTorch returns NaN there.
+struct AttentionOutputs {
+  TensorView output;
+  TensorView attn_weights;
+};
+
+// Per-head projections (Project): q [N, H, L, hd], k and v [N, kvH, S', hd], dense f32 (N = 1 for
+// unbatched inputs). k and v include the bias_kv / zero-attention positions.
+struct ProjectionOutputs {
+  TensorView q;
+  TensorView k;
+  TensorView v;
+};
+
+class MHA_API MultiheadAttention {
+ public:
+  static Status Create(const AttentionConfig& config, const AttentionWeights& weights,
+                       WeightBinding binding, std::unique_ptr<MultiheadAttention>* out);
+  ~MultiheadAttention();
+  MultiheadAttention(const MultiheadAttention&) = delete;
+  MultiheadAttention& operator=(const MultiheadAttention&) = delete;
+
+  const AttentionConfig& config() const;
+  int64_t head_dim() const;
+
+  // Validates every shape and returns the arena bytes Forward needs for these inputs when run on
+  // `num_threads` threads (workspace grows with threads, not with S^2 x heads x batch).
+  Status Plan(const AttentionInputs& inputs, const AttentionOutputs& outputs, size_t num_threads,
+              size_t* workspace_bytes) const;
+  // Runs one forward pass on the context's pool, with temporaries from its arena.
+  Status Forward(Context& context, const AttentionInputs& inputs,
+                 const AttentionOutputs& outputs) const;
+
+  // Runs only the input projections and writes per-head Q, K, V (see ProjectionOutputs).
+  // Masks, causal and need_weights in `inputs` are ignored.
+  Status PlanProject(const AttentionInputs& inputs, const ProjectionOutputs& outputs,
+                     size_t num_threads, size_t* workspace_bytes) const;
+  Status Project(Context& context, const AttentionInputs& inputs,
+                 const ProjectionOutputs& outputs) const;
+
+  struct Impl;
+
+ private:
+  explicit MultiheadAttention(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Library version ("0.1.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
+// and the BLIS architecture configuration in use ("skx").
+MHA_API const char* Version();
+MHA_API const char* SimdTarget();
+MHA_API const char* BlasArch();
+
+}  // namespace mha
+
+#endif  // MHA_MHA_HPP_

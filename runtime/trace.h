@@ -1,0 +1,72 @@
+// Per-task timestamps for mha-bench's --breakdown and --trace. Off (null) unless a tool installs
+// a recorder on the Context; when on, each task appends one event to a buffer preallocated by the
+// tool, so recording allocates nothing. Events beyond capacity are counted, not stored.
+#ifndef MHA_RUNTIME_TRACE_H_
+#define MHA_RUNTIME_TRACE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace mha {
+
+enum class Stage : uint8_t {
+  kQkvProjection = 0,
+  kScores = 1,      // Q K^T
+  kSoftmax = 2,     // scale, masks, softmax (or the online-softmax update)
+  kWeightedSum = 3, // P V
+  kOutProjection = 4,
+  kAverageWeights = 5,
+  kNumStages = 6,
+};
+
+inline const char* StageName(Stage s) {
+  switch (s) {
+    case Stage::kQkvProjection: return "qkv_projection";
+    case Stage::kScores: return "scores";
+    case Stage::kSoftmax: return "softmax";
+    case Stage::kWeightedSum: return "pv";
+    case Stage::kOutProjection: return "out_projection";
+    case Stage::kAverageWeights: return "average_weights";
+    case Stage::kNumStages: break;
+  }
+  return "unknown";
+}
+
+struct TraceEvent {
+  int64_t begin_ns;  // steady_clock, nanoseconds
+  int64_t end_ns;
+  uint32_t worker;
+  Stage stage;
+  int32_t batch;  // -1 when not applicable
+  int32_t head;   // -1 when not applicable
+  int32_t block;  // query block, or panel index for projections
+};
+
+struct TraceRecorder {
+  explicit TraceRecorder(size_t capacity) : events(capacity) {}
+  std::vector<TraceEvent> events;  // preallocated; first `count` are valid
+  std::atomic<size_t> count{0};
+  std::atomic<size_t> dropped{0};
+
+  void Clear() { count = 0; dropped = 0; }
+  size_t size() const { size_t c = count.load(); return c < events.size() ? c : events.size(); }
+  void Record(const TraceEvent& e) {
+    const size_t i = count.fetch_add(1, std::memory_order_relaxed);
+    if (i < events.size()) {
+      events[i] = e;
+    } else {
+      dropped.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  static int64_t NowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+};
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_TRACE_H_
