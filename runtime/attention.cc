@@ -1,0 +1,1112 @@
+// The multi-head attention operator: validation and planning, weight binding, and the scheduled
+// forward pass (projections -> per-(batch, head, query block) attention tasks -> output
+// projection) on the context's pool with temporaries from its arena.
+//
+// Data flow of Forward (E = embed_dim, hd = head_dim, S' = S + add_bias_kv + add_zero_attn):
+//   1. Input projections (ParallelGemm, bias fused): Q [tokens_q, E], K and V [tokens_kv, kvE]
+//      in the arena. Self-attention with packed weights does one fused GEMM into a
+//      [tokens, E + 2 kvE] buffer. Buffers keep the token order of their input (batch-major or
+//      sequence-major), so dense inputs of either layout project with one GEMM; per-head views
+//      are strided views of these buffers (no permute copies).
+//   2. Attention tasks over (batch, head, query block): scores = Q_blk K_h^T (BLIS), masked
+//      softmax (Highway), Q_blk's rows of concat[:, h*hd:(h+1)*hd] = P V_h (BLIS). Long key
+//      sequences without weights use the online-softmax recurrence over key blocks, so scratch
+//      is threads x block x key-block floats, never S^2 x heads x batch.
+//   3. Output projection (ParallelGemm) from concat [tokens_q, E] into the caller's output.
+// Every partition depends on the shapes only, so results are bitwise identical for any thread
+// count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/softmax.h"
+#include "mha/mha.hpp"
+#include "runtime/arena.h"
+#include "runtime/parallel_gemm.h"
+#include "runtime/thread_pool.h"
+#include "runtime/trace.h"
+
+namespace mha {
+
+using kernels::MatrixView;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Query rows per attention task: the scores block [block, S'] stays within ~512 KiB (L2), and
+// small enough blocks leave several tasks per thread. Multiple of 8 for the GEMM micro-tiles.
+constexpr size_t kScoresBlockFloats = 128 * 1024;
+constexpr size_t kMinQueryBlock = 8;
+constexpr size_t kMaxQueryBlock = 256;
+// Keys per block of the online-softmax path, used when S' exceeds kOnlineThreshold and the
+// attention weights are not requested.
+constexpr size_t kKeyBlock = 512;
+constexpr size_t kOnlineThreshold = 1024;
+
+std::string Dims(const TensorView& v) {
+  if (!v.present()) return "absent";
+  return v.ShapeString();
+}
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// Row layout of a buffer of tokens: element offset of token (n, t) = n * batch + t * token.
+struct TokenLayout {
+  ptrdiff_t batch = 0;
+  ptrdiff_t token = 0;
+};
+
+// A validated input sequence tensor: N batches of T tokens of `features` floats each.
+struct SeqInput {
+  const float* data = nullptr;
+  int64_t tokens = 0;
+  int64_t features = 0;
+  TokenLayout layout;  // in elements
+};
+
+enum class MaskType { kNone, kBool, kFloat };
+
+struct MaskInput {
+  MaskType type = MaskType::kNone;
+  const void* data = nullptr;
+  bool per_head = false;   // attn_mask [N*H, L, S]
+  ptrdiff_t stride0 = 0;   // elements between [N*H] slices (3-D) or between batches (kpm)
+  ptrdiff_t row_stride = 0;  // elements between query rows (attn_mask)
+};
+
+// Everything Plan derives from the inputs and outputs.
+struct Shapes {
+  bool batched = false;
+  int64_t N = 0, L = 0, S = 0, St = 0;  // St = S'
+  SeqInput q, k, v;
+  bool self_attention = false;  // key and value are the query view
+  MaskInput attn, kpm;
+  bool causal = false;
+  bool need_weights = false;
+  bool average = true;
+  float* out = nullptr;
+  TokenLayout out_layout;
+  float* weights = nullptr;
+  ptrdiff_t w_stride[3] = {0, 0, 0};  // averaged: n, l; per head: n, h, l (in elements)
+};
+
+// Byte offsets of the workspace, computed by the plan.
+struct Workspace {
+  size_t qkv = 0, q = 0, k = 0, v = 0, concat = 0;
+  size_t attn_pad = 0, kpm_pad = 0;
+  size_t scratch = 0, scratch_per_worker = 0;
+  size_t total = 0;
+  bool fused = false;
+  bool padded_masks = false;
+  size_t query_block = 0;
+  bool online = false;
+  // Projection buffers: element row stride and token layouts.
+  ptrdiff_t q_ld = 0, kv_ld = 0;
+  TokenLayout q_layout, kv_layout, concat_layout;
+};
+
+bool IsFloatMask(DType t) { return t == DType::kF32; }
+bool IsBoolMask(DType t) { return t == DType::kBool || t == DType::kU8; }
+
+}  // namespace
+
+struct MultiheadAttention::Impl {
+  AttentionConfig config;
+  int64_t E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
+  float scale = 1.0f;
+  // Weights in nn.Linear layout, either the caller's or `owned`.
+  std::vector<float> owned;
+  const float* w_packed = nullptr;  // [E + 2 kvE, qd], PyTorch row order (q, k, v) or null
+  const float* b_packed = nullptr;  // [E + 2 kvE] or null
+  const float* w_q = nullptr;       // [E, qd]
+  const float* w_k = nullptr;       // [kvE, kd]
+  const float* w_v = nullptr;       // [kvE, vd]
+  const float* b_q = nullptr;
+  const float* b_k = nullptr;
+  const float* b_v = nullptr;
+  const float* bias_k = nullptr;  // [kvE]
+  const float* bias_v = nullptr;
+  const float* w_o = nullptr;  // [E, E]
+  const float* b_o = nullptr;  // [E]
+
+  int64_t Extra() const { return (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0); }
+
+  Status Validate(const AttentionInputs& in, const AttentionOutputs* out, Shapes* sh) const;
+  Status ValidateSeq(const TensorView& t, const char* name, int64_t features, bool batched,
+                     int64_t expect_batch, SeqInput* seq) const;
+  Status ValidateMasks(const AttentionInputs& in, Shapes* sh) const;
+  void PlanWorkspace(const Shapes& sh, size_t threads, Workspace* ws) const;
+  void RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
+  void PrepareMasks(const Shapes& sh, const Workspace& ws, uint8_t* base,
+                    MaskInput* attn, MaskInput* kpm) const;
+  void RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
+};
+
+MultiheadAttention::MultiheadAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MultiheadAttention::~MultiheadAttention() = default;
+const AttentionConfig& MultiheadAttention::config() const { return impl_->config; }
+int64_t MultiheadAttention::head_dim() const { return impl_->hd; }
+
+// ---------------------------------------------------------------------------------------------
+// Creation: configuration checks and weight binding.
+
+Status MultiheadAttention::Create(const AttentionConfig& config, const AttentionWeights& w,
+                                  WeightBinding binding, std::unique_ptr<MultiheadAttention>* out) {
+  const char* op = "MultiheadAttention::Create: ";
+  if (out == nullptr) return InvalidArgument(std::string(op) + "out is null");
+  auto impl = std::make_unique<Impl>();
+  Impl& m = *impl;
+  m.config = config;
+  m.E = config.embed_dim;
+  m.H = config.num_heads;
+  if (m.E <= 0) return InvalidArgument(std::string(op) + "embed_dim: expected > 0, got " + Str(m.E));
+  if (m.H <= 0) return InvalidArgument(std::string(op) + "num_heads: expected > 0, got " + Str(m.H));
+  if (m.E % m.H != 0) {
+    return InvalidArgument(std::string(op) + "embed_dim: expected a multiple of num_heads (" +
+                           Str(m.H) + "), got " + Str(m.E));
+  }
+  m.KVH = config.num_kv_heads == 0 ? m.H : config.num_kv_heads;
+  if (m.KVH <= 0 || m.H % m.KVH != 0) {
+    return InvalidArgument(std::string(op) + "num_kv_heads: expected a divisor of num_heads (" +
+                           Str(m.H) + ") or 0, got " + Str(config.num_kv_heads));
+  }
+  m.hd = m.E / m.H;
+  m.kvE = m.KVH * m.hd;
+  m.qd = config.q_dim == 0 ? m.E : config.q_dim;
+  m.kd = config.kdim == 0 ? m.E : config.kdim;
+  m.vd = config.vdim == 0 ? m.E : config.vdim;
+  // Dimensions are bounded so that every size product below fits comfortably in 64 bits.
+  constexpr int64_t kMaxDim = int64_t{1} << 24;
+  const struct { const char* name; int64_t v; } dims[] = {
+      {"embed_dim", m.E}, {"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}};
+  for (const auto& d : dims) {
+    if (d.v <= 0 || d.v > kMaxDim) {
+      return InvalidArgument(std::string(op) + d.name + ": expected 1.." + Str(kMaxDim) +
+                             " (or 0 for embed_dim), got " + Str(d.v));
+    }
+  }
+  if (!(config.scale >= 0.0f) || std::isinf(config.scale)) {
+    return InvalidArgument(std::string(op) + "scale: expected a finite value >= 0 (0 = default), got " +
+                           std::to_string(config.scale));
+  }
+  m.scale = config.scale > 0 ? config.scale : 1.0f / std::sqrt(static_cast<float>(m.hd));
+  m.config.num_kv_heads = m.KVH;
+  m.config.q_dim = m.qd;
+  m.config.kdim = m.kd;
+  m.config.vdim = m.vd;
+
+  const bool packed = w.in_proj_weight != nullptr;
+  const bool separate = w.q_proj_weight || w.k_proj_weight || w.v_proj_weight;
+  if (packed && separate) {
+    return InvalidArgument(std::string(op) +
+                           "weights: expected either in_proj_weight or q/k/v_proj_weight, got both");
+  }
+  if (!packed && !(w.q_proj_weight && w.k_proj_weight && w.v_proj_weight)) {
+    return InvalidArgument(std::string(op) +
+                           "weights: expected in_proj_weight, or all of q_proj_weight, "
+                           "k_proj_weight and v_proj_weight");
+  }
+  if (packed && (m.qd != m.kd || m.qd != m.vd || m.kvE != m.E)) {
+    return InvalidArgument(std::string(op) + "in_proj_weight: a packed [3E, in] weight needs "
+                           "q_dim == kdim == vdim and num_kv_heads == num_heads, got q_dim " +
+                           Str(m.qd) + ", kdim " + Str(m.kd) + ", vdim " + Str(m.vd) +
+                           ", num_kv_heads " + Str(m.KVH));
+  }
+  if (w.qkv_layout != QkvLayout::kPyTorch && w.qkv_layout != QkvLayout::kPerHead) {
+    return InvalidArgument(std::string(op) + "qkv_layout: expected kPyTorch (0) or kPerHead (1), got " +
+                           Str(static_cast<int>(w.qkv_layout)));
+  }
+  if (!packed && w.qkv_layout == QkvLayout::kPerHead) {
+    return InvalidArgument(std::string(op) +
+                           "qkv_layout: kPerHead applies to a packed in_proj_weight only");
+  }
+  if (w.out_proj_weight == nullptr) {
+    return InvalidArgument(std::string(op) + "out_proj_weight: expected [E, E] weights, got null");
+  }
+  if (config.bias && (w.in_proj_bias == nullptr || w.out_proj_bias == nullptr)) {
+    return InvalidArgument(std::string(op) + "bias is true: expected in_proj_bias [E + 2 kvE] and "
+                           "out_proj_bias [E], got " +
+                           (w.in_proj_bias ? "in_proj_bias only" : w.out_proj_bias ? "out_proj_bias only" : "neither"));
+  }
+  if (!config.bias && (w.in_proj_bias != nullptr || w.out_proj_bias != nullptr)) {
+    return InvalidArgument(std::string(op) + "bias is false: expected no in_proj_bias/out_proj_bias");
+  }
+  if (config.add_bias_kv && (w.bias_k == nullptr || w.bias_v == nullptr)) {
+    return InvalidArgument(std::string(op) + "add_bias_kv: expected bias_k and bias_v [kvE]");
+  }
+  if (!config.add_bias_kv && (w.bias_k != nullptr || w.bias_v != nullptr)) {
+    return InvalidArgument(std::string(op) + "bias_k/bias_v given but add_bias_kv is false");
+  }
+
+  const int64_t qkv_rows = m.E + 2 * m.kvE;
+  // Copies are made when asked for, and always for the per-head packed layout, which is
+  // reordered into PyTorch's (q, k, v) row order once here so every later path is the same.
+  const bool copy = binding == WeightBinding::kCopy || (packed && w.qkv_layout == QkvLayout::kPerHead);
+  if (!copy) {
+    if (packed) {
+      m.w_packed = w.in_proj_weight;
+      m.b_packed = w.in_proj_bias;
+      m.w_q = m.w_packed;
+      m.w_k = m.w_packed + m.E * m.qd;
+      m.w_v = m.w_packed + (m.E + m.kvE) * m.qd;
+    } else {
+      m.w_q = w.q_proj_weight;
+      m.w_k = w.k_proj_weight;
+      m.w_v = w.v_proj_weight;
+    }
+    if (w.in_proj_bias) {
+      m.b_q = w.in_proj_bias;
+      m.b_k = w.in_proj_bias + m.E;
+      m.b_v = w.in_proj_bias + m.E + m.kvE;
+    }
+    m.bias_k = w.bias_k;
+    m.bias_v = w.bias_v;
+    m.w_o = w.out_proj_weight;
+    m.b_o = w.out_proj_bias;
+  } else {
+    // One owned block: [w_q | w_k | w_v] (packed when the input dims agree), biases, bias_kv,
+    // out_proj.
+    const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd;
+    const size_t n_b = config.bias ? qkv_rows : 0;
+    const size_t n_bkv = config.add_bias_kv ? 2 * m.kvE : 0;
+    const size_t n_o = m.E * m.E + (config.bias ? m.E : 0);
+    m.owned.resize(n_wq + n_wk + n_wv + n_b + n_bkv + n_o);
+    float* p = m.owned.data();
+    float* wq = p;
+    float* wk = wq + n_wq;
+    float* wv = wk + n_wk;
+    float* bias = wv + n_wv;
+    float* bkv = bias + n_b;
+    float* wo = bkv + n_bkv;
+    if (packed && w.qkv_layout == QkvLayout::kPerHead) {
+      // Row (h, part, d) of the interleaved layout -> row part * E + h * hd + d.
+      for (int64_t h = 0; h < m.H; ++h) {
+        for (int64_t part = 0; part < 3; ++part) {
+          for (int64_t d = 0; d < m.hd; ++d) {
+            const int64_t src = (h * 3 + part) * m.hd + d;
+            const int64_t dst = part * m.E + h * m.hd + d;
+            std::memcpy(wq + dst * m.qd, w.in_proj_weight + src * m.qd, m.qd * sizeof(float));
+            if (config.bias) bias[dst] = w.in_proj_bias[src];
+          }
+        }
+      }
+    } else if (packed) {
+      std::memcpy(wq, w.in_proj_weight, qkv_rows * m.qd * sizeof(float));
+      if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
+    } else {
+      std::memcpy(wq, w.q_proj_weight, n_wq * sizeof(float));
+      std::memcpy(wk, w.k_proj_weight, n_wk * sizeof(float));
+      std::memcpy(wv, w.v_proj_weight, n_wv * sizeof(float));
+      if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
+    }
+    if (config.add_bias_kv) {
+      std::memcpy(bkv, w.bias_k, m.kvE * sizeof(float));
+      std::memcpy(bkv + m.kvE, w.bias_v, m.kvE * sizeof(float));
+      m.bias_k = bkv;
+      m.bias_v = bkv + m.kvE;
+    }
+    std::memcpy(wo, w.out_proj_weight, m.E * m.E * sizeof(float));
+    if (config.bias) std::memcpy(wo + m.E * m.E, w.out_proj_bias, m.E * sizeof(float));
+    m.w_q = wq;
+    m.w_k = wk;
+    m.w_v = wv;
+    // The three weights are adjacent rows of one [E + 2 kvE, in] matrix when the dims agree.
+    if (m.qd == m.kd && m.qd == m.vd) m.w_packed = wq;
+    if (config.bias) {
+      m.b_packed = bias;
+      m.b_q = bias;
+      m.b_k = bias + m.E;
+      m.b_v = bias + m.E + m.kvE;
+    }
+    m.w_o = wo;
+    m.b_o = config.bias ? wo + m.E * m.E : nullptr;
+  }
+  if (!config.bias) m.b_packed = nullptr;
+  out->reset(new MultiheadAttention(std::move(impl)));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation.
+
+Status MultiheadAttention::Impl::ValidateSeq(const TensorView& t, const char* name,
+                                             int64_t features, bool batched, int64_t expect_batch,
+                                             SeqInput* seq) const {
+  const int rank = batched ? 3 : 2;
+  const char* layout = !batched ? "[tokens, features]"
+                       : config.batch_first ? "[N, tokens, features]"
+                                            : "[tokens, N, features]";
+  if (t.rank != rank) {
+    return InvalidArgument(std::string(name) + ": expected " + Str(rank) + " dims " + layout +
+                           ", got " + Dims(t));
+  }
+  if (t.dtype != DType::kF32) {
+    return InvalidArgument(std::string(name) + ": expected dtype f32, got " + DTypeName(t.dtype));
+  }
+  if (t.shape[rank - 1] != features) {
+    return InvalidArgument(std::string(name) + ": expected last dimension " + Str(features) +
+                           ", got " + Dims(t));
+  }
+  if (t.strides[rank - 1] != 1 && features > 1) {
+    return InvalidArgument(std::string(name) + ": expected a contiguous last dimension (stride 1), "
+                           "got stride " + Str(t.strides[rank - 1]));
+  }
+  for (int i = 0; i < rank; ++i) {
+    if (t.shape[i] <= 0) {
+      return InvalidArgument(std::string(name) + ": expected non-empty dimensions, got " + Dims(t));
+    }
+  }
+  seq->data = t.As<const float>();
+  seq->features = features;
+  if (!batched) {
+    seq->tokens = t.shape[0];
+    seq->layout = {0, static_cast<ptrdiff_t>(t.strides[0])};
+    return Status::Ok();
+  }
+  const int bdim = config.batch_first ? 0 : 1;
+  const int tdim = 1 - bdim;
+  if (expect_batch >= 0 && t.shape[bdim] != expect_batch) {
+    return InvalidArgument(std::string(name) + ": expected batch size " + Str(expect_batch) +
+                           " (from query) in dimension " + Str(bdim) + ", got " + Dims(t));
+  }
+  seq->tokens = t.shape[tdim];
+  seq->layout = {static_cast<ptrdiff_t>(t.strides[bdim]), static_cast<ptrdiff_t>(t.strides[tdim])};
+  return Status::Ok();
+}
+
+Status MultiheadAttention::Impl::ValidateMasks(const AttentionInputs& in, Shapes* sh) const {
+  const int64_t N = sh->N, L = sh->L, S = sh->S;
+  if (in.attn_mask.present()) {
+    const TensorView& m = in.attn_mask;
+    MaskInput& a = sh->attn;
+    a.type = IsBoolMask(m.dtype) ? MaskType::kBool : IsFloatMask(m.dtype) ? MaskType::kFloat
+                                                                          : MaskType::kNone;
+    if (a.type == MaskType::kNone) {
+      return InvalidArgument("attn_mask: expected dtype bool, u8 or f32, got " +
+                             std::string(DTypeName(m.dtype)));
+    }
+    const std::string want2 = "[" + Str(L) + ", " + Str(S) + "]";
+    const std::string want3 = "[" + Str(N * H) + ", " + Str(L) + ", " + Str(S) + "]";
+    if (m.rank == 2 && m.shape[0] == L && m.shape[1] == S) {
+      a.per_head = false;
+      a.row_stride = m.strides[0];
+    } else if (m.rank == 3 && m.shape[0] == N * H && m.shape[1] == L && m.shape[2] == S) {
+      a.per_head = true;
+      a.stride0 = m.strides[0];
+      a.row_stride = m.strides[1];
+    } else {
+      return InvalidArgument("attn_mask: expected shape " + want2 + " or " + want3 +
+                             " (N * num_heads, L, S), got " + Dims(m));
+    }
+    if (m.strides[m.rank - 1] != 1 && S > 1) {
+      return InvalidArgument("attn_mask: expected a contiguous last dimension, got stride " +
+                             Str(m.strides[m.rank - 1]));
+    }
+    a.data = m.data;
+  }
+  if (in.key_padding_mask.present()) {
+    const TensorView& m = in.key_padding_mask;
+    MaskInput& k = sh->kpm;
+    k.type = IsBoolMask(m.dtype) ? MaskType::kBool : IsFloatMask(m.dtype) ? MaskType::kFloat
+                                                                          : MaskType::kNone;
+    if (k.type == MaskType::kNone) {
+      return InvalidArgument("key_padding_mask: expected dtype bool, u8 or f32, got " +
+                             std::string(DTypeName(m.dtype)));
+    }
+    if (sh->batched) {
+      if (m.rank != 2 || m.shape[0] != N || m.shape[1] != S) {
+        return InvalidArgument("key_padding_mask: expected shape [" + Str(N) + ", " + Str(S) +
+                               "] (N, S), got " + Dims(m));
+      }
+      k.stride0 = m.strides[0];
+    } else if (m.rank != 1 || m.shape[0] != S) {
+      return InvalidArgument("key_padding_mask: expected shape [" + Str(S) +
+                             "] (S) for unbatched inputs, got " + Dims(m));
+    }
+    if (m.strides[m.rank - 1] != 1 && S > 1) {
+      return InvalidArgument("key_padding_mask: expected a contiguous last dimension, got stride " +
+                             Str(m.strides[m.rank - 1]));
+    }
+    k.data = m.data;
+  }
+  return Status::Ok();
+}
+
+Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const AttentionOutputs* out,
+                                          Shapes* sh) const {
+  const TensorView& q = in.query;
+  if (!q.present()) return InvalidArgument("query: expected a tensor, got absent (null data)");
+  if (q.rank != 2 && q.rank != 3) {
+    return InvalidArgument(std::string("query: expected 3 dims ") +
+                           (config.batch_first ? "[N, L, q_dim]" : "[L, N, q_dim]") +
+                           " or 2 dims [L, q_dim] (unbatched), got " + Dims(q));
+  }
+  sh->batched = q.rank == 3;
+  Status s = ValidateSeq(q, "query", qd, sh->batched, -1, &sh->q);
+  if (!s.ok()) return s;
+  sh->N = sh->batched ? q.shape[config.batch_first ? 0 : 1] : 1;
+  sh->L = sh->q.tokens;
+
+  const TensorView& kt = in.key.present() ? in.key : in.query;
+  const TensorView& vt = in.value.present() ? in.value : kt;
+  if (!in.key.present() && qd != kd) {
+    return InvalidArgument("key: absent (self-attention) needs kdim == q_dim, got kdim " + Str(kd) +
+                           ", q_dim " + Str(qd));
+  }
+  if (!in.value.present() && kd != vd) {
+    return InvalidArgument("value: absent (value = key) needs vdim == kdim, got vdim " + Str(vd) +
+                           ", kdim " + Str(kd));
+  }
+  s = ValidateSeq(kt, "key", kd, sh->batched, sh->N, &sh->k);
+  if (!s.ok()) return s;
+  s = ValidateSeq(vt, "value", vd, sh->batched, sh->N, &sh->v);
+  if (!s.ok()) return s;
+  if (sh->k.tokens != sh->v.tokens) {
+    return InvalidArgument("value: expected the same sequence length as key (" +
+                           Str(sh->k.tokens) + "), got " + Dims(vt));
+  }
+  sh->S = sh->k.tokens;
+  sh->St = sh->S + Extra();
+  auto same_view = [](const TensorView& a, const TensorView& b) {
+    if (a.data != b.data || a.rank != b.rank) return false;
+    for (int i = 0; i < a.rank; ++i) {
+      if (a.shape[i] != b.shape[i] || a.strides[i] != b.strides[i]) return false;
+    }
+    return true;
+  };
+  sh->self_attention = same_view(q, kt) && same_view(kt, vt);
+
+  // Sizes must stay far from overflow: N * L * S' * H (the per-head weights) in 63 bits.
+  constexpr double kMaxElements = 9.0e18;
+  if (static_cast<double>(sh->N) * sh->L * sh->St * H > kMaxElements ||
+      static_cast<double>(sh->N) * std::max(sh->L, sh->St) * (E + 2 * kvE) > kMaxElements) {
+    return InvalidArgument("query/key: sizes overflow 64-bit arithmetic (N " + Str(sh->N) +
+                           ", L " + Str(sh->L) + ", S " + Str(sh->S) + ")");
+  }
+
+  s = ValidateMasks(in, sh);
+  if (!s.ok()) return s;
+  sh->causal = in.causal;
+  sh->need_weights = in.need_weights;
+  sh->average = in.average_attn_weights;
+
+  if (out == nullptr) return Status::Ok();
+  const TensorView& o = out->output;
+  if (!o.present()) return InvalidArgument("output: expected a tensor, got absent (null data)");
+  if (o.dtype != DType::kF32) {
+    return InvalidArgument(std::string("output: expected dtype f32, got ") + DTypeName(o.dtype));
+  }
+  const bool shape_ok = o.rank == q.rank && o.shape[0] == q.shape[0] &&
+                        (q.rank == 2 || o.shape[1] == q.shape[1]) && o.shape[o.rank - 1] == E;
+  if (!shape_ok) {
+    std::string want = "[" + Str(q.shape[0]) + ", " + (q.rank == 3 ? Str(q.shape[1]) + ", " : "") +
+                       Str(E) + "]";
+    return InvalidArgument("output: expected shape " + want + " f32, got " + Dims(o));
+  }
+  if (o.strides[o.rank - 1] != 1) {
+    return InvalidArgument("output: expected a contiguous last dimension, got stride " +
+                           Str(o.strides[o.rank - 1]));
+  }
+  sh->out = o.As<float>();
+  if (!sh->batched) {
+    sh->out_layout = {0, static_cast<ptrdiff_t>(o.strides[0])};
+  } else {
+    const int bdim = config.batch_first ? 0 : 1;
+    sh->out_layout = {static_cast<ptrdiff_t>(o.strides[bdim]),
+                      static_cast<ptrdiff_t>(o.strides[1 - bdim])};
+  }
+
+  const TensorView& wt = out->attn_weights;
+  if (!in.need_weights) {
+    if (wt.present()) {
+      return InvalidArgument("attn_weights: given but need_weights is false");
+    }
+    return Status::Ok();
+  }
+  if (!wt.present()) {
+    return InvalidArgument("attn_weights: need_weights is true, expected an output tensor, got absent");
+  }
+  // Expected [N, L, S'] / [N, H, L, S'], without the leading N when unbatched.
+  int64_t want[4];
+  int rank = 0;
+  if (sh->batched) want[rank++] = sh->N;
+  if (!in.average_attn_weights) want[rank++] = H;
+  want[rank++] = sh->L;
+  want[rank++] = sh->St;
+  bool ok = wt.rank == rank && wt.dtype == DType::kF32 && wt.strides[rank - 1] == 1;
+  for (int i = 0; ok && i < rank; ++i) ok = wt.shape[i] == want[i];
+  if (!ok) {
+    std::string ws = "[";
+    for (int i = 0; i < rank; ++i) ws += (i ? ", " : "") + Str(want[i]);
+    return InvalidArgument("attn_weights: expected shape " + ws +
+                           "] f32 with a contiguous last dimension, got " + Dims(wt) +
+                           (wt.strides[wt.rank > 0 ? wt.rank - 1 : 0] != 1 ? " (last stride != 1)" : ""));
+  }
+  sh->weights = wt.As<float>();
+  int d = 0;
+  sh->w_stride[0] = sh->batched ? static_cast<ptrdiff_t>(wt.strides[d++]) : 0;
+  if (!in.average_attn_weights) {
+    sh->w_stride[1] = wt.strides[d++];
+    sh->w_stride[2] = wt.strides[d++];
+  } else {
+    sh->w_stride[1] = wt.strides[d++];  // l
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning.
+
+namespace {
+
+// Layout of a projection buffer that follows the input's token order when the input is dense in
+// batch-major or sequence-major order (so one GEMM covers all batches), batch-major otherwise.
+TokenLayout BufferLayout(const SeqInput& in, int64_t N, int64_t rows_per_batch, ptrdiff_t ld) {
+  if (N > 1 && in.layout.token == N * in.layout.batch && in.tokens == rows_per_batch) {
+    return {ld, N * ld};  // sequence-major, like the input
+  }
+  return {rows_per_batch * ld, ld};
+}
+
+size_t Bytes(size_t floats) {
+  size_t r = 0;
+  RoundUpToAlignment(floats * sizeof(float), &r);
+  return r;
+}
+
+}  // namespace
+
+void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
+                                             Workspace* ws) const {
+  const size_t N = sh.N, L = sh.L, St = sh.St;
+  size_t off = 0;
+  ws->fused = sh.self_attention && w_packed != nullptr;
+  if (ws->fused) {
+    // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
+    // positions fit after the real ones.
+    ws->q_ld = ws->kv_ld = E + 2 * kvE;
+    const size_t rows = std::max(L, St);
+    ws->q_layout = ws->kv_layout = BufferLayout(sh.q, N, rows, ws->q_ld);
+    ws->qkv = off;
+    off += Bytes(N * rows * ws->q_ld);
+  } else {
+    ws->q_ld = E;
+    ws->kv_ld = kvE;
+    ws->q_layout = BufferLayout(sh.q, N, L, E);
+    ws->kv_layout = BufferLayout(sh.k, N, St, kvE);
+    ws->q = off;
+    off += Bytes(N * L * E);
+    ws->k = off;
+    off += Bytes(N * St * kvE);
+    ws->v = off;
+    off += Bytes(N * St * kvE);
+  }
+  ws->concat_layout = BufferLayout(sh.q, N, L, E);
+  ws->concat = off;
+  off += Bytes(N * L * E);
+
+  // Masks are padded to S' columns (and causal folded into them) only when extra key positions
+  // exist, because the kernels read a mask value for every column they process.
+  ws->padded_masks = St > static_cast<size_t>(sh.S) &&
+                     (sh.attn.type != MaskType::kNone || sh.kpm.type != MaskType::kNone || sh.causal);
+  if (ws->padded_masks) {
+    if (sh.attn.type != MaskType::kNone || sh.causal) {
+      const size_t slices = sh.attn.per_head ? N * H : 1;
+      const size_t elem = sh.attn.type == MaskType::kFloat ? sizeof(float) : 1;
+      size_t r = 0;
+      RoundUpToAlignment(slices * L * St * elem, &r);
+      ws->attn_pad = off;
+      off += r;
+    }
+    if (sh.kpm.type != MaskType::kNone) {
+      const size_t elem = sh.kpm.type == MaskType::kFloat ? sizeof(float) : 1;
+      size_t r = 0;
+      RoundUpToAlignment(N * St * elem, &r);
+      ws->kpm_pad = off;
+      off += r;
+    }
+  }
+
+  size_t qb = kScoresBlockFloats / std::max<size_t>(St, 1);
+  qb = std::min(std::max(qb, kMinQueryBlock), kMaxQueryBlock) / 8 * 8;
+  ws->online = !sh.need_weights && St > kOnlineThreshold;
+  if (ws->online) qb = 64;
+  ws->query_block = std::min(qb, L);
+  const size_t cols = ws->online ? kKeyBlock : St;
+  // Per worker: scores [block, cols], and for the online path row max and sum [block].
+  ws->scratch_per_worker = Bytes(ws->query_block * cols) + (ws->online ? 2 * Bytes(ws->query_block) : 0);
+  ws->scratch = off;
+  off += ws->scratch_per_worker * threads;
+  ws->total = off;
+}
+
+Status MultiheadAttention::Plan(const AttentionInputs& inputs, const AttentionOutputs& outputs,
+                                size_t num_threads, size_t* workspace_bytes) const {
+  if (workspace_bytes == nullptr) return InvalidArgument("Plan: workspace_bytes is null");
+  Shapes sh;
+  Status s = impl_->Validate(inputs, &outputs, &sh);
+  if (!s.ok()) return s;
+  Workspace ws;
+  impl_->PlanWorkspace(sh, std::max<size_t>(num_threads, 1), &ws);
+  *workspace_bytes = ws.total;
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Execution.
+
+void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws,
+                                              uint8_t* base) const {
+  const size_t N = sh.N;
+  // Weight W [out, in] used as B = W^T [in, out]: element (i, o) at W[o * in + i].
+  auto weight_t = [](const float* w, size_t out, size_t in) {
+    return MatrixView{const_cast<float*>(w), in, out, 1, static_cast<ptrdiff_t>(in)};
+  };
+  // One job per input: rows of all batches at once when the buffer is in the input's order with
+  // a uniform token stride, else one batch per GEMM call.
+  auto make_job = [&](const SeqInput& x, const float* w, const float* bias, size_t out_cols,
+                      float* dst, TokenLayout dst_layout, ptrdiff_t ld) {
+    GemmJob job;
+    job.b = weight_t(w, out_cols, x.features);
+    job.bias = bias;
+    const bool seq_major_all = N > 1 && dst_layout.token == static_cast<ptrdiff_t>(N) * ld &&
+                               x.layout.token == static_cast<ptrdiff_t>(N) * x.layout.batch;
+    const bool batch_major_all = N == 1 || (x.layout.batch == static_cast<ptrdiff_t>(x.tokens) * x.layout.token &&
+                                            dst_layout.batch == static_cast<ptrdiff_t>(x.tokens) * dst_layout.token);
+    if (seq_major_all) {
+      job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+               x.layout.batch, 1};
+      job.c = {dst, x.tokens * N, out_cols, ld, 1};
+    } else if (batch_major_all) {
+      job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+               x.layout.token, 1};
+      job.c = {dst, x.tokens * N, out_cols, dst_layout.token, 1};
+    } else {
+      job.a = {const_cast<float*>(x.data), static_cast<size_t>(x.tokens),
+               static_cast<size_t>(x.features), x.layout.token, 1};
+      job.c = {dst, static_cast<size_t>(x.tokens), out_cols, dst_layout.token, 1};
+      job.batches = N;
+      job.a_batch_stride = x.layout.batch;
+      job.c_batch_stride = dst_layout.batch;
+    }
+    return job;
+  };
+
+  float* k_buf;
+  float* v_buf;
+  if (ws.fused) {
+    float* qkv = reinterpret_cast<float*>(base + ws.qkv);
+    k_buf = qkv + E;
+    v_buf = qkv + E + kvE;
+    GemmJob job = make_job(sh.q, w_packed, b_packed, E + 2 * kvE, qkv, ws.q_layout, ws.q_ld);
+    ParallelGemm(ctx.pool(), &job, 1, ctx.trace());
+  } else {
+    float* q_buf = reinterpret_cast<float*>(base + ws.q);
+    k_buf = reinterpret_cast<float*>(base + ws.k);
+    v_buf = reinterpret_cast<float*>(base + ws.v);
+    GemmJob jobs[3] = {
+        make_job(sh.q, w_q, b_q, E, q_buf, ws.q_layout, ws.q_ld),
+        make_job(sh.k, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld),
+        make_job(sh.v, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld),
+    };
+    ParallelGemm(ctx.pool(), jobs, 3, ctx.trace());
+  }
+  // Appended key/value positions: bias_k / bias_v at S, zeros at S (or S + 1) for add_zero_attn.
+  int64_t pos = sh.S;
+  for (size_t n = 0; n < N; ++n) {
+    int64_t p = pos;
+    if (config.add_bias_kv) {
+      std::memcpy(k_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, bias_k, kvE * sizeof(float));
+      std::memcpy(v_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, bias_v, kvE * sizeof(float));
+      ++p;
+    }
+    if (config.add_zero_attn) {
+      std::memset(k_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, 0, kvE * sizeof(float));
+      std::memset(v_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, 0, kvE * sizeof(float));
+    }
+  }
+}
+
+void MultiheadAttention::Impl::PrepareMasks(const Shapes& sh, const Workspace& ws, uint8_t* base,
+                                            MaskInput* attn, MaskInput* kpm) const {
+  *attn = sh.attn;
+  *kpm = sh.kpm;
+  if (!ws.padded_masks) return;
+  const int64_t N = sh.N, L = sh.L, S = sh.S, St = sh.St;
+  if (sh.attn.type != MaskType::kNone || sh.causal) {
+    // [slices, L, S'] copy; columns >= S are "allowed"; causal folded in as masked cells.
+    const int64_t slices = sh.attn.per_head ? N * H : 1;
+    const bool as_float = sh.attn.type == MaskType::kFloat;
+    for (int64_t sl = 0; sl < slices; ++sl) {
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t row = (sl * L + l) * St;
+        for (int64_t s = 0; s < St; ++s) {
+          bool masked = sh.causal && s < S && s > l;
+          float add = 0.0f;
+          if (s < S && sh.attn.type != MaskType::kNone) {
+            const ptrdiff_t src = sl * sh.attn.stride0 + l * sh.attn.row_stride + s;
+            if (as_float) {
+              add = static_cast<const float*>(sh.attn.data)[src];
+            } else {
+              masked = masked || static_cast<const uint8_t*>(sh.attn.data)[src] != 0;
+            }
+          }
+          if (as_float) {
+            reinterpret_cast<float*>(base + ws.attn_pad)[row + s] = masked ? kNegInf : add;
+          } else {
+            (base + ws.attn_pad)[row + s] = masked ? 1 : 0;
+          }
+        }
+      }
+    }
+    attn->type = as_float ? MaskType::kFloat : MaskType::kBool;
+    attn->data = base + ws.attn_pad;
+    attn->stride0 = L * St;
+    attn->row_stride = St;
+  }
+  if (sh.kpm.type != MaskType::kNone) {
+    const bool as_float = sh.kpm.type == MaskType::kFloat;
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t s = 0; s < St; ++s) {
+        const ptrdiff_t src = n * sh.kpm.stride0 + s;
+        if (as_float) {
+          reinterpret_cast<float*>(base + ws.kpm_pad)[n * St + s] =
+              s < S ? static_cast<const float*>(sh.kpm.data)[src] : 0.0f;
+        } else {
+          (base + ws.kpm_pad)[n * St + s] =
+              s < S ? (static_cast<const uint8_t*>(sh.kpm.data)[src] != 0) : 0;
+        }
+      }
+    }
+    kpm->data = base + ws.kpm_pad;
+    kpm->stride0 = St;
+  }
+}
+
+void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws,
+                                            uint8_t* base) const {
+  const int64_t N = sh.N, L = sh.L, St = sh.St;
+  const size_t qb = ws.query_block;
+  const int64_t q_blocks = (L + qb - 1) / qb;
+  const int64_t group = H / KVH;
+  MaskInput attn, kpm;
+  PrepareMasks(sh, ws, base, &attn, &kpm);
+  // With padded masks, causal is already folded into the attn mask.
+  const bool causal = sh.causal && !ws.padded_masks;
+
+  float* q_buf;
+  float* k_buf;
+  float* v_buf;
+  if (ws.fused) {
+    float* qkv = reinterpret_cast<float*>(base + ws.qkv);
+    q_buf = qkv;
+    k_buf = qkv + E;
+    v_buf = qkv + E + kvE;
+  } else {
+    q_buf = reinterpret_cast<float*>(base + ws.q);
+    k_buf = reinterpret_cast<float*>(base + ws.k);
+    v_buf = reinterpret_cast<float*>(base + ws.v);
+  }
+  float* concat = reinterpret_cast<float*>(base + ws.concat);
+  uint8_t* scratch_base = base + ws.scratch;
+  TraceRecorder* trace = ctx.trace();
+
+  // Masks of query rows [q0, q0 + rows) for (n, h), columns from k0.
+  auto masks_for = [&](int64_t n, int64_t h, int64_t q0, int64_t k0) {
+    kernels::SoftmaxMasks m;
+    int slot_add = 0, slot_bool = 0;
+    auto add_mask = [&](const MaskInput& mi, ptrdiff_t offset, ptrdiff_t row_stride) {
+      if (mi.type == MaskType::kFloat) {
+        m.add[slot_add] = static_cast<const float*>(mi.data) + offset;
+        m.add_row_stride[slot_add++] = row_stride;
+      } else if (mi.type == MaskType::kBool) {
+        m.masked[slot_bool] = static_cast<const uint8_t*>(mi.data) + offset;
+        m.masked_row_stride[slot_bool++] = row_stride;
+      }
+    };
+    if (attn.type != MaskType::kNone) {
+      const ptrdiff_t slice = attn.per_head ? (n * H + h) * attn.stride0 : 0;
+      add_mask(attn, slice + q0 * attn.row_stride + k0, attn.row_stride);
+    }
+    if (kpm.type != MaskType::kNone) add_mask(kpm, n * kpm.stride0 + k0, 0);
+    m.causal = causal;
+    m.causal_offset = q0 - k0;
+    return m;
+  };
+
+  auto record = [&](int64_t begin, size_t worker, Stage stage, int64_t n, int64_t h, int64_t b) {
+    if (trace) {
+      trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker), stage,
+                     static_cast<int32_t>(n), static_cast<int32_t>(h), static_cast<int32_t>(b)});
+    }
+  };
+  auto now = [&] { return trace ? TraceRecorder::NowNs() : 0; };
+
+  // Views of head h's rows.
+  auto q_view = [&](int64_t n, int64_t h, int64_t q0, size_t rows) {
+    return MatrixView{q_buf + n * ws.q_layout.batch + q0 * ws.q_layout.token + h * hd, rows,
+                      static_cast<size_t>(hd), ws.q_layout.token, 1};
+  };
+  // K_g^T for keys [k0, k0 + cols): [hd, cols].
+  auto kt_view = [&](int64_t n, int64_t g, int64_t k0, size_t cols) {
+    return MatrixView{k_buf + n * ws.kv_layout.batch + k0 * ws.kv_layout.token + g * hd,
+                      static_cast<size_t>(hd), cols, 1, ws.kv_layout.token};
+  };
+  auto v_view = [&](int64_t n, int64_t g, int64_t k0, size_t rows) {
+    return MatrixView{v_buf + n * ws.kv_layout.batch + k0 * ws.kv_layout.token + g * hd, rows,
+                      static_cast<size_t>(hd), ws.kv_layout.token, 1};
+  };
+  auto out_view = [&](int64_t n, int64_t h, int64_t q0, size_t rows) {
+    return MatrixView{concat + n * ws.concat_layout.batch + q0 * ws.concat_layout.token + h * hd,
+                      rows, static_cast<size_t>(hd), ws.concat_layout.token, 1};
+  };
+  // Keys a causal block needs: key j is used by some row iff j <= q0 + rows - 1.
+  auto key_limit = [&](int64_t q0, size_t rows) {
+    return causal ? std::min<int64_t>(St, q0 + static_cast<int64_t>(rows)) : St;
+  };
+
+  // One (n, h, query block): full-row softmax, scores into `scores` (row stride ld).
+  auto full_rows = [&](int64_t n, int64_t h, int64_t q0, size_t rows, float* scores,
+                       ptrdiff_t ld, size_t worker, int64_t blk) {
+    const int64_t g = h / group;
+    const size_t kl = static_cast<size_t>(key_limit(q0, rows));
+    const MatrixView s_view{scores, rows, kl, ld, 1};
+    int64_t t0 = now();
+    kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, 0, kl), 0.0f, s_view);
+    record(t0, worker, Stage::kScores, n, h, blk);
+    t0 = now();
+    kernels::SoftmaxRows(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0));
+    record(t0, worker, Stage::kSoftmax, n, h, blk);
+    t0 = now();
+    kernels::Gemm(1.0f, s_view, v_view(n, g, 0, kl), 0.0f, out_view(n, h, q0, rows));
+    record(t0, worker, Stage::kWeightedSum, n, h, blk);
+    // Columns past the causal limit are exactly zero in the returned weights.
+    if (kl < static_cast<size_t>(St)) {
+      for (size_t r = 0; r < rows; ++r) {
+        std::memset(scores + r * ld + kl, 0, (St - kl) * sizeof(float));
+      }
+    }
+  };
+
+  if (sh.need_weights && sh.average) {
+    // Tasks over (n, query block); heads in a fixed order so the average is deterministic.
+    ctx.pool().ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
+      const int64_t n = task / q_blocks, blk = task % q_blocks;
+      const int64_t q0 = blk * qb;
+      const size_t rows = std::min<int64_t>(qb, L - q0);
+      float* scores = reinterpret_cast<float*>(scratch_base + worker * ws.scratch_per_worker);
+      float* wrow = sh.weights + n * sh.w_stride[0] + q0 * sh.w_stride[1];
+      for (int64_t h = 0; h < H; ++h) {
+        full_rows(n, h, q0, rows, scores, St, worker, blk);
+        const int64_t t0 = now();
+        for (size_t r = 0; r < rows; ++r) {
+          float* dst = wrow + r * sh.w_stride[1];
+          if (h == 0) {
+            std::memcpy(dst, scores + r * St, St * sizeof(float));
+          } else {
+            kernels::Accumulate(dst, scores + r * St, St);
+          }
+          if (h == H - 1) kernels::Scale(dst, St, 1.0f / static_cast<float>(H));
+        }
+        record(t0, worker, Stage::kAverageWeights, n, h, blk);
+      }
+    });
+    return;
+  }
+
+  ctx.pool().ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
+    const int64_t blk = task % q_blocks;
+    const int64_t h = (task / q_blocks) % H;
+    const int64_t n = task / (q_blocks * H);
+    const int64_t q0 = blk * qb;
+    const size_t rows = std::min<int64_t>(qb, L - q0);
+    uint8_t* scratch = scratch_base + worker * ws.scratch_per_worker;
+    if (sh.need_weights) {
+      // Per-head weights: the scores block lives in the caller's weights tensor.
+      float* w = sh.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
+      full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
+      return;
+    }
+    if (!ws.online) {
+      full_rows(n, h, q0, rows, reinterpret_cast<float*>(scratch), St, worker, blk);
+      return;
+    }
+    // Online softmax over key blocks; the running output accumulates in place in concat.
+    const int64_t g = h / group;
+    float* scores = reinterpret_cast<float*>(scratch);
+    float* row_max = reinterpret_cast<float*>(scratch + Bytes(qb * kKeyBlock));
+    float* row_sum = reinterpret_cast<float*>(scratch + Bytes(qb * kKeyBlock) + Bytes(qb));
+    const MatrixView acc = out_view(n, h, q0, rows);
+    for (size_t r = 0; r < rows; ++r) {
+      row_max[r] = kNegInf;
+      row_sum[r] = 0.0f;
+      std::memset(acc.data + r * acc.row_stride, 0, hd * sizeof(float));
+    }
+    const int64_t kend = key_limit(q0, rows);
+    for (int64_t k0 = 0; k0 < kend; k0 += kKeyBlock) {
+      const size_t kc = std::min<int64_t>(kKeyBlock, kend - k0);
+      const MatrixView s_view{scores, rows, kc, static_cast<ptrdiff_t>(kKeyBlock), 1};
+      int64_t t0 = now();
+      kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, k0, kc), 0.0f, s_view);
+      record(t0, worker, Stage::kScores, n, h, blk);
+      t0 = now();
+      kernels::OnlineSoftmaxUpdate(scores, rows, kc, kKeyBlock, scale, masks_for(n, h, q0, k0),
+                                   row_max, row_sum, acc.data, hd, acc.row_stride);
+      record(t0, worker, Stage::kSoftmax, n, h, blk);
+      t0 = now();
+      kernels::Gemm(1.0f, s_view, v_view(n, g, k0, kc), 1.0f, acc);
+      record(t0, worker, Stage::kWeightedSum, n, h, blk);
+    }
+    kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
+  });
+}
+
+Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
+                                   const AttentionOutputs& outputs) const {
+  const Impl& m = *impl_;
+  Shapes sh;
+  Status s = m.Validate(inputs, &outputs, &sh);
+  if (!s.ok()) return s;
+  Workspace ws;
+  m.PlanWorkspace(sh, ctx.num_threads(), &ws);
+  s = ctx.Reserve(ws.total);
+  if (!s.ok()) return s;
+  Arena& arena = ctx.arena();
+  arena.Reset();
+  void* base = nullptr;
+  s = arena.Allocate(ws.total, &base, "forward workspace");
+  if (!s.ok()) return s;
+  uint8_t* b = static_cast<uint8_t*>(base);
+
+  m.RunProjections(ctx, sh, ws, b);
+  m.RunAttention(ctx, sh, ws, b);
+
+  // Output projection: concat [tokens, E] x W_o^T + b_o into the caller's output.
+  float* concat = reinterpret_cast<float*>(b + ws.concat);
+  GemmJob job;
+  job.b = {const_cast<float*>(m.w_o), static_cast<size_t>(m.E), static_cast<size_t>(m.E), 1,
+           static_cast<ptrdiff_t>(m.E)};
+  job.bias = m.b_o;
+  job.stage = Stage::kOutProjection;
+  const size_t N = sh.N, L = sh.L;
+  const bool concat_seq_major = N > 1 && ws.concat_layout.token == static_cast<ptrdiff_t>(N * m.E);
+  const bool out_seq_major = N > 1 && sh.out_layout.token == static_cast<ptrdiff_t>(N) * sh.out_layout.batch;
+  const bool out_batch_major = N == 1 || sh.out_layout.batch == static_cast<ptrdiff_t>(L) * sh.out_layout.token;
+  if (concat_seq_major && out_seq_major) {
+    job.a = {concat, N * L, static_cast<size_t>(m.E), static_cast<ptrdiff_t>(m.E), 1};
+    job.c = {sh.out, N * L, static_cast<size_t>(m.E), sh.out_layout.batch, 1};
+  } else if (!concat_seq_major && out_batch_major) {
+    job.a = {concat, N * L, static_cast<size_t>(m.E), static_cast<ptrdiff_t>(m.E), 1};
+    job.c = {sh.out, N * L, static_cast<size_t>(m.E), sh.out_layout.token, 1};
+  } else {
+    job.a = {concat, L, static_cast<size_t>(m.E), ws.concat_layout.token, 1};
+    job.c = {sh.out, L, static_cast<size_t>(m.E), sh.out_layout.token, 1};
+    job.batches = N;
+    job.a_batch_stride = ws.concat_layout.batch;
+    job.c_batch_stride = sh.out_layout.batch;
+  }
+  ParallelGemm(ctx.pool(), &job, 1, ctx.trace());
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-head projections.
+
+namespace {
+
+Status CheckDense4(const TensorView& t, const char* name, int64_t a, int64_t b, int64_t c,
+                   int64_t d) {
+  const int64_t want[4] = {a, b, c, d};
+  bool ok = t.present() && t.rank == 4 && t.dtype == DType::kF32 && t.IsContiguous();
+  for (int i = 0; ok && i < 4; ++i) ok = t.shape[i] == want[i];
+  if (!ok) {
+    return InvalidArgument(std::string(name) + ": expected a dense f32 tensor [" + Str(a) + ", " +
+                           Str(b) + ", " + Str(c) + ", " + Str(d) + "], got " + Dims(t));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
+                                       const ProjectionOutputs& outputs, size_t num_threads,
+                                       size_t* workspace_bytes) const {
+  (void)num_threads;
+  if (workspace_bytes == nullptr) return InvalidArgument("PlanProject: workspace_bytes is null");
+  const Impl& m = *impl_;
+  Shapes sh;
+  AttentionInputs in = inputs;
+  in.attn_mask = TensorView();
+  in.key_padding_mask = TensorView();
+  in.need_weights = false;
+  Status s = m.Validate(in, nullptr, &sh);
+  if (!s.ok()) return s;
+  s = CheckDense4(outputs.q, "q", sh.N, m.H, sh.L, m.hd);
+  if (!s.ok()) return s;
+  s = CheckDense4(outputs.k, "k", sh.N, m.KVH, sh.St, m.hd);
+  if (!s.ok()) return s;
+  s = CheckDense4(outputs.v, "v", sh.N, m.KVH, sh.St, m.hd);
+  if (!s.ok()) return s;
+  *workspace_bytes = 0;  // the GEMMs write straight into the caller's tensors
+  return Status::Ok();
+}
+
+Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
+                                   const ProjectionOutputs& outputs) const {
+  size_t bytes = 0;
+  Status s = PlanProject(inputs, outputs, ctx.num_threads(), &bytes);
+  if (!s.ok()) return s;
+  const Impl& m = *impl_;
+  Shapes sh;
+  AttentionInputs in = inputs;
+  in.attn_mask = TensorView();
+  in.key_padding_mask = TensorView();
+  in.need_weights = false;
+  s = m.Validate(in, nullptr, &sh);
+  if (!s.ok()) return s;
+  const int64_t N = sh.N, hd = m.hd;
+  // Tasks over (which in q/k/v, n, head): out[n, h] [T, hd] = X_n [T, in] x W_h^T + b_h.
+  const int64_t heads[3] = {m.H, m.KVH, m.KVH};
+  const SeqInput* xs[3] = {&sh.q, &sh.k, &sh.v};
+  const float* ws[3] = {m.w_q, m.w_k, m.w_v};
+  const float* bs[3] = {m.b_q, m.b_k, m.b_v};
+  float* outs[3] = {outputs.q.As<float>(), outputs.k.As<float>(), outputs.v.As<float>()};
+  const int64_t rows_out[3] = {sh.L, sh.St, sh.St};
+  const uint64_t per_kind = static_cast<uint64_t>(N) * m.H;  // upper bound over kinds
+  ctx.pool().ParallelFor(3 * per_kind, [&](uint64_t task, size_t) {
+    const int kind = static_cast<int>(task / per_kind);
+    const int64_t n = (task % per_kind) / m.H;
+    const int64_t h = (task % per_kind) % m.H;
+    if (h >= heads[kind]) return;
+    const SeqInput& x = *xs[kind];
+    float* dst = outs[kind] + ((n * heads[kind] + h) * rows_out[kind]) * hd;
+    const MatrixView a{const_cast<float*>(x.data) + n * x.layout.batch,
+                       static_cast<size_t>(x.tokens), static_cast<size_t>(x.features),
+                       x.layout.token, 1};
+    const MatrixView b{const_cast<float*>(ws[kind]) + h * hd * x.features,
+                       static_cast<size_t>(x.features), static_cast<size_t>(hd), 1,
+                       static_cast<ptrdiff_t>(x.features)};
+    const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
+                       static_cast<ptrdiff_t>(hd), 1};
+    kernels::Gemm(1.0f, a, b, 0.0f, c);
+    if (bs[kind] != nullptr) kernels::AddBiasRows(dst, x.tokens, hd, hd, bs[kind] + h * hd);
+    if (kind > 0) {
+      int64_t p = sh.S;
+      const float* extra = kind == 1 ? m.bias_k : m.bias_v;
+      if (m.config.add_bias_kv) {
+        std::memcpy(dst + p * hd, extra + h * hd, hd * sizeof(float));
+        ++p;
+      }
+      if (m.config.add_zero_attn) std::memset(dst + p * hd, 0, hd * sizeof(float));
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace mha

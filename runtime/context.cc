@@ -1,0 +1,64 @@
+// Context (threads + arena) and library-wide information.
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "kernels/gemm.h"
+#include "kernels/targets.h"
+#include "mha/mha.hpp"
+#include "runtime/arena.h"
+#include "runtime/thread_pool.h"
+
+namespace mha {
+
+Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* out) {
+  if (out == nullptr) return InvalidArgument("Context::Create: out is null");
+  // An absurd thread count is almost certainly a bug (e.g. a negative value cast to size_t).
+  constexpr size_t kMaxThreads = 1024;
+  if (options.num_threads > kMaxThreads) {
+    return InvalidArgument("num_threads: expected 0..1024, got " +
+                           std::to_string(options.num_threads));
+  }
+  size_t threads = options.num_threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  std::unique_ptr<Context> ctx(new Context());
+  ctx->arena_ = std::make_unique<Arena>();
+  if (options.arena_buffer != nullptr) {
+    Status s = ctx->arena_->InitBorrowed(options.arena_buffer, options.arena_bytes);
+    if (!s.ok()) return s;
+    ctx->borrowed_ = true;
+  } else if (options.arena_bytes > 0) {
+    Status s = ctx->arena_->Init(options.arena_bytes);
+    if (!s.ok()) return s;
+  }
+  kernels::GemmInit();
+  ctx->pool_ = std::make_unique<ThreadPool>(threads);
+  *out = std::move(ctx);
+  return Status::Ok();
+}
+
+Context::~Context() = default;
+
+size_t Context::num_threads() const { return pool_->NumThreads(); }
+size_t Context::arena_capacity() const { return arena_->capacity(); }
+size_t Context::arena_high_water() const { return arena_->high_water(); }
+ThreadPool& Context::pool() { return *pool_; }
+Arena& Context::arena() { return *arena_; }
+
+Status Context::Reserve(size_t bytes) {
+  if (arena_->capacity() >= bytes) return Status::Ok();
+  if (borrowed_) {
+    return OutOfMemory("context arena: the forward pass needs " + std::to_string(bytes) +
+                       " bytes, the caller-provided buffer holds " +
+                       std::to_string(arena_->capacity()) + " usable bytes");
+  }
+  return arena_->Init(bytes);
+}
+
+const char* Version() { return "0.1.0"; }
+
+const char* SimdTarget() { return kernels::TargetName(kernels::ActiveTarget()); }
+
+const char* BlasArch() { return kernels::GemmArchName(); }
+
+}  // namespace mha

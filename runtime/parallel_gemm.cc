@@ -1,0 +1,60 @@
+#include "runtime/parallel_gemm.h"
+
+#include <algorithm>
+
+#include "kernels/elementwise.h"
+
+namespace mha {
+
+namespace {
+
+uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+uint64_t NumPanelTasks(const GemmJob& job) {
+  return job.batches * CeilDiv(job.c.rows, kPanelRows) * CeilDiv(job.c.cols, kPanelCols);
+}
+
+void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, TraceRecorder* trace) {
+  // Prefix sums of task counts, on the stack: at most a handful of jobs (q, k, v).
+  constexpr size_t kMaxJobs = 8;
+  uint64_t first_task[kMaxJobs + 1] = {0};
+  for (size_t j = 0; j < num_jobs && j < kMaxJobs; ++j) {
+    first_task[j + 1] = first_task[j] + NumPanelTasks(jobs[j]);
+  }
+  const size_t n_jobs = std::min(num_jobs, kMaxJobs);
+  pool.ParallelFor(first_task[n_jobs], [&](uint64_t task, size_t worker) {
+    size_t j = 0;
+    while (task >= first_task[j + 1]) ++j;
+    const GemmJob& job = jobs[j];
+    uint64_t t = task - first_task[j];
+    const uint64_t col_panels = CeilDiv(job.c.cols, kPanelCols);
+    const uint64_t row_panels = CeilDiv(job.c.rows, kPanelRows);
+    const uint64_t cp = t % col_panels;
+    t /= col_panels;
+    const uint64_t rp = t % row_panels;
+    const uint64_t batch = t / row_panels;
+    const size_t r0 = rp * kPanelRows, c0 = cp * kPanelCols;
+    const size_t nr = std::min(kPanelRows, job.c.rows - r0);
+    const size_t nc = std::min(kPanelCols, job.c.cols - c0);
+    const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
+
+    kernels::MatrixView a = job.a;
+    a.data += static_cast<ptrdiff_t>(batch) * job.a_batch_stride;
+    kernels::MatrixView c = job.c;
+    c.data += static_cast<ptrdiff_t>(batch) * job.c_batch_stride;
+    const kernels::MatrixView c_blk = c.Block(r0, c0, nr, nc);
+    kernels::Gemm(1.0f, a.Block(r0, 0, nr, a.cols), job.b.Block(0, c0, job.b.rows, nc), 0.0f,
+                  c_blk);
+    if (job.bias != nullptr) {
+      kernels::AddBiasRows(c_blk.data, nr, nc, c_blk.row_stride, job.bias + c0);
+    }
+    if (trace) {
+      trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker), job.stage,
+                     static_cast<int32_t>(batch), -1, static_cast<int32_t>(task)});
+    }
+  });
+}
+
+}  // namespace mha

@@ -1,0 +1,366 @@
+#include "tests/attention_test_util.h"
+
+#include <sstream>
+
+namespace mha {
+namespace testing_util {
+
+namespace {
+
+std::vector<float> RandomVec(size_t n, float scale, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(*rng);
+  return v;
+}
+
+int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
+}
+
+bool Coin(std::mt19937* rng, double p = 0.5) {
+  return std::bernoulli_distribution(p)(*rng);
+}
+
+// Strides (elements) of an input of `tokens` tokens with `features` features (+ pad).
+void SeqStrides(const Problem& p, int64_t tokens, int64_t features, int64_t* sN, int64_t* sT) {
+  const int64_t row = features + p.row_pad;
+  if (!p.batched) {
+    *sN = 0;
+    *sT = row;
+  } else if (p.config.batch_first) {
+    *sT = row;
+    *sN = tokens * row;
+  } else {
+    *sN = row;
+    *sT = p.N * row;
+  }
+}
+
+std::vector<float> RandomSeq(const Problem& p, int64_t tokens, int64_t features,
+                             std::mt19937* rng) {
+  int64_t sN, sT;
+  SeqStrides(p, tokens, features, &sN, &sT);
+  const size_t n = static_cast<size_t>(p.N * tokens * (features + p.row_pad));
+  std::vector<float> v = RandomVec(n, 1.0f, rng);
+  return v;
+}
+
+// Dense batch-first doubles [N, T, F] of a sequence stored in the problem's layout.
+std::vector<double> ToBatchFirst(const Problem& p, const std::vector<float>& x, int64_t tokens,
+                                 int64_t features) {
+  int64_t sN, sT;
+  SeqStrides(p, tokens, features, &sN, &sT);
+  std::vector<double> out(p.N * tokens * features);
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t f = 0; f < features; ++f)
+        out[(n * tokens + t) * features + f] = x[n * sN + t * sT + f];
+  return out;
+}
+
+std::vector<double> D(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
+
+}  // namespace
+
+std::string Problem::Describe() const {
+  std::ostringstream os;
+  os << "E=" << config.embed_dim << " H=" << config.num_heads << " KVH=" << config.num_kv_heads
+     << " qd=" << config.q_dim << " kd=" << config.kdim << " vd=" << config.vdim
+     << " bias=" << config.bias << " bias_kv=" << config.add_bias_kv
+     << " zero_attn=" << config.add_zero_attn << " batch_first=" << config.batch_first
+     << " packed=" << packed << " layout=" << static_cast<int>(layout)
+     << " copy=" << (binding == WeightBinding::kCopy) << " batched=" << batched
+     << " self=" << self_attention << " N=" << N << " L=" << L << " S=" << S
+     << " attn=" << static_cast<int>(attn) << (attn_3d ? "(3d)" : "")
+     << " kpm=" << static_cast<int>(kpm) << " causal=" << causal << " weights=" << need_weights
+     << " avg=" << average << " pad=" << row_pad;
+  return os.str();
+}
+
+void FillProblem(Problem* pp, std::mt19937* rng) {
+  Problem& p = *pp;
+  const AttentionConfig& c = p.config;
+  const int64_t E = c.embed_dim, H = c.num_heads;
+  const int64_t KVH = c.num_kv_heads ? c.num_kv_heads : H;
+  const int64_t hd = E / H, kvE = KVH * hd;
+  const int64_t qd = c.q_dim ? c.q_dim : E, kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
+  const float ws = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(qd, 1)));
+  if (p.packed) {
+    p.in_proj_w = RandomVec(3 * E * qd, ws, rng);
+  } else {
+    p.wq = RandomVec(E * qd, ws, rng);
+    p.wk = RandomVec(kvE * kd, 1.0f / std::sqrt(static_cast<float>(kd)), rng);
+    p.wv = RandomVec(kvE * vd, 1.0f / std::sqrt(static_cast<float>(vd)), rng);
+  }
+  if (c.bias) p.in_proj_b = RandomVec(E + 2 * kvE, 0.5f, rng);
+  if (c.add_bias_kv) {
+    p.bias_k = RandomVec(kvE, 1.0f, rng);
+    p.bias_v = RandomVec(kvE, 1.0f, rng);
+  }
+  p.wo = RandomVec(E * E, 1.0f / std::sqrt(static_cast<float>(E)), rng);
+  if (c.bias) p.bo = RandomVec(E, 0.5f, rng);
+
+  p.query = RandomSeq(p, p.L, qd, rng);
+  if (!p.self_attention) {
+    p.key = RandomSeq(p, p.S, kd, rng);
+    p.value = RandomSeq(p, p.S, vd, rng);
+  }
+  const int64_t slices = p.attn_3d ? p.N * H : 1;
+  if (p.attn == MaskChoice::kFloat) {
+    p.attn_mask_f = RandomVec(slices * p.L * p.S, 2.0f, rng);
+    for (float& x : p.attn_mask_f) {
+      if (Coin(rng, 0.15)) x = -std::numeric_limits<float>::infinity();
+    }
+  } else if (p.attn == MaskChoice::kBool) {
+    p.attn_mask_b.resize(slices * p.L * p.S);
+    for (auto& x : p.attn_mask_b) x = Coin(rng, 0.3) ? 1 : 0;
+    // Sometimes a fully masked query row.
+    if (Coin(rng, 0.3)) {
+      const int64_t l = Pick(rng, 0, p.L - 1);
+      for (int64_t s = 0; s < p.S; ++s) p.attn_mask_b[l * p.S + s] = 1;
+    }
+  }
+  if (p.kpm == MaskChoice::kFloat) {
+    p.kpm_f = RandomVec(p.N * p.S, 2.0f, rng);
+  } else if (p.kpm == MaskChoice::kBool) {
+    p.kpm_b.resize(p.N * p.S);
+    for (auto& x : p.kpm_b) x = Coin(rng, 0.25) ? 1 : 0;
+    if (Coin(rng, 0.2)) {
+      for (int64_t s = 0; s < p.S; ++s) p.kpm_b[s] = 1;  // batch 0 fully padded
+    }
+  }
+}
+
+Problem RandomProblem(std::mt19937* rng, int64_t max_len) {
+  Problem p;
+  AttentionConfig& c = p.config;
+  const int64_t H = Pick(rng, 1, 4);
+  const int64_t hd = Coin(rng, 0.15) ? 1 : Pick(rng, 1, 8);
+  c.num_heads = H;
+  c.embed_dim = H * hd;
+  // Grouped-query attention for some separate-weight problems.
+  p.packed = Coin(rng, 0.6);
+  if (!p.packed && Coin(rng, 0.3)) {
+    int64_t kvh = Pick(rng, 1, H);
+    while (H % kvh) --kvh;
+    c.num_kv_heads = kvh;
+  }
+  if (!p.packed) {
+    c.q_dim = Coin(rng) ? 0 : Pick(rng, 1, 11);
+    c.kdim = Coin(rng) ? 0 : Pick(rng, 1, 11);
+    c.vdim = Coin(rng) ? 0 : Pick(rng, 1, 11);
+  }
+  p.layout = p.packed && Coin(rng, 0.3) ? QkvLayout::kPerHead : QkvLayout::kPyTorch;
+  p.binding = Coin(rng, 0.3) ? WeightBinding::kCopy : WeightBinding::kView;
+  c.bias = Coin(rng, 0.8);
+  c.add_bias_kv = Coin(rng, 0.2);
+  c.add_zero_attn = Coin(rng, 0.2);
+  c.batch_first = Coin(rng);
+  p.batched = Coin(rng, 0.8);
+  p.N = p.batched ? Pick(rng, 1, 3) : 1;
+  p.L = Coin(rng, 0.15) ? 1 : Pick(rng, 1, max_len);
+  const int64_t qd = c.q_dim ? c.q_dim : c.embed_dim;
+  const int64_t kd = c.kdim ? c.kdim : c.embed_dim;
+  const int64_t vd = c.vdim ? c.vdim : c.embed_dim;
+  p.self_attention = qd == kd && kd == vd && Coin(rng, 0.4);
+  p.S = p.self_attention ? p.L : (Coin(rng, 0.15) ? 1 : Pick(rng, 1, max_len));
+  const int mask_pick = static_cast<int>(Pick(rng, 0, 4));
+  p.attn = mask_pick == 1 ? MaskChoice::kBool : mask_pick == 2 ? MaskChoice::kFloat : MaskChoice::kNone;
+  p.attn_3d = p.attn != MaskChoice::kNone && Coin(rng, 0.3);
+  const int kpm_pick = static_cast<int>(Pick(rng, 0, 3));
+  p.kpm = kpm_pick == 1 ? MaskChoice::kBool : kpm_pick == 2 ? MaskChoice::kFloat : MaskChoice::kNone;
+  p.causal = Coin(rng, 0.3);
+  p.need_weights = Coin(rng, 0.5);
+  p.average = Coin(rng);
+  p.row_pad = Coin(rng, 0.2) ? Pick(rng, 1, 3) : 0;
+  FillProblem(&p, rng);
+  return p;
+}
+
+AttentionWeights WeightsOf(const Problem& p) {
+  AttentionWeights w;
+  if (p.packed) {
+    w.in_proj_weight = p.in_proj_w.data();
+    w.qkv_layout = p.layout;
+  } else {
+    w.q_proj_weight = p.wq.data();
+    w.k_proj_weight = p.wk.data();
+    w.v_proj_weight = p.wv.data();
+  }
+  if (p.config.bias) {
+    w.in_proj_bias = p.in_proj_b.data();
+    w.out_proj_bias = p.bo.data();
+  }
+  if (p.config.add_bias_kv) {
+    w.bias_k = p.bias_k.data();
+    w.bias_v = p.bias_v.data();
+  }
+  w.out_proj_weight = p.wo.data();
+  return w;
+}
+
+void RunReference(const Problem& p, reference::Outputs* out) {
+  const AttentionConfig& c = p.config;
+  const int64_t E = c.embed_dim, H = c.num_heads;
+  const int64_t KVH = c.num_kv_heads ? c.num_kv_heads : H;
+  const int64_t hd = E / H, kvE = KVH * hd;
+  const int64_t qd = c.q_dim ? c.q_dim : E, kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
+  reference::Config rc;
+  rc.embed_dim = E;
+  rc.num_heads = H;
+  rc.num_kv_heads = KVH;
+  rc.q_dim = qd;
+  rc.kdim = kd;
+  rc.vdim = vd;
+  rc.bias = c.bias;
+  rc.add_bias_kv = c.add_bias_kv;
+  rc.add_zero_attn = c.add_zero_attn;
+  rc.causal = p.causal;
+  rc.scale = c.scale;
+  reference::Weights w;
+  std::vector<double> bias(E + 2 * kvE, 0.0);
+  if (c.bias) bias = D(p.in_proj_b);
+  if (p.packed) {
+    // Bring the per-head interleaved rows into q, k, v order.
+    std::vector<double> rows(3 * E * qd);
+    std::vector<double> brows(3 * E);
+    for (int64_t r = 0; r < 3 * E; ++r) {
+      int64_t src = r;
+      if (p.layout == QkvLayout::kPerHead) {
+        const int64_t part = r / E, h = (r % E) / hd, d = r % hd;
+        src = (h * 3 + part) * hd + d;
+      }
+      for (int64_t i = 0; i < qd; ++i) rows[r * qd + i] = p.in_proj_w[src * qd + i];
+      brows[r] = bias[src];
+    }
+    w.wq.assign(rows.begin(), rows.begin() + E * qd);
+    w.wk.assign(rows.begin() + E * qd, rows.begin() + 2 * E * qd);
+    w.wv.assign(rows.begin() + 2 * E * qd, rows.end());
+    bias = brows;
+  } else {
+    w.wq = D(p.wq);
+    w.wk = D(p.wk);
+    w.wv = D(p.wv);
+  }
+  if (c.bias) {
+    w.bq.assign(bias.begin(), bias.begin() + E);
+    w.bk.assign(bias.begin() + E, bias.begin() + E + kvE);
+    w.bv.assign(bias.begin() + E + kvE, bias.end());
+    w.bo = D(p.bo);
+  }
+  w.wo = D(p.wo);
+  if (c.add_bias_kv) {
+    w.bias_k = D(p.bias_k);
+    w.bias_v = D(p.bias_v);
+  }
+  reference::Inputs in;
+  in.batch = p.N;
+  in.tgt_len = p.L;
+  in.src_len = p.S;
+  in.query = ToBatchFirst(p, p.query, p.L, qd);
+  in.key = p.self_attention ? in.query : ToBatchFirst(p, p.key, p.S, kd);
+  in.value = p.self_attention ? in.query : ToBatchFirst(p, p.value, p.S, vd);
+  if (p.attn == MaskChoice::kFloat) {
+    in.attn_mask_kind = reference::MaskKind::kFloat;
+    in.attn_mask = D(p.attn_mask_f);
+  } else if (p.attn == MaskChoice::kBool) {
+    in.attn_mask_kind = reference::MaskKind::kBool;
+    in.attn_mask.assign(p.attn_mask_b.begin(), p.attn_mask_b.end());
+  }
+  in.attn_mask_3d = p.attn_3d;
+  if (p.kpm == MaskChoice::kFloat) {
+    in.key_padding_mask_kind = reference::MaskKind::kFloat;
+    in.key_padding_mask = D(p.kpm_f);
+  } else if (p.kpm == MaskChoice::kBool) {
+    in.key_padding_mask_kind = reference::MaskKind::kBool;
+    in.key_padding_mask.assign(p.kpm_b.begin(), p.kpm_b.end());
+  }
+  reference::Attention(rc, w, in, out);
+}
+
+void MakeViews(const Problem& p, Views* v) {
+  const AttentionConfig& c = p.config;
+  const int64_t E = c.embed_dim, H = c.num_heads;
+  const int64_t qd = c.q_dim ? c.q_dim : E, kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
+  auto seq_view = [&](const std::vector<float>& data, int64_t tokens, int64_t features) {
+    int64_t sN, sT;
+    SeqStrides(p, tokens, features, &sN, &sT);
+    TensorView t;
+    if (!p.batched) {
+      const int64_t shape[2] = {tokens, features};
+      const int64_t strides[2] = {sT, 1};
+      TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 2, shape, strides, &t);
+    } else if (c.batch_first) {
+      const int64_t shape[3] = {p.N, tokens, features};
+      const int64_t strides[3] = {sN, sT, 1};
+      TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 3, shape, strides, &t);
+    } else {
+      const int64_t shape[3] = {tokens, p.N, features};
+      const int64_t strides[3] = {sT, sN, 1};
+      TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 3, shape, strides, &t);
+    }
+    return t;
+  };
+  v->in = AttentionInputs();
+  v->in.query = seq_view(p.query, p.L, qd);
+  if (!p.self_attention) {
+    v->in.key = seq_view(p.key, p.S, kd);
+    v->in.value = seq_view(p.value, p.S, vd);
+  }
+  const int64_t slices = p.attn_3d ? p.N * H : 1;
+  if (p.attn != MaskChoice::kNone) {
+    const bool f = p.attn == MaskChoice::kFloat;
+    void* data = f ? static_cast<void*>(const_cast<float*>(p.attn_mask_f.data()))
+                   : static_cast<void*>(const_cast<uint8_t*>(p.attn_mask_b.data()));
+    const int64_t shape3[3] = {slices, p.L, p.S};
+    TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.attn_3d ? 3 : 2,
+                      p.attn_3d ? shape3 : shape3 + 1, &v->in.attn_mask);
+  }
+  if (p.kpm != MaskChoice::kNone) {
+    const bool f = p.kpm == MaskChoice::kFloat;
+    void* data = f ? static_cast<void*>(const_cast<float*>(p.kpm_f.data()))
+                   : static_cast<void*>(const_cast<uint8_t*>(p.kpm_b.data()));
+    const int64_t shape[2] = {p.N, p.S};
+    TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.batched ? 2 : 1,
+                      p.batched ? shape : shape + 1, &v->in.key_padding_mask);
+  }
+  v->in.causal = p.causal;
+  v->in.need_weights = p.need_weights;
+  v->in.average_attn_weights = p.average;
+
+  // Output in the query's layout, dense.
+  v->output.assign(p.N * p.L * E, std::numeric_limits<float>::quiet_NaN());
+  v->out = AttentionOutputs();
+  if (!p.batched) {
+    const int64_t shape[2] = {p.L, E};
+    TensorView::Dense(v->output.data(), DType::kF32, 2, shape, &v->out.output);
+  } else if (c.batch_first) {
+    const int64_t shape[3] = {p.N, p.L, E};
+    TensorView::Dense(v->output.data(), DType::kF32, 3, shape, &v->out.output);
+  } else {
+    const int64_t shape[3] = {p.L, p.N, E};
+    TensorView::Dense(v->output.data(), DType::kF32, 3, shape, &v->out.output);
+  }
+  if (p.need_weights) {
+    const int64_t St = p.S + c.add_bias_kv + c.add_zero_attn;
+    int64_t shape[4];
+    int rank = 0;
+    if (p.batched) shape[rank++] = p.N;
+    if (!p.average) shape[rank++] = H;
+    shape[rank++] = p.L;
+    shape[rank++] = St;
+    v->weights.assign(p.N * (p.average ? 1 : H) * p.L * St, std::numeric_limits<float>::quiet_NaN());
+    TensorView::Dense(v->weights.data(), DType::kF32, rank, shape, &v->out.attn_weights);
+  }
+}
+
+float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64_t l, int64_t e) {
+  const int64_t E = p.config.embed_dim;
+  if (!p.batched) return out[l * E + e];
+  if (p.config.batch_first) return out[(n * p.L + l) * E + e];
+  return out[(l * p.N + n) * E + e];
+}
+
+}  // namespace testing_util
+}  // namespace mha

@@ -1,0 +1,76 @@
+// Shared helpers for the operator tests: random problems in mha's API form and in the double
+// reference's form, built from the same float values.
+#ifndef MHA_TESTS_ATTENTION_TEST_UTIL_H_
+#define MHA_TESTS_ATTENTION_TEST_UTIL_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "tests/reference/reference_attention.h"
+
+namespace mha {
+namespace testing_util {
+
+enum class MaskChoice { kNone, kBool, kFloat };
+
+// A complete random attention problem.
+struct Problem {
+  AttentionConfig config;
+  bool packed = true;
+  QkvLayout layout = QkvLayout::kPyTorch;
+  WeightBinding binding = WeightBinding::kView;
+  bool batched = true;
+  bool self_attention = false;
+  int64_t N = 1, L = 1, S = 1;
+  MaskChoice attn = MaskChoice::kNone;
+  bool attn_3d = false;
+  MaskChoice kpm = MaskChoice::kNone;
+  bool causal = false;
+  bool need_weights = false;
+  bool average = true;
+  int64_t row_pad = 0;  // extra floats between tokens of the inputs (strided views)
+
+  // Weights as mha sees them.
+  std::vector<float> in_proj_w, in_proj_b, wq, wk, wv, bias_k, bias_v, wo, bo;
+  // Inputs in the layout described by batched / batch_first.
+  std::vector<float> query, key, value;
+  std::vector<float> attn_mask_f;
+  std::vector<uint8_t> attn_mask_b;
+  std::vector<float> kpm_f;
+  std::vector<uint8_t> kpm_b;
+
+  std::string Describe() const;
+};
+
+// Fills a problem's tensors with random values (masks included) from `rng`.
+void FillProblem(Problem* p, std::mt19937* rng);
+
+// A random configuration; `max_len` bounds L and S.
+Problem RandomProblem(std::mt19937* rng, int64_t max_len = 9);
+
+// Reference inputs (batch-first dense doubles) and outputs of a problem.
+void RunReference(const Problem& p, reference::Outputs* out);
+
+// mha's inputs/weights views over a problem's storage.
+AttentionWeights WeightsOf(const Problem& p);
+struct Views {
+  AttentionInputs in;
+  AttentionOutputs out;
+  std::vector<float> output;   // sized for the output
+  std::vector<float> weights;  // sized for the attention weights
+};
+void MakeViews(const Problem& p, Views* v);
+
+// Element (n, l, e) of an output stored in the problem's query layout.
+float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64_t l, int64_t e);
+
+}  // namespace testing_util
+}  // namespace mha
+
+#endif  // MHA_TESTS_ATTENTION_TEST_UTIL_H_
