@@ -1,0 +1,159 @@
+// Forward passes perform no heap allocation in steady state: operator new and malloc (and
+// friends) are interposed in this test binary and counted while the forwards run, on every
+// thread (the pool's workers and BLIS included).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <random>
+
+#include "mha/mha.hpp"
+#include "tests/attention_test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MHA_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MHA_SANITIZED 1
+#endif
+#endif
+
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<long> g_allocations{0};
+void Count() {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+}
+}  // namespace
+
+#ifndef MHA_SANITIZED
+// glibc's own entry points, so the interposed functions can forward to them.
+extern "C" void* __libc_malloc(size_t);
+extern "C" void* __libc_calloc(size_t, size_t);
+extern "C" void* __libc_realloc(void*, size_t);
+extern "C" void* __libc_memalign(size_t, size_t);
+extern "C" void __libc_free(void*);
+
+extern "C" void* malloc(size_t n) {
+  Count();
+  return __libc_malloc(n);
+}
+extern "C" void* calloc(size_t a, size_t b) {
+  Count();
+  return __libc_calloc(a, b);
+}
+extern "C" void* realloc(void* p, size_t n) {
+  Count();
+  return __libc_realloc(p, n);
+}
+extern "C" void* aligned_alloc(size_t align, size_t n) {
+  Count();
+  return __libc_memalign(align, n);
+}
+extern "C" int posix_memalign(void** out, size_t align, size_t n) {
+  Count();
+  *out = __libc_memalign(align, n);
+  return *out ? 0 : 12;  // ENOMEM
+}
+extern "C" void free(void* p) { __libc_free(p); }
+
+void* operator new(size_t n) {
+  Count();
+  void* p = __libc_malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { __libc_free(p); }
+void operator delete[](void* p) noexcept { __libc_free(p); }
+void operator delete(void* p, size_t) noexcept { __libc_free(p); }
+void operator delete[](void* p, size_t) noexcept { __libc_free(p); }
+#endif
+
+namespace mha {
+namespace {
+
+using testing_util::MaskChoice;
+using testing_util::Problem;
+
+TEST(AllocTest, ForwardAllocatesNothingInSteadyState) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  std::mt19937 rng(3);
+  // Self-attention (fused projection), cross-attention with masks and weights, causal long
+  // sequence (online softmax), per-head weights.
+  std::vector<Problem> problems(4);
+  problems[0].config.embed_dim = 64;
+  problems[0].config.num_heads = 4;
+  problems[0].N = 2;
+  problems[0].L = problems[0].S = 33;
+  problems[0].self_attention = true;
+  problems[1].config.embed_dim = 32;
+  problems[1].config.num_heads = 2;
+  problems[1].config.kdim = 12;
+  problems[1].config.vdim = 20;
+  problems[1].packed = false;
+  problems[1].N = 3;
+  problems[1].L = 9;
+  problems[1].S = 17;
+  problems[1].attn = MaskChoice::kBool;
+  problems[1].kpm = MaskChoice::kFloat;
+  problems[1].need_weights = true;
+  problems[2].config.embed_dim = 32;
+  problems[2].config.num_heads = 4;
+  problems[2].config.batch_first = true;
+  problems[2].N = 1;
+  problems[2].L = problems[2].S = 1500;
+  problems[2].self_attention = true;
+  problems[2].causal = true;
+  problems[3] = problems[1];
+  problems[3].average = false;
+  problems[3].config.add_bias_kv = true;
+  problems[3].config.add_zero_attn = true;
+
+  ContextOptions opts;
+  opts.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  for (Problem& p : problems) {
+    testing_util::FillProblem(&p, &rng);
+    std::unique_ptr<MultiheadAttention> mha;
+    ASSERT_TRUE(MultiheadAttention::Create(p.config, testing_util::WeightsOf(p),
+                                           WeightBinding::kView, &mha).ok());
+    testing_util::Views v;
+    testing_util::MakeViews(p, &v);
+    // Warm-up: the arena grows to the plan, BLIS fills its packing-buffer pools.
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(mha->Forward(*ctx, v.in, v.out).ok());
+    g_allocations = 0;
+    g_counting = true;
+    for (int i = 0; i < 20; ++i) {
+      Status s = mha->Forward(*ctx, v.in, v.out);
+      if (!s.ok()) {
+        g_counting = false;
+        FAIL() << s.ToString();
+      }
+    }
+    g_counting = false;
+    EXPECT_EQ(g_allocations.load(), 0) << p.Describe();
+  }
+}
+
+TEST(AllocTest, CounterSeesAllocations) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  // The hook must actually count, or the test above proves nothing.
+  g_allocations = 0;
+  g_counting = true;
+  void* p = std::malloc(100);
+  int* q = new int(3);
+  g_counting = false;
+  std::free(p);
+  delete q;
+  EXPECT_EQ(g_allocations.load(), 2);
+}
+
+}  // namespace
+}  // namespace mha
