@@ -1,0 +1,60 @@
+// Dynamic dispatch of the element-wise kernels: elementwise-inl.h is compiled once per Highway
+// target (foreach_target), and each entry point dispatches once per call.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/elementwise.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/elementwise-inl.h"
+
+#if HWY_ONCE
+#include "kernels/elementwise.h"
+
+namespace mha {
+namespace kernels {
+
+HWY_EXPORT(AddBiasRows);
+HWY_EXPORT(Scale);
+HWY_EXPORT(Accumulate);
+HWY_EXPORT(F32ToBF16);
+HWY_EXPORT(BF16ToF32);
+HWY_EXPORT(F16ToF32);
+HWY_EXPORT(F32ToF16);
+
+void AddBiasRows(float* y, size_t rows, size_t cols, ptrdiff_t row_stride, const float* bias) {
+  if (rows == 0 || cols == 0) return;
+  HWY_DYNAMIC_DISPATCH(AddBiasRows)(y, rows, cols, row_stride, bias);
+}
+
+void Scale(float* y, size_t n, float s) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(Scale)(y, n, s);
+}
+
+void Accumulate(float* y, const float* x, size_t n) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(Accumulate)(y, x, n);
+}
+
+void F32ToBF16(const float* x, uint16_t* y, size_t n) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(F32ToBF16)(x, y, n);
+}
+
+void BF16ToF32(const uint16_t* x, float* y, size_t n) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(BF16ToF32)(x, y, n);
+}
+
+void F16ToF32(const uint16_t* x, float* y, size_t n) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(F16ToF32)(x, y, n);
+}
+
+void F32ToF16(const float* x, uint16_t* y, size_t n) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(F32ToF16)(x, y, n);
+}
+
+}  // namespace kernels
+}  // namespace mha
+#endif  // HWY_ONCE

@@ -1,0 +1,346 @@
+// Per-target softmax kernels; the contract (layouts, masks, special values, accuracy) is in
+// kernels/softmax.h. Included once per Highway target by kernels/softmax.cc (foreach_target);
+// other per-target code may include it and call these functions directly, without dispatch.
+//
+// Each row takes three passes over its first valid(r) columns (the causal limit; the columns
+// after it are only written with 0):
+//   1. y = x * scale + add0 + add1, or -inf where a bool mask is set; y is written in place and
+//      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN).
+//   2. e = exp(y - max), written in place, and its sum (f32 partial sums, double total).
+//   3. e *= 1 / sum (reciprocal in double, rounded once).
+// y is rounded after each step (Mul, then each Add; no FMA), identically on every target, so a
+// test can reproduce it exactly. The last partial vector of a row goes through a small stack
+// buffer, so no load or store touches memory outside the row and no target needs masked loads
+// (Highway 1.0.3 has no LoadN, and MaskedLoad may fault on lanes it masks off).
+
+// Toggle guard: compiled once per target by foreach_target.
+#if defined(MHA_KERNELS_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_KERNELS_SOFTMAX_INL_H_
+#undef MHA_KERNELS_SOFTMAX_INL_H_
+#else
+#define MHA_KERNELS_SOFTMAX_INL_H_
+#endif
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "hwy/highway.h"
+#include "kernels/softmax.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha {
+namespace kernels {
+namespace HWY_NAMESPACE {
+namespace softmax_detail {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Upper bound on the lanes of an f32 vector on this target (for the tail buffers).
+constexpr size_t kMaxLanesF32 = HWY_MAX_BYTES / sizeof(float);
+
+// The masks of one row: pointers already offset to the row (null = absent).
+struct RowMasks {
+  const float* add0;
+  const float* add1;
+  const uint8_t* masked0;
+  const uint8_t* masked1;
+};
+
+inline RowMasks MasksForRow(const SoftmaxMasks& m, size_t r) {
+  const ptrdiff_t ri = static_cast<ptrdiff_t>(r);
+  RowMasks rm;
+  rm.add0 = m.add[0] ? m.add[0] + ri * m.add_row_stride[0] : nullptr;
+  rm.add1 = m.add[1] ? m.add[1] + ri * m.add_row_stride[1] : nullptr;
+  rm.masked0 = m.masked[0] ? m.masked[0] + ri * m.masked_row_stride[0] : nullptr;
+  rm.masked1 = m.masked[1] ? m.masked[1] + ri * m.masked_row_stride[1] : nullptr;
+  return rm;
+}
+
+// Number of leading columns of row r that survive the causal limit: clamp(offset + r + 1, 0,
+// cols), computed without int64 overflow for any offset.
+inline size_t ValidColumns(const SoftmaxMasks& m, size_t r, size_t cols) {
+  if (!m.causal) return cols;
+  const int64_t ri = static_cast<int64_t>(r);
+  if (m.causal_offset >= static_cast<int64_t>(cols) - ri) return cols;
+  const int64_t limit = m.causal_offset + ri + 1;  // < cols here, and cannot overflow
+  return limit <= 0 ? 0 : static_cast<size_t>(limit);
+}
+
+// Pass 1 on one full vector at column i: returns y (see the file comment).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V ScaledMaskedScores(D d, const float* HWY_RESTRICT x, const RowMasks& rm, size_t i,
+                                V vscale, V neg_inf) {
+  V y = hn::Mul(hn::LoadU(d, x + i), vscale);
+  if (rm.add0) y = hn::Add(y, hn::LoadU(d, rm.add0 + i));
+  if (rm.add1) y = hn::Add(y, hn::LoadU(d, rm.add1 + i));
+  if (rm.masked0 || rm.masked1) {
+    // One byte per column: load Lanes(d) bytes, widen to i32 lanes, compare with 0.
+    const hn::Rebind<uint8_t, D> du8;
+    const hn::Rebind<int32_t, D> di32;
+    auto bytes = hn::Zero(du8);
+    if (rm.masked0) bytes = hn::Or(bytes, hn::LoadU(du8, rm.masked0 + i));
+    if (rm.masked1) bytes = hn::Or(bytes, hn::LoadU(du8, rm.masked1 + i));
+    const auto wide = hn::PromoteTo(di32, bytes);
+    y = hn::IfThenElse(hn::RebindMask(d, hn::Ne(wide, hn::Zero(di32))), neg_inf, y);
+  }
+  return y;
+}
+
+// Result of pass 1 over a row.
+struct RowStats {
+  float max;     // max of y over the valid columns; -inf if all are -inf (or no columns)
+  bool has_nan;  // some y is NaN
+};
+
+// Pass 1 over columns [0, n) of one row: writes y into x and returns its max / NaN flag.
+template <class D>
+HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float scale,
+                                 const RowMasks& rm) {
+  using V = hn::Vec<D>;
+  const size_t N = hn::Lanes(d);
+  const V vscale = hn::Set(d, scale);
+  const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  V vmax0 = neg_inf;
+  V vmax1 = neg_inf;
+  auto nan0 = hn::MaskFromVec(hn::Zero(d));
+  auto nan1 = hn::MaskFromVec(hn::Zero(d));
+  size_t i = 0;
+  // Two independent max chains hide the latency of Max.
+  for (; i + 2 * N <= n; i += 2 * N) {
+    const V y0 = ScaledMaskedScores(d, x, rm, i, vscale, neg_inf);
+    const V y1 = ScaledMaskedScores(d, x, rm, i + N, vscale, neg_inf);
+    hn::StoreU(y0, d, x + i);
+    hn::StoreU(y1, d, x + i + N);
+    vmax0 = hn::Max(vmax0, y0);
+    vmax1 = hn::Max(vmax1, y1);
+    nan0 = hn::Or(nan0, hn::IsNaN(y0));
+    nan1 = hn::Or(nan1, hn::IsNaN(y1));
+  }
+  for (; i + N <= n; i += N) {
+    const V y = ScaledMaskedScores(d, x, rm, i, vscale, neg_inf);
+    hn::StoreU(y, d, x + i);
+    vmax0 = hn::Max(vmax0, y);
+    nan0 = hn::Or(nan0, hn::IsNaN(y));
+  }
+  if (i < n) {
+    // Tail: copy the remaining columns (and their masks) into zero-padded buffers, process one
+    // full vector, force the padding lanes to -inf, and copy back only the real columns.
+    const size_t rem = n - i;
+    HWY_ALIGN float bx[kMaxLanesF32] = {};
+    HWY_ALIGN float ba0[kMaxLanesF32] = {};
+    HWY_ALIGN float ba1[kMaxLanesF32] = {};
+    HWY_ALIGN uint8_t bm0[kMaxLanesF32] = {};
+    HWY_ALIGN uint8_t bm1[kMaxLanesF32] = {};
+    std::memcpy(bx, x + i, rem * sizeof(float));
+    RowMasks tail = {nullptr, nullptr, nullptr, nullptr};
+    if (rm.add0) {
+      std::memcpy(ba0, rm.add0 + i, rem * sizeof(float));
+      tail.add0 = ba0;
+    }
+    if (rm.add1) {
+      std::memcpy(ba1, rm.add1 + i, rem * sizeof(float));
+      tail.add1 = ba1;
+    }
+    if (rm.masked0) {
+      std::memcpy(bm0, rm.masked0 + i, rem);
+      tail.masked0 = bm0;
+    }
+    if (rm.masked1) {
+      std::memcpy(bm1, rm.masked1 + i, rem);
+      tail.masked1 = bm1;
+    }
+    V y = ScaledMaskedScores(d, bx, tail, 0, vscale, neg_inf);
+    y = hn::IfThenElse(hn::FirstN(d, rem), y, neg_inf);
+    hn::Store(y, d, bx);
+    std::memcpy(x + i, bx, rem * sizeof(float));
+    vmax0 = hn::Max(vmax0, y);
+    nan0 = hn::Or(nan0, hn::IsNaN(y));
+  }
+  RowStats stats;
+  stats.max = hn::GetLane(hn::MaxOfLanes(d, hn::Max(vmax0, vmax1)));
+  stats.has_nan = !hn::AllFalse(d, hn::Or(nan0, nan1));
+  return stats;
+}
+
+// Pass 2 over columns [0, n): x = exp(x - max) in place; returns the sum. Requires max finite.
+// -inf entries give exactly 0 (Exp returns 0 below -104).
+//
+// Summation error: four partial-sum vectors (also shorter dependency chains) are folded into a
+// double total every kChunkIters iterations, so each f32 partial sum adds at most 16 terms
+// before a reduction of depth 2 + log2(Lanes). For positive terms that bounds the relative error
+// of the sum by about (18 + log2(Lanes)) * 2^-24 (<= 1.3e-6 on 16 lanes) at any row length.
+template <class D>
+HWY_INLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float max) {
+  using V = hn::Vec<D>;
+  constexpr size_t kChunkIters = 16;
+  const size_t N = hn::Lanes(d);
+  const V vmax = hn::Set(d, max);
+  double total = 0.0;
+  size_t i = 0;
+  while (i + 4 * N <= n) {
+    V sum0 = hn::Zero(d);
+    V sum1 = hn::Zero(d);
+    V sum2 = hn::Zero(d);
+    V sum3 = hn::Zero(d);
+    for (size_t it = 0; it < kChunkIters && i + 4 * N <= n; ++it, i += 4 * N) {
+      const V e0 = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vmax));
+      const V e1 = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i + N), vmax));
+      const V e2 = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i + 2 * N), vmax));
+      const V e3 = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i + 3 * N), vmax));
+      hn::StoreU(e0, d, x + i);
+      hn::StoreU(e1, d, x + i + N);
+      hn::StoreU(e2, d, x + i + 2 * N);
+      hn::StoreU(e3, d, x + i + 3 * N);
+      sum0 = hn::Add(sum0, e0);
+      sum1 = hn::Add(sum1, e1);
+      sum2 = hn::Add(sum2, e2);
+      sum3 = hn::Add(sum3, e3);
+    }
+    const V sum = hn::Add(hn::Add(sum0, sum1), hn::Add(sum2, sum3));
+    total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, sum)));
+  }
+  // At most 3 full vectors and a partial one remain.
+  V sum = hn::Zero(d);
+  for (; i + N <= n; i += N) {
+    const V e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + i), vmax));
+    hn::StoreU(e, d, x + i);
+    sum = hn::Add(sum, e);
+  }
+  if (i < n) {
+    // Padding lanes hold -inf, whose exp is 0.
+    const size_t rem = n - i;
+    HWY_ALIGN float buf[kMaxLanesF32];
+    hn::Store(hn::Set(d, -std::numeric_limits<float>::infinity()), d, buf);
+    std::memcpy(buf, x + i, rem * sizeof(float));
+    const V e = hn::Exp(d, hn::Sub(hn::Load(d, buf), vmax));
+    hn::Store(e, d, buf);
+    std::memcpy(x + i, buf, rem * sizeof(float));
+    sum = hn::Add(sum, e);
+  }
+  total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, sum)));
+  return total;
+}
+
+// x[i] *= s for i < n (also pass 3). The scalar tail rounds exactly as the vector lanes do.
+template <class D>
+HWY_INLINE void MulRow(D d, float* HWY_RESTRICT x, size_t n, float s) {
+  const size_t N = hn::Lanes(d);
+  const auto vs = hn::Set(d, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+  for (; i < n; ++i) x[i] *= s;
+}
+
+inline void FillRow(float* x, size_t n, float value) {
+  for (size_t i = 0; i < n; ++i) x[i] = value;
+}
+
+}  // namespace softmax_detail
+
+// See kernels/softmax.h.
+inline void SoftmaxRows(float* HWY_RESTRICT scores, size_t rows, size_t cols,
+                        ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks) {
+  namespace sd = softmax_detail;
+  const hwy::HWY_NAMESPACE::ScalableTag<float> d;
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
+    const size_t valid = sd::ValidColumns(masks, r, cols);
+    // Columns beyond the causal limit are never read, only zeroed.
+    sd::FillRow(x + valid, cols - valid, 0.0f);
+    if (valid == 0) continue;
+    const sd::RowStats stats = sd::ScaleMaskMax(d, x, valid, scale, sd::MasksForRow(masks, r));
+    if (stats.has_nan || stats.max == kInf) {
+      // NaN anywhere, or +inf (exp(inf - inf) is NaN, as in PyTorch): the row is NaN.
+      sd::FillRow(x, valid, kNaN);
+      continue;
+    }
+    if (stats.max == -kInf) {
+      // Nothing unmasked: zeros, not 0/0.
+      sd::FillRow(x, valid, 0.0f);
+      continue;
+    }
+    const double sum = sd::ExpSubtractSum(d, x, valid, stats.max);
+    // sum >= 1 (the max element contributes exp(0) = 1); one rounding for the reciprocal.
+    sd::MulRow(d, x, valid, static_cast<float>(1.0 / sum));
+  }
+}
+
+// See kernels/softmax.h.
+inline void OnlineSoftmaxUpdate(float* HWY_RESTRICT scores, size_t rows, size_t cols,
+                                ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks,
+                                float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
+                                float* HWY_RESTRICT acc, size_t acc_cols,
+                                ptrdiff_t acc_row_stride) {
+  namespace sd = softmax_detail;
+  const hwy::HWY_NAMESPACE::ScalableTag<float> d;
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  for (size_t r = 0; r < rows; ++r) {
+    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
+    float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
+    const size_t valid = sd::ValidColumns(masks, r, cols);
+    sd::FillRow(x + valid, cols - valid, 0.0f);
+    if (valid == 0) continue;  // no key of this block is visible: state unchanged
+    const sd::RowStats stats = sd::ScaleMaskMax(d, x, valid, scale, sd::MasksForRow(masks, r));
+    const float m_old = row_max[r];
+    if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
+      // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
+      // OnlineSoftmaxFinish keep it NaN.
+      sd::FillRow(x, valid, kNaN);
+      sd::FillRow(acc_row, acc_cols, kNaN);
+      row_max[r] = kNaN;
+      row_sum[r] = kNaN;
+      continue;
+    }
+    const float m_new = stats.max > m_old ? stats.max : m_old;
+    if (m_new == -kInf) {
+      // Every key so far is masked: p = 0, and the state stays (-inf, 0).
+      sd::FillRow(x, valid, 0.0f);
+      continue;
+    }
+    const float block_sum = static_cast<float>(sd::ExpSubtractSum(d, x, valid, m_new));
+    if (m_old == -kInf) {
+      // First visible keys: nothing accumulated yet (acc is overwritten, not scaled, so it
+      // need not be initialized before the first block that has a visible key).
+      sd::FillRow(acc_row, acc_cols, 0.0f);
+      row_sum[r] = block_sum;
+    } else if (m_new > m_old) {
+      const float alpha = std::exp(m_old - m_new);  // in [0, 1)
+      sd::MulRow(d, acc_row, acc_cols, alpha);
+      row_sum[r] = row_sum[r] * alpha + block_sum;
+    } else {
+      row_sum[r] += block_sum;
+    }
+    row_max[r] = m_new;
+  }
+}
+
+// See kernels/softmax.h.
+inline void OnlineSoftmaxFinish(float* HWY_RESTRICT acc, size_t rows, size_t acc_cols,
+                                ptrdiff_t acc_row_stride, const float* HWY_RESTRICT row_sum) {
+  namespace sd = softmax_detail;
+  const hwy::HWY_NAMESPACE::ScalableTag<float> d;
+  for (size_t r = 0; r < rows; ++r) {
+    float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
+    const float sum = row_sum[r];
+    if (sum == 0.0f) {
+      sd::FillRow(acc_row, acc_cols, 0.0f);  // fully masked row
+    } else {
+      sd::MulRow(d, acc_row, acc_cols, 1.0f / sum);  // NaN sum gives NaN
+    }
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace mha
+HWY_AFTER_NAMESPACE();
+
+#endif  // MHA_KERNELS_SOFTMAX_INL_H_
