@@ -1,0 +1,76 @@
+// Google Benchmark of MultiheadAttention::Forward at mha-bench's default-suite shapes, without
+// and with causal, on 1..hardware threads. The FLOPS counter uses mha-bench's formula
+// (tools/bench_workload.h: AttentionFlops), so "FLOPS=25G/s" here is mha-bench's 25 GFLOP/s.
+//
+//   build/bench/operator_bench --benchmark_min_time=0.2 --benchmark_filter='/threads:1$'
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "mha/mha.hpp"
+#include "tools/bench_workload.h"
+
+namespace mha {
+namespace bench {
+namespace {
+
+void BM_Forward(benchmark::State& state) {
+  Shape shape;
+  shape.batch = state.range(0);
+  shape.seq = state.range(1);
+  shape.kv_seq = shape.seq;
+  shape.embed = state.range(2);
+  shape.heads = state.range(3);
+  shape.causal = state.range(4) != 0;
+  const size_t threads = static_cast<size_t>(state.range(5));
+
+  std::unique_ptr<Workload> workload;
+  Status st = Workload::Create(shape, kDefaultSeed, &workload);
+  ContextOptions options;
+  options.num_threads = threads;
+  std::unique_ptr<Context> context;
+  if (st.ok()) st = Context::Create(options, &context);
+  size_t workspace = 0;
+  if (st.ok()) {
+    st = workload->layer().Plan(workload->inputs(), workload->outputs(), threads, &workspace);
+  }
+  if (st.ok()) st = context->Reserve(workspace);
+  // Warm-up: faults in the arena and BLIS's packing buffers before timing.
+  if (st.ok()) st = workload->layer().Forward(*context, workload->inputs(), workload->outputs());
+  if (!st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+    return;
+  }
+  for (auto _ : state) {
+    st = workload->layer().Forward(*context, workload->inputs(), workload->outputs());
+    if (!st.ok()) {
+      state.SkipWithError(st.ToString().c_str());
+      break;
+    }
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(AttentionFlops(shape), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["workspace_MiB"] = static_cast<double>(workspace) / (1024.0 * 1024.0);
+}
+
+void SuiteArgs(benchmark::internal::Benchmark* b) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  const int64_t max_threads = hw == 0 ? 1 : static_cast<int64_t>(hw);
+  b->ArgNames({"batch", "seq", "embed", "heads", "causal", "threads"});
+  for (const Shape& s : DefaultSuite()) {
+    for (int64_t t = 1; t <= max_threads; ++t) {
+      b->Args({s.batch, s.seq, s.embed, s.heads, s.causal ? 1 : 0, t});
+    }
+  }
+}
+
+// Real time: the work runs on the pool's threads, not only the benchmark's.
+BENCHMARK(BM_Forward)->Apply(SuiteArgs)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace bench
+}  // namespace mha
+
+BENCHMARK_MAIN();

@@ -1,0 +1,328 @@
+#include "tools/bench_args.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <thread>
+
+namespace mha {
+namespace bench {
+
+namespace {
+
+// Bounds that keep every buffer size and index within int64/size_t arithmetic and each tensor
+// below 2^31 elements (8 GiB of f32): larger cases are not what a profiler run is for.
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+constexpr int64_t kMaxThreads = 1024;
+constexpr double kMaxTensorElements = 2147483648.0;  // 2^31
+constexpr double kMaxMinTime = 3600.0;               // seconds
+constexpr int64_t kMaxMinRuns = 1000000;
+constexpr int64_t kMaxSgemmSize = 16384;
+
+// Defaults of a custom shape for the shape flags not given.
+constexpr int64_t kDefaultBatch = 1, kDefaultSeq = 128, kDefaultEmbed = 512, kDefaultHeads = 8;
+
+std::string Quoted(const std::string& s) { return "'" + s + "'"; }
+
+std::string FormatNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+// Parses a decimal integer in [lo, hi]: digits only, no sign, no spaces, no suffix.
+bool ParseInt(const std::string& flag, const std::string& text, int64_t lo, int64_t hi,
+              int64_t* out, std::string* error) {
+  const std::string expected =
+      "expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  bool digits = !text.empty();
+  for (char c : text) digits = digits && c >= '0' && c <= '9';
+  if (!digits) {
+    *error = flag + ": " + expected + ", got " + Quoted(text);
+    return false;
+  }
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno == ERANGE || v < lo || v > hi) {
+    *error = flag + ": " + expected + ", got " + text;
+    return false;
+  }
+  *out = static_cast<int64_t>(v);
+  return true;
+}
+
+// Parses a finite decimal number in [lo, hi]; `unit` ("of seconds ") completes the message.
+bool ParseDouble(const std::string& flag, const std::string& text, double lo, double hi,
+                 const char* unit, double* out, std::string* error) {
+  const std::string expected = "expected a number " + std::string(unit) + "in [" +
+                               FormatNumber(lo) + ", " + FormatNumber(hi) + "]";
+  char* end = nullptr;
+  errno = 0;
+  const double v = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) {
+    *error = flag + ": " + expected + ", got " + Quoted(text);
+    return false;
+  }
+  if (v < lo || v > hi) {
+    *error = flag + ": " + expected + ", got " + text;
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+// "1,2,4": a comma-separated list of thread counts.
+bool ParseThreadList(const std::string& flag, const std::string& text, std::vector<size_t>* out,
+                     std::string* error) {
+  out->clear();
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    int64_t v = 0;
+    if (!ParseInt(flag, item, 1, kMaxThreads, &v, error)) {
+      *error = flag + ": expected a comma-separated list of thread counts in [1, " +
+               std::to_string(kMaxThreads) + "], got " + Quoted(text);
+      return false;
+    }
+    for (size_t t : *out) {
+      if (t == static_cast<size_t>(v)) {
+        *error = flag + ": expected distinct thread counts, got " + std::to_string(v) +
+                 " twice in " + Quoted(text);
+        return false;
+      }
+    }
+    out->push_back(static_cast<size_t>(v));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return true;
+}
+
+size_t HardwareThreads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : n;  // 0 means "unknown"
+}
+
+// Cross-flag checks of a custom shape, after all flags are read.
+bool ValidateShape(const Shape& s, std::string* error) {
+  if (s.embed % s.heads != 0) {
+    *error = "--embed/--heads: expected embed divisible by heads, got embed " +
+             std::to_string(s.embed) + " and heads " + std::to_string(s.heads) + " (remainder " +
+             std::to_string(s.embed % s.heads) + ")";
+    return false;
+  }
+  const double n = static_cast<double>(s.batch), l = static_cast<double>(s.seq),
+               kv = static_cast<double>(s.kv_seq), e = static_cast<double>(s.embed);
+  struct Tensor {
+    const char* name;
+    double elements;
+  };
+  const Tensor tensors[] = {{"query [batch, seq, embed]", n * l * e},
+                            {"key/value [batch, kv_seq, embed]", n * kv * e},
+                            {"in_proj_weight [3*embed, embed]", 3.0 * e * e},
+                            {"attn_weights [batch, seq, kv_seq]", s.need_weights ? n * l * kv : 0}};
+  for (const Tensor& t : tensors) {
+    if (t.elements > kMaxTensorElements) {
+      *error = "shape: expected at most 2^31 elements per tensor, got " + FormatNumber(t.elements) +
+               " in " + t.name;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
+  ParseResult r;
+  r.action = ParseAction::kError;
+  bool kv_seq_given = false;
+  o->shape.batch = kDefaultBatch;
+  o->shape.seq = kDefaultSeq;
+  o->shape.embed = kDefaultEmbed;
+  o->shape.heads = kDefaultHeads;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_inline_value = false;
+    if (arg.rfind("--", 0) == 0) {
+      const size_t eq = arg.find('=');
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        has_inline_value = true;
+      }
+    }
+    // Flags without a value.
+    if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
+        arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch") {
+      if (has_inline_value) {
+        r.error = arg + ": expected no value, got " + Quoted(value);
+        return r;
+      }
+      if (arg == "--help" || arg == "-h") {
+        r.action = ParseAction::kHelp;
+        return r;
+      }
+      if (arg == "--version") {
+        r.action = ParseAction::kVersion;
+        return r;
+      }
+      if (arg == "--causal") o->causal = true;
+      if (arg == "--need-weights") o->need_weights = true;
+      if (arg == "--breakdown") o->breakdown = true;
+      if (arg == "--compare-torch") o->compare_torch = true;
+      continue;
+    }
+    static const char* const kValueFlags[] = {
+        "--batch",   "--seq",      "--kv-seq",   "--embed",      "--heads",
+        "--threads", "--min-time", "--min-runs", "--sgemm-size", "--tolerance",
+        "--seed",    "--json",     "--csv",      "--trace"};
+    bool known = false;
+    for (const char* f : kValueFlags) known = known || arg == f;
+    if (!known) {
+      r.error = arg.rfind("-", 0) == 0
+                    ? "unknown flag " + Quoted(arg) + " (see --help)"
+                    : "unexpected argument " + Quoted(arg) + ": expected a flag (see --help)";
+      return r;
+    }
+    if (!has_inline_value) {
+      if (i + 1 >= argc) {
+        r.error = arg + ": expected a value, got none";
+        return r;
+      }
+      value = argv[++i];
+    }
+    std::string& e = r.error;
+    int64_t v = 0;
+    if (arg == "--batch" || arg == "--seq" || arg == "--kv-seq" || arg == "--embed" ||
+        arg == "--heads") {
+      if (!ParseInt(arg, value, 1, kMaxDim, &v, &e)) return r;
+      o->custom_shape = true;
+      if (arg == "--batch") o->shape.batch = v;
+      if (arg == "--seq") o->shape.seq = v;
+      if (arg == "--kv-seq") {
+        o->shape.kv_seq = v;
+        kv_seq_given = true;
+      }
+      if (arg == "--embed") o->shape.embed = v;
+      if (arg == "--heads") o->shape.heads = v;
+    } else if (arg == "--threads") {
+      if (!ParseThreadList(arg, value, &o->threads, &e)) return r;
+    } else if (arg == "--min-time") {
+      if (!ParseDouble(arg, value, 0.0, kMaxMinTime, "of seconds ", &o->min_time_s, &e)) return r;
+    } else if (arg == "--min-runs") {
+      if (!ParseInt(arg, value, 1, kMaxMinRuns, &o->min_runs, &e)) return r;
+    } else if (arg == "--sgemm-size") {
+      if (!ParseInt(arg, value, 0, kMaxSgemmSize, &o->sgemm_size, &e)) return r;
+    } else if (arg == "--tolerance") {
+      if (!ParseDouble(arg, value, 0.0, 1e6, "", &o->tolerance, &e)) return r;
+    } else if (arg == "--seed") {
+      if (!ParseInt(arg, value, 0, std::numeric_limits<int64_t>::max(), &v, &e)) return r;
+      o->seed = static_cast<uint64_t>(v);
+    } else if (arg == "--json" || arg == "--csv" || arg == "--trace") {
+      if (value.empty()) {
+        e = arg + ": expected a file name, got ''";
+        return r;
+      }
+      (arg == "--json" ? o->json_path : arg == "--csv" ? o->csv_path : o->trace_path) = value;
+    }
+  }
+  if (!kv_seq_given) o->shape.kv_seq = o->shape.seq;
+  o->shape.causal = o->causal;
+  o->shape.need_weights = o->need_weights;
+  if (o->custom_shape && !ValidateShape(o->shape, &r.error)) return r;
+  if (o->threads.empty()) o->threads.push_back(HardwareThreads());
+  r.action = ParseAction::kRun;
+  return r;
+}
+
+std::vector<Shape> CasesToRun(const BenchOptions& o) {
+  if (o.custom_shape) return {o.shape};
+  std::vector<Shape> cases;
+  for (Shape s : DefaultSuite()) {
+    if (o.causal && !s.causal) continue;
+    s.need_weights = o.need_weights;
+    cases.push_back(s);
+  }
+  return cases;
+}
+
+std::string HelpText() {
+  return R"(Usage: mha-bench [options]
+
+Profiles mha's multi-head attention forward pass on this CPU: latency, GFLOP/s, efficiency
+relative to BLIS sgemm, memory, accuracy against a double-precision reference, and optionally a
+per-stage breakdown, a Chrome trace and a comparison with PyTorch.
+
+Default suite (batch, seq, embed, heads), each without and with --causal; self-attention
+(kv_seq = seq), batch-first inputs, random weights (fixed seed), need_weights off:
+  (1,16,256,4) (1,128,512,8) (32,64,512,8) (8,512,768,12) (1,2048,1024,16) (4,1024,512,8)
+
+Shape (any of --batch --seq --kv-seq --embed --heads runs that one shape instead of the suite;
+flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
+  --batch N          batch size N
+  --seq L            query tokens L
+  --kv-seq S         key/value tokens S (default L; S != L runs cross-attention)
+  --embed E          embedding width E (divisible by --heads)
+  --heads H          attention heads H
+  --causal           causal mask (key j > query i masked). Without a custom shape: run only
+                     the causal cases of the suite
+  --need-weights     also return the head-averaged attention weights [N, L, S] (suite too)
+
+Measurement:
+  --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)
+  --min-time SEC     measure each case for at least SEC seconds (default 0.5)
+  --min-runs N       and at least N runs (default 5); one untimed warm-up run precedes them
+  --sgemm-size M     BLIS baseline: best of 3 M x M x M sgemm after a warm-up, per thread count
+                     (default 2048; 0 skips it and leaves efficiency empty)
+  --tolerance X      max absolute error accepted against the reference (default 1e-3)
+  --seed N           random seed of weights and inputs (default 42)
+  --breakdown        record per-task trace events and report time per stage (see below)
+  --compare-torch    also time torch.nn.MultiheadAttention: runs /usr/bin/python3
+                     tools/compare_torch.py (override the script path with the environment
+                     variable MHA_COMPARE_TORCH); adds torch_ms and speedup = torch_ms / mha_ms.
+                     Without python3 or torch a note is printed and the run continues
+
+Output (a table on stdout always; progress on stderr when it is a terminal):
+  --json FILE        results as JSON: {"header": {...}, "results": [{...}, ...]}
+  --csv FILE         the same result fields, flattened, one header row
+  --trace FILE       Chrome trace-event JSON of one forward (the first measured run of the first
+                     case and thread count): one lane per worker, one event per task. Open it in
+                     https://ui.perfetto.dev or chrome://tracing
+
+  --help, -h         this text
+  --version          mha version, SIMD target, BLIS architecture
+
+Columns:
+  median_ms p10_ms p90_ms  latency of one forward, milliseconds (10th/50th/90th percentile)
+  GFLOP/s      flops / median, with
+                 flops = 2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)   projections
+                       + 4*N*L*S*E, halved when causal                      attention core
+               (q_dim = kdim = vdim = E here; softmax not counted; FlashAttention's convention)
+  eff%         GFLOP/s / BLIS sgemm GFLOP/s at the same thread count (header), in percent
+  wksp_MiB     workspace bytes returned by MultiheadAttention::Plan
+  arena_MiB    the context arena's high-water mark
+  rss_MiB      peak resident set size during the case's measured runs (Linux: VmHWM, reset per
+               case through /proc/self/clear_refs); elsewhere the process's peak (ru_maxrss)
+  max_err      max |mha - reference| over the output (and weights) of the warm-up run; the
+               reference is double precision: the full one for small cases, a subset of query
+               rows (0, L/2, L-1 of the first and last batch) for large ones
+
+--breakdown: per stage (qkv_projection, scores, softmax, pv, out_projection, average_weights),
+the sum of its task durations divided by the thread count, in ms per forward (mean over the
+measured runs), so the stages add up to about the wall time; overhead = wall - sum of stages
+(dispatch, idle workers, imbalance). Tracing adds a little time to the measured runs.
+
+Exit status: 0 success; 1 an operator call or an output file failed; 2 bad command line;
+3 a result exceeded --tolerance.
+)";
+}
+
+}  // namespace bench
+}  // namespace mha

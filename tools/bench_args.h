@@ -1,0 +1,62 @@
+// mha-bench's command line: options, parsing with one-line error messages, and the --help text.
+#ifndef MHA_TOOLS_BENCH_ARGS_H_
+#define MHA_TOOLS_BENCH_ARGS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/bench_workload.h"
+
+namespace mha {
+namespace bench {
+
+struct BenchOptions {
+  // A custom shape (any of --batch --seq --kv-seq --embed --heads given) replaces the suite.
+  bool custom_shape = false;
+  Shape shape;  // the custom shape, with defaults for the flags not given
+  // --causal / --need-weights without a custom shape filter or modify the default suite.
+  bool causal = false;
+  bool need_weights = false;
+
+  std::vector<size_t> threads;  // default: {hardware threads}
+  double min_time_s = 0.5;      // measured time per case, seconds
+  int64_t min_runs = 5;         // measured runs per case, at least
+  int64_t sgemm_size = 2048;    // BLIS baseline is an sgemm_size^3 product; 0 = no baseline
+  double tolerance = 1e-3;      // max absolute error vs the double reference
+  uint64_t seed = kDefaultSeed;
+
+  bool breakdown = false;
+  bool compare_torch = false;
+  std::string json_path;
+  std::string csv_path;
+  std::string trace_path;
+};
+
+enum class ParseAction { kRun, kHelp, kVersion, kError };
+
+struct ParseResult {
+  ParseAction action = ParseAction::kRun;
+  std::string error;  // one line, names the flag, the expected and the actual value
+};
+
+// Parses argv[1..argc). Accepts "--flag value" and "--flag=value".
+ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* options);
+
+// The shapes to run: the custom shape, or the default suite filtered/modified by --causal and
+// --need-weights.
+std::vector<Shape> CasesToRun(const BenchOptions& options);
+
+std::string HelpText();
+
+// Exit codes, documented in --help.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;     // an operator call or an output file failed
+inline constexpr int kExitUsage = 2;       // bad command line
+inline constexpr int kExitInaccurate = 3;  // an output differs from the reference by > tolerance
+
+}  // namespace bench
+}  // namespace mha
+
+#endif  // MHA_TOOLS_BENCH_ARGS_H_

@@ -1,0 +1,300 @@
+#include "tools/bench_report.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace mha {
+namespace bench {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Latency with 4 significant digits (0.01234, 1.234, 123.4), whole ms above 1000.
+std::string FormatMs(double ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), ms >= 1000 ? "%.0f" : "%.4g", ms);
+  return buf;
+}
+
+std::string FormatFixed(double v, int decimals) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, v);
+  return buf;
+}
+
+const char* YesNo(bool b) { return b ? "yes" : "no"; }
+
+std::string StageKey(int s) { return std::string(StageName(static_cast<Stage>(s))) + "_ms"; }
+
+// JSON number, or null for NaN/inf (JSON has no NaN).
+json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+// Rounds to a multiple of `quantum` so files show 0.007217, not 0.0072169999999999995 (JSON
+// numbers print in their shortest round-trip form). Quanta are far below the measurement noise.
+json Rounded(double v, double quantum) {
+  return std::isfinite(v) ? json(std::round(v / quantum) * quantum) : json(nullptr);
+}
+constexpr double kMsQuantum = 1e-6;  // 1 ns, in ms
+
+double Speedup(const CaseResult& r) {
+  return r.has_torch && r.median_ms > 0 ? r.torch_median_ms / r.median_ms : NAN;
+}
+
+}  // namespace
+
+void PrintHeader(std::FILE* out, const RunHeader& h) {
+  std::fprintf(out, "mha-bench  mha %s  |  CPU: %s  |  SIMD: %s  |  BLIS: %s\n",
+               h.mha_version.c_str(), h.cpu.c_str(), h.simd_target.c_str(), h.blas_arch.c_str());
+  std::string threads;
+  for (size_t t : h.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
+  std::fprintf(out,
+               "threads: %s (hardware: %zu)  |  min-time %g s, min-runs %lld  |  seed %llu"
+               "  |  tolerance %g\n",
+               threads.c_str(), h.hardware_threads, h.min_time_s,
+               static_cast<long long>(h.min_runs), static_cast<unsigned long long>(h.seed),
+               h.tolerance);
+  if (h.sgemm_size > 0) {
+    std::fprintf(out, "BLIS sgemm %lld^3 (best of 3):", static_cast<long long>(h.sgemm_size));
+    for (const auto& [t, g] : h.sgemm_gflops) {
+      std::fprintf(out, "  %zu thread%s %.1f GFLOP/s", t, t == 1 ? "" : "s", g);
+    }
+    std::fprintf(out, "\n");
+  } else {
+    std::fprintf(out, "BLIS sgemm baseline: skipped (--sgemm-size 0), no efficiency column\n");
+  }
+  if (h.compare_torch && !h.torch_version.empty()) {
+    std::fprintf(out, "torch %s: speedup = torch_ms / median_ms\n", h.torch_version.c_str());
+  }
+  std::fprintf(out, "peak RSS: %s\n\n", h.peak_rss_method.c_str());
+}
+
+void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
+  std::fprintf(out, "%5s %6s %6s %5s %5s %6s %7s %4s %9s %9s %9s %8s %6s %8s %9s %8s %8s", "batch",
+               "seq", "kv_seq", "embed", "heads", "causal", "weights", "thr", "median_ms", "p10_ms",
+               "p90_ms", "GFLOP/s", "eff%", "wksp_MiB", "arena_MiB", "rss_MiB", "max_err");
+  if (h.compare_torch) std::fprintf(out, " %9s %7s", "torch_ms", "speedup");
+  std::fprintf(out, "\n");
+}
+
+void PrintRow(std::FILE* out, const RunHeader& h, const CaseResult& r) {
+  const Shape& s = r.shape;
+  std::fprintf(out, "%5lld %6lld %6lld %5lld %5lld %6s %7s %4zu ", static_cast<long long>(s.batch),
+               static_cast<long long>(s.seq), static_cast<long long>(s.kv_seq),
+               static_cast<long long>(s.embed), static_cast<long long>(s.heads), YesNo(s.causal),
+               YesNo(s.need_weights), r.threads);
+  if (!r.error.empty()) {
+    std::fprintf(out, "error: %s\n", r.error.c_str());
+    return;
+  }
+  const std::string eff =
+      std::isfinite(r.efficiency) ? FormatFixed(100.0 * r.efficiency, 1) : std::string("-");
+  char err[32];
+  std::snprintf(err, sizeof(err), "%.1e", r.max_abs_err);
+  std::fprintf(out, "%9s %9s %9s %8.1f %6s %8.2f %9.2f %8.1f %8s", FormatMs(r.median_ms).c_str(),
+               FormatMs(r.p10_ms).c_str(), FormatMs(r.p90_ms).c_str(), r.gflops, eff.c_str(),
+               static_cast<double>(r.workspace_bytes) / kMiB,
+               static_cast<double>(r.arena_high_water) / kMiB, r.peak_rss_mib, err);
+  if (h.compare_torch) {
+    if (r.has_torch) {
+      std::fprintf(out, " %9s %6.2fx", FormatMs(r.torch_median_ms).c_str(), Speedup(r));
+    } else {
+      std::fprintf(out, " %9s %7s", "-", "-");
+    }
+  }
+  std::fprintf(out, "\n");
+}
+
+void PrintBreakdownTable(std::FILE* out, const std::vector<CaseResult>& results) {
+  std::fprintf(out,
+               "\nBreakdown, ms per forward (task time per stage / threads; overhead = wall - "
+               "stages):\n");
+  std::fprintf(out, "%5s %6s %6s %5s %5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s\n", "batch", "seq",
+               "kv_seq", "embed", "heads", "causal", "thr", "qkv_proj", "scores", "softmax", "pv",
+               "out_proj", "avg_wts", "overhead", "wall");
+  for (const CaseResult& r : results) {
+    if (!r.has_breakdown) continue;
+    const Shape& s = r.shape;
+    std::fprintf(out, "%5lld %6lld %6lld %5lld %5lld %6s %4zu", static_cast<long long>(s.batch),
+                 static_cast<long long>(s.seq), static_cast<long long>(s.kv_seq),
+                 static_cast<long long>(s.embed), static_cast<long long>(s.heads), YesNo(s.causal),
+                 r.threads);
+    for (int st = 0; st < kNumStages; ++st) {
+      std::fprintf(out, " %9s", FormatMs(r.breakdown.stage_ms[st]).c_str());
+    }
+    std::fprintf(out, " %9s %9s", FormatMs(r.breakdown.overhead_ms).c_str(),
+                 FormatMs(r.breakdown.wall_ms).c_str());
+    if (r.breakdown.dropped_events > 0) {
+      std::fprintf(out, "  (%llu events dropped: incomplete)",
+                   static_cast<unsigned long long>(r.breakdown.dropped_events));
+    }
+    std::fprintf(out, "\n");
+  }
+}
+
+namespace {
+
+json HeaderJson(const RunHeader& h) {
+  json sgemm = json::object();
+  for (const auto& [t, g] : h.sgemm_gflops) sgemm[std::to_string(t)] = Rounded(g, 1e-3);
+  json j = {{"cpu", h.cpu},
+            {"simd_target", h.simd_target},
+            {"blas_arch", h.blas_arch},
+            {"threads", h.threads},
+            {"hardware_threads", h.hardware_threads},
+            {"mha_version", h.mha_version},
+            {"sgemm_size", h.sgemm_size},
+            {"sgemm_gflops", sgemm},
+            {"date", h.date},
+            {"min_time_s", h.min_time_s},
+            {"min_runs", h.min_runs},
+            {"tolerance", h.tolerance},
+            {"seed", h.seed},
+            {"peak_rss_method", h.peak_rss_method}};
+  if (h.compare_torch) j["torch_version"] = h.torch_version;
+  return j;
+}
+
+json BreakdownJson(const Breakdown& b) {
+  json j = json::object();
+  for (int st = 0; st < kNumStages; ++st) j[StageKey(st)] = Rounded(b.stage_ms[st], kMsQuantum);
+  j["scheduling_overhead_ms"] = Rounded(b.overhead_ms, kMsQuantum);
+  j["wall_ms"] = Rounded(b.wall_ms, kMsQuantum);
+  j["dropped_events"] = b.dropped_events;
+  return j;
+}
+
+json ResultJson(const RunHeader& h, const CaseResult& r) {
+  const Shape& s = r.shape;
+  json j = {{"batch", s.batch},
+            {"seq", s.seq},
+            {"kv_seq", s.kv_seq},
+            {"embed", s.embed},
+            {"heads", s.heads},
+            {"causal", s.causal},
+            {"need_weights", s.need_weights},
+            {"threads", r.threads}};
+  if (!r.error.empty()) {
+    j["error"] = r.error;
+    return j;
+  }
+  j["median_ms"] = Rounded(r.median_ms, kMsQuantum);
+  j["p10_ms"] = Rounded(r.p10_ms, kMsQuantum);
+  j["p90_ms"] = Rounded(r.p90_ms, kMsQuantum);
+  j["runs"] = r.runs;
+  j["gflops"] = Rounded(r.gflops, 1e-3);
+  j["efficiency"] = Rounded(r.efficiency, 1e-5);
+  j["workspace_bytes"] = r.workspace_bytes;
+  j["arena_high_water"] = r.arena_high_water;
+  j["peak_rss_mib"] = Rounded(r.peak_rss_mib, 1e-3);
+  j["max_abs_err"] = Number(r.max_abs_err);
+  j["rows_checked"] = r.rows_checked;
+  if (r.has_breakdown) j["breakdown"] = BreakdownJson(r.breakdown);
+  if (h.compare_torch) {
+    j["torch_median_ms"] = r.has_torch ? Rounded(r.torch_median_ms, kMsQuantum) : json(nullptr);
+    j["speedup"] = Rounded(Speedup(r), 1e-4);
+  }
+  return j;
+}
+
+// A CSV field: numbers as JSON prints them, NaN as empty, text quoted when needed.
+std::string CsvField(const json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    if (s.find_first_of(",\"\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  }
+  return v.dump();
+}
+
+}  // namespace
+
+void WriteJson(std::ostream& out, const RunHeader& header, const std::vector<CaseResult>& results) {
+  json doc = {{"header", HeaderJson(header)}, {"results", json::array()}};
+  for (const CaseResult& r : results) doc["results"].push_back(ResultJson(header, r));
+  out << doc.dump(2) << "\n";
+}
+
+void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<CaseResult>& results) {
+  std::vector<std::string> columns = {
+      "batch",        "seq",         "kv_seq",          "embed",
+      "heads",        "causal",      "need_weights",    "threads",
+      "median_ms",    "p10_ms",      "p90_ms",          "runs",
+      "gflops",       "efficiency",  "workspace_bytes", "arena_high_water",
+      "peak_rss_mib", "max_abs_err", "rows_checked"};
+  if (header.breakdown) {
+    for (int st = 0; st < kNumStages; ++st) columns.push_back("breakdown_" + StageKey(st));
+    columns.push_back("breakdown_scheduling_overhead_ms");
+    columns.push_back("breakdown_wall_ms");
+  }
+  if (header.compare_torch) {
+    columns.push_back("torch_median_ms");
+    columns.push_back("speedup");
+  }
+  columns.push_back("error");
+  for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
+  out << "\n";
+  for (const CaseResult& r : results) {
+    const json j = ResultJson(header, r);
+    for (size_t c = 0; c < columns.size(); ++c) {
+      const std::string& name = columns[c];
+      json v = nullptr;
+      if (name.rfind("breakdown_", 0) == 0) {
+        if (j.contains("breakdown")) v = j["breakdown"].value(name.substr(10), json(nullptr));
+      } else if (j.contains(name)) {
+        v = j[name];
+      }
+      out << (c ? "," : "") << CsvField(v);
+    }
+    out << "\n";
+  }
+}
+
+void WriteChromeTrace(std::ostream& out, const Shape& shape, size_t threads,
+                      const std::vector<TraceEvent>& events, int64_t origin_ns, int64_t wall_ns) {
+  json trace_events = json::array();
+  trace_events.push_back({{"ph", "M"},
+                          {"name", "process_name"},
+                          {"pid", 1},
+                          {"args", {{"name", "mha-bench " + ShapeLabel(shape)}}}});
+  // One named lane per worker, including workers that ran no task.
+  for (size_t w = 0; w < threads; ++w) {
+    trace_events.push_back({{"ph", "M"},
+                            {"name", "thread_name"},
+                            {"pid", 1},
+                            {"tid", w},
+                            {"args", {{"name", "worker " + std::to_string(w)}}}});
+    trace_events.push_back({{"ph", "M"},
+                            {"name", "thread_sort_index"},
+                            {"pid", 1},
+                            {"tid", w},
+                            {"args", {{"sort_index", w}}}});
+  }
+  for (const TraceEvent& e : events) {
+    trace_events.push_back(
+        {{"ph", "X"},
+         {"name", StageName(e.stage)},
+         {"cat", "mha"},
+         {"pid", 1},
+         {"tid", e.worker},
+         {"ts", static_cast<double>(e.begin_ns - origin_ns) / 1e3},  // microseconds
+         {"dur", static_cast<double>(e.end_ns - e.begin_ns) / 1e3},
+         {"args", {{"batch", e.batch}, {"head", e.head}, {"block", e.block}}}});
+  }
+  const json doc = {{"traceEvents", trace_events},
+                    {"displayTimeUnit", "ms"},
+                    {"otherData",
+                     {{"shape", ShapeLabel(shape)},
+                      {"threads", threads},
+                      {"wall_us", static_cast<double>(wall_ns) / 1e3}}}};
+  out << doc.dump() << "\n";
+}
+
+}  // namespace bench
+}  // namespace mha

@@ -1,0 +1,87 @@
+// mha-bench's results and their renderings: the aligned table, JSON, CSV and the Chrome trace.
+#ifndef MHA_TOOLS_BENCH_REPORT_H_
+#define MHA_TOOLS_BENCH_REPORT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "runtime/trace.h"
+#include "tools/bench_workload.h"
+
+namespace mha {
+namespace bench {
+
+inline constexpr int kNumStages = static_cast<int>(Stage::kNumStages);
+
+// What the header shows: the machine, the library, and the BLIS baseline.
+struct RunHeader {
+  std::string cpu;          // /proc/cpuinfo "model name", or "unknown"
+  std::string simd_target;  // mha::SimdTarget()
+  std::string blas_arch;    // mha::BlasArch()
+  std::string mha_version;  // mha::Version()
+  std::string date;         // ISO 8601, UTC
+  size_t hardware_threads = 1;
+  std::vector<size_t> threads;
+  int64_t sgemm_size = 0;                 // 0: no baseline measured
+  std::map<size_t, double> sgemm_gflops;  // by thread count
+  double min_time_s = 0;
+  int64_t min_runs = 0;
+  double tolerance = 0;
+  uint64_t seed = 0;
+  std::string peak_rss_method;  // "VmHWM per case" or "ru_maxrss (process)"
+  bool breakdown = false;
+  bool compare_torch = false;
+  std::string torch_version;  // when --compare-torch ran
+};
+
+// Per-stage time of one forward, ms: sum of task durations of the stage / threads, averaged
+// over the measured runs; overhead = wall - sum of the stages.
+struct Breakdown {
+  double stage_ms[kNumStages] = {};
+  double overhead_ms = 0;
+  double wall_ms = 0;  // mean wall time of the traced runs
+  uint64_t dropped_events = 0;
+};
+
+struct CaseResult {
+  Shape shape;
+  size_t threads = 1;
+  std::string error;  // non-empty: the case failed; only shape and threads are meaningful
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  int64_t runs = 0;
+  double gflops = 0;
+  double efficiency = 0;  // gflops / sgemm gflops; NaN without a baseline
+  uint64_t workspace_bytes = 0;
+  uint64_t arena_high_water = 0;
+  double peak_rss_mib = 0;
+  double max_abs_err = 0;
+  int64_t rows_checked = 0;
+  bool has_breakdown = false;
+  Breakdown breakdown;
+  bool has_torch = false;  // a torch median is known for this case
+  double torch_median_ms = 0;
+};
+
+// The aligned table on stdout: a header block, then one row per case as it completes.
+void PrintHeader(std::FILE* out, const RunHeader& header);
+void PrintColumnTitles(std::FILE* out, const RunHeader& header);
+void PrintRow(std::FILE* out, const RunHeader& header, const CaseResult& result);
+void PrintBreakdownTable(std::FILE* out, const std::vector<CaseResult>& results);
+
+void WriteJson(std::ostream& out, const RunHeader& header, const std::vector<CaseResult>& results);
+void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<CaseResult>& results);
+
+// Chrome trace-event JSON of one traced forward: "X" events (ts/dur in microseconds from
+// `origin_ns`), one "thread_name" metadata lane per worker 0..threads-1.
+void WriteChromeTrace(std::ostream& out, const Shape& shape, size_t threads,
+                      const std::vector<TraceEvent>& events, int64_t origin_ns, int64_t wall_ns);
+
+}  // namespace bench
+}  // namespace mha
+
+#endif  // MHA_TOOLS_BENCH_REPORT_H_

@@ -1,0 +1,222 @@
+// The benchmark workload shared by mha-bench (tools/) and the Google Benchmark program
+// (bench/operator_bench.cc): the attention shapes, their floating-point operation count, and a
+// layer with random weights plus input/output buffers for one shape. Header-only so that both
+// programs build it without another library.
+#ifndef MHA_TOOLS_BENCH_WORKLOAD_H_
+#define MHA_TOOLS_BENCH_WORKLOAD_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mha/mha.hpp"
+
+namespace mha {
+namespace bench {
+
+// One benchmark case: batch-first self-attention (kv_seq == seq) or cross-attention with separate
+// key/value inputs (kv_seq != seq). q_dim = kdim = vdim = embed.
+struct Shape {
+  int64_t batch = 1;   // N
+  int64_t seq = 1;     // L, query tokens
+  int64_t kv_seq = 1;  // S, key/value tokens
+  int64_t embed = 1;   // E
+  int64_t heads = 1;   // H
+  bool causal = false;
+  bool need_weights = false;
+
+  bool self_attention() const { return kv_seq == seq; }
+};
+
+// The default suite: (batch, seq, embed, heads), each without and with causal.
+inline std::vector<Shape> DefaultSuite() {
+  struct Row {
+    int64_t batch, seq, embed, heads;
+  };
+  static constexpr Row kRows[] = {{1, 16, 256, 4},   {1, 128, 512, 8},    {32, 64, 512, 8},
+                                  {8, 512, 768, 12}, {1, 2048, 1024, 16}, {4, 1024, 512, 8}};
+  std::vector<Shape> shapes;
+  for (const Row& r : kRows) {
+    for (bool causal : {false, true}) {
+      Shape s;
+      s.batch = r.batch;
+      s.seq = r.seq;
+      s.kv_seq = r.seq;
+      s.embed = r.embed;
+      s.heads = r.heads;
+      s.causal = causal;
+      shapes.push_back(s);
+    }
+  }
+  return shapes;
+}
+
+// Floating-point operations of one forward pass, a multiply and an add counting as two:
+//   projections  2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)
+//   core         4*N*L*S*E  (Q*K^T and P*V), halved when causal
+// The causal halving is FlashAttention's convention: only about half of the score matrix is
+// needed. Softmax and weight averaging are not counted.
+inline double AttentionFlops(const Shape& s) {
+  const double n = static_cast<double>(s.batch), l = static_cast<double>(s.seq),
+               kv = static_cast<double>(s.kv_seq), e = static_cast<double>(s.embed);
+  const double projections = 2.0 * n * (l * e * e + kv * e * e + kv * e * e + l * e * e);
+  double core = 4.0 * n * l * kv * e;
+  if (s.causal) core *= 0.5;
+  return projections + core;
+}
+
+// "(1,128,512,8)" plus " causal" / " weights" / " kv=64" qualifiers, for messages and progress.
+inline std::string ShapeLabel(const Shape& s) {
+  std::string label = "(" + std::to_string(s.batch) + "," + std::to_string(s.seq) + "," +
+                      std::to_string(s.embed) + "," + std::to_string(s.heads) + ")";
+  if (!s.self_attention()) label += " kv_seq=" + std::to_string(s.kv_seq);
+  if (s.causal) label += " causal";
+  if (s.need_weights) label += " weights";
+  return label;
+}
+
+// SplitMix64: a tiny, fast generator whose sequence is the same on every platform (unlike the
+// standard distributions), so a seed names the same weights everywhere.
+class Random {
+ public:
+  explicit Random(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-bound, bound).
+  float Uniform(float bound) {
+    const double unit = static_cast<double>(Next() >> 11) * 0x1.0p-53;  // [0, 1)
+    return static_cast<float>((2.0 * unit - 1.0) * bound);
+  }
+  void Fill(std::vector<float>* v, float bound) {
+    for (float& x : *v) x = Uniform(bound);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+inline constexpr uint64_t kDefaultSeed = 42;
+
+// A layer with random weights (nn.MultiheadAttention-like scale: U(-1/sqrt(E), 1/sqrt(E)), so
+// activations stay O(1)) and random inputs in U(-1, 1) for one shape, plus the output buffers.
+// The layer views the weight arrays (WeightBinding::kView); the object owns them all.
+class Workload {
+ public:
+  static Status Create(const Shape& shape, uint64_t seed, std::unique_ptr<Workload>* out) {
+    std::unique_ptr<Workload> w(new Workload(shape));
+    Status s = w->Init(seed);
+    if (!s.ok()) return s;
+    *out = std::move(w);
+    return Status::Ok();
+  }
+
+  const Shape& shape() const { return shape_; }
+  const MultiheadAttention& layer() const { return *layer_; }
+  const AttentionInputs& inputs() const { return inputs_; }
+  const AttentionOutputs& outputs() const { return outputs_; }
+
+  // Dense f32 data, batch-first: query [N, L, E]; key/value [N, S, E] (for self-attention they
+  // are the query); output [N, L, E]; weights [N, L, S] (empty unless need_weights).
+  const std::vector<float>& in_proj_weight() const { return in_proj_weight_; }    // [3E, E]
+  const std::vector<float>& in_proj_bias() const { return in_proj_bias_; }        // [3E]
+  const std::vector<float>& out_proj_weight() const { return out_proj_weight_; }  // [E, E]
+  const std::vector<float>& out_proj_bias() const { return out_proj_bias_; }      // [E]
+  const std::vector<float>& query() const { return query_; }
+  const std::vector<float>& key() const { return shape_.self_attention() ? query_ : key_; }
+  const std::vector<float>& value() const { return shape_.self_attention() ? query_ : value_; }
+  const std::vector<float>& output() const { return output_; }
+  const std::vector<float>& attn_weights() const { return attn_weights_; }
+
+  // Zeroes the output buffers, so that a check after a forward never sees a previous run's
+  // results.
+  void ClearOutputs() {
+    std::fill(output_.begin(), output_.end(), 0.0f);
+    std::fill(attn_weights_.begin(), attn_weights_.end(), 0.0f);
+  }
+
+ private:
+  explicit Workload(const Shape& shape) : shape_(shape) {}
+
+  Status Init(uint64_t seed) {
+    const Shape& s = shape_;
+    const size_t n = static_cast<size_t>(s.batch), l = static_cast<size_t>(s.seq),
+                 kv = static_cast<size_t>(s.kv_seq), e = static_cast<size_t>(s.embed);
+    Random rng(seed);
+    const float weight_bound = 1.0f / std::sqrt(static_cast<float>(e));
+    in_proj_weight_.resize(3 * e * e);
+    in_proj_bias_.resize(3 * e);
+    out_proj_weight_.resize(e * e);
+    out_proj_bias_.resize(e);
+    rng.Fill(&in_proj_weight_, weight_bound);
+    rng.Fill(&in_proj_bias_, weight_bound);
+    rng.Fill(&out_proj_weight_, weight_bound);
+    rng.Fill(&out_proj_bias_, weight_bound);
+    query_.resize(n * l * e);
+    rng.Fill(&query_, 1.0f);
+    if (!s.self_attention()) {
+      key_.resize(n * kv * e);
+      value_.resize(n * kv * e);
+      rng.Fill(&key_, 1.0f);
+      rng.Fill(&value_, 1.0f);
+    }
+    output_.assign(n * l * e, 0.0f);
+    if (s.need_weights) attn_weights_.assign(n * l * kv, 0.0f);
+
+    AttentionConfig config;
+    config.embed_dim = s.embed;
+    config.num_heads = s.heads;
+    config.batch_first = true;
+    AttentionWeights weights;
+    weights.in_proj_weight = in_proj_weight_.data();
+    weights.in_proj_bias = in_proj_bias_.data();
+    weights.out_proj_weight = out_proj_weight_.data();
+    weights.out_proj_bias = out_proj_bias_.data();
+    Status st = MultiheadAttention::Create(config, weights, WeightBinding::kView, &layer_);
+    if (!st.ok()) return st;
+
+    const int64_t q_shape[3] = {s.batch, s.seq, s.embed};
+    st = TensorView::Dense(query_.data(), DType::kF32, 3, q_shape, &inputs_.query, "query");
+    if (!st.ok()) return st;
+    if (!s.self_attention()) {
+      // Self-attention leaves key/value absent (key = query), the API's self-attention form.
+      const int64_t kv_shape[3] = {s.batch, s.kv_seq, s.embed};
+      st = TensorView::Dense(key_.data(), DType::kF32, 3, kv_shape, &inputs_.key, "key");
+      if (!st.ok()) return st;
+      st = TensorView::Dense(value_.data(), DType::kF32, 3, kv_shape, &inputs_.value, "value");
+      if (!st.ok()) return st;
+    }
+    inputs_.causal = s.causal;
+    inputs_.need_weights = s.need_weights;
+    inputs_.average_attn_weights = true;
+    st = TensorView::Dense(output_.data(), DType::kF32, 3, q_shape, &outputs_.output, "output");
+    if (!st.ok()) return st;
+    if (s.need_weights) {
+      const int64_t w_shape[3] = {s.batch, s.seq, s.kv_seq};
+      st = TensorView::Dense(attn_weights_.data(), DType::kF32, 3, w_shape, &outputs_.attn_weights,
+                             "attn_weights");
+      if (!st.ok()) return st;
+    }
+    return Status::Ok();
+  }
+
+  Shape shape_;
+  std::vector<float> in_proj_weight_, in_proj_bias_, out_proj_weight_, out_proj_bias_;
+  std::vector<float> query_, key_, value_;
+  std::vector<float> output_, attn_weights_;
+  std::unique_ptr<MultiheadAttention> layer_;
+  AttentionInputs inputs_;
+  AttentionOutputs outputs_;
+};
+
+}  // namespace bench
+}  // namespace mha
+
+#endif  // MHA_TOOLS_BENCH_WORKLOAD_H_

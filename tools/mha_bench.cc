@@ -1,0 +1,585 @@
+// mha-bench: the profiler users run on their CPU. For each case (the default suite or one custom
+// shape) and thread count it measures the latency of MultiheadAttention::Forward, reports
+// GFLOP/s and efficiency relative to a BLIS sgemm measured in the same process, memory, and the
+// error against a double-precision reference; optionally a per-stage breakdown, a Chrome trace
+// and a PyTorch comparison. See HelpText() in bench_args.cc for the user-facing description.
+#include <blis.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "runtime/trace.h"
+#include "tools/bench_args.h"
+#include "tools/bench_check.h"
+#include "tools/bench_report.h"
+#include "tools/bench_workload.h"
+
+#ifndef MHA_SOURCE_DIR
+#define MHA_SOURCE_DIR "."
+#endif
+
+namespace mha {
+namespace bench {
+namespace {
+
+constexpr const char* kPython = "/usr/bin/python3";
+// Measured runs per case stop here even before --min-time: bounds the sample memory for tiny
+// cases with a long --min-time.
+constexpr int64_t kMaxRuns = 1000000;
+
+std::string OrUnknown(const char* s) { return s != nullptr && *s != '\0' ? s : "unknown"; }
+
+std::string CpuModel() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    if (start != std::string::npos) return line.substr(start);
+  }
+  return "unknown";
+}
+
+std::string IsoDateUtc() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm_utc{};
+  gmtime_r(&now, &tm_utc);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm_utc);
+  return buf;
+}
+
+// A status line on stderr, redrawn in place; only when stderr is a terminal, so logs and pipes
+// get no carriage returns.
+class Progress {
+ public:
+  Progress() : enabled_(isatty(STDERR_FILENO) == 1) {}
+  void Show(const std::string& text) {
+    if (!enabled_) return;
+    std::fprintf(stderr, "\r\033[K%s", text.c_str());
+    std::fflush(stderr);
+    shown_ = true;
+  }
+  // Erases the line before anything else is printed.
+  void Clear() {
+    if (!enabled_ || !shown_) return;
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+};
+
+// GFLOP/s of the best of 3 n x n x n BLIS sgemm products on `threads` threads, after one
+// warm-up product (which also initializes BLIS and faults the pages in).
+double MeasureSgemmGflops(size_t n, size_t threads) {
+  std::vector<float> a(n * n), b(n * n), c(n * n, 0.0f);
+  Random rng(1);
+  rng.Fill(&a, 1.0f);
+  rng.Fill(&b, 1.0f);
+  double best_s = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    // rntm_t per call: BLIS writes its partitioning into it.
+    rntm_t rntm;
+    bli_rntm_init(&rntm);
+    bli_rntm_set_num_threads(static_cast<dim_t>(threads), &rntm);
+    float alpha = 1.0f, beta = 0.0f;
+    const inc_t ld = static_cast<inc_t>(n);
+    const int64_t t0 = TraceRecorder::NowNs();
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, static_cast<dim_t>(n), static_cast<dim_t>(n),
+                 static_cast<dim_t>(n), &alpha, a.data(), ld, 1, b.data(), ld, 1, &beta, c.data(),
+                 ld, 1, /*cntx=*/nullptr, &rntm);
+    const double s = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
+    if (rep > 0 && (best_s == 0 || s < best_s)) best_s = s;
+  }
+  const double flops =
+      2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  return best_s > 0 ? flops / best_s * 1e-9 : 0.0;
+}
+
+// Peak RSS per case on Linux: writing "5" to /proc/self/clear_refs resets the kernel's
+// high-water mark (VmHWM) to the current RSS. getrusage's ru_maxrss cannot be reset (the kernel
+// folds exited threads' peaks into it), so it is only the fallback.
+class PeakRss {
+ public:
+  PeakRss() { per_case_ = Reset() && ReadVmHwmKib() >= 0; }
+  const char* method() const {
+    return per_case_ ? "VmHWM, reset per case" : "ru_maxrss, process lifetime";
+  }
+  bool Reset() {
+    std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+    if (f == nullptr) return false;
+    const bool wrote = std::fputs("5", f) >= 0;
+    return std::fclose(f) == 0 && wrote;
+  }
+  double PeakMib() const {
+    if (per_case_) {
+      const long kib = ReadVmHwmKib();
+      if (kib >= 0) return static_cast<double>(kib) / 1024.0;
+    }
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+  }
+  bool per_case() const { return per_case_; }
+
+ private:
+  static long ReadVmHwmKib() {
+    std::ifstream in("/proc/self/status");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("VmHWM:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+    }
+    return -1;
+  }
+  bool per_case_ = false;
+};
+
+// Linear interpolation between closest ranks (numpy's default), p in [0, 1].
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const double pos = p * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double frac = pos - static_cast<double>(lo);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
+}
+
+// ---- --compare-torch -------------------------------------------------------------------------
+
+std::string CaseKey(int64_t b, int64_t l, int64_t s, int64_t e, int64_t h, bool causal,
+                    bool weights, size_t threads) {
+  return std::to_string(b) + "," + std::to_string(l) + "," + std::to_string(s) + "," +
+         std::to_string(e) + "," + std::to_string(h) + "," + (causal ? "1" : "0") + "," +
+         (weights ? "1" : "0") + "@" + std::to_string(threads);
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct TorchResults {
+  std::map<std::string, double> median_ms;  // by CaseKey
+  std::string version;
+};
+
+int64_t JsonInt(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  if (it == j.end()) return -1;
+  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
+  if (it->is_number()) return it->get<int64_t>();
+  return -1;
+}
+
+// Runs compare_torch.py once per thread count over all cases; notes go to stderr, and nothing
+// here is fatal: the mha measurements stand on their own.
+TorchResults RunTorchComparison(const std::vector<Shape>& cases, const BenchOptions& o,
+                                Progress* progress) {
+  TorchResults results;
+  const char* env = std::getenv("MHA_COMPARE_TORCH");
+  const std::string script = env != nullptr && *env != '\0'
+                                 ? env
+                                 : std::string(MHA_SOURCE_DIR) + "/tools/compare_torch.py";
+  if (access(kPython, X_OK) != 0) {
+    std::fprintf(stderr,
+                 "mha-bench: note: --compare-torch: %s not found; continuing without torch\n",
+                 kPython);
+    return results;
+  }
+  if (access(script.c_str(), R_OK) != 0) {
+    std::fprintf(stderr,
+                 "mha-bench: note: --compare-torch: script %s not found (set MHA_COMPARE_TORCH); "
+                 "continuing without torch\n",
+                 script.c_str());
+    return results;
+  }
+  char min_time[32];
+  std::snprintf(min_time, sizeof(min_time), "%g", o.min_time_s);
+  for (size_t threads : o.threads) {
+    std::string cmd = std::string(kPython) + " " + ShellQuote(script);
+    for (const Shape& s : cases) {
+      cmd += " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) + "," +
+             std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," +
+             std::to_string(s.heads) + "," + (s.causal ? "1" : "0") + "," +
+             (s.need_weights ? "1" : "0");
+    }
+    cmd += " --threads " + std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
+           std::to_string(o.min_runs);
+    progress->Show("timing torch.nn.MultiheadAttention on " + std::to_string(threads) +
+                   " thread(s)...");
+    std::FILE* pipe = popen(cmd.c_str(), "r");
+    if (pipe == nullptr) {
+      progress->Clear();
+      std::fprintf(stderr, "mha-bench: note: --compare-torch: cannot run %s: %s\n", kPython,
+                   std::strerror(errno));
+      return results;
+    }
+    std::string line;
+    char buf[4096];
+    std::vector<std::string> lines;
+    while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
+      line += buf;
+      if (!line.empty() && line.back() == '\n') {
+        lines.push_back(line);
+        line.clear();
+      }
+    }
+    if (!line.empty()) lines.push_back(line);
+    const int status = pclose(pipe);
+    progress->Clear();
+    for (const std::string& l : lines) {
+      const nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object()) continue;  // not a result line (e.g. a stray print)
+      if (j.contains("skipped")) {
+        std::fprintf(stderr, "mha-bench: note: --compare-torch skipped: %s\n",
+                     j["skipped"].is_string() ? j["skipped"].get<std::string>().c_str()
+                                              : j["skipped"].dump().c_str());
+        continue;
+      }
+      const auto median = j.find("median_ms");
+      if (median == j.end() || !median->is_number()) continue;
+      if (j.contains("torch_version") && j["torch_version"].is_string()) {
+        results.version = j["torch_version"].get<std::string>();
+      }
+      const int64_t t = JsonInt(j, "threads");
+      results.median_ms[CaseKey(JsonInt(j, "batch"), JsonInt(j, "seq"), JsonInt(j, "kv_seq"),
+                                JsonInt(j, "embed"), JsonInt(j, "heads"), JsonInt(j, "causal") == 1,
+                                JsonInt(j, "need_weights") == 1,
+                                t > 0 ? static_cast<size_t>(t) : threads)] = median->get<double>();
+    }
+    if (status != 0) {
+      std::fprintf(stderr,
+                   "mha-bench: note: --compare-torch: %s exited with status %d; torch columns "
+                   "may be incomplete\n",
+                   script.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : status);
+    }
+  }
+  return results;
+}
+
+// ---- one case ------------------------------------------------------------------------------
+
+struct TraceCapture {
+  bool wanted = false;  // record the first measured run of this case
+  std::vector<TraceEvent> events;
+  int64_t origin_ns = 0;
+  int64_t wall_ns = 0;
+  bool captured = false;
+};
+
+CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, const RunHeader& header,
+                   PeakRss* rss, TraceCapture* capture) {
+  CaseResult r;
+  r.shape = w.shape();
+  r.threads = threads;
+  ContextOptions context_options;
+  context_options.num_threads = threads;
+  std::unique_ptr<Context> context;
+  Status st = Context::Create(context_options, &context);
+  if (!st.ok()) {
+    r.error = "Context::Create: " + st.ToString();
+    return r;
+  }
+  size_t workspace = 0;
+  st = w.layer().Plan(w.inputs(), w.outputs(), threads, &workspace);
+  if (!st.ok()) {
+    r.error = "Plan: " + st.ToString();
+    return r;
+  }
+  r.workspace_bytes = workspace;
+  st = context->Reserve(workspace);
+  if (!st.ok()) {
+    r.error = "Context::Reserve: " + st.ToString();
+    return r;
+  }
+
+  // Warm-up (untimed). When recording, it also counts the trace events of one forward, which
+  // sizes the recorder so that the measured runs drop none.
+  const bool record = o.breakdown || capture->wanted;
+  TraceRecorder probe(1);
+  if (record) context->set_trace(&probe);
+  w.ClearOutputs();
+  st = w.layer().Forward(*context, w.inputs(), w.outputs());
+  context->set_trace(nullptr);
+  if (!st.ok()) {
+    r.error = "Forward: " + st.ToString();
+    return r;
+  }
+  const CheckResult check = CheckAccuracy(w, threads);
+  r.max_abs_err = check.max_abs_err;
+  r.rows_checked = check.rows_checked;
+
+  std::unique_ptr<TraceRecorder> recorder;
+  if (record) recorder = std::make_unique<TraceRecorder>(2 * probe.count.load() + 1024);
+  double stage_ns[kNumStages] = {};
+  uint64_t dropped = 0;
+
+  std::vector<double> samples_ms;
+  samples_ms.reserve(static_cast<size_t>(o.min_runs));
+  rss->Reset();
+  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
+  const int64_t start_ns = TraceRecorder::NowNs();
+  for (;;) {
+    const bool record_this = o.breakdown || (capture->wanted && !capture->captured);
+    if (record_this) {
+      recorder->Clear();
+      context->set_trace(recorder.get());
+    }
+    const int64_t t0 = TraceRecorder::NowNs();
+    st = w.layer().Forward(*context, w.inputs(), w.outputs());
+    const int64_t t1 = TraceRecorder::NowNs();
+    if (!st.ok()) {
+      context->set_trace(nullptr);
+      r.error =
+          "Forward (measured run " + std::to_string(samples_ms.size() + 1) + "): " + st.ToString();
+      return r;
+    }
+    samples_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
+    if (record_this) {
+      context->set_trace(nullptr);
+      const size_t n = recorder->size();
+      dropped += recorder->dropped.load();
+      for (size_t i = 0; i < n; ++i) {
+        const TraceEvent& e = recorder->events[i];
+        const int s = static_cast<int>(e.stage);
+        if (s >= 0 && s < kNumStages) stage_ns[s] += static_cast<double>(e.end_ns - e.begin_ns);
+      }
+      if (capture->wanted && !capture->captured) {
+        capture->events.assign(recorder->events.begin(), recorder->events.begin() + n);
+        capture->origin_ns = t0;
+        capture->wall_ns = t1 - t0;
+        capture->captured = true;
+      }
+    }
+    const int64_t runs = static_cast<int64_t>(samples_ms.size());
+    if ((runs >= o.min_runs && t1 - start_ns >= min_time_ns) || runs >= kMaxRuns) break;
+  }
+  r.peak_rss_mib = rss->PeakMib();
+  r.arena_high_water = context->arena_high_water();
+
+  r.runs = static_cast<int64_t>(samples_ms.size());
+  double sum_ms = 0;
+  for (double s : samples_ms) sum_ms += s;
+  std::sort(samples_ms.begin(), samples_ms.end());
+  r.median_ms = Percentile(samples_ms, 0.5);
+  r.p10_ms = Percentile(samples_ms, 0.1);
+  r.p90_ms = Percentile(samples_ms, 0.9);
+  r.gflops = AttentionFlops(r.shape) / (r.median_ms * 1e-3) * 1e-9;
+  const auto sgemm = header.sgemm_gflops.find(threads);
+  r.efficiency =
+      sgemm != header.sgemm_gflops.end() && sgemm->second > 0 ? r.gflops / sgemm->second : NAN;
+  if (o.breakdown) {
+    r.has_breakdown = true;
+    const double per_run_ms = 1e-6 / static_cast<double>(r.runs) / static_cast<double>(threads);
+    double stages_ms = 0;
+    for (int s = 0; s < kNumStages; ++s) {
+      r.breakdown.stage_ms[s] = stage_ns[s] * per_run_ms;
+      stages_ms += r.breakdown.stage_ms[s];
+    }
+    r.breakdown.wall_ms = sum_ms / static_cast<double>(r.runs);
+    r.breakdown.overhead_ms = r.breakdown.wall_ms - stages_ms;
+    r.breakdown.dropped_events = dropped;
+  }
+  return r;
+}
+
+// Opens an output file at start-up, so that a bad path fails before a long run, not after.
+bool OpenOutput(const char* flag, const std::string& path, std::ofstream* out) {
+  if (path.empty()) return true;
+  out->open(path, std::ios::out | std::ios::trunc);
+  if (!out->is_open()) {
+    std::fprintf(stderr, "mha-bench: %s: expected a writable file, got '%s': %s\n", flag,
+                 path.c_str(), std::strerror(errno));
+    return false;
+  }
+  return true;
+}
+
+bool FinishOutput(const char* flag, const std::string& path, std::ofstream* out) {
+  out->close();
+  if (out->fail()) {
+    std::fprintf(stderr, "mha-bench: %s: writing '%s' failed\n", flag, path.c_str());
+    return false;
+  }
+  return true;
+}
+
+int Run(const BenchOptions& o) {
+  std::ofstream json_out, csv_out, trace_out;
+  if (!OpenOutput("--json", o.json_path, &json_out) || !OpenOutput("--csv", o.csv_path, &csv_out) ||
+      !OpenOutput("--trace", o.trace_path, &trace_out)) {
+    return kExitUsage;
+  }
+  const std::vector<Shape> cases = CasesToRun(o);
+  Progress progress;
+  PeakRss rss;
+
+  RunHeader header;
+  header.cpu = CpuModel();
+  header.simd_target = OrUnknown(SimdTarget());
+  header.blas_arch = OrUnknown(BlasArch());
+  header.mha_version = OrUnknown(Version());
+  header.date = IsoDateUtc();
+  const unsigned hw = std::thread::hardware_concurrency();
+  header.hardware_threads = hw == 0 ? 1 : hw;
+  header.threads = o.threads;
+  header.sgemm_size = o.sgemm_size;
+  header.min_time_s = o.min_time_s;
+  header.min_runs = o.min_runs;
+  header.tolerance = o.tolerance;
+  header.seed = o.seed;
+  header.peak_rss_method = rss.method();
+  header.breakdown = o.breakdown;
+  header.compare_torch = o.compare_torch;
+
+  if (o.sgemm_size > 0) {
+    for (size_t t : o.threads) {
+      progress.Show("measuring the BLIS sgemm baseline (" + std::to_string(o.sgemm_size) + "^3, " +
+                    std::to_string(t) + " thread(s))...");
+      header.sgemm_gflops[t] = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
+    }
+    progress.Clear();
+  }
+  TorchResults torch;
+  if (o.compare_torch) {
+    torch = RunTorchComparison(cases, o, &progress);
+    header.torch_version = torch.version;
+  }
+
+  PrintHeader(stdout, header);
+  PrintColumnTitles(stdout, header);
+  std::fflush(stdout);
+
+  std::vector<CaseResult> results;
+  bool failed = false, inaccurate = false;
+  const size_t total = cases.size() * o.threads.size();
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const Shape& shape = cases[c];
+    progress.Show("[" + std::to_string(results.size() + 1) + "/" + std::to_string(total) + "] " +
+                  ShapeLabel(shape) + ": preparing weights...");
+    std::unique_ptr<Workload> workload;
+    const Status st = Workload::Create(shape, o.seed, &workload);
+    for (size_t t : o.threads) {
+      progress.Show("[" + std::to_string(results.size() + 1) + "/" + std::to_string(total) + "] " +
+                    ShapeLabel(shape) + ", " + std::to_string(t) + " thread(s)");
+      TraceCapture capture;
+      capture.wanted = !o.trace_path.empty() && results.empty();
+      CaseResult r;
+      if (!st.ok()) {
+        r.shape = shape;
+        r.threads = t;
+        r.error = "MultiheadAttention::Create: " + st.ToString();
+      } else {
+        r = RunCase(*workload, t, o, header, &rss, &capture);
+      }
+      const auto it =
+          torch.median_ms.find(CaseKey(shape.batch, shape.seq, shape.kv_seq, shape.embed,
+                                       shape.heads, shape.causal, shape.need_weights, t));
+      if (it != torch.median_ms.end()) {
+        r.has_torch = true;
+        r.torch_median_ms = it->second;
+      }
+      progress.Clear();
+      PrintRow(stdout, header, r);
+      std::fflush(stdout);
+      if (!r.error.empty()) {
+        failed = true;
+        std::fprintf(stderr, "mha-bench: %s, %zu thread(s): %s\n", ShapeLabel(shape).c_str(), t,
+                     r.error.c_str());
+      } else if (!(r.max_abs_err <= o.tolerance)) {
+        inaccurate = true;
+        std::fprintf(stderr,
+                     "mha-bench: %s, %zu thread(s): max abs error %.3g exceeds the tolerance "
+                     "%g\n",
+                     ShapeLabel(shape).c_str(), t, r.max_abs_err, o.tolerance);
+      }
+      if (r.has_breakdown && r.breakdown.dropped_events > 0) {
+        std::fprintf(
+            stderr, "mha-bench: note: %s: %llu trace events dropped; breakdown incomplete\n",
+            ShapeLabel(shape).c_str(), static_cast<unsigned long long>(r.breakdown.dropped_events));
+      }
+      if (capture.wanted) {
+        if (capture.captured && capture.events.empty()) {
+          std::fprintf(stderr,
+                       "mha-bench: note: --trace: the operator recorded no events; the trace "
+                       "has worker lanes only\n");
+        }
+        WriteChromeTrace(trace_out, shape, t, capture.events, capture.origin_ns, capture.wall_ns);
+      }
+      results.push_back(std::move(r));
+    }
+  }
+  progress.Clear();
+  if (o.breakdown) PrintBreakdownTable(stdout, results);
+  std::fflush(stdout);
+
+  bool io_ok = true;
+  if (!o.json_path.empty()) {
+    WriteJson(json_out, header, results);
+    io_ok = FinishOutput("--json", o.json_path, &json_out) && io_ok;
+  }
+  if (!o.csv_path.empty()) {
+    WriteCsv(csv_out, header, results);
+    io_ok = FinishOutput("--csv", o.csv_path, &csv_out) && io_ok;
+  }
+  if (!o.trace_path.empty()) io_ok = FinishOutput("--trace", o.trace_path, &trace_out) && io_ok;
+  if (failed || !io_ok) return kExitFailure;
+  return inaccurate ? kExitInaccurate : kExitOk;
+}
+
+}  // namespace
+
+int Main(int argc, char** argv) {
+  BenchOptions options;
+  const ParseResult parsed = ParseArgs(argc, argv, &options);
+  switch (parsed.action) {
+    case ParseAction::kError:
+      std::fprintf(stderr, "mha-bench: %s\n", parsed.error.c_str());
+      return kExitUsage;
+    case ParseAction::kHelp:
+      std::fputs(HelpText().c_str(), stdout);
+      return kExitOk;
+    case ParseAction::kVersion:
+      std::printf("mha-bench (mha %s)\nSIMD target: %s\nBLIS arch: %s\n",
+                  OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(),
+                  OrUnknown(BlasArch()).c_str());
+      return kExitOk;
+    case ParseAction::kRun:
+      break;
+  }
+  try {
+    return Run(options);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "mha-bench: out of memory (reduce the shape or the thread count)\n");
+    return kExitFailure;
+  }
+}
+
+}  // namespace bench
+}  // namespace mha
+
+int main(int argc, char** argv) { return mha::bench::Main(argc, argv); }
