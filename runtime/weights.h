@@ -1,0 +1,64 @@
+// Loading torch.nn.MultiheadAttention weights from a safetensors file by state_dict name.
+//
+// Names (each preceded by `prefix`, which includes its trailing dot, e.g.
+// "encoder.layers.3.self_attn."; "" for a bare module):
+//   in_proj_weight   [3E, E]    packed q, k, v projections (PyTorch uses it when
+//                               kdim == vdim == embed_dim)
+//   q_proj_weight    [E, q_dim] separate projections (PyTorch uses them when kdim or vdim
+//   k_proj_weight    [E, kdim]  differ from embed_dim; PyTorch's q_dim is always E, mha accepts
+//   v_proj_weight    [E, vdim]  any q_dim)
+//   in_proj_bias     [3E]       q, k, v biases, packed in both layouts (bias=True)
+//   out_proj.weight  [E, E]
+//   out_proj.bias    [E]        (bias=True)
+//   bias_k, bias_v   [1, 1, E]  (add_bias_kv=True)
+// Rules, each violation an error naming the full tensor name, the expected and actual shape:
+//   - E is taken from out_proj.weight, which must be present, rank 2, square and non-empty;
+//   - exactly one layout: in_proj_weight, or all three of q/k/v_proj_weight (never both, never
+//     a partial set); every q/k/v weight has E rows and at least one column;
+//   - in_proj_bias is present iff out_proj.bias is (PyTorch ties both to `bias=`);
+//   - bias_k and bias_v are both present or both absent;
+//   - every tensor is F32, F16 or BF16 (widened exactly to f32); other dtypes are Unsupported.
+// Tensors under other names (the rest of a model) are ignored.
+//
+// The packed [3E, E] matrix is split in PyTorch's order: rows [0, E) are q, [E, 2E) k,
+// [2E, 3E) v. Other packings (e.g. per-head interleaved q/k/v rows) are a caller option of the
+// attention operator, not of the loader: the raw packed tensors are kept in in_proj_weight /
+// in_proj_bias so the operator can reinterpret them.
+#ifndef MHA_RUNTIME_WEIGHTS_H_
+#define MHA_RUNTIME_WEIGHTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mha/types.hpp"
+#include "runtime/safetensors.h"
+
+namespace mha {
+
+// All f32, row-major like nn.Linear ([out_features, in_features]).
+struct MhaWeights {
+  // Inferred from the shapes.
+  int64_t embed_dim = 0, q_dim = 0, kdim = 0, vdim = 0;
+  // in_proj_bias and out_proj.bias present.
+  bool bias = false;
+  // bias_k and bias_v present.
+  bool add_bias_kv = false;
+  // in_proj_weight was present (then q_dim == kdim == vdim == embed_dim).
+  bool packed_in_proj = false;
+  std::vector<float> w_q, w_k, w_v;   // [E, q_dim], [E, kdim], [E, vdim]
+  std::vector<float> b_q, b_k, b_v;   // [E] each; empty when !bias
+  std::vector<float> w_out, b_out;    // [E, E], [E]; b_out empty when !bias
+  std::vector<float> bias_k, bias_v;  // [E] each when add_bias_kv, else empty
+  // The raw packed tensors, only when packed_in_proj: [3E, E] and [3E] (the latter empty when
+  // !bias). Empty otherwise.
+  std::vector<float> in_proj_weight, in_proj_bias;
+};
+
+// Fills *out (replaced only on success). FormatError for missing or inconsistent tensors,
+// Unsupported for a non-float dtype.
+Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_WEIGHTS_H_

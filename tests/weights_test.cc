@@ -1,0 +1,388 @@
+// nn.MultiheadAttention weight loading: files are written from C++ with SafeTensorsWriter in
+// PyTorch's state_dict layout (no torch needed), then loaded and compared value by value.
+#include "runtime/weights.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/safetensors.h"
+
+namespace mha {
+namespace {
+
+// Distinct, exactly representable (also in bf16/f16) values: tag + i / 8 for small i.
+std::vector<float> Values(int64_t n, float tag) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = tag + static_cast<float>(i % 64) / 8;
+  return v;
+}
+
+int64_t Count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Collects named f32 tensors, optionally stores them as F16/BF16, and parses the result.
+class ModelBuilder {
+ public:
+  explicit ModelBuilder(DType storage = DType::kF32) : storage_(storage) {}
+
+  // Adds tensor `name` with the given shape, filled by Values(); returns the f32 values.
+  std::vector<float> Add(const std::string& name, const std::vector<int64_t>& shape) {
+    std::vector<float> v = Values(Count(shape), static_cast<float>(tag_++));
+    Status s;
+    if (storage_ == DType::kF32) {
+      s = writer_.Add(name, DType::kF32, shape, v.data());
+    } else {
+      std::vector<uint16_t> bits(v.size());
+      for (size_t i = 0; i < v.size(); ++i)
+        bits[i] = storage_ == DType::kBF16 ? ToBF16(v[i]) : ToF16(v[i]);
+      s = writer_.Add(name, storage_, shape, bits.data());
+    }
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return v;
+  }
+
+  void AddRaw(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
+              size_t element_size) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(Count(shape)) * element_size, 0);
+    EXPECT_TRUE(writer_.AddRaw(name, dtype, shape, bytes.data(), bytes.size()).ok());
+  }
+
+  const SafeTensorsFile& Build() {
+    Status s = writer_.Serialize(&bytes_);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    s = SafeTensorsFile::FromBuffer(bytes_.data(), bytes_.size(), &file_, "model.safetensors");
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return file_;
+  }
+
+  SafeTensorsWriter& writer() { return writer_; }
+
+ private:
+  // Exact for the values Values() produces (few mantissa bits).
+  static uint16_t ToBF16(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return static_cast<uint16_t>(b >> 16);
+  }
+  static uint16_t ToF16(float f) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    const uint32_t sign = (b >> 16) & 0x8000u;
+    const int32_t exp = static_cast<int32_t>((b >> 23) & 0xFF) - 127 + 15;
+    if ((b & 0x7FFFFFFFu) == 0) return static_cast<uint16_t>(sign);
+    return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | ((b >> 13) & 0x3FFu));
+  }
+
+  DType storage_;
+  int tag_ = 1;
+  SafeTensorsWriter writer_;
+  std::vector<uint8_t> bytes_;
+  SafeTensorsFile file_;
+};
+
+std::vector<float> Slice(const std::vector<float>& v, size_t begin, size_t count) {
+  return std::vector<float>(v.begin() + static_cast<long>(begin),
+                            v.begin() + static_cast<long>(begin + count));
+}
+
+Status Load(const SafeTensorsFile& f, const std::string& prefix, MhaWeights* w) {
+  return LoadMhaWeights(f, prefix, w);
+}
+
+TEST(WeightsTest, PackedInProjWithBias) {
+  const int64_t E = 8;
+  ModelBuilder m;
+  const auto in_w = m.Add("in_proj_weight", {3 * E, E});
+  const auto in_b = m.Add("in_proj_bias", {3 * E});
+  const auto out_w = m.Add("out_proj.weight", {E, E});
+  const auto out_b = m.Add("out_proj.bias", {E});
+  MhaWeights w;
+  Status s = Load(m.Build(), "", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(w.embed_dim, E);
+  EXPECT_EQ(w.q_dim, E);
+  EXPECT_EQ(w.kdim, E);
+  EXPECT_EQ(w.vdim, E);
+  EXPECT_TRUE(w.bias);
+  EXPECT_FALSE(w.add_bias_kv);
+  EXPECT_TRUE(w.packed_in_proj);
+  const size_t b = static_cast<size_t>(E * E);
+  EXPECT_EQ(w.w_q, Slice(in_w, 0, b));  // rows [0, E)
+  EXPECT_EQ(w.w_k, Slice(in_w, b, b));  // rows [E, 2E)
+  EXPECT_EQ(w.w_v, Slice(in_w, 2 * b, b));
+  EXPECT_EQ(w.b_q, Slice(in_b, 0, 8));
+  EXPECT_EQ(w.b_k, Slice(in_b, 8, 8));
+  EXPECT_EQ(w.b_v, Slice(in_b, 16, 8));
+  EXPECT_EQ(w.w_out, out_w);
+  EXPECT_EQ(w.b_out, out_b);
+  EXPECT_EQ(w.in_proj_weight, in_w);
+  EXPECT_EQ(w.in_proj_bias, in_b);
+  EXPECT_TRUE(w.bias_k.empty());
+  EXPECT_TRUE(w.bias_v.empty());
+}
+
+TEST(WeightsTest, PackedWithoutBiasFromAFile) {
+  const int64_t E = 4;
+  ModelBuilder m;
+  const auto in_w = m.Add("in_proj_weight", {3 * E, E});
+  const auto out_w = m.Add("out_proj.weight", {E, E});
+  const std::string path = "/tmp/mha_weights_" + std::to_string(getpid()) + "_nobias.safetensors";
+  ASSERT_TRUE(m.writer().WriteFile(path).ok());
+  SafeTensorsFile f;
+  ASSERT_TRUE(SafeTensorsFile::Open(path, &f).ok());
+  std::remove(path.c_str());
+  MhaWeights w;
+  Status s = Load(f, "", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(w.bias);
+  EXPECT_TRUE(w.b_q.empty());
+  EXPECT_TRUE(w.b_k.empty());
+  EXPECT_TRUE(w.b_v.empty());
+  EXPECT_TRUE(w.b_out.empty());
+  EXPECT_TRUE(w.in_proj_bias.empty());
+  EXPECT_EQ(w.w_v, Slice(in_w, 32, 16));
+  EXPECT_EQ(w.w_out, out_w);
+}
+
+TEST(WeightsTest, SeparateProjectionsWithDistinctDims) {
+  const int64_t E = 6, q_dim = 3, kdim = 5, vdim = 7;
+  ModelBuilder m;
+  const auto wq = m.Add("q_proj_weight", {E, q_dim});
+  const auto wk = m.Add("k_proj_weight", {E, kdim});
+  const auto wv = m.Add("v_proj_weight", {E, vdim});
+  const auto in_b = m.Add("in_proj_bias", {3 * E});
+  m.Add("out_proj.weight", {E, E});
+  const auto out_b = m.Add("out_proj.bias", {E});
+  MhaWeights w;
+  Status s = Load(m.Build(), "", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_FALSE(w.packed_in_proj);
+  EXPECT_EQ(w.embed_dim, E);
+  EXPECT_EQ(w.q_dim, q_dim);
+  EXPECT_EQ(w.kdim, kdim);
+  EXPECT_EQ(w.vdim, vdim);
+  EXPECT_EQ(w.w_q, wq);
+  EXPECT_EQ(w.w_k, wk);
+  EXPECT_EQ(w.w_v, wv);
+  EXPECT_EQ(w.b_k, Slice(in_b, 6, 6));
+  EXPECT_EQ(w.b_out, out_b);
+  EXPECT_TRUE(w.in_proj_weight.empty());
+  EXPECT_TRUE(w.in_proj_bias.empty());
+}
+
+TEST(WeightsTest, AddBiasKv) {
+  const int64_t E = 4;
+  ModelBuilder m;
+  m.Add("in_proj_weight", {3 * E, E});
+  m.Add("in_proj_bias", {3 * E});
+  m.Add("out_proj.weight", {E, E});
+  m.Add("out_proj.bias", {E});
+  const auto bk = m.Add("bias_k", {1, 1, E});
+  const auto bv = m.Add("bias_v", {1, 1, E});
+  MhaWeights w;
+  Status s = Load(m.Build(), "", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(w.add_bias_kv);
+  EXPECT_EQ(w.bias_k, bk);
+  EXPECT_EQ(w.bias_v, bv);
+}
+
+TEST(WeightsTest, PrefixInsideAWholeModel) {
+  const int64_t E = 4;
+  ModelBuilder m;
+  m.Add("embed.weight", {10, E});
+  std::vector<float> layer3_in, layer3_out;
+  for (int layer = 0; layer < 5; ++layer) {
+    const std::string p = "encoder.layers." + std::to_string(layer) + ".";
+    auto in_w = m.Add(p + "self_attn.in_proj_weight", {3 * E, E});
+    m.Add(p + "self_attn.in_proj_bias", {3 * E});
+    auto out_w = m.Add(p + "self_attn.out_proj.weight", {E, E});
+    m.Add(p + "self_attn.out_proj.bias", {E});
+    m.Add(p + "linear1.weight", {2 * E, E});
+    m.Add(p + "norm1.weight", {E});
+    if (layer == 3) {
+      layer3_in = in_w;
+      layer3_out = out_w;
+    }
+  }
+  // Lookalike names that must not be picked up.
+  m.Add("encoder.layers.3.self_attn.in_proj_weight_extra", {2});
+  m.Add("encoder.layers.3.self_attn.bias_k_", {1, 1, E});
+  const SafeTensorsFile& f = m.Build();
+  MhaWeights w;
+  Status s = Load(f, "encoder.layers.3.self_attn.", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(w.in_proj_weight, layer3_in);
+  EXPECT_EQ(w.w_out, layer3_out);
+  EXPECT_TRUE(w.bias);
+  EXPECT_FALSE(w.add_bias_kv);
+
+  s = Load(f, "", &w);
+  EXPECT_EQ(s.code(), StatusCode::kFormatError);
+  EXPECT_NE(s.message().find("missing tensor 'out_proj.weight'"), std::string::npos) << s.message();
+  s = Load(f, "encoder.layers.9.self_attn.", &w);
+  EXPECT_NE(s.message().find("missing tensor 'encoder.layers.9.self_attn.out_proj.weight'"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(WeightsTest, HalfPrecisionWeightsAreWidened) {
+  for (DType storage : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(storage));
+    const int64_t E = 4;
+    ModelBuilder m(storage);
+    const auto in_w = m.Add("m.in_proj_weight", {3 * E, E});
+    const auto in_b = m.Add("m.in_proj_bias", {3 * E});
+    const auto out_w = m.Add("m.out_proj.weight", {E, E});
+    const auto out_b = m.Add("m.out_proj.bias", {E});
+    const SafeTensorsFile& f = m.Build();
+    EXPECT_EQ(f.Find("m.in_proj_weight")->dtype, storage);
+    MhaWeights w;
+    Status s = Load(f, "m.", &w);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(w.in_proj_weight, in_w);
+    EXPECT_EQ(w.w_k, Slice(in_w, 16, 16));
+    EXPECT_EQ(w.in_proj_bias, in_b);
+    EXPECT_EQ(w.w_out, out_w);
+    EXPECT_EQ(w.b_out, out_b);
+    EXPECT_EQ(w.w_out[5], 3.0f + 5.0f / 8);  // tag 3 + i/8: exact after widening
+  }
+}
+
+struct ErrorCase {
+  const char* what;
+  void (*build)(ModelBuilder&);
+  StatusCode code;
+  const char* expected;
+};
+
+TEST(WeightsTest, RejectsInconsistentWeights) {
+  constexpr int64_t E = 4;
+  const ErrorCase cases[] = {
+      {"missing out_proj.weight",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+       },
+       StatusCode::kFormatError, "missing tensor 'p.out_proj.weight' [E, E]"},
+      {"out_proj not square",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.out_proj.weight", {E, E + 1});
+       },
+       StatusCode::kFormatError,
+       "'p.out_proj.weight': expected shape [E, E] with E > 0, got [4, 5]"},
+      {"no projections",
+       [](ModelBuilder& m) {
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError, "missing tensor 'p.in_proj_weight' [3E, E] (or 'p.q_proj_weight'"},
+      {"in_proj wrong shape",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E + 1});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError,
+       "tensor 'p.in_proj_weight': expected shape [12, 4] [3E, E] with E = 4, got [12, 5]"},
+      {"in_proj rank 1",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E * E});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError, "expected shape [12, 4] [3E, E] with E = 4, got [48]"},
+      {"both packed and separate",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.k_proj_weight", {E, E});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError,
+       "both 'p.in_proj_weight' and separate 'p.{q,k,v}_proj_weight' are present"},
+      {"partial separate",
+       [](ModelBuilder& m) {
+         m.Add("p.q_proj_weight", {E, E});
+         m.Add("p.k_proj_weight", {E, E});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError, "missing tensor 'p.v_proj_weight' [E, vdim]"},
+      {"k_proj wrong rows",
+       [](ModelBuilder& m) {
+         m.Add("p.q_proj_weight", {E, E});
+         m.Add("p.k_proj_weight", {E + 1, 3});
+         m.Add("p.v_proj_weight", {E, E});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError,
+       "tensor 'p.k_proj_weight': expected shape [4, kdim] with E = 4 and kdim > 0, got [5, 3]"},
+      {"bias_k without bias_v",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.out_proj.weight", {E, E});
+         m.Add("p.bias_k", {1, 1, E});
+       },
+       StatusCode::kFormatError,
+       "'p.bias_k' is present but 'p.bias_v' is absent, expected both or neither"},
+      {"bias_v wrong shape",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.out_proj.weight", {E, E});
+         m.Add("p.bias_k", {1, 1, E});
+         m.Add("p.bias_v", {E});
+       },
+       StatusCode::kFormatError, "tensor 'p.bias_v': expected shape [1, 1, 4] [1, 1, E], got [4]"},
+      {"in_proj_bias without out_proj.bias",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.in_proj_bias", {3 * E});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError,
+       "'p.in_proj_bias' is present but 'p.out_proj.bias' is absent, expected both or neither"},
+      {"in_proj_bias wrong size",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.in_proj_bias", {2 * E});
+         m.Add("p.out_proj.weight", {E, E});
+         m.Add("p.out_proj.bias", {E});
+       },
+       StatusCode::kFormatError,
+       "tensor 'p.in_proj_bias': expected shape [12] [3E] with E = 4, got [8]"},
+      {"out_proj.bias wrong size",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.Add("p.in_proj_bias", {3 * E});
+         m.Add("p.out_proj.weight", {E, E});
+         m.Add("p.out_proj.bias", {E, 1});
+       },
+       StatusCode::kFormatError, "tensor 'p.out_proj.bias': expected shape [4] [E], got [4, 1]"},
+      {"integer weights",
+       [](ModelBuilder& m) {
+         m.Add("p.in_proj_weight", {3 * E, E});
+         m.AddRaw("p.out_proj.weight", "I64", {E, E}, 8);
+       },
+       StatusCode::kUnsupported, "tensor 'p.out_proj.weight' has dtype I64"},
+  };
+  for (const ErrorCase& c : cases) {
+    SCOPED_TRACE(c.what);
+    ModelBuilder m;
+    c.build(m);
+    MhaWeights w;
+    w.embed_dim = -7;  // untouched on failure
+    Status s = Load(m.Build(), "p.", &w);
+    EXPECT_EQ(s.code(), c.code) << s.ToString();
+    EXPECT_NE(s.message().find(c.expected), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
+    EXPECT_EQ(w.embed_dim, -7);
+  }
+}
+
+}  // namespace
+}  // namespace mha

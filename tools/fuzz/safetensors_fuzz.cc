@@ -1,0 +1,89 @@
+// libFuzzer target for the safetensors reader and the nn.MultiheadAttention loader.
+//
+// Each input is treated as a whole .safetensors file: FromBuffer validates it, then every
+// accessor runs on every tensor (so the byte ranges the validator accepted are actually read
+// under ASan), then the weight loader runs with an empty prefix and with "m.". Errors are the
+// expected outcome for most inputs; only crashes, leaks, UB and timeouts are findings.
+// Built and run by tools/fuzz/run-fuzz (clang++ -fsanitize=fuzzer,address,undefined).
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/safetensors.h"
+#include "runtime/weights.h"
+
+namespace {
+
+// Touches every value so that reads of bytes outside the validated range are reported.
+uint32_t Checksum(const std::vector<float>& v) {
+  uint32_t h = 0;
+  for (float f : v) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    h = h * 31 + b;
+  }
+  return h;
+}
+
+void CheckOrAbort(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "invariant broken: %s\n", what);
+    std::abort();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  mha::SafeTensorsFile file;
+  mha::Status s = mha::SafeTensorsFile::FromBuffer(data, size, &file, "fuzz");
+  if (!s.ok()) {
+    CheckOrAbort(!s.message().empty(), "failed Status without a message");
+    return 0;
+  }
+  volatile uint32_t sink = 0;
+  for (const mha::TensorInfo& t : file.tensors()) {
+    CheckOrAbort(t.data >= data && t.data + t.nbytes <= data + size, "tensor outside the buffer");
+    CheckOrAbort(file.Find(t.name) == &t, "Find disagrees with tensors()");
+    std::vector<float> f;
+    if (file.GetF32(t.name, &f).ok()) {
+      CheckOrAbort(f.size() == t.num_elements, "GetF32 element count");
+      sink = sink + Checksum(f);
+    }
+    std::vector<uint8_t> b;
+    if (file.GetBool(t.name, &b).ok()) {
+      CheckOrAbort(b.size() == t.num_elements, "GetBool element count");
+      for (uint8_t x : b) sink = sink + x;
+    }
+    mha::TensorView view;
+    if (file.ViewF32(t.name, &view).ok()) {
+      const int64_t n = view.NumElements();
+      const float* p = view.As<const float>();
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, p + i, 4);
+        sink = sink + bits;
+      }
+    }
+  }
+  for (const char* prefix : {"", "m."}) {
+    mha::MhaWeights w;
+    if (mha::LoadMhaWeights(file, prefix, &w).ok()) {
+      const size_t e = static_cast<size_t>(w.embed_dim);
+      CheckOrAbort(w.w_out.size() == e * e, "w_out size");
+      CheckOrAbort(w.w_q.size() == e * static_cast<size_t>(w.q_dim), "w_q size");
+      CheckOrAbort(w.w_k.size() == e * static_cast<size_t>(w.kdim), "w_k size");
+      CheckOrAbort(w.w_v.size() == e * static_cast<size_t>(w.vdim), "w_v size");
+      CheckOrAbort(w.bias ? w.b_q.size() == e && w.b_out.size() == e : w.b_q.empty(), "bias");
+      CheckOrAbort(w.add_bias_kv ? w.bias_k.size() == e && w.bias_v.size() == e : w.bias_k.empty(),
+                   "bias_kv");
+      sink = sink + Checksum(w.w_q) + Checksum(w.w_out);
+    }
+  }
+  (void)sink;
+  return 0;
+}
