@@ -1,0 +1,274 @@
+/* mha C API: multi-head attention with the semantics of torch.nn.MultiheadAttention.forward in
+ * eval mode, for C99 and C++ callers (no C++ types cross this header). It is a thin layer over
+ * the C++ API in mha/mha.hpp; see that header for the full semantics (shapes, masks, fully
+ * masked rows, grouped-query attention, per-head packed QKV weights).
+ *
+ * Objects (opaque handles):
+ *   mha_context  threads (a pool created once) + an arena that serves every temporary of a
+ *                forward pass. Used by ONE thread at a time; give each application thread that
+ *                runs forward passes its own context.
+ *   mha_layer    a layer: configuration + weights (viewed or copied). Immutable after creation:
+ *                one layer may be used concurrently by several threads, each with its own
+ *                context.
+ *
+ * Ownership and lifetimes:
+ *   - mha_*_create functions allocate a handle the caller frees with the matching
+ *     mha_*_destroy (which accepts NULL). On error *out is left untouched.
+ *   - A layer created with MHA_WEIGHTS_VIEW points at the caller's weight arrays: they must stay
+ *     valid and unchanged until mha_layer_destroy. MHA_WEIGHTS_COPY copies them at creation, so
+ *     the caller may free them right away. Layers loaded from a file own their weights.
+ *   - A context over a caller-provided arena buffer (mha_context_options.arena_buffer) borrows
+ *     it: the buffer must outlive the context; the context never allocates and forward fails
+ *     with MHA_STATUS_OUT_OF_MEMORY (naming the bytes needed) when it is too small.
+ *   - mha_tensor structs only describe caller memory; mha never keeps a pointer to a tensor
+ *     after the call returns.
+ *   - Strings returned by mha_version, mha_simd_target, mha_blas_arch and mha_status_name are
+ *     static. The string returned by mha_last_error_message stays valid until the calling
+ *     thread's next mha_* call.
+ *
+ * Errors: every fallible function returns an mha_status (the values of mha::StatusCode). On
+ * failure nothing is written to any output (handles, tensors, sizes). The message describing the
+ * most recent call is thread-local: mha_last_error_message() returns the calling thread's last
+ * message ("" when its last mha_* call succeeded), so threads never see each other's errors.
+ * A NULL pointer where one is required is never dereferenced: the call returns
+ * MHA_STATUS_INVALID_ARGUMENT with a message naming the argument. No function lets a C++
+ * exception escape (allocation failure maps to MHA_STATUS_OUT_OF_MEMORY).
+ *
+ * Thread-safety: everything is safe to call concurrently except that one mha_context must not
+ * be used by two threads at the same time (and must not be destroyed while in use). Creating
+ * and destroying different handles from different threads is safe.
+ */
+#ifndef MHA_MHA_H_
+#define MHA_MHA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Same definition as in mha/types.hpp, so both headers may be included in either order. */
+#ifndef MHA_API
+#if defined(_WIN32)
+#define MHA_API __declspec(dllexport)
+#else
+#define MHA_API __attribute__((visibility("default")))
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Status codes: the values of mha::StatusCode. */
+typedef enum mha_status {
+  MHA_STATUS_OK = 0,
+  MHA_STATUS_INVALID_ARGUMENT = 1, /* a caller-supplied value is out of its documented range */
+  MHA_STATUS_OUT_OF_MEMORY = 2,    /* an arena or allocation could not hold the request */
+  MHA_STATUS_IO_ERROR = 3,         /* a file could not be opened, read or mapped */
+  MHA_STATUS_FORMAT_ERROR = 4,     /* a file's contents are malformed */
+  MHA_STATUS_UNSUPPORTED = 5,      /* valid but not implemented (e.g. a weight dtype) */
+  MHA_STATUS_INTERNAL = 6          /* a broken invariant inside mha: a bug */
+} mha_status;
+
+/* Element types (the values of mha::DType). Inputs, outputs and weights are F32. Masks are BOOL
+ * or U8 (1 byte; nonzero = masked out, as nn.MultiheadAttention) or F32 (added to the scaled
+ * scores; -INFINITY masks). */
+typedef enum mha_dtype {
+  MHA_DTYPE_F32 = 0,
+  MHA_DTYPE_BF16 = 1,
+  MHA_DTYPE_F16 = 2,
+  MHA_DTYPE_BOOL = 3,
+  MHA_DTYPE_U8 = 4
+} mha_dtype;
+
+#define MHA_MAX_RANK 4
+
+/* A description of caller memory: `rank` (1..4) dimensions, outermost first; shape and strides
+ * in elements (not bytes). All strides zero means dense row-major. Otherwise strides must be
+ * >= 0, and the last dimension of every tensor must be contiguous (stride 1). data == NULL means
+ * "absent" for optional tensors. Zero-initialize and fill in data, dtype, rank and shape. */
+typedef struct mha_tensor {
+  void* data;
+  mha_dtype dtype;
+  int32_t rank;
+  int64_t shape[MHA_MAX_RANK];
+  int64_t strides[MHA_MAX_RANK];
+} mha_tensor;
+
+/* ---- Library information ------------------------------------------------------------------ */
+
+/* "0.1.0". */
+MHA_API const char* mha_version(void);
+/* The Highway target the kernels dispatch to on this CPU, e.g. "AVX2", "AVX3_DL", "NEON". */
+MHA_API const char* mha_simd_target(void);
+/* The BLIS architecture configuration in use, e.g. "haswell", "skx", "zen3". */
+MHA_API const char* mha_blas_arch(void);
+/* "OK", "InvalidArgument", ...; "Unknown" for values outside mha_status. */
+MHA_API const char* mha_status_name(mha_status status);
+/* The calling thread's message for its most recent mha_* call: "" after a success, otherwise
+ * one line naming the function, the argument, the expected and the actual value. Never NULL. */
+MHA_API const char* mha_last_error_message(void);
+
+/* ---- Context --------------------------------------------------------------------------------- */
+
+typedef struct mha_context mha_context;
+
+/* Zero-initialized = defaults. */
+typedef struct mha_context_options {
+  /* Threads used by forward passes, counting the calling thread; 0 = all hardware threads. At
+   * most 1024. */
+  size_t num_threads;
+  /* Caller-provided arena memory (not owned; must outlive the context), arena_bytes long. When
+   * NULL the context owns its arena, starting at arena_bytes bytes (0 = grow on first use; an
+   * owned arena grows with one allocation when a larger forward arrives). */
+  void* arena_buffer;
+  size_t arena_bytes;
+} mha_context_options;
+
+/* options == NULL means defaults. */
+MHA_API mha_status mha_context_create(const mha_context_options* options, mha_context** out);
+/* Accepts NULL. The context must not be in use. */
+MHA_API void mha_context_destroy(mha_context* context);
+MHA_API mha_status mha_context_num_threads(const mha_context* context, size_t* num_threads);
+/* Usable arena bytes now, and the most any forward has used so far. */
+MHA_API mha_status mha_context_arena_bytes(const mha_context* context, size_t* capacity,
+                                           size_t* high_water);
+
+/* ---- Layer ----------------------------------------------------------------------------------- */
+
+typedef struct mha_layer mha_layer;
+
+/* Row order of a packed in_proj_weight [3E, in] and in_proj_bias [3E]. */
+typedef enum mha_qkv_layout {
+  MHA_QKV_LAYOUT_PYTORCH = 0, /* all q rows, then all k rows, then all v rows */
+  MHA_QKV_LAYOUT_PER_HEAD = 1 /* per head h: its head_dim q rows, k rows, v rows */
+} mha_qkv_layout;
+
+typedef enum mha_weight_binding {
+  MHA_WEIGHTS_VIEW = 0, /* the layer points at the caller's arrays (see Ownership above) */
+  MHA_WEIGHTS_COPY = 1  /* the layer copies the weights at creation */
+} mha_weight_binding;
+
+/* Fields as mha::AttentionConfig; booleans are 0/1. mha_layer_config_init sets PyTorch's
+ * defaults (bias = 1, everything else 0); a zero-initialized config has bias = 0. */
+typedef struct mha_layer_config {
+  int64_t embed_dim;    /* E: model width, output width */
+  int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */
+  int64_t num_kv_heads; /* grouped-query attention: H % num_kv_heads == 0; 0 = num_heads */
+  int64_t q_dim;        /* query input features; 0 = E */
+  int64_t kdim;         /* key input features; 0 = E */
+  int64_t vdim;         /* value input features; 0 = E */
+  int32_t bias;         /* in_proj and out_proj biases */
+  int32_t add_bias_kv;  /* bias_k, bias_v appended as one more key/value position */
+  int32_t add_zero_attn; /* a zero key/value position appended (after bias_kv) */
+  int32_t batch_first;  /* batched inputs are [N, L, features] instead of [L, N, features] */
+  float scale;          /* score scale; 0 = 1 / sqrt(head_dim) */
+} mha_layer_config;
+
+/* All f32, row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads *
+ * head_dim. Give either in_proj_weight (only when q_dim == kdim == vdim and kvE == E) or all
+ * three of q/k/v_proj_weight. Unused pointers are NULL. */
+typedef struct mha_layer_weights {
+  const float* in_proj_weight;  /* [E + 2 kvE, q_dim], rows ordered by qkv_layout */
+  const float* in_proj_bias;    /* [E + 2 kvE] (bias), also with separate weights (q, k, v) */
+  mha_qkv_layout qkv_layout;
+  const float* q_proj_weight;   /* [E, q_dim] */
+  const float* k_proj_weight;   /* [kvE, kdim] */
+  const float* v_proj_weight;   /* [kvE, vdim] */
+  const float* bias_k;          /* [kvE] (add_bias_kv) */
+  const float* bias_v;          /* [kvE] (add_bias_kv) */
+  const float* out_proj_weight; /* [E, E] */
+  const float* out_proj_bias;   /* [E] (bias) */
+} mha_layer_weights;
+
+/* Options for mha_layer_create_from_safetensors: what the file cannot tell. Zero-initialized =
+ * defaults except num_heads, which is required. */
+typedef struct mha_load_options {
+  int64_t num_heads;          /* H, required (> 0, divides E) */
+  int32_t add_zero_attn;      /* nn.MultiheadAttention's add_zero_attn (not in a state_dict) */
+  int32_t batch_first;        /* layout of batched inputs */
+  float scale;                /* 0 = 1 / sqrt(head_dim) */
+  mha_qkv_layout qkv_layout;  /* row order of a packed in_proj_weight in the file */
+} mha_load_options;
+
+/* Sets *config to PyTorch's defaults: bias = 1, all other fields 0 (embed_dim and num_heads
+ * must then be set). */
+MHA_API mha_status mha_layer_config_init(mha_layer_config* config);
+
+/* Validates the configuration and weights (every error names the field) and creates a layer. */
+MHA_API mha_status mha_layer_create(const mha_layer_config* config,
+                                    const mha_layer_weights* weights,
+                                    mha_weight_binding binding, mha_layer** out);
+
+/* Loads nn.MultiheadAttention state_dict tensors named `prefix` + {in_proj_weight,
+ * in_proj_bias, q/k/v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v} from a
+ * safetensors file (F32, F16 or BF16; widened exactly to f32) and creates a layer owning a
+ * copy. prefix includes its trailing dot ("encoder.layers.0.self_attn."); NULL means "". E,
+ * q_dim, kdim, vdim, bias and add_bias_kv come from the tensors' shapes and presence. Errors:
+ * IO_ERROR (cannot open), FORMAT_ERROR (malformed file, missing or inconsistent tensors),
+ * UNSUPPORTED (a non-float weight dtype), INVALID_ARGUMENT (options). The file is not kept
+ * open. */
+MHA_API mha_status mha_layer_create_from_safetensors(const char* path, const char* prefix,
+                                                     const mha_load_options* options,
+                                                     mha_layer** out);
+
+/* Accepts NULL. No forward on the layer may be running. */
+MHA_API void mha_layer_destroy(mha_layer* layer);
+
+/* The layer's effective configuration (defaults resolved: num_kv_heads, q_dim, kdim, vdim are
+ * never 0); useful to size buffers for a layer loaded from a file. */
+MHA_API mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config);
+
+/* ---- Forward --------------------------------------------------------------------------------- */
+
+/* Inputs of one forward pass; absent tensors have data == NULL (zero-initialize the struct).
+ *   query  [L, N, q_dim] ([N, L, q_dim] when batch_first) or [L, q_dim] unbatched; required.
+ *   key    [S, N, kdim] / [N, S, kdim] / [S, kdim]; absent: self-attention (key = query).
+ *   value  [S, N, vdim] / [N, S, vdim] / [S, vdim]; absent: value = key.
+ *   attn_mask         [L, S] or [N * H, L, S] (index n * H + h); BOOL/U8 or F32.
+ *   key_padding_mask  [N, S] ([S] unbatched); BOOL/U8 or F32.
+ * Positions added by add_bias_kv / add_zero_attn are never masked. */
+typedef struct mha_attention_inputs {
+  mha_tensor query;
+  mha_tensor key;
+  mha_tensor value;
+  mha_tensor attn_mask;
+  mha_tensor key_padding_mask;
+} mha_attention_inputs;
+
+/* Flags for mha_layer_forward / mha_layer_plan (bitwise OR). */
+/* Mask key j for query i when j > i (top-left aligned), without a mask tensor. */
+#define MHA_FORWARD_CAUSAL 1u
+/* Attention weights per head [N, H, L, S'] instead of averaged over heads [N, L, S']. */
+#define MHA_FORWARD_PER_HEAD_WEIGHTS 2u
+
+/* Runs one forward pass on the context's threads with temporaries from its arena.
+ *   output        F32, the query's layout with E features: [L, N, E], [N, L, E] or [L, E].
+ *   attn_weights  NULL: not computed (need_weights = False). Otherwise F32 [N, L, S'] averaged
+ *                 or [N, H, L, S'] per head (unbatched: [L, S'] / [H, L, S']),
+ *                 S' = S + add_bias_kv + add_zero_attn.
+ * A query row with no allowed key gets all-zero weights and contributes zero (PyTorch: NaN).
+ * On error nothing is written to output or attn_weights. Results are bitwise identical for any
+ * thread count. */
+MHA_API mha_status mha_layer_forward(const mha_layer* layer, mha_context* context,
+                                     const mha_attention_inputs* inputs,
+                                     const mha_tensor* output, const mha_tensor* attn_weights,
+                                     uint32_t flags);
+
+/* Validates the same arguments as mha_layer_forward without running it, and returns the arena
+ * bytes a forward needs on `num_threads` threads (for sizing a caller-provided arena). output
+ * and attn_weights are only checked for shape: their data is not touched. */
+MHA_API mha_status mha_layer_plan(const mha_layer* layer, const mha_attention_inputs* inputs,
+                                  const mha_tensor* output, const mha_tensor* attn_weights,
+                                  uint32_t flags, size_t num_threads, size_t* workspace_bytes);
+
+/* Runs only the input projections and writes per-head Q, K, V, dense F32:
+ *   q [N, H, L, head_dim], k and v [N, kvH, S', head_dim] (N = 1 for unbatched inputs); k and v
+ *   include the bias_kv / zero-attention positions. Masks in `inputs` are ignored. */
+MHA_API mha_status mha_layer_project(const mha_layer* layer, mha_context* context,
+                                     const mha_attention_inputs* inputs, const mha_tensor* q,
+                                     const mha_tensor* k, const mha_tensor* v);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MHA_MHA_H_ */

@@ -1,0 +1,456 @@
+// The C API (include/mha/mha.h): a thin, exception-free layer over the C++ API. Each entry point
+// checks its pointers, converts mha_tensor descriptions to TensorViews, calls the C++ API and
+// records the outcome in a thread-local message.
+#include "mha/mha.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "runtime/safetensors.h"
+#include "runtime/weights.h"
+
+// The C handles are the C++ objects, wrapped so the C header stays free of C++ types.
+struct mha_context {
+  std::unique_ptr<mha::Context> impl;
+};
+
+struct mha_layer {
+  std::unique_ptr<mha::MultiheadAttention> impl;
+};
+
+namespace mha {
+namespace {
+
+static_assert(static_cast<int>(MHA_STATUS_INTERNAL) == static_cast<int>(StatusCode::kInternal),
+              "mha_status values must equal mha::StatusCode values");
+static_assert(static_cast<int>(MHA_DTYPE_U8) == static_cast<int>(DType::kU8),
+              "mha_dtype values must equal mha::DType values");
+static_assert(static_cast<int>(MHA_QKV_LAYOUT_PER_HEAD) == static_cast<int>(QkvLayout::kPerHead),
+              "mha_qkv_layout values must equal mha::QkvLayout values");
+static_assert(MHA_MAX_RANK == kMaxRank, "MHA_MAX_RANK must equal mha::kMaxRank");
+
+// The calling thread's message for its last call. Thread-local so concurrent callers (one
+// context per thread) never overwrite each other's message.
+thread_local std::string last_error;
+
+mha_status Record(const Status& s) {
+  if (s.ok()) {
+    last_error.clear();
+  } else {
+    last_error = s.message();
+  }
+  return static_cast<mha_status>(s.code());
+}
+
+mha_status Fail(StatusCode code, std::string message) {
+  return Record(Status(code, std::move(message)));
+}
+
+// Runs `body` (returning Status) and converts it, and any exception, to an mha_status.
+// `fn` prefixes messages so the caller knows which call failed.
+template <typename Body>
+mha_status Guard(const char* fn, Body&& body) {
+  try {
+    Status s = body();
+    if (!s.ok()) s = Status(s.code(), std::string(fn) + ": " + s.message());
+    return Record(s);
+  } catch (const std::bad_alloc&) {
+    return Fail(StatusCode::kOutOfMemory, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return Fail(StatusCode::kInternal, std::string(fn) + ": unexpected exception: " + e.what());
+  } catch (...) {
+    return Fail(StatusCode::kInternal, std::string(fn) + ": unexpected exception");
+  }
+}
+
+Status NullArg(const char* name) {
+  return InvalidArgument(std::string(name) + ": expected a non-NULL pointer, got NULL");
+}
+
+// Converts a C tensor description. `required`: data must be non-NULL; otherwise a NULL struct
+// pointer or NULL data gives an absent view. All-zero strides mean dense row-major.
+Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* out) {
+  if (t == nullptr) {
+    if (required) return NullArg(name);
+    *out = TensorView();
+    return Status::Ok();
+  }
+  if (t->data == nullptr) {
+    if (required) {
+      return InvalidArgument(std::string(name) + ".data: expected a non-NULL pointer, got NULL");
+    }
+    *out = TensorView();
+    return Status::Ok();
+  }
+  const int dtype = static_cast<int>(t->dtype);
+  if (dtype < static_cast<int>(MHA_DTYPE_F32) || dtype > static_cast<int>(MHA_DTYPE_U8)) {
+    return InvalidArgument(std::string(name) + ".dtype: expected MHA_DTYPE_F32..MHA_DTYPE_U8 (0..4), got " +
+                           std::to_string(dtype));
+  }
+  if (t->rank < 1 || t->rank > kMaxRank) {
+    return InvalidArgument(std::string(name) + ".rank: expected 1..4, got " +
+                           std::to_string(t->rank));
+  }
+  bool dense = true;
+  for (int i = 0; i < t->rank; ++i) dense = dense && t->strides[i] == 0;
+  // Zero-sized dimensions pass here; the operator then reports them with the expected shape.
+  if (dense) {
+    return TensorView::Dense(t->data, static_cast<DType>(dtype), t->rank, t->shape, out, name,
+                             /*allow_empty=*/true);
+  }
+  return TensorView::Strided(t->data, static_cast<DType>(dtype), t->rank, t->shape, t->strides,
+                             out, name, /*allow_empty=*/true);
+}
+
+Status ToInputs(const mha_attention_inputs* in, AttentionInputs* out) {
+  if (in == nullptr) return NullArg("inputs");
+  Status s = ToView(&in->query, "inputs->query", /*required=*/true, &out->query);
+  if (s.ok()) s = ToView(&in->key, "inputs->key", false, &out->key);
+  if (s.ok()) s = ToView(&in->value, "inputs->value", false, &out->value);
+  if (s.ok()) s = ToView(&in->attn_mask, "inputs->attn_mask", false, &out->attn_mask);
+  if (s.ok()) {
+    s = ToView(&in->key_padding_mask, "inputs->key_padding_mask", false, &out->key_padding_mask);
+  }
+  return s;
+}
+
+constexpr uint32_t kKnownFlags = MHA_FORWARD_CAUSAL | MHA_FORWARD_PER_HEAD_WEIGHTS;
+
+// Fills everything a forward or plan call shares. `output_data_optional`: mha_layer_plan only
+// checks shapes, so output data may be NULL there.
+Status ToForwardArgs(const mha_attention_inputs* inputs, const mha_tensor* output,
+                     const mha_tensor* attn_weights, uint32_t flags, bool output_data_optional,
+                     AttentionInputs* in, AttentionOutputs* out) {
+  if ((flags & ~kKnownFlags) != 0) {
+    return InvalidArgument("flags: expected a combination of MHA_FORWARD_CAUSAL (1) and "
+                           "MHA_FORWARD_PER_HEAD_WEIGHTS (2), got " + std::to_string(flags));
+  }
+  Status s = ToInputs(inputs, in);
+  if (!s.ok()) return s;
+  if (output == nullptr) return NullArg("output");
+  // Plan validates shapes only and never touches data: any non-null address stands in.
+  static char placeholder;
+  mha_tensor o = *output;
+  if (output_data_optional && o.data == nullptr) o.data = &placeholder;
+  s = ToView(&o, "output", /*required=*/true, &out->output);
+  if (!s.ok()) return s;
+  if (attn_weights != nullptr) {
+    mha_tensor w = *attn_weights;
+    if (output_data_optional && w.data == nullptr) w.data = &placeholder;
+    s = ToView(&w, "attn_weights", /*required=*/true, &out->attn_weights);
+    if (!s.ok()) return s;
+  }
+  in->causal = (flags & MHA_FORWARD_CAUSAL) != 0;
+  in->need_weights = attn_weights != nullptr;
+  in->average_attn_weights = (flags & MHA_FORWARD_PER_HEAD_WEIGHTS) == 0;
+  return Status::Ok();
+}
+
+Status CheckBool(int32_t v, const char* name) {
+  if (v != 0 && v != 1) {
+    return InvalidArgument(std::string(name) + ": expected 0 or 1, got " + std::to_string(v));
+  }
+  return Status::Ok();
+}
+
+Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
+  const std::pair<int32_t, const char*> flags[] = {{c.bias, "config->bias"},
+                                                    {c.add_bias_kv, "config->add_bias_kv"},
+                                                    {c.add_zero_attn, "config->add_zero_attn"},
+                                                    {c.batch_first, "config->batch_first"}};
+  for (const auto& f : flags) {
+    Status s = CheckBool(f.first, f.second);
+    if (!s.ok()) return s;
+  }
+  // Negative optional dims would silently mean "default" nowhere; they are rejected by name.
+  const std::pair<int64_t, const char*> dims[] = {{c.num_kv_heads, "config->num_kv_heads"},
+                                                   {c.q_dim, "config->q_dim"},
+                                                   {c.kdim, "config->kdim"},
+                                                   {c.vdim, "config->vdim"}};
+  for (const auto& d : dims) {
+    if (d.first < 0) {
+      return InvalidArgument(std::string(d.second) + ": expected >= 0 (0 = default), got " +
+                             std::to_string(d.first));
+    }
+  }
+  out->embed_dim = c.embed_dim;
+  out->num_heads = c.num_heads;
+  out->num_kv_heads = c.num_kv_heads;
+  out->q_dim = c.q_dim;
+  out->kdim = c.kdim;
+  out->vdim = c.vdim;
+  out->bias = c.bias != 0;
+  out->add_bias_kv = c.add_bias_kv != 0;
+  out->add_zero_attn = c.add_zero_attn != 0;
+  out->batch_first = c.batch_first != 0;
+  out->scale = c.scale;
+  return Status::Ok();
+}
+
+Status CheckLayout(mha_qkv_layout layout, const char* name) {
+  const int v = static_cast<int>(layout);
+  if (v != MHA_QKV_LAYOUT_PYTORCH && v != MHA_QKV_LAYOUT_PER_HEAD) {
+    return InvalidArgument(std::string(name) + ": expected MHA_QKV_LAYOUT_PYTORCH (0) or "
+                           "MHA_QKV_LAYOUT_PER_HEAD (1), got " + std::to_string(v));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+}  // namespace mha
+
+using mha::Guard;
+using mha::NullArg;
+using mha::Status;
+
+extern "C" {
+
+const char* mha_version(void) { return mha::Version(); }
+const char* mha_simd_target(void) { return mha::SimdTarget(); }
+const char* mha_blas_arch(void) { return mha::BlasArch(); }
+
+const char* mha_status_name(mha_status status) {
+  const int v = static_cast<int>(status);
+  if (v < MHA_STATUS_OK || v > MHA_STATUS_INTERNAL) return "Unknown";
+  return mha::StatusCodeName(static_cast<mha::StatusCode>(v));
+}
+
+const char* mha_last_error_message(void) { return mha::last_error.c_str(); }
+
+mha_status mha_context_create(const mha_context_options* options, mha_context** out) {
+  return Guard("mha_context_create", [&]() -> Status {
+    if (out == nullptr) return NullArg("out");
+    mha::ContextOptions o;
+    if (options != nullptr) {
+      o.num_threads = options->num_threads;
+      o.arena_buffer = options->arena_buffer;
+      o.arena_bytes = options->arena_bytes;
+    }
+    auto handle = std::make_unique<mha_context>();
+    Status s = mha::Context::Create(o, &handle->impl);
+    if (!s.ok()) return s;
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+void mha_context_destroy(mha_context* context) { delete context; }
+
+mha_status mha_context_num_threads(const mha_context* context, size_t* num_threads) {
+  return Guard("mha_context_num_threads", [&]() -> Status {
+    if (context == nullptr) return NullArg("context");
+    if (num_threads == nullptr) return NullArg("num_threads");
+    *num_threads = context->impl->num_threads();
+    return Status::Ok();
+  });
+}
+
+mha_status mha_context_arena_bytes(const mha_context* context, size_t* capacity,
+                                   size_t* high_water) {
+  return Guard("mha_context_arena_bytes", [&]() -> Status {
+    if (context == nullptr) return NullArg("context");
+    if (capacity == nullptr) return NullArg("capacity");
+    if (high_water == nullptr) return NullArg("high_water");
+    *capacity = context->impl->arena_capacity();
+    *high_water = context->impl->arena_high_water();
+    return Status::Ok();
+  });
+}
+
+mha_status mha_layer_config_init(mha_layer_config* config) {
+  return Guard("mha_layer_config_init", [&]() -> Status {
+    if (config == nullptr) return NullArg("config");
+    std::memset(config, 0, sizeof(*config));
+    config->bias = 1;
+    return Status::Ok();
+  });
+}
+
+mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weights* weights,
+                            mha_weight_binding binding, mha_layer** out) {
+  return Guard("mha_layer_create", [&]() -> Status {
+    if (config == nullptr) return NullArg("config");
+    if (weights == nullptr) return NullArg("weights");
+    if (out == nullptr) return NullArg("out");
+    mha::AttentionConfig c;
+    Status s = mha::ToConfig(*config, &c);
+    if (!s.ok()) return s;
+    s = mha::CheckLayout(weights->qkv_layout, "weights->qkv_layout");
+    if (!s.ok()) return s;
+    const int b = static_cast<int>(binding);
+    if (b != MHA_WEIGHTS_VIEW && b != MHA_WEIGHTS_COPY) {
+      return mha::InvalidArgument("binding: expected MHA_WEIGHTS_VIEW (0) or MHA_WEIGHTS_COPY (1), got " +
+                                  std::to_string(b));
+    }
+    mha::AttentionWeights w;
+    w.in_proj_weight = weights->in_proj_weight;
+    w.in_proj_bias = weights->in_proj_bias;
+    w.qkv_layout = static_cast<mha::QkvLayout>(weights->qkv_layout);
+    w.q_proj_weight = weights->q_proj_weight;
+    w.k_proj_weight = weights->k_proj_weight;
+    w.v_proj_weight = weights->v_proj_weight;
+    w.bias_k = weights->bias_k;
+    w.bias_v = weights->bias_v;
+    w.out_proj_weight = weights->out_proj_weight;
+    w.out_proj_bias = weights->out_proj_bias;
+    auto handle = std::make_unique<mha_layer>();
+    s = mha::MultiheadAttention::Create(c, w, static_cast<mha::WeightBinding>(b), &handle->impl);
+    if (!s.ok()) return s;
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+mha_status mha_layer_create_from_safetensors(const char* path, const char* prefix,
+                                             const mha_load_options* options, mha_layer** out) {
+  return Guard("mha_layer_create_from_safetensors", [&]() -> Status {
+    if (path == nullptr) return NullArg("path");
+    if (options == nullptr) return NullArg("options");
+    if (out == nullptr) return NullArg("out");
+    if (options->num_heads <= 0) {
+      return mha::InvalidArgument("options->num_heads: expected > 0, got " +
+                                  std::to_string(options->num_heads));
+    }
+    Status s = mha::CheckBool(options->add_zero_attn, "options->add_zero_attn");
+    if (s.ok()) s = mha::CheckBool(options->batch_first, "options->batch_first");
+    if (s.ok()) s = mha::CheckLayout(options->qkv_layout, "options->qkv_layout");
+    if (!s.ok()) return s;
+    mha::SafeTensorsFile file;
+    s = mha::SafeTensorsFile::Open(path, &file);
+    if (!s.ok()) return s;
+    mha::MhaWeights mw;
+    s = mha::LoadMhaWeights(file, prefix == nullptr ? "" : prefix, &mw);
+    if (!s.ok()) return s;
+
+    mha::AttentionConfig c;
+    c.embed_dim = mw.embed_dim;
+    c.num_heads = options->num_heads;
+    c.q_dim = mw.q_dim;
+    c.kdim = mw.kdim;
+    c.vdim = mw.vdim;
+    c.bias = mw.bias;
+    c.add_bias_kv = mw.add_bias_kv;
+    c.add_zero_attn = options->add_zero_attn != 0;
+    c.batch_first = options->batch_first != 0;
+    c.scale = options->scale;
+
+    mha::AttentionWeights w;
+    // Separate projections keep PyTorch's one in_proj_bias [3E] in q, k, v order.
+    std::vector<float> bias_qkv;
+    w.qkv_layout = static_cast<mha::QkvLayout>(options->qkv_layout);
+    if (mw.packed_in_proj) {
+      w.in_proj_weight = mw.in_proj_weight.data();
+      if (mw.bias) w.in_proj_bias = mw.in_proj_bias.data();
+    } else {
+      w.q_proj_weight = mw.w_q.data();
+      w.k_proj_weight = mw.w_k.data();
+      w.v_proj_weight = mw.w_v.data();
+      if (mw.bias) {
+        bias_qkv = mw.b_q;
+        bias_qkv.insert(bias_qkv.end(), mw.b_k.begin(), mw.b_k.end());
+        bias_qkv.insert(bias_qkv.end(), mw.b_v.begin(), mw.b_v.end());
+        w.in_proj_bias = bias_qkv.data();
+      }
+    }
+    if (mw.add_bias_kv) {
+      w.bias_k = mw.bias_k.data();
+      w.bias_v = mw.bias_v.data();
+    }
+    w.out_proj_weight = mw.w_out.data();
+    if (mw.bias) w.out_proj_bias = mw.b_out.data();
+    auto handle = std::make_unique<mha_layer>();
+    // Copy: the loaded vectors are freed when this call returns.
+    s = mha::MultiheadAttention::Create(c, w, mha::WeightBinding::kCopy, &handle->impl);
+    if (!s.ok()) {
+      return Status(s.code(), std::string(path) + " (prefix \"" + (prefix ? prefix : "") +
+                                  "\"): " + s.message());
+    }
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+void mha_layer_destroy(mha_layer* layer) { delete layer; }
+
+mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config) {
+  return Guard("mha_layer_get_config", [&]() -> Status {
+    if (layer == nullptr) return NullArg("layer");
+    if (config == nullptr) return NullArg("config");
+    const mha::AttentionConfig& c = layer->impl->config();
+    mha_layer_config r;
+    std::memset(&r, 0, sizeof(r));
+    r.embed_dim = c.embed_dim;
+    r.num_heads = c.num_heads;
+    r.num_kv_heads = c.num_kv_heads;
+    r.q_dim = c.q_dim;
+    r.kdim = c.kdim;
+    r.vdim = c.vdim;
+    r.bias = c.bias ? 1 : 0;
+    r.add_bias_kv = c.add_bias_kv ? 1 : 0;
+    r.add_zero_attn = c.add_zero_attn ? 1 : 0;
+    r.batch_first = c.batch_first ? 1 : 0;
+    r.scale = c.scale;
+    *config = r;
+    return Status::Ok();
+  });
+}
+
+mha_status mha_layer_forward(const mha_layer* layer, mha_context* context,
+                             const mha_attention_inputs* inputs, const mha_tensor* output,
+                             const mha_tensor* attn_weights, uint32_t flags) {
+  return Guard("mha_layer_forward", [&]() -> Status {
+    if (layer == nullptr) return NullArg("layer");
+    if (context == nullptr) return NullArg("context");
+    mha::AttentionInputs in;
+    mha::AttentionOutputs out;
+    Status s = mha::ToForwardArgs(inputs, output, attn_weights, flags,
+                                  /*output_data_optional=*/false, &in, &out);
+    if (!s.ok()) return s;
+    return layer->impl->Forward(*context->impl, in, out);
+  });
+}
+
+mha_status mha_layer_plan(const mha_layer* layer, const mha_attention_inputs* inputs,
+                          const mha_tensor* output, const mha_tensor* attn_weights,
+                          uint32_t flags, size_t num_threads, size_t* workspace_bytes) {
+  return Guard("mha_layer_plan", [&]() -> Status {
+    if (layer == nullptr) return NullArg("layer");
+    if (workspace_bytes == nullptr) return NullArg("workspace_bytes");
+    mha::AttentionInputs in;
+    mha::AttentionOutputs out;
+    Status s = mha::ToForwardArgs(inputs, output, attn_weights, flags,
+                                  /*output_data_optional=*/true, &in, &out);
+    if (!s.ok()) return s;
+    size_t bytes = 0;
+    s = layer->impl->Plan(in, out, num_threads, &bytes);
+    if (!s.ok()) return s;
+    *workspace_bytes = bytes;
+    return Status::Ok();
+  });
+}
+
+mha_status mha_layer_project(const mha_layer* layer, mha_context* context,
+                             const mha_attention_inputs* inputs, const mha_tensor* q,
+                             const mha_tensor* k, const mha_tensor* v) {
+  return Guard("mha_layer_project", [&]() -> Status {
+    if (layer == nullptr) return NullArg("layer");
+    if (context == nullptr) return NullArg("context");
+    mha::AttentionInputs in;
+    Status s = mha::ToInputs(inputs, &in);
+    if (!s.ok()) return s;
+    mha::ProjectionOutputs out;
+    s = mha::ToView(q, "q", /*required=*/true, &out.q);
+    if (s.ok()) s = mha::ToView(k, "k", /*required=*/true, &out.k);
+    if (s.ok()) s = mha::ToView(v, "v", /*required=*/true, &out.v);
+    if (!s.ok()) return s;
+    return layer->impl->Project(*context->impl, in, out);
+  });
+}
+
+}  // extern "C"

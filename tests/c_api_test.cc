@@ -1,0 +1,669 @@
+// The C API (include/mha/mha.h): NULL handling and messages for every function, configuration
+// and shape errors, bitwise agreement with the C++ API, outputs untouched on error, loading from
+// safetensors, and the per-thread last-error message.
+#include "mha/mha.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "runtime/safetensors.h"
+#include "tests/attention_test_util.h"
+
+namespace mha {
+namespace {
+
+using testing_util::MakeViews;
+using testing_util::Problem;
+using testing_util::RandomProblem;
+using testing_util::Views;
+using testing_util::WeightsOf;
+
+constexpr float kSentinel = -12345.0f;
+
+// Expects `status` to be INVALID_ARGUMENT with a message containing `needle`.
+#define EXPECT_INVALID(call, needle)                                              \
+  do {                                                                            \
+    const mha_status st_ = (call);                                                \
+    EXPECT_EQ(st_, MHA_STATUS_INVALID_ARGUMENT) << #call;                         \
+    const std::string msg_ = mha_last_error_message();                            \
+    EXPECT_NE(msg_.find(needle), std::string::npos)                               \
+        << #call << ": message \"" << msg_ << "\" does not mention \"" << needle << "\""; \
+  } while (0)
+
+mha_tensor ToC(const TensorView& v) {
+  mha_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = v.data;
+  t.dtype = static_cast<mha_dtype>(v.dtype);
+  t.rank = v.rank;
+  for (int i = 0; i < v.rank; ++i) {
+    t.shape[i] = v.shape[i];
+    t.strides[i] = v.strides[i];
+  }
+  return t;
+}
+
+mha_tensor Dense(void* data, mha_dtype dtype, std::vector<int64_t> shape) {
+  mha_tensor t;
+  std::memset(&t, 0, sizeof(t));
+  t.data = data;
+  t.dtype = dtype;
+  t.rank = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+  return t;
+}
+
+mha_layer_config ConfigOf(const AttentionConfig& c) {
+  mha_layer_config r;
+  mha_layer_config_init(&r);
+  r.embed_dim = c.embed_dim;
+  r.num_heads = c.num_heads;
+  r.num_kv_heads = c.num_kv_heads;
+  r.q_dim = c.q_dim;
+  r.kdim = c.kdim;
+  r.vdim = c.vdim;
+  r.bias = c.bias;
+  r.add_bias_kv = c.add_bias_kv;
+  r.add_zero_attn = c.add_zero_attn;
+  r.batch_first = c.batch_first;
+  r.scale = c.scale;
+  return r;
+}
+
+mha_layer_weights WeightsOfC(const AttentionWeights& w) {
+  mha_layer_weights r;
+  std::memset(&r, 0, sizeof(r));
+  r.in_proj_weight = w.in_proj_weight;
+  r.in_proj_bias = w.in_proj_bias;
+  r.qkv_layout = static_cast<mha_qkv_layout>(w.qkv_layout);
+  r.q_proj_weight = w.q_proj_weight;
+  r.k_proj_weight = w.k_proj_weight;
+  r.v_proj_weight = w.v_proj_weight;
+  r.bias_k = w.bias_k;
+  r.bias_v = w.bias_v;
+  r.out_proj_weight = w.out_proj_weight;
+  r.out_proj_bias = w.out_proj_bias;
+  return r;
+}
+
+mha_attention_inputs InputsOfC(const AttentionInputs& in) {
+  mha_attention_inputs r;
+  std::memset(&r, 0, sizeof(r));
+  r.query = ToC(in.query);
+  r.key = ToC(in.key);
+  r.value = ToC(in.value);
+  r.attn_mask = ToC(in.attn_mask);
+  r.key_padding_mask = ToC(in.key_padding_mask);
+  return r;
+}
+
+uint32_t FlagsOf(const AttentionInputs& in) {
+  return (in.causal ? MHA_FORWARD_CAUSAL : 0u) |
+         (in.average_attn_weights ? 0u : MHA_FORWARD_PER_HEAD_WEIGHTS);
+}
+
+// A small self-attention layer (E 8, H 2, bias) with its weights and one batched input
+// [L 3, N 2, E 8], plus an output buffer filled with kSentinel.
+struct Small {
+  static constexpr int64_t E = 8, H = 2, L = 3, N = 2;
+  std::vector<float> w_in, b_in, w_out, b_out, query, output;
+  mha_layer* layer = nullptr;
+  mha_context* ctx = nullptr;
+  mha_attention_inputs in;
+  mha_tensor out;
+
+  Small() {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    auto fill = [&](std::vector<float>* v, size_t n) {
+      v->resize(n);
+      for (float& x : *v) x = u(rng);
+    };
+    fill(&w_in, 3 * E * E);
+    fill(&b_in, 3 * E);
+    fill(&w_out, E * E);
+    fill(&b_out, E);
+    fill(&query, L * N * E);
+    output.assign(L * N * E, kSentinel);
+    mha_layer_config c;
+    mha_layer_config_init(&c);
+    c.embed_dim = E;
+    c.num_heads = H;
+    mha_layer_weights w = Weights();
+    EXPECT_EQ(mha_layer_create(&c, &w, MHA_WEIGHTS_VIEW, &layer), MHA_STATUS_OK)
+        << mha_last_error_message();
+    mha_context_options o;
+    std::memset(&o, 0, sizeof(o));
+    o.num_threads = 2;
+    EXPECT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
+    std::memset(&in, 0, sizeof(in));
+    in.query = Dense(query.data(), MHA_DTYPE_F32, {L, N, E});
+    out = Dense(output.data(), MHA_DTYPE_F32, {L, N, E});
+  }
+  ~Small() {
+    mha_layer_destroy(layer);
+    mha_context_destroy(ctx);
+  }
+  mha_layer_weights Weights() {
+    mha_layer_weights w;
+    std::memset(&w, 0, sizeof(w));
+    w.in_proj_weight = w_in.data();
+    w.in_proj_bias = b_in.data();
+    w.out_proj_weight = w_out.data();
+    w.out_proj_bias = b_out.data();
+    return w;
+  }
+  bool OutputUntouched() const {
+    for (float x : output) {
+      if (x != kSentinel) return false;
+    }
+    return true;
+  }
+};
+
+TEST(CApiTest, LibraryInformation) {
+  EXPECT_STREQ(mha_version(), Version());
+  EXPECT_GT(std::strlen(mha_simd_target()), 0u);
+  EXPECT_GT(std::strlen(mha_blas_arch()), 0u);
+  EXPECT_STREQ(mha_status_name(MHA_STATUS_OK), "OK");
+  EXPECT_STREQ(mha_status_name(MHA_STATUS_FORMAT_ERROR), "FormatError");
+  EXPECT_STREQ(mha_status_name(static_cast<mha_status>(99)), "Unknown");
+  EXPECT_STREQ(mha_status_name(static_cast<mha_status>(-1)), "Unknown");
+}
+
+TEST(CApiTest, NullPointersAreNamed) {
+  Small s;
+  ASSERT_NE(s.layer, nullptr);
+  ASSERT_NE(s.ctx, nullptr);
+  mha_context* ctx_out = nullptr;
+  mha_layer* layer_out = nullptr;
+  size_t size = 0, size2 = 0;
+  mha_layer_config config;
+  mha_layer_config_init(&config);
+  config.embed_dim = Small::E;
+  config.num_heads = Small::H;
+  mha_layer_weights weights = s.Weights();
+  mha_load_options load;
+  std::memset(&load, 0, sizeof(load));
+  load.num_heads = 2;
+
+  EXPECT_INVALID(mha_context_create(nullptr, nullptr), "out");
+  EXPECT_INVALID(mha_context_num_threads(nullptr, &size), "context");
+  EXPECT_INVALID(mha_context_num_threads(s.ctx, nullptr), "num_threads");
+  EXPECT_INVALID(mha_context_arena_bytes(nullptr, &size, &size2), "context");
+  EXPECT_INVALID(mha_context_arena_bytes(s.ctx, nullptr, &size2), "capacity");
+  EXPECT_INVALID(mha_context_arena_bytes(s.ctx, &size, nullptr), "high_water");
+  EXPECT_INVALID(mha_layer_config_init(nullptr), "config");
+  EXPECT_INVALID(mha_layer_create(nullptr, &weights, MHA_WEIGHTS_VIEW, &layer_out), "config");
+  EXPECT_INVALID(mha_layer_create(&config, nullptr, MHA_WEIGHTS_VIEW, &layer_out), "weights");
+  EXPECT_INVALID(mha_layer_create(&config, &weights, MHA_WEIGHTS_VIEW, nullptr), "out");
+  EXPECT_INVALID(mha_layer_create_from_safetensors(nullptr, "", &load, &layer_out), "path");
+  EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", nullptr, &layer_out),
+                 "options");
+  EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, nullptr), "out");
+  EXPECT_INVALID(mha_layer_get_config(nullptr, &config), "layer");
+  EXPECT_INVALID(mha_layer_get_config(s.layer, nullptr), "config");
+
+  EXPECT_INVALID(mha_layer_forward(nullptr, s.ctx, &s.in, &s.out, nullptr, 0), "layer");
+  EXPECT_INVALID(mha_layer_forward(s.layer, nullptr, &s.in, &s.out, nullptr, 0), "context");
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, nullptr, &s.out, nullptr, 0), "inputs");
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, nullptr, nullptr, 0), "output");
+  mha_attention_inputs no_query = s.in;
+  no_query.query.data = nullptr;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &no_query, &s.out, nullptr, 0),
+                 "inputs->query.data");
+  mha_tensor no_data = s.out;
+  no_data.data = nullptr;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, &no_data, nullptr, 0), "output.data");
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, &no_data, 0),
+                 "attn_weights.data");
+  EXPECT_TRUE(s.OutputUntouched());
+
+  EXPECT_INVALID(mha_layer_plan(nullptr, &s.in, &s.out, nullptr, 0, 1, &size), "layer");
+  EXPECT_INVALID(mha_layer_plan(s.layer, nullptr, &s.out, nullptr, 0, 1, &size), "inputs");
+  EXPECT_INVALID(mha_layer_plan(s.layer, &s.in, nullptr, nullptr, 0, 1, &size), "output");
+  EXPECT_INVALID(mha_layer_plan(s.layer, &s.in, &s.out, nullptr, 0, 1, nullptr),
+                 "workspace_bytes");
+
+  const int64_t hd = Small::E / Small::H;
+  std::vector<float> q(Small::N * Small::H * Small::L * hd), k(q.size()), v(q.size());
+  mha_tensor tq = Dense(q.data(), MHA_DTYPE_F32, {Small::N, Small::H, Small::L, hd});
+  mha_tensor tk = Dense(k.data(), MHA_DTYPE_F32, {Small::N, Small::H, Small::L, hd});
+  mha_tensor tv = Dense(v.data(), MHA_DTYPE_F32, {Small::N, Small::H, Small::L, hd});
+  EXPECT_INVALID(mha_layer_project(nullptr, s.ctx, &s.in, &tq, &tk, &tv), "layer");
+  EXPECT_INVALID(mha_layer_project(s.layer, nullptr, &s.in, &tq, &tk, &tv), "context");
+  EXPECT_INVALID(mha_layer_project(s.layer, s.ctx, nullptr, &tq, &tk, &tv), "inputs");
+  EXPECT_INVALID(mha_layer_project(s.layer, s.ctx, &s.in, nullptr, &tk, &tv), "q");
+  EXPECT_INVALID(mha_layer_project(s.layer, s.ctx, &s.in, &tq, nullptr, &tv), "k");
+  EXPECT_INVALID(mha_layer_project(s.layer, s.ctx, &s.in, &tq, &tk, nullptr), "v");
+  EXPECT_EQ(mha_layer_project(s.layer, s.ctx, &s.in, &tq, &tk, &tv), MHA_STATUS_OK)
+      << mha_last_error_message();
+  EXPECT_STREQ(mha_last_error_message(), "");
+
+  // Destroying NULL is a no-op; options NULL means defaults.
+  mha_context_destroy(nullptr);
+  mha_layer_destroy(nullptr);
+  ASSERT_EQ(mha_context_create(nullptr, &ctx_out), MHA_STATUS_OK);
+  EXPECT_EQ(mha_context_num_threads(ctx_out, &size), MHA_STATUS_OK);
+  EXPECT_GE(size, 1u);
+  mha_context_destroy(ctx_out);
+  EXPECT_EQ(layer_out, nullptr);  // never written by a failed create
+}
+
+TEST(CApiTest, InvalidConfigs) {
+  Small s;
+  mha_layer_weights w = s.Weights();
+  mha_layer* layer = nullptr;
+  auto create = [&](const mha_layer_config& c) {
+    return mha_layer_create(&c, &w, MHA_WEIGHTS_COPY, &layer);
+  };
+  mha_layer_config c;
+  mha_layer_config_init(&c);
+  c.embed_dim = 8;
+  c.num_heads = 3;
+  EXPECT_INVALID(create(c), "embed_dim: expected a multiple of num_heads (3), got 8");
+  c.num_heads = 0;
+  EXPECT_INVALID(create(c), "num_heads: expected > 0, got 0");
+  c.num_heads = -2;
+  EXPECT_INVALID(create(c), "num_heads: expected > 0, got -2");
+  c.num_heads = 2;
+  c.embed_dim = 0;
+  EXPECT_INVALID(create(c), "embed_dim: expected > 0, got 0");
+  c.embed_dim = -8;
+  EXPECT_INVALID(create(c), "embed_dim: expected > 0, got -8");
+  // Dimensions whose weight sizes would overflow are rejected before any size is computed.
+  c.embed_dim = int64_t{1} << 40;
+  EXPECT_INVALID(create(c), "embed_dim: expected 1..");
+  c.embed_dim = 8;
+  c.kdim = -1;
+  EXPECT_INVALID(create(c), "config->kdim: expected >= 0");
+  c.kdim = int64_t{1} << 62;
+  EXPECT_INVALID(create(c), "kdim");
+  c.kdim = 0;
+  c.num_kv_heads = 3;
+  EXPECT_INVALID(create(c), "num_kv_heads");
+  c.num_kv_heads = 0;
+  c.batch_first = 2;
+  EXPECT_INVALID(create(c), "config->batch_first: expected 0 or 1, got 2");
+  c.batch_first = 0;
+  c.scale = -1.0f;
+  EXPECT_INVALID(create(c), "scale");
+  c.scale = 0.0f;
+  c.add_bias_kv = 1;
+  EXPECT_INVALID(create(c), "add_bias_kv: expected bias_k and bias_v");
+  c.add_bias_kv = 0;
+  w.qkv_layout = static_cast<mha_qkv_layout>(7);
+  EXPECT_INVALID(create(c), "weights->qkv_layout");
+  w.qkv_layout = MHA_QKV_LAYOUT_PYTORCH;
+  EXPECT_INVALID(mha_layer_create(&c, &w, static_cast<mha_weight_binding>(5), &layer),
+                 "binding: expected MHA_WEIGHTS_VIEW (0) or MHA_WEIGHTS_COPY (1), got 5");
+  w.out_proj_weight = nullptr;
+  EXPECT_INVALID(create(c), "out_proj_weight");
+  EXPECT_EQ(layer, nullptr);
+
+  mha_context* ctx = nullptr;
+  mha_context_options o;
+  std::memset(&o, 0, sizeof(o));
+  o.num_threads = 5000;
+  EXPECT_INVALID(mha_context_create(&o, &ctx), "num_threads: expected 0..1024, got 5000");
+  EXPECT_EQ(ctx, nullptr);
+}
+
+TEST(CApiTest, ShapeMismatchesLeaveOutputsUntouched) {
+  Small s;
+  std::vector<float> weights(Small::N * Small::L * Small::L, kSentinel);
+  mha_tensor tw = Dense(weights.data(), MHA_DTYPE_F32, {Small::N, Small::L, Small::L});
+  auto untouched = [&]() {
+    for (float x : weights) {
+      if (x != kSentinel) return false;
+    }
+    return s.OutputUntouched();
+  };
+
+  // A bool attn_mask of the wrong shape.
+  std::vector<uint8_t> mask(Small::L * (Small::L + 1), 0);
+  mha_attention_inputs in = s.in;
+  in.attn_mask = Dense(mask.data(), MHA_DTYPE_BOOL, {Small::L, Small::L + 1});
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0),
+                 "attn_mask: expected shape [3, 3] or [4, 3, 3]");
+  EXPECT_TRUE(untouched());
+
+  // key_padding_mask of the wrong batch.
+  in = s.in;
+  in.key_padding_mask = Dense(mask.data(), MHA_DTYPE_U8, {Small::N + 1, Small::L});
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0),
+                 "key_padding_mask: expected shape [2, 3]");
+  EXPECT_TRUE(untouched());
+
+  // A mask dtype out of the enum.
+  in = s.in;
+  in.attn_mask = Dense(mask.data(), static_cast<mha_dtype>(9), {Small::L, Small::L});
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0), "inputs->attn_mask.dtype");
+  EXPECT_TRUE(untouched());
+
+  // Query with the wrong feature count, and the wrong rank.
+  in = s.in;
+  in.query.shape[2] = Small::E - 1;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0),
+                 "query: expected last dimension 8");
+  in.query.rank = 5;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0),
+                 "inputs->query.rank: expected 1..4, got 5");
+  in.query.rank = 1;
+  in.query.shape[0] = Small::E;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0), "query: expected 3 dims");
+  // Negative dimensions and strides.
+  in = s.in;
+  in.query.shape[0] = -3;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0), "inputs->query");
+  in = s.in;
+  in.query.strides[0] = -1;
+  in.query.strides[1] = Small::E;
+  in.query.strides[2] = 1;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0), "inputs->query");
+  // Element count overflowing 64 bits.
+  in = s.in;
+  in.query.shape[0] = int64_t{1} << 40;
+  in.query.shape[1] = int64_t{1} << 40;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0), "inputs->query");
+
+  // Output shape and weights shape.
+  mha_tensor bad_out = s.out;
+  bad_out.shape[2] = Small::E + 1;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, &bad_out, &tw, 0),
+                 "output: expected shape [3, 2, 8]");
+  mha_tensor bad_w = tw;
+  bad_w.shape[2] = Small::L + 1;
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, &bad_w, 0),
+                 "attn_weights: expected shape [2, 3, 3]");
+  // Per-head weights requested with an averaged buffer.
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, &tw, MHA_FORWARD_PER_HEAD_WEIGHTS),
+                 "attn_weights: expected shape [2, 2, 3, 3]");
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, &tw, 0x80u), "flags");
+  // Key batch mismatch.
+  std::vector<float> key(4 * 3 * Small::E, 0.0f);
+  in = s.in;
+  in.key = Dense(key.data(), MHA_DTYPE_F32, {4, 3, Small::E});
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, &tw, 0),
+                 "key: expected batch size 2");
+  EXPECT_TRUE(untouched());
+
+  // Then a valid call writes them.
+  ASSERT_EQ(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, &tw, 0), MHA_STATUS_OK)
+      << mha_last_error_message();
+  EXPECT_STREQ(mha_last_error_message(), "");
+  EXPECT_FALSE(untouched());
+}
+
+TEST(CApiTest, CallerArenaTooSmallIsOutOfMemoryAndLeavesOutputs) {
+  Small s;
+  size_t bytes = 0;
+  // Plan needs no output data: only the shapes are checked.
+  mha_tensor shape_only = s.out;
+  shape_only.data = nullptr;
+  ASSERT_EQ(mha_layer_plan(s.layer, &s.in, &shape_only, nullptr, 0, 1, &bytes), MHA_STATUS_OK)
+      << mha_last_error_message();
+  ASSERT_GT(bytes, 0u);
+  std::vector<uint8_t> buffer(bytes / 2);
+  mha_context_options o;
+  std::memset(&o, 0, sizeof(o));
+  o.num_threads = 1;
+  o.arena_buffer = buffer.data();
+  o.arena_bytes = buffer.size();
+  mha_context* ctx = nullptr;
+  ASSERT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
+  EXPECT_EQ(mha_layer_forward(s.layer, ctx, &s.in, &s.out, nullptr, 0), MHA_STATUS_OUT_OF_MEMORY);
+  EXPECT_NE(std::string(mha_last_error_message()).find("bytes"), std::string::npos)
+      << mha_last_error_message();
+  EXPECT_TRUE(s.OutputUntouched());
+  mha_context_destroy(ctx);
+
+  // A buffer of the planned size (plus alignment slack) suffices.
+  buffer.assign(bytes + 128, 0);
+  o.arena_buffer = buffer.data();
+  o.arena_bytes = buffer.size();
+  ASSERT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
+  EXPECT_EQ(mha_layer_forward(s.layer, ctx, &s.in, &s.out, nullptr, 0), MHA_STATUS_OK)
+      << mha_last_error_message();
+  size_t capacity = 0, high = 0;
+  EXPECT_EQ(mha_context_arena_bytes(ctx, &capacity, &high), MHA_STATUS_OK);
+  EXPECT_LE(high, capacity);
+  mha_context_destroy(ctx);
+}
+
+// The C API must produce exactly what the C++ API produces: same code underneath, no copies.
+TEST(CApiTest, ForwardAndProjectMatchCppApiBitwise) {
+  std::mt19937 rng(2024);
+  for (int iter = 0; iter < 40; ++iter) {
+    Problem p = RandomProblem(&rng);
+    SCOPED_TRACE(p.Describe());
+    const AttentionWeights w = WeightsOf(p);
+    std::unique_ptr<MultiheadAttention> cpp;
+    ASSERT_TRUE(MultiheadAttention::Create(p.config, w, p.binding, &cpp).ok());
+    ContextOptions co;
+    co.num_threads = 2;
+    std::unique_ptr<Context> cpp_ctx;
+    ASSERT_TRUE(Context::Create(co, &cpp_ctx).ok());
+    Views want;
+    MakeViews(p, &want);
+    ASSERT_TRUE(cpp->Forward(*cpp_ctx, want.in, want.out).ok());
+
+    const mha_layer_config cc = ConfigOf(p.config);
+    const mha_layer_weights cw = WeightsOfC(w);
+    mha_layer* layer = nullptr;
+    ASSERT_EQ(mha_layer_create(&cc, &cw, static_cast<mha_weight_binding>(p.binding), &layer),
+              MHA_STATUS_OK)
+        << mha_last_error_message();
+    mha_context_options o;
+    std::memset(&o, 0, sizeof(o));
+    o.num_threads = 2;
+    mha_context* ctx = nullptr;
+    ASSERT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK);
+    Views got;
+    MakeViews(p, &got);
+    std::fill(got.output.begin(), got.output.end(), kSentinel);
+    const mha_attention_inputs in = InputsOfC(got.in);
+    const mha_tensor out = ToC(got.out.output);
+    const mha_tensor weights = ToC(got.out.attn_weights);
+    ASSERT_EQ(mha_layer_forward(layer, ctx, &in, &out, p.need_weights ? &weights : nullptr,
+                                FlagsOf(got.in)),
+              MHA_STATUS_OK)
+        << mha_last_error_message();
+    ASSERT_EQ(got.output.size(), want.output.size());
+    EXPECT_EQ(std::memcmp(got.output.data(), want.output.data(), got.output.size() * 4), 0);
+    ASSERT_EQ(got.weights.size(), want.weights.size());
+    if (!got.weights.empty()) {
+      EXPECT_EQ(std::memcmp(got.weights.data(), want.weights.data(), got.weights.size() * 4), 0);
+    }
+
+    size_t cpp_bytes = 0, c_bytes = 0;
+    ASSERT_TRUE(cpp->Plan(want.in, want.out, 3, &cpp_bytes).ok());
+    ASSERT_EQ(mha_layer_plan(layer, &in, &out, p.need_weights ? &weights : nullptr,
+                             FlagsOf(got.in), 3, &c_bytes),
+              MHA_STATUS_OK);
+    EXPECT_EQ(c_bytes, cpp_bytes);
+
+    // Per-head projections.
+    mha_layer_config eff;
+    ASSERT_EQ(mha_layer_get_config(layer, &eff), MHA_STATUS_OK);
+    EXPECT_EQ(eff.embed_dim, p.config.embed_dim);
+    const int64_t hd = eff.embed_dim / eff.num_heads;
+    const int64_t St = p.S + eff.add_bias_kv + eff.add_zero_attn;
+    std::vector<float> q1(p.N * eff.num_heads * p.L * hd), k1(p.N * eff.num_kv_heads * St * hd),
+        v1(k1.size()), q2(q1.size()), k2(k1.size()), v2(k1.size());
+    auto view4 = [](std::vector<float>* d, int64_t a, int64_t b, int64_t c, int64_t e) {
+      TensorView t;
+      const int64_t shape[4] = {a, b, c, e};
+      TensorView::Dense(d->data(), DType::kF32, 4, shape, &t);
+      return t;
+    };
+    ProjectionOutputs po;
+    po.q = view4(&q1, p.N, eff.num_heads, p.L, hd);
+    po.k = view4(&k1, p.N, eff.num_kv_heads, St, hd);
+    po.v = view4(&v1, p.N, eff.num_kv_heads, St, hd);
+    ASSERT_TRUE(cpp->Project(*cpp_ctx, want.in, po).ok());
+    const mha_tensor tq = Dense(q2.data(), MHA_DTYPE_F32, {p.N, eff.num_heads, p.L, hd});
+    const mha_tensor tk = Dense(k2.data(), MHA_DTYPE_F32, {p.N, eff.num_kv_heads, St, hd});
+    const mha_tensor tv = Dense(v2.data(), MHA_DTYPE_F32, {p.N, eff.num_kv_heads, St, hd});
+    ASSERT_EQ(mha_layer_project(layer, ctx, &in, &tq, &tk, &tv), MHA_STATUS_OK)
+        << mha_last_error_message();
+    EXPECT_EQ(std::memcmp(q1.data(), q2.data(), q1.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(k1.data(), k2.data(), k1.size() * 4), 0);
+    EXPECT_EQ(std::memcmp(v1.data(), v2.data(), v1.size() * 4), 0);
+
+    mha_context_destroy(ctx);
+    mha_layer_destroy(layer);
+  }
+}
+
+// Writes a state_dict-style safetensors file and checks the loaded layer against one created
+// from the same arrays.
+TEST(CApiTest, CreateFromSafetensors) {
+  Small s;
+  const std::string path = ::testing::TempDir() + "c_api_test_" + std::to_string(getpid()) +
+                           ".safetensors";
+  SafeTensorsWriter writer;
+  const int64_t E = Small::E;
+  ASSERT_TRUE(writer.Add("blk.attn.in_proj_weight", DType::kF32, {3 * E, E}, s.w_in.data()).ok());
+  ASSERT_TRUE(writer.Add("blk.attn.in_proj_bias", DType::kF32, {3 * E}, s.b_in.data()).ok());
+  ASSERT_TRUE(writer.Add("blk.attn.out_proj.weight", DType::kF32, {E, E}, s.w_out.data()).ok());
+  ASSERT_TRUE(writer.Add("blk.attn.out_proj.bias", DType::kF32, {E}, s.b_out.data()).ok());
+  ASSERT_TRUE(writer.WriteFile(path).ok());
+
+  mha_load_options load;
+  std::memset(&load, 0, sizeof(load));
+  load.num_heads = Small::H;
+  mha_layer* layer = nullptr;
+  ASSERT_EQ(mha_layer_create_from_safetensors(path.c_str(), "blk.attn.", &load, &layer),
+            MHA_STATUS_OK)
+      << mha_last_error_message();
+  mha_layer_config c;
+  ASSERT_EQ(mha_layer_get_config(layer, &c), MHA_STATUS_OK);
+  EXPECT_EQ(c.embed_dim, E);
+  EXPECT_EQ(c.num_heads, Small::H);
+  EXPECT_EQ(c.bias, 1);
+  EXPECT_EQ(c.add_bias_kv, 0);
+
+  std::vector<float> from_file(s.output.size());
+  mha_tensor out = Dense(from_file.data(), MHA_DTYPE_F32, {Small::L, Small::N, E});
+  ASSERT_EQ(mha_layer_forward(layer, s.ctx, &s.in, &out, nullptr, MHA_FORWARD_CAUSAL),
+            MHA_STATUS_OK);
+  ASSERT_EQ(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, nullptr, MHA_FORWARD_CAUSAL),
+            MHA_STATUS_OK);
+  EXPECT_EQ(std::memcmp(from_file.data(), s.output.data(), from_file.size() * 4), 0);
+  mha_layer_destroy(layer);
+  layer = nullptr;
+
+  // Errors: wrong prefix (missing tensors), a missing file, bad options.
+  EXPECT_EQ(mha_layer_create_from_safetensors(path.c_str(), "other.", &load, &layer),
+            MHA_STATUS_FORMAT_ERROR);
+  EXPECT_NE(std::string(mha_last_error_message()).find("other.out_proj.weight"), std::string::npos)
+      << mha_last_error_message();
+  EXPECT_EQ(mha_layer_create_from_safetensors((path + ".missing").c_str(), "", &load, &layer),
+            MHA_STATUS_IO_ERROR);
+  EXPECT_NE(std::string(mha_last_error_message()).find(".missing"), std::string::npos);
+  load.num_heads = 0;
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), "blk.attn.", &load, &layer),
+                 "options->num_heads: expected > 0, got 0");
+  load.num_heads = 3;
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), "blk.attn.", &load, &layer),
+                 "embed_dim: expected a multiple of num_heads (3), got 8");
+  load.num_heads = 2;
+  load.add_zero_attn = 5;
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), "blk.attn.", &load, &layer),
+                 "options->add_zero_attn");
+  load.add_zero_attn = 0;
+  load.qkv_layout = static_cast<mha_qkv_layout>(3);
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), "blk.attn.", &load, &layer),
+                 "options->qkv_layout");
+  EXPECT_EQ(layer, nullptr);
+  std::remove(path.c_str());
+}
+
+// Each thread sees only its own last message.
+TEST(CApiTest, LastErrorMessageIsPerThread) {
+  mha_layer_config c;
+  mha_layer_config_init(&c);
+  c.embed_dim = 0;
+  c.num_heads = 1;
+  mha_layer_weights w;
+  std::memset(&w, 0, sizeof(w));
+  mha_layer* layer = nullptr;
+  ASSERT_EQ(mha_layer_create(&c, &w, MHA_WEIGHTS_VIEW, &layer), MHA_STATUS_INVALID_ARGUMENT);
+  const std::string main_msg = mha_last_error_message();
+  ASSERT_NE(main_msg.find("embed_dim"), std::string::npos);
+
+  std::string other_initial, other_after;
+  std::thread t([&]() {
+    other_initial = mha_last_error_message();
+    size_t n = 0;
+    EXPECT_EQ(mha_context_num_threads(nullptr, &n), MHA_STATUS_INVALID_ARGUMENT);
+    other_after = mha_last_error_message();
+  });
+  t.join();
+  EXPECT_EQ(other_initial, "");
+  EXPECT_NE(other_after.find("context"), std::string::npos) << other_after;
+  EXPECT_EQ(mha_last_error_message(), main_msg);
+
+  // Two threads failing concurrently, many times, keep their own messages.
+  auto worker = [](int64_t heads, std::string* last, bool* ok) {
+    mha_layer_config cfg;
+    mha_layer_config_init(&cfg);
+    cfg.embed_dim = 8;
+    mha_layer_weights none;
+    std::memset(&none, 0, sizeof(none));
+    const std::string want = "got " + std::to_string(heads);
+    *ok = true;
+    for (int i = 0; i < 2000; ++i) {
+      cfg.num_heads = heads;
+      mha_layer* l = nullptr;
+      mha_layer_create(&cfg, &none, MHA_WEIGHTS_VIEW, &l);
+      *last = mha_last_error_message();
+      if (last->find(want) == std::string::npos) *ok = false;
+    }
+  };
+  std::string last_a, last_b;
+  bool ok_a = false, ok_b = false;
+  std::thread a(worker, -3, &last_a, &ok_a);
+  std::thread b(worker, -7, &last_b, &ok_b);
+  a.join();
+  b.join();
+  EXPECT_TRUE(ok_a) << last_a;
+  EXPECT_TRUE(ok_b) << last_b;
+}
+
+// One layer, several threads, each with its own context: same results as one thread.
+TEST(CApiTest, SharedLayerAcrossThreads) {
+  Small s;
+  ASSERT_EQ(mha_layer_forward(s.layer, s.ctx, &s.in, &s.out, nullptr, 0), MHA_STATUS_OK);
+  const std::vector<float> want = s.output;
+  std::vector<std::vector<float>> results(3, std::vector<float>(want.size()));
+  std::vector<std::thread> threads;
+  for (auto& r : results) {
+    threads.emplace_back([&s, &r]() {
+      mha_context* ctx = nullptr;
+      mha_context_options o;
+      std::memset(&o, 0, sizeof(o));
+      o.num_threads = 1;
+      if (mha_context_create(&o, &ctx) != MHA_STATUS_OK) return;
+      mha_tensor out = Dense(r.data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+      for (int i = 0; i < 50; ++i) mha_layer_forward(s.layer, ctx, &s.in, &out, nullptr, 0);
+      mha_context_destroy(ctx);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& r : results) EXPECT_EQ(std::memcmp(r.data(), want.data(), want.size() * 4), 0);
+}
+
+}  // namespace
+}  // namespace mha
