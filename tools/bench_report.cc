@@ -33,12 +33,14 @@ std::string StageKey(int s) { return std::string(StageName(static_cast<Stage>(s)
 // JSON number, or null for NaN/inf (JSON has no NaN).
 json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-// Rounds to a multiple of `quantum` so files show 0.007217, not 0.0072169999999999995 (JSON
-// numbers print in their shortest round-trip form). Quanta are far below the measurement noise.
-json Rounded(double v, double quantum) {
-  return std::isfinite(v) ? json(std::round(v / quantum) * quantum) : json(nullptr);
+// Rounds to `decimals` decimal places so files show 0.007217, not 0.0072169999999999995 (JSON
+// numbers print in their shortest round-trip form, and dividing by an exact power of ten gives
+// the double nearest the decimal). All roundings are far below the measurement noise.
+json Rounded(double v, int decimals) {
+  const double scale = std::pow(10.0, decimals);
+  return std::isfinite(v) ? json(std::round(v * scale) / scale) : json(nullptr);
 }
-constexpr double kMsQuantum = 1e-6;  // 1 ns, in ms
+constexpr int kMsDecimals = 6;  // 1 ns, in ms
 
 double Speedup(const CaseResult& r) {
   return r.has_torch && r.median_ms > 0 ? r.torch_median_ms / r.median_ms : NAN;
@@ -57,6 +59,18 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
                threads.c_str(), h.hardware_threads, h.min_time_s,
                static_cast<long long>(h.min_runs), static_cast<unsigned long long>(h.seed),
                h.tolerance);
+  std::fprintf(out, "peak RSS: %s", h.peak_rss_method.c_str());
+  if (h.load_average >= 0) {
+    std::fprintf(out, "  |  load average %.2f", h.load_average);
+    // Other processes competing for the cores make every figure, the baseline included, noisy.
+    if (h.load_average > 0.5 * static_cast<double>(h.hardware_threads)) {
+      std::fprintf(out, " (busy machine: timings are noisy)");
+    }
+  }
+  std::fprintf(out, "\n");
+}
+
+void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
   if (h.sgemm_size > 0) {
     std::fprintf(out, "BLIS sgemm %lld^3 (best of 3):", static_cast<long long>(h.sgemm_size));
     for (const auto& [t, g] : h.sgemm_gflops) {
@@ -69,10 +83,7 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
   if (h.compare_torch && !h.torch_version.empty()) {
     std::fprintf(out, "torch %s: speedup = torch_ms / median_ms\n", h.torch_version.c_str());
   }
-  std::fprintf(out, "peak RSS: %s\n\n", h.peak_rss_method.c_str());
-}
-
-void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
+  std::fprintf(out, "\n");
   std::fprintf(out, "%5s %6s %6s %5s %5s %6s %7s %4s %9s %9s %9s %8s %6s %8s %9s %8s %8s", "batch",
                "seq", "kv_seq", "embed", "heads", "causal", "weights", "thr", "median_ms", "p10_ms",
                "p90_ms", "GFLOP/s", "eff%", "wksp_MiB", "arena_MiB", "rss_MiB", "max_err");
@@ -139,7 +150,7 @@ namespace {
 
 json HeaderJson(const RunHeader& h) {
   json sgemm = json::object();
-  for (const auto& [t, g] : h.sgemm_gflops) sgemm[std::to_string(t)] = Rounded(g, 1e-3);
+  for (const auto& [t, g] : h.sgemm_gflops) sgemm[std::to_string(t)] = Rounded(g, 3);
   json j = {{"cpu", h.cpu},
             {"simd_target", h.simd_target},
             {"blas_arch", h.blas_arch},
@@ -153,16 +164,17 @@ json HeaderJson(const RunHeader& h) {
             {"min_runs", h.min_runs},
             {"tolerance", h.tolerance},
             {"seed", h.seed},
-            {"peak_rss_method", h.peak_rss_method}};
+            {"peak_rss_method", h.peak_rss_method},
+            {"load_average", Number(h.load_average)}};
   if (h.compare_torch) j["torch_version"] = h.torch_version;
   return j;
 }
 
 json BreakdownJson(const Breakdown& b) {
   json j = json::object();
-  for (int st = 0; st < kNumStages; ++st) j[StageKey(st)] = Rounded(b.stage_ms[st], kMsQuantum);
-  j["scheduling_overhead_ms"] = Rounded(b.overhead_ms, kMsQuantum);
-  j["wall_ms"] = Rounded(b.wall_ms, kMsQuantum);
+  for (int st = 0; st < kNumStages; ++st) j[StageKey(st)] = Rounded(b.stage_ms[st], kMsDecimals);
+  j["scheduling_overhead_ms"] = Rounded(b.overhead_ms, kMsDecimals);
+  j["wall_ms"] = Rounded(b.wall_ms, kMsDecimals);
   j["dropped_events"] = b.dropped_events;
   return j;
 }
@@ -181,21 +193,21 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
     j["error"] = r.error;
     return j;
   }
-  j["median_ms"] = Rounded(r.median_ms, kMsQuantum);
-  j["p10_ms"] = Rounded(r.p10_ms, kMsQuantum);
-  j["p90_ms"] = Rounded(r.p90_ms, kMsQuantum);
+  j["median_ms"] = Rounded(r.median_ms, kMsDecimals);
+  j["p10_ms"] = Rounded(r.p10_ms, kMsDecimals);
+  j["p90_ms"] = Rounded(r.p90_ms, kMsDecimals);
   j["runs"] = r.runs;
-  j["gflops"] = Rounded(r.gflops, 1e-3);
-  j["efficiency"] = Rounded(r.efficiency, 1e-5);
+  j["gflops"] = Rounded(r.gflops, 3);
+  j["efficiency"] = Rounded(r.efficiency, 5);
   j["workspace_bytes"] = r.workspace_bytes;
   j["arena_high_water"] = r.arena_high_water;
-  j["peak_rss_mib"] = Rounded(r.peak_rss_mib, 1e-3);
+  j["peak_rss_mib"] = Rounded(r.peak_rss_mib, 3);
   j["max_abs_err"] = Number(r.max_abs_err);
   j["rows_checked"] = r.rows_checked;
   if (r.has_breakdown) j["breakdown"] = BreakdownJson(r.breakdown);
   if (h.compare_torch) {
-    j["torch_median_ms"] = r.has_torch ? Rounded(r.torch_median_ms, kMsQuantum) : json(nullptr);
-    j["speedup"] = Rounded(Speedup(r), 1e-4);
+    j["torch_median_ms"] = r.has_torch ? Rounded(r.torch_median_ms, kMsDecimals) : json(nullptr);
+    j["speedup"] = Rounded(Speedup(r), 4);
   }
   return j;
 }

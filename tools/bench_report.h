@@ -26,6 +26,7 @@ struct RunHeader {
   std::string mha_version;  // mha::Version()
   std::string date;         // ISO 8601, UTC
   size_t hardware_threads = 1;
+  double load_average = -1;  // 1-minute load average at start (/proc/loadavg); < 0 unknown
   std::vector<size_t> threads;
   int64_t sgemm_size = 0;                 // 0: no baseline measured
   std::map<size_t, double> sgemm_gflops;  // by thread count
@@ -33,7 +34,7 @@ struct RunHeader {
   int64_t min_runs = 0;
   double tolerance = 0;
   uint64_t seed = 0;
-  std::string peak_rss_method;  // "VmHWM per case" or "ru_maxrss (process)"
+  std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
   bool breakdown = false;
   bool compare_torch = false;
   std::string torch_version;  // when --compare-torch ran
@@ -67,7 +68,9 @@ struct CaseResult {
   double torch_median_ms = 0;
 };
 
-// The aligned table on stdout: a header block, then one row per case as it completes.
+// The aligned table on stdout, printed as the run goes: PrintHeader (machine, library, options)
+// first; PrintColumnTitles (the sgemm baseline and torch lines, then the titles) once those are
+// measured; then one row per case as it completes.
 void PrintHeader(std::FILE* out, const RunHeader& header);
 void PrintColumnTitles(std::FILE* out, const RunHeader& header);
 void PrintRow(std::FILE* out, const RunHeader& header, const CaseResult& result);

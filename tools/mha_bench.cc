@@ -24,6 +24,11 @@
 #include <thread>
 #include <vector>
 
+// __GLIBC__ is defined by the standard headers above.
+#if defined(__GLIBC__)
+#include <malloc.h>  // malloc_trim
+#endif
+
 #include "mha/mha.hpp"
 #include "runtime/trace.h"
 #include "tools/bench_args.h"
@@ -57,6 +62,14 @@ std::string CpuModel() {
     if (start != std::string::npos) return line.substr(start);
   }
   return "unknown";
+}
+
+// The 1-minute load average, or -1 where /proc/loadavg does not exist.
+double LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  if (!(in >> load)) return -1;
+  return load;
 }
 
 std::string IsoDateUtc() {
@@ -128,7 +141,12 @@ class PeakRss {
   const char* method() const {
     return per_case_ ? "VmHWM, reset per case" : "ru_maxrss, process lifetime";
   }
+  // Also hands freed heap memory back to the OS first (glibc keeps freed blocks resident, e.g.
+  // the sgemm baseline's or the reference's buffers), so the next peak is the case's own.
   bool Reset() {
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
     std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
     if (f == nullptr) return false;
     const bool wrote = std::fputs("5", f) >= 0;
@@ -453,9 +471,12 @@ int Run(const BenchOptions& o) {
   header.tolerance = o.tolerance;
   header.seed = o.seed;
   header.peak_rss_method = rss.method();
+  header.load_average = LoadAverage();
   header.breakdown = o.breakdown;
   header.compare_torch = o.compare_torch;
 
+  PrintHeader(stdout, header);
+  std::fflush(stdout);
   if (o.sgemm_size > 0) {
     for (size_t t : o.threads) {
       progress.Show("measuring the BLIS sgemm baseline (" + std::to_string(o.sgemm_size) + "^3, " +
@@ -470,7 +491,6 @@ int Run(const BenchOptions& o) {
     header.torch_version = torch.version;
   }
 
-  PrintHeader(stdout, header);
   PrintColumnTitles(stdout, header);
   std::fflush(stdout);
 
