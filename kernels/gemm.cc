@@ -2,45 +2,332 @@
 
 #include <blis.h>
 
+#include <algorithm>
 #include <cassert>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 
 namespace mha {
 namespace kernels {
 
 namespace {
 
-// One-thread runtime for every BLIS call: our pool owns the threads.
-struct SingleThreadRuntime {
-  rntm_t rntm;
-  SingleThreadRuntime() {
-    bli_rntm_init(&rntm);
-    bli_rntm_set_num_threads(1, &rntm);
+// Upper bound on the packed B panel (KC x NC floats): NC is lowered to fit. Sized to stay in a
+// share of L3 with room for the A block; see the blocking note in gemm.h.
+constexpr size_t kMaxPackedBBytes = size_t{2} << 20;
+
+// Slack after each packed region: some micro-kernels load (not just prefetch) a little past the
+// end of their k loop while pipelining, and BLIS's own pack buffers have room for that.
+constexpr size_t kPanelTailBytes = 256;
+
+size_t RoundUp(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// Copies `rows` rows of a panel whose source rows are contiguous along k (s_k == 1) into
+// dst[p * height + i]: a transpose, done in 4 x 4 (and 2 x 4) register blocks where SSE is
+// available, since element-wise it would cost more than the micro-kernel on small products.
+// kRows != 0 fixes `rows` at compile time so the loops over i unroll.
+template <size_t kRows>
+inline void PackTransposed(const float* src, ptrdiff_t s_r, size_t dyn_rows, size_t kc,
+                           size_t height, float* dst) {
+  const size_t rows = kRows != 0 ? kRows : dyn_rows;
+  size_t p = 0;
+#if defined(__SSE2__)
+  for (; p + 4 <= kc; p += 4) {
+    float* d = dst + p * height;
+    const float* s = src + p;
+    size_t i = 0;
+    for (; i + 4 <= rows; i += 4) {
+      __m128 r0 = _mm_loadu_ps(s + static_cast<ptrdiff_t>(i) * s_r);
+      __m128 r1 = _mm_loadu_ps(s + static_cast<ptrdiff_t>(i + 1) * s_r);
+      __m128 r2 = _mm_loadu_ps(s + static_cast<ptrdiff_t>(i + 2) * s_r);
+      __m128 r3 = _mm_loadu_ps(s + static_cast<ptrdiff_t>(i + 3) * s_r);
+      _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+      _mm_storeu_ps(d + i, r0);
+      _mm_storeu_ps(d + height + i, r1);
+      _mm_storeu_ps(d + 2 * height + i, r2);
+      _mm_storeu_ps(d + 3 * height + i, r3);
+    }
+    for (; i + 2 <= rows; i += 2) {
+      const __m128 r0 = _mm_loadu_ps(s + static_cast<ptrdiff_t>(i) * s_r);
+      const __m128 r1 = _mm_loadu_ps(s + static_cast<ptrdiff_t>(i + 1) * s_r);
+      const __m128 lo = _mm_unpacklo_ps(r0, r1);  // (i, p), (i+1, p), (i, p+1), (i+1, p+1)
+      const __m128 hi = _mm_unpackhi_ps(r0, r1);  // the same for p+2, p+3
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + i), lo);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(d + height + i), lo);
+      _mm_storel_pi(reinterpret_cast<__m64*>(d + 2 * height + i), hi);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(d + 3 * height + i), hi);
+    }
+    for (; i < rows; ++i) {
+      for (size_t q = 0; q < 4; ++q) d[q * height + i] = s[static_cast<ptrdiff_t>(i) * s_r + q];
+    }
   }
+#endif
+  for (; p < kc; ++p) {
+    float* d = dst + p * height;
+    for (size_t i = 0; i < rows; ++i) d[i] = src[static_cast<ptrdiff_t>(i) * s_r + p];
+  }
+}
+
+// Packs one micro-panel: the `rows` x kc block of src with element (i, p) at
+// src[i * s_r + p * s_k] (rows <= height) goes to dst[p * height + i], i.e. column p of the
+// panel is contiguous, and rows [rows, height) are zero so the micro-kernel can always read
+// full panels. A-panels use this directly (rows of A); B-panels use it on B^T (columns of B).
+// kHeight != 0 fixes the panel height at compile time so the inner loops unroll.
+template <size_t kHeight>
+void PackPanel(const float* src, ptrdiff_t s_r, ptrdiff_t s_k, size_t rows, size_t kc,
+               size_t dyn_height, float* dst) {
+  const size_t height = kHeight != 0 ? kHeight : dyn_height;
+  const bool full = rows == height;
+  // A partial panel (the edge of A or B) is zeroed first, then its rows are filled in.
+  if (!full) std::memset(dst, 0, height * kc * sizeof(float));
+  if (s_r == 1) {
+    // Each column of the panel is contiguous in src: plain copies (memcpy, since the compiler
+    // cannot rule out overlap and would copy element by element; for full panels the size is a
+    // compile-time constant and the copy is inlined as vector moves).
+    for (size_t p = 0; p < kc; ++p) {
+      const float* s = src + static_cast<ptrdiff_t>(p) * s_k;
+      float* d = dst + p * height;
+      if (full) {
+        std::memcpy(d, s, height * sizeof(float));
+      } else {
+        std::memcpy(d, s, rows * sizeof(float));
+      }
+    }
+  } else if (s_k == 1) {
+    // Each row of the panel is contiguous in src: a transpose.
+    if (full) {
+      PackTransposed<kHeight>(src, s_r, rows, kc, height, dst);
+    } else {
+      PackTransposed<0>(src, s_r, rows, kc, height, dst);
+    }
+  } else {
+    for (size_t p = 0; p < kc; ++p) {
+      const float* s = src + static_cast<ptrdiff_t>(p) * s_k;
+      float* d = dst + p * height;
+      for (size_t i = 0; i < rows; ++i) d[i] = s[static_cast<ptrdiff_t>(i) * s_r];
+    }
+  }
+}
+
+using PackPanelFn = void (*)(const float*, ptrdiff_t, ptrdiff_t, size_t, size_t, size_t, float*);
+
+// The unrolled packer for the panel heights of BLIS's x86-64 and arm64 sgemm kernels.
+PackPanelFn SelectPackPanel(size_t height) {
+  switch (height) {
+    case 4:
+      return &PackPanel<4>;
+    case 6:
+      return &PackPanel<6>;
+    case 8:
+      return &PackPanel<8>;
+    case 10:
+      return &PackPanel<10>;
+    case 12:
+      return &PackPanel<12>;
+    case 16:
+      return &PackPanel<16>;
+    case 24:
+      return &PackPanel<24>;
+    case 32:
+      return &PackPanel<32>;
+    default:
+      return &PackPanel<0>;
+  }
+}
+
+// The micro-kernel and blocking of the BLIS configuration selected at run time. Read once; the
+// context is read-only afterwards, so concurrent calls share it without synchronization.
+struct Config {
+  cntx_t* cntx = nullptr;
+  sgemm_ukr_ft kernel = nullptr;
+  // True if the kernel is fastest with a row-stored C tile (BLIS "row preference").
+  bool prefers_rows = true;
+  size_t mr = 0;      // register block: rows of the C tile per kernel call
+  size_t nr = 0;      // register block: columns of the C tile
+  size_t packmr = 0;  // leading dimension of a packed A micro-panel (>= mr)
+  size_t packnr = 0;  // leading dimension of a packed B micro-panel (>= nr)
+  size_t mc = 0;      // rows of A packed per ic block (multiple of mr)
+  size_t kc = 0;      // depth of one packed A/B block
+  size_t nc = 0;      // columns of B packed per jc block (multiple of nr)
+  PackPanelFn pack_a = nullptr;
+  PackPanelFn pack_b = nullptr;
+  size_t b_offset_bytes = 0;  // packed B starts here in the scratch (packed A at 0)
+  size_t scratch_bytes = 0;
 };
+
+Config MakeConfig() {
+  bli_init();
+  Config cfg;
+  cfg.cntx = bli_gks_query_cntx();
+  cntx_t* cntx = cfg.cntx;
+  cfg.kernel =
+      reinterpret_cast<sgemm_ukr_ft>(bli_cntx_get_l3_nat_ukr_dt(BLIS_FLOAT, BLIS_GEMM_UKR, cntx));
+  cfg.prefers_rows = bli_cntx_l3_nat_ukr_prefers_rows_dt(BLIS_FLOAT, BLIS_GEMM_UKR, cntx);
+  // For the register blocks BLIS keeps the packing dimension (PACKMR/PACKNR) as the "max".
+  cfg.mr = static_cast<size_t>(bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MR, cntx));
+  cfg.nr = static_cast<size_t>(bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NR, cntx));
+  cfg.packmr = static_cast<size_t>(bli_cntx_get_blksz_max_dt(BLIS_FLOAT, BLIS_MR, cntx));
+  cfg.packnr = static_cast<size_t>(bli_cntx_get_blksz_max_dt(BLIS_FLOAT, BLIS_NR, cntx));
+  cfg.packmr = std::max(cfg.packmr, cfg.mr);
+  cfg.packnr = std::max(cfg.packnr, cfg.nr);
+  cfg.mc =
+      RoundUp(static_cast<size_t>(bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MC, cntx)), cfg.mr);
+  cfg.kc = static_cast<size_t>(bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_KC, cntx));
+  const size_t blis_nc = static_cast<size_t>(bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NC, cntx));
+  const size_t nc_cap = kMaxPackedBBytes / (cfg.kc * sizeof(float)) / cfg.nr * cfg.nr;
+  cfg.nc = RoundUp(std::max(std::min(blis_nc, nc_cap), cfg.nr), cfg.nr);
+  cfg.pack_a = SelectPackPanel(cfg.packmr);
+  cfg.pack_b = SelectPackPanel(cfg.packnr);
+
+  const size_t a_bytes = (cfg.mc / cfg.mr) * cfg.packmr * cfg.kc * sizeof(float);
+  const size_t b_bytes = (cfg.nc / cfg.nr) * cfg.packnr * cfg.kc * sizeof(float);
+  cfg.b_offset_bytes = RoundUp(a_bytes + kPanelTailBytes, kGemmScratchAlignment);
+  cfg.scratch_bytes =
+      RoundUp(cfg.b_offset_bytes + b_bytes + kPanelTailBytes, kGemmScratchAlignment);
+  return cfg;
+}
+
+const Config& GetConfig() {
+  static const Config config = MakeConfig();
+  return config;
+}
+
+// Packs the len x kc block src (element (i, p) at src[i * s_r + p * s_k]) into
+// ceil(len / r) micro-panels of r rows, panel q at dst + q * height * kc.
+void PackBlock(PackPanelFn pack, const float* src, ptrdiff_t s_r, ptrdiff_t s_k, size_t len,
+               size_t kc, size_t r, size_t height, float* dst) {
+  for (size_t i = 0; i < len; i += r) {
+    pack(src + static_cast<ptrdiff_t>(i) * s_r, s_r, s_k, std::min(r, len - i), kc, height, dst);
+    dst += height * kc;
+  }
+}
+
+// c = beta * c, without reading c when beta == 0.
+void ScaleC(float beta, const MatrixView& c) {
+  for (size_t i = 0; i < c.rows; ++i) {
+    float* row = c.data + static_cast<ptrdiff_t>(i) * c.row_stride;
+    for (size_t j = 0; j < c.cols; ++j) {
+      float& x = row[static_cast<ptrdiff_t>(j) * c.col_stride];
+      x = beta == 0.0f ? 0.0f : beta * x;
+    }
+  }
+}
+
+// |stride| == 1, i.e. the view's elements along that dimension are contiguous.
+bool IsUnit(ptrdiff_t stride) { return stride == 1 || stride == -1; }
 
 }  // namespace
 
-void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta,
-          const MatrixView& c) {
+size_t GemmScratchBytes() { return GetConfig().scratch_bytes; }
+
+void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
+          void* scratch) {
   assert(a.rows == c.rows && "Gemm: a.rows must equal c.rows");
   assert(b.cols == c.cols && "Gemm: b.cols must equal c.cols");
   assert(a.cols == b.rows && "Gemm: a.cols must equal b.rows");
+  assert(scratch != nullptr && "Gemm: scratch is required");
+  assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
+         "Gemm: scratch must be 64-byte aligned");
   if (c.rows == 0 || c.cols == 0) return;
-  // rntm_t is per call: BLIS writes into it while partitioning, so it must not be shared.
-  SingleThreadRuntime rt;
+  if (a.cols == 0 || alpha == 0.0f) {
+    ScaleC(beta, c);
+    return;
+  }
+  const Config& cfg = GetConfig();
+
+  // The kernel writes its MR x NR tile fastest when C's storage matches its preference; for the
+  // other storage it goes through a temporary tile. C^T = B^T A^T turns a column-stored C into
+  // a row-stored one (and back), at no cost: only strides and roles swap.
+  MatrixView op_a = a, op_b = b, op_c = c;
+  const bool c_row_stored = IsUnit(c.col_stride) && !IsUnit(c.row_stride);
+  const bool c_col_stored = IsUnit(c.row_stride) && !IsUnit(c.col_stride);
+  if ((cfg.prefers_rows && c_col_stored) || (!cfg.prefers_rows && c_row_stored)) {
+    op_a = b.Transposed();
+    op_b = a.Transposed();
+    op_c = c.Transposed();
+  }
+  const size_t m = op_c.rows, n = op_c.cols, k = op_a.cols;
+
+  float* const a_pack = static_cast<float*>(scratch);
+  float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
+  const size_t mr = cfg.mr, nr = cfg.nr;
+
+  // Kernel hints, as BLIS's own macro-kernel fills them: panel layouts and strides, and the
+  // next micro-panels to prefetch.
+  auxinfo_t aux{};
+  bli_auxinfo_set_schema_a(BLIS_PACKED_ROW_PANELS, &aux);
+  bli_auxinfo_set_schema_b(BLIS_PACKED_COL_PANELS, &aux);
+  bli_auxinfo_set_is_a(1, &aux);
+  bli_auxinfo_set_is_b(1, &aux);
+
   float alpha_v = alpha;
-  float beta_v = beta;
-  // BLIS handles k == 0 as c = beta * c.
-  bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, static_cast<dim_t>(c.rows),
-               static_cast<dim_t>(c.cols), static_cast<dim_t>(a.cols), &alpha_v, a.data,
-               a.row_stride, a.col_stride, b.data, b.row_stride, b.col_stride, &beta_v, c.data,
-               c.row_stride, c.col_stride, /*cntx=*/nullptr, &rt.rntm);
+  float one = 1.0f;
+  for (size_t jc = 0; jc < n; jc += cfg.nc) {
+    const size_t nc = std::min(cfg.nc, n - jc);
+    for (size_t pc = 0; pc < k; pc += cfg.kc) {
+      const size_t kc = std::min(cfg.kc, k - pc);
+      // B[pc:pc+kc, jc:jc+nc], packed as NR-wide panels (rows of its transpose) by the first
+      // ic block, each panel right before the kernel first reads it (so it is still in L1),
+      // and reused by the later ic blocks.
+      const float* b_src = op_b.data + static_cast<ptrdiff_t>(pc) * op_b.row_stride +
+                           static_cast<ptrdiff_t>(jc) * op_b.col_stride;
+      const ptrdiff_t ps_a = static_cast<ptrdiff_t>(cfg.packmr * kc);
+      const ptrdiff_t ps_b = static_cast<ptrdiff_t>(cfg.packnr * kc);
+      bli_auxinfo_set_ps_a(ps_a, &aux);
+      bli_auxinfo_set_ps_b(ps_b, &aux);
+      // Later k blocks accumulate onto the first block's result.
+      float* beta_p = pc == 0 ? &beta : &one;
+
+      for (size_t ic = 0; ic < m; ic += cfg.mc) {
+        const size_t mc = std::min(cfg.mc, m - ic);
+        const float* a_src = op_a.data + static_cast<ptrdiff_t>(ic) * op_a.row_stride +
+                             static_cast<ptrdiff_t>(pc) * op_a.col_stride;
+        PackBlock(cfg.pack_a, a_src, op_a.row_stride, op_a.col_stride, mc, kc, mr, cfg.packmr,
+                  a_pack);
+
+        const size_t n_iter = (nc + nr - 1) / nr;
+        const size_t m_iter = (mc + mr - 1) / mr;
+        float* const c_blk = op_c.data + static_cast<ptrdiff_t>(ic) * op_c.row_stride +
+                             static_cast<ptrdiff_t>(jc) * op_c.col_stride;
+        for (size_t j = 0; j < n_iter; ++j) {
+          float* const b1 = b_pack + static_cast<ptrdiff_t>(j) * ps_b;
+          float* const c_col = c_blk + static_cast<ptrdiff_t>(j * nr) * op_c.col_stride;
+          const dim_t n_cur = static_cast<dim_t>(std::min(nr, nc - j * nr));
+          if (ic == 0) {
+            cfg.pack_b(b_src + static_cast<ptrdiff_t>(j * nr) * op_b.col_stride, op_b.col_stride,
+                       op_b.row_stride, static_cast<size_t>(n_cur), kc, cfg.packnr, b1);
+          }
+          for (size_t i = 0; i < m_iter; ++i) {
+            float* const a1 = a_pack + static_cast<ptrdiff_t>(i) * ps_a;
+            // Prefetch hints: the next A panel, or at the end of the column of tiles the
+            // first A panel again with the next B panel.
+            float* a_next = a1 + ps_a;
+            float* b_next = b1;
+            if (i + 1 == m_iter) {
+              a_next = a_pack;
+              b_next = j + 1 == n_iter ? b_pack : b1 + ps_b;
+            }
+            bli_auxinfo_set_next_a(a_next, &aux);
+            bli_auxinfo_set_next_b(b_next, &aux);
+            const dim_t m_cur = static_cast<dim_t>(std::min(mr, mc - i * mr));
+            cfg.kernel(m_cur, n_cur, static_cast<dim_t>(kc), &alpha_v, a1, b1, beta_p,
+                       c_col + static_cast<ptrdiff_t>(i * mr) * op_c.row_stride, op_c.row_stride,
+                       op_c.col_stride, &aux, cfg.cntx);
+          }
+        }
+      }
+    }
+  }
 }
 
-void GemmInit() { bli_init(); }
+void GemmInit() { GetConfig(); }
 
 const char* GemmArchName() {
-  bli_init();
+  GetConfig();
   return bli_arch_string(bli_arch_query_id());
 }
 

@@ -1,12 +1,29 @@
-// GEMM over strided f32 matrix views, a thin wrapper over BLIS's typed expert API
-// (bli_sgemm_ex). Transposes are expressed by swapping a view's strides, so per-head views of a
+// GEMM over strided f32 matrix views: mha's own BLIS-style blocked driver around the sgemm
+// micro-kernel of the BLIS configuration selected at run time (haswell, zen3, skx, ...).
+// Transposes are expressed by swapping a view's strides, so per-head views of a
 // [tokens, heads * head_dim] buffer and K^T need no copy.
 //
-// BLIS is always called single-threaded (an rntm_t with one thread): mha's own thread pool owns
-// the threads, and BLIS 0.9.0 would otherwise create threads on every multithreaded call.
-// Thread safety: Debian's libblis4-pthread build initializes itself under pthread_once and
-// guards its packing-buffer pools with mutexes, so concurrent calls from several threads are
-// safe (tests/gemm_test.cc runs them concurrently, and the TSan build checks it).
+// Why not bli_sgemm_ex: BLIS 0.9.0 mallocs on every call (control tree and thread-info
+// structures, even with a one-thread rntm_t), and mha's forward pass must not allocate; its
+// per-call setup also costs more than the arithmetic of the small products in attention.
+// This driver packs into caller-owned scratch instead, so a call performs no allocation, takes
+// no lock and uses no global mutable state.
+//
+// Blocking (the five loops of the BLIS/GotoBLAS algorithm): jc over NC columns of C; pc over
+// KC of the inner dimension, packing B[KC, NC] into NR-wide micro-panels; ic over MC rows,
+// packing A[MC, KC] into MR-tall micro-panels; then the micro-kernel over MR x NR tiles. MR, NR,
+// MC, KC are the BLIS configuration's values; NC is the configuration's, capped so that the
+// packed B panel (KC x NC floats) stays within 2 MiB (haswell: 2048 instead of 4080), which
+// halves the scratch at no measurable cost (A is re-packed once per NC columns of C).
+// Scratch = packed A (MC x KC) + packed B (KC x NC), at most 2 MiB + MC * KC * 4 bytes:
+// 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
+// column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
+//
+// Numerics: each element of C is alpha * (a sum over k in increasing order, split at multiples
+// of KC, of fused multiply-adds) + beta * c, so results are deterministic and do not depend on
+// which thread runs the call or on alignment of the data. With beta 0 or 1, computing c as
+// several calls on sub-blocks of c gives the same bits as one call (ParallelGemm's panels); with
+// other beta it may differ in the last bit (edge tiles round beta * c separately).
 #ifndef MHA_KERNELS_GEMM_H_
 #define MHA_KERNELS_GEMM_H_
 
@@ -28,18 +45,32 @@ struct MatrixView {
   MatrixView Transposed() const { return {data, cols, rows, col_stride, row_stride}; }
   // The sub-block starting at (r0, c0) of size nr x nc.
   MatrixView Block(size_t r0, size_t c0, size_t nr, size_t nc) const {
-    return {data + static_cast<ptrdiff_t>(r0) * row_stride +
-                static_cast<ptrdiff_t>(c0) * col_stride,
-            nr, nc, row_stride, col_stride};
+    return {
+        data + static_cast<ptrdiff_t>(r0) * row_stride + static_cast<ptrdiff_t>(c0) * col_stride,
+        nr, nc, row_stride, col_stride};
   }
 };
 
-// c = alpha * a * b + beta * c, single-threaded. Shapes: a [m, k], b [k, n], c [m, n].
-// beta == 0 overwrites c without reading it (NaN in c does not propagate). Shape mismatches are a
-// programming error in mha (callers validate): checked by debug asserts.
-void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c);
+// Alignment, in bytes, Gemm requires of its scratch.
+inline constexpr size_t kGemmScratchAlignment = 64;
 
-// Makes sure BLIS is initialized (its lazy, once-only setup) on the calling thread; cheap after
+// Bytes of packing scratch one Gemm call needs. Fixed for the process: it depends only on the
+// register and cache block sizes of the BLIS configuration chosen at run time (2.2 MiB on
+// haswell/zen, at most 3.1 MiB on x86-64: see the blocking note above).
+// Initializes BLIS on first use.
+size_t GemmScratchBytes();
+
+// c = alpha * a * b + beta * c, single-threaded. Shapes: a [m, k], b [k, n], c [m, n]; any
+// strides (c must not overlap a or b). beta == 0 overwrites c without reading it (NaN in c does
+// not propagate); k == 0 or alpha == 0 gives c = beta * c without reading a and b.
+// `scratch`: GemmScratchBytes() bytes, kGemmScratchAlignment-aligned, used by this call only
+// (one buffer per thread for concurrent calls). No heap allocation, no locks; safe to call
+// concurrently from several threads with separate scratch.
+// Shape mismatches are a programming error in mha (callers validate): checked by debug asserts.
+void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
+          void* scratch);
+
+// Initializes BLIS and reads the micro-kernel and block sizes (once, thread-safe); cheap after
 // the first call. Called by contexts before a first parallel run so timing starts warm.
 void GemmInit();
 

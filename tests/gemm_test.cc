@@ -1,0 +1,663 @@
+// Tests of kernels::Gemm, mha's blocked driver over the BLIS micro-kernel: random shapes and
+// every storage of a, b and c (row-major, column-major, general strides, transposed views,
+// per-head views, misaligned pointers) against a double-precision triple loop; alpha/beta
+// semantics (beta 0 never reads c); determinism, also across threads; no heap allocation per
+// call. A disabled test (--gtest_also_run_disabled_tests) prints GFLOP/s against bli_sgemm_ex.
+//
+// Accuracy contract checked: |c - ref| <= 1e-5 * (|alpha| * sum_k |a_ik * b_kj| + |beta * c_ij|)
+// per element (f32 accumulation over k <= 1100; observed errors are ~1e-7 of that scale).
+#include "kernels/gemm.h"
+
+#include <blis.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <limits>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MHA_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MHA_SANITIZED 1
+#endif
+#endif
+
+// Allocation counting: malloc and operator new are interposed in this binary, and count only
+// while g_counting is set (by the one test that checks Gemm allocates nothing). Sanitizer builds
+// keep their own allocator, and that test is skipped there.
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<long> g_allocations{0};
+void CountAllocation() {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+}
+}  // namespace
+
+#ifndef MHA_SANITIZED
+// glibc's own entry points, so the interposed functions can forward to them.
+extern "C" void* __libc_malloc(size_t);
+extern "C" void* __libc_calloc(size_t, size_t);
+extern "C" void* __libc_realloc(void*, size_t);
+extern "C" void* __libc_memalign(size_t, size_t);
+extern "C" void __libc_free(void*);
+
+extern "C" void* malloc(size_t n) {
+  CountAllocation();
+  return __libc_malloc(n);
+}
+extern "C" void* calloc(size_t a, size_t b) {
+  CountAllocation();
+  return __libc_calloc(a, b);
+}
+extern "C" void* realloc(void* p, size_t n) {
+  CountAllocation();
+  return __libc_realloc(p, n);
+}
+extern "C" void* aligned_alloc(size_t align, size_t n) {
+  CountAllocation();
+  return __libc_memalign(align, n);
+}
+extern "C" int posix_memalign(void** out, size_t align, size_t n) {
+  CountAllocation();
+  *out = __libc_memalign(align, n);
+  return *out ? 0 : 12;  // ENOMEM
+}
+extern "C" void free(void* p) { __libc_free(p); }
+
+void* operator new(size_t n) {
+  CountAllocation();
+  void* p = __libc_malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { __libc_free(p); }
+void operator delete[](void* p) noexcept { __libc_free(p); }
+void operator delete(void* p, size_t) noexcept { __libc_free(p); }
+void operator delete[](void* p, size_t) noexcept { __libc_free(p); }
+#endif
+
+namespace mha {
+namespace kernels {
+namespace {
+
+constexpr double kRelTolerance = 1e-5;
+
+// GemmScratchBytes() bytes, 64-byte aligned, owned by one caller.
+class Scratch {
+ public:
+  Scratch() : buf_(GemmScratchBytes() + kGemmScratchAlignment) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(buf_.data());
+    ptr_ =
+        buf_.data() + (kGemmScratchAlignment - p % kGemmScratchAlignment) % kGemmScratchAlignment;
+  }
+  void* get() { return ptr_; }
+
+ private:
+  std::vector<unsigned char> buf_;
+  unsigned char* ptr_;
+};
+
+enum class Layout { kRowMajor, kColMajor, kGeneralRows, kGeneralCols };
+constexpr Layout kLayouts[] = {Layout::kRowMajor, Layout::kColMajor, Layout::kGeneralRows,
+                               Layout::kGeneralCols};
+
+const char* LayoutName(Layout l) {
+  switch (l) {
+    case Layout::kRowMajor:
+      return "row-major";
+    case Layout::kColMajor:
+      return "col-major";
+    case Layout::kGeneralRows:
+      return "general(rows)";
+    case Layout::kGeneralCols:
+      return "general(cols)";
+  }
+  return "?";
+}
+
+// A matrix view into its own storage, with padding around and between the elements that the
+// view does not cover (to check Gemm writes nothing outside c's view).
+// Copies get their own storage, with the view rebased onto it.
+struct Buffer {
+  std::vector<float> storage;
+  MatrixView view;
+  std::vector<bool> in_view;  // per storage element
+
+  Buffer() = default;
+  Buffer(const Buffer& other) : storage(other.storage), view(other.view), in_view(other.in_view) {
+    view.data = storage.data() + (other.view.data - other.storage.data());
+  }
+  Buffer& operator=(const Buffer& other) {
+    if (this != &other) *this = Buffer(other);
+    return *this;
+  }
+  Buffer(Buffer&&) = default;
+  Buffer& operator=(Buffer&&) = default;
+
+  float at(size_t i, size_t j) const {
+    return view.data[static_cast<ptrdiff_t>(i) * view.row_stride +
+                     static_cast<ptrdiff_t>(j) * view.col_stride];
+  }
+};
+
+// rows x cols with the given layout; `offset` floats before the first element (misalignment),
+// `pad` extra elements per leading dimension. General layouts have no unit stride.
+Buffer MakeBuffer(size_t rows, size_t cols, Layout layout, size_t offset, size_t pad) {
+  Buffer b;
+  ptrdiff_t rs = 0, cs = 0;
+  switch (layout) {
+    case Layout::kRowMajor:
+      rs = static_cast<ptrdiff_t>(cols + pad);
+      cs = 1;
+      break;
+    case Layout::kColMajor:
+      rs = 1;
+      cs = static_cast<ptrdiff_t>(rows + pad);
+      break;
+    case Layout::kGeneralRows:
+      cs = 2;
+      rs = static_cast<ptrdiff_t>(2 * cols + pad + 1);
+      break;
+    case Layout::kGeneralCols:
+      rs = 3;
+      cs = static_cast<ptrdiff_t>(3 * rows + pad + 1);
+      break;
+  }
+  size_t size = offset + 1;
+  if (rows > 0 && cols > 0) {
+    size = offset + static_cast<size_t>(rs) * (rows - 1) + static_cast<size_t>(cs) * (cols - 1) + 1;
+  }
+  size += 3;  // trailing padding
+  b.storage.assign(size, 0.0f);
+  b.in_view.assign(size, false);
+  b.view = {b.storage.data() + offset, rows, cols, rs, cs};
+  for (size_t i = 0; i < rows; ++i) {
+    for (size_t j = 0; j < cols; ++j) {
+      b.in_view[offset + i * static_cast<size_t>(rs) + j * static_cast<size_t>(cs)] = true;
+    }
+  }
+  return b;
+}
+
+void FillUniform(Buffer& b, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (float& x : b.storage) x = dist(rng);
+}
+
+// Checks c_out (after Gemm) against alpha * a * b + beta * c_in in double, and that the storage
+// outside c's view is unchanged.
+void ExpectGemmMatches(float alpha, const Buffer& a, const Buffer& b, float beta,
+                       const Buffer& c_in, const Buffer& c_out, const std::string& what) {
+  const size_t m = c_out.view.rows, n = c_out.view.cols, k = a.view.cols;
+  int failures = 0;
+  for (size_t i = 0; i < m && failures < 5; ++i) {
+    for (size_t j = 0; j < n && failures < 5; ++j) {
+      double sum = 0.0, abs_sum = 0.0;
+      for (size_t p = 0; p < k; ++p) {
+        const double prod = static_cast<double>(a.at(i, p)) * b.at(p, j);
+        sum += prod;
+        abs_sum += std::fabs(prod);
+      }
+      double ref = alpha * sum;
+      double scale = std::fabs(alpha) * abs_sum;
+      if (beta != 0.0f) {
+        ref += static_cast<double>(beta) * c_in.at(i, j);
+        scale += std::fabs(static_cast<double>(beta) * c_in.at(i, j));
+      }
+      const double got = c_out.at(i, j);
+      const double tol = kRelTolerance * scale + 1e-30;
+      if (!(std::fabs(got - ref) <= tol)) {
+        ADD_FAILURE() << what << ": c(" << i << ", " << j << ") = " << got << ", expected " << ref
+                      << " (tolerance " << tol << ")";
+        ++failures;
+      }
+    }
+  }
+  for (size_t e = 0; e < c_out.storage.size(); ++e) {
+    if (!c_out.in_view[e] && std::memcmp(&c_out.storage[e], &c_in.storage[e], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << ": wrote outside c's view at storage element " << e;
+      break;
+    }
+  }
+}
+
+struct Case {
+  size_t m, n, k;
+  Layout la, lb, lc;
+  size_t offset_a, offset_b, offset_c;
+  float alpha, beta;
+};
+
+std::string Describe(const Case& t) {
+  return "m=" + std::to_string(t.m) + " n=" + std::to_string(t.n) + " k=" + std::to_string(t.k) +
+         " a " + LayoutName(t.la) + "+" + std::to_string(t.offset_a) + ", b " + LayoutName(t.lb) +
+         "+" + std::to_string(t.offset_b) + ", c " + LayoutName(t.lc) + "+" +
+         std::to_string(t.offset_c) + ", alpha " + std::to_string(t.alpha) + ", beta " +
+         std::to_string(t.beta);
+}
+
+// Runs one case against the reference; beta == 0 cases start from a NaN-filled c.
+void RunCase(const Case& t, std::mt19937& rng, Scratch& scratch) {
+  Buffer a = MakeBuffer(t.m, t.k, t.la, t.offset_a, rng() % 4);
+  Buffer b = MakeBuffer(t.k, t.n, t.lb, t.offset_b, rng() % 4);
+  Buffer c = MakeBuffer(t.m, t.n, t.lc, t.offset_c, rng() % 4);
+  FillUniform(a, rng);
+  FillUniform(b, rng);
+  FillUniform(c, rng);
+  if (t.beta == 0.0f) {
+    std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+  }
+  Buffer c_out = c;
+  Gemm(t.alpha, a.view, b.view, t.beta, c_out.view, scratch.get());
+  ExpectGemmMatches(t.alpha, a, b, t.beta, c, c_out, Describe(t));
+}
+
+TEST(GemmTest, ReportsConfiguration) {
+  GemmInit();
+  const size_t bytes = GemmScratchBytes();
+  std::printf("[blis] arch %s, scratch %zu bytes (%.2f MiB)\n", GemmArchName(), bytes,
+              bytes / 1048576.0);
+  EXPECT_GT(bytes, 0u);
+  EXPECT_LE(bytes, size_t{4} << 20) << "scratch is allocated per worker thread";
+  EXPECT_EQ(bytes, GemmScratchBytes());
+}
+
+TEST(GemmTest, RandomShapesAllLayouts) {
+  std::mt19937 rng(1234);
+  Scratch scratch;
+  const float alphas[] = {1.0f, -0.5f, 2.0f};
+  const float betas[] = {0.0f, 1.0f, 0.75f};
+  for (int iter = 0; iter < 300; ++iter) {
+    Case t;
+    // Mostly small sizes, sometimes up to 300; 0 and 1 included.
+    auto dim = [&]() -> size_t {
+      const uint32_t r = rng() % 10;
+      if (r == 0) return rng() % 2;
+      if (r < 6) return 1 + rng() % 40;
+      return rng() % 301;
+    };
+    t.m = dim();
+    t.n = dim();
+    t.k = dim();
+    t.la = kLayouts[rng() % 4];
+    t.lb = kLayouts[rng() % 4];
+    t.lc = kLayouts[rng() % 4];
+    t.offset_a = rng() % 4;
+    t.offset_b = rng() % 4;
+    t.offset_c = rng() % 4;
+    t.alpha = alphas[rng() % 3];
+    t.beta = betas[rng() % 3];
+    RunCase(t, rng, scratch);
+    if (HasFailure()) return;
+  }
+}
+
+TEST(GemmTest, EveryLayoutCombination) {
+  std::mt19937 rng(99);
+  Scratch scratch;
+  // Sizes that cross MR/NR and (for k) KC boundaries of the common configurations.
+  for (Layout la : kLayouts) {
+    for (Layout lb : kLayouts) {
+      for (Layout lc : kLayouts) {
+        for (float beta : {0.0f, 1.0f}) {
+          RunCase({37, 45, 300, la, lb, lc, 1, 2, 3, 1.5f, beta}, rng, scratch);
+          RunCase({1, 19, 7, la, lb, lc, 0, 0, 0, 1.0f, beta}, rng, scratch);
+          RunCase({13, 1, 5, la, lb, lc, 3, 1, 2, 1.0f, beta}, rng, scratch);
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+TEST(GemmTest, LargeShapesCrossEveryBlock) {
+  std::mt19937 rng(7);
+  Scratch scratch;
+  // m > MC and k > KC (several k blocks, beta 1 after the first); n > NC with 2300 columns
+  // (for either orientation of the column-major c); four k blocks with general strides.
+  RunCase({1000, 700, 513, Layout::kRowMajor, Layout::kRowMajor, Layout::kRowMajor, 0, 0, 0, 1.0f,
+           0.0f},
+          rng, scratch);
+  RunCase({2300, 40, 300, Layout::kRowMajor, Layout::kColMajor, Layout::kColMajor, 1, 2, 3, -1.0f,
+           0.5f},
+          rng, scratch);
+  RunCase({40, 2300, 300, Layout::kColMajor, Layout::kRowMajor, Layout::kRowMajor, 1, 2, 3, -1.0f,
+           0.5f},
+          rng, scratch);
+  RunCase({200, 60, 1100, Layout::kGeneralCols, Layout::kRowMajor, Layout::kGeneralRows, 0, 1, 0,
+           0.25f, 1.0f},
+          rng, scratch);
+}
+
+TEST(GemmTest, KZeroAndAlphaZeroScaleC) {
+  std::mt19937 rng(5);
+  Scratch scratch;
+  for (float beta : {0.0f, 1.0f, -2.0f}) {
+    RunCase(
+        {17, 23, 0, Layout::kRowMajor, Layout::kRowMajor, Layout::kRowMajor, 0, 0, 0, 1.0f, beta},
+        rng, scratch);
+    RunCase(
+        {17, 23, 9, Layout::kRowMajor, Layout::kRowMajor, Layout::kColMajor, 0, 0, 0, 0.0f, beta},
+        rng, scratch);
+  }
+  // alpha == 0 must not read a or b (BLIS semantics): infinities there do not give NaN.
+  Buffer a = MakeBuffer(4, 3, Layout::kRowMajor, 0, 0);
+  Buffer b = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
+  Buffer c = MakeBuffer(4, 5, Layout::kRowMajor, 0, 0);
+  std::fill(a.storage.begin(), a.storage.end(), std::numeric_limits<float>::infinity());
+  std::fill(b.storage.begin(), b.storage.end(), 1.0f);
+  std::fill(c.storage.begin(), c.storage.end(), 2.0f);
+  Gemm(0.0f, a.view, b.view, 0.5f, c.view, scratch.get());
+  for (size_t i = 0; i < 4; ++i) {
+    for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 1.0f);
+  }
+}
+
+TEST(GemmTest, EmptyOutputTouchesNothing) {
+  Scratch scratch;
+  float sentinel = 42.0f;
+  float x = 1.0f;
+  Gemm(1.0f, {&x, 0, 4, 4, 1}, {&x, 4, 3, 3, 1}, 0.0f, {&sentinel, 0, 3, 3, 1}, scratch.get());
+  Gemm(1.0f, {&x, 3, 4, 4, 1}, {&x, 4, 0, 0, 1}, 0.0f, {&sentinel, 3, 0, 0, 1}, scratch.get());
+  EXPECT_EQ(sentinel, 42.0f);
+}
+
+TEST(GemmTest, BetaZeroIgnoresNaNAndBetaOneAccumulates) {
+  std::mt19937 rng(11);
+  Scratch scratch;
+  const size_t m = 50, n = 70, k = 600;  // several k blocks
+  Buffer a = MakeBuffer(m, k, Layout::kRowMajor, 0, 0);
+  Buffer b = MakeBuffer(k, n, Layout::kRowMajor, 0, 0);
+  FillUniform(a, rng);
+  FillUniform(b, rng);
+  for (Layout lc : kLayouts) {
+    SCOPED_TRACE(LayoutName(lc));
+    Buffer c = MakeBuffer(m, n, lc, 1, 1);
+    std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+    Gemm(1.0f, a.view, b.view, 0.0f, c.view, scratch.get());
+    for (size_t i = 0; i < m; ++i) {
+      for (size_t j = 0; j < n; ++j) ASSERT_TRUE(std::isfinite(c.at(i, j))) << i << "," << j;
+    }
+    // c = a b, then c += a b: twice the product (exact doubling up to one rounding).
+    Buffer once = c;
+    Gemm(1.0f, a.view, b.view, 1.0f, c.view, scratch.get());
+    for (size_t i = 0; i < m; ++i) {
+      for (size_t j = 0; j < n; ++j) {
+        ASSERT_NEAR(c.at(i, j), 2.0f * once.at(i, j), 1e-5f * (1.0f + std::fabs(once.at(i, j))))
+            << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST(GemmTest, TransposedViews) {
+  std::mt19937 rng(3);
+  Scratch scratch;
+  // a^T * b^T into c^T, with the transposes expressed as views of row-major storage.
+  for (const size_t m : {1, 8, 61}) {
+    for (const size_t n : {1, 16, 130}) {
+      const size_t k = 33;
+      Buffer at = MakeBuffer(k, m, Layout::kRowMajor, 1, 0);  // storage of a^T
+      Buffer bt = MakeBuffer(n, k, Layout::kRowMajor, 2, 0);  // storage of b^T
+      Buffer ct = MakeBuffer(n, m, Layout::kRowMajor, 3, 0);  // storage of c^T
+      FillUniform(at, rng);
+      FillUniform(bt, rng);
+      FillUniform(ct, rng);
+      Buffer a = at, b = bt, c_in = ct;
+      a.view = a.view.Transposed();
+      b.view = b.view.Transposed();
+      c_in.view = c_in.view.Transposed();
+      Buffer c_out = c_in;
+      Gemm(0.5f, a.view, b.view, 1.0f, c_out.view, scratch.get());
+      ExpectGemmMatches(0.5f, a, b, 1.0f, c_in, c_out,
+                        "transposed m=" + std::to_string(m) + " n=" + std::to_string(n));
+    }
+  }
+}
+
+TEST(GemmTest, PerHeadViewsOfAttentionBuffers) {
+  std::mt19937 rng(17);
+  Scratch scratch;
+  // q, k, v: [tokens, heads * hd] row-major; per head h: s = q_h k_h^T [tq, tk], then
+  // out_h = s v_h written into the per-head columns of out [tq, heads * hd].
+  const size_t heads = 3, tq = 29, tk = 41;
+  for (const size_t hd : {1, 7, 64}) {
+    const size_t width = heads * hd;
+    Buffer q = MakeBuffer(tq, width, Layout::kRowMajor, 1, 0);
+    Buffer kk = MakeBuffer(tk, width, Layout::kRowMajor, 2, 0);
+    Buffer v = MakeBuffer(tk, width, Layout::kRowMajor, 3, 0);
+    Buffer out = MakeBuffer(tq, width, Layout::kRowMajor, 0, 0);
+    FillUniform(q, rng);
+    FillUniform(kk, rng);
+    FillUniform(v, rng);
+    for (size_t h = 0; h < heads; ++h) {
+      Buffer qh = q, kth = kk, vh = v;
+      qh.view = qh.view.Block(0, h * hd, tq, hd);
+      kth.view = kth.view.Block(0, h * hd, tk, hd).Transposed();
+      vh.view = vh.view.Block(0, h * hd, tk, hd);
+      Buffer s_in = MakeBuffer(tq, tk, Layout::kRowMajor, 0, 0);
+      std::fill(s_in.storage.begin(), s_in.storage.end(), std::numeric_limits<float>::quiet_NaN());
+      Buffer s = s_in;
+      Gemm(1.0f, qh.view, kth.view, 0.0f, s.view, scratch.get());
+      ExpectGemmMatches(1.0f, qh, kth, 0.0f, s_in, s, "q k^T head " + std::to_string(h));
+      Buffer out_in = out;
+      out_in.view = out_in.view.Block(0, h * hd, tq, hd);
+      Buffer out_h = out_in;
+      // Only head h's columns may change.
+      out_in.in_view.assign(out_in.storage.size(), false);
+      out_h.in_view = out_in.in_view;
+      for (size_t i = 0; i < tq; ++i) {
+        for (size_t j = 0; j < hd; ++j) out_h.in_view[i * width + h * hd + j] = true;
+      }
+      Gemm(1.0f, s.view, vh.view, 0.0f, out_h.view, scratch.get());
+      ExpectGemmMatches(1.0f, s, vh, 0.0f, out_in, out_h, "s v head " + std::to_string(h));
+      std::copy(out_h.storage.begin(), out_h.storage.end(), out.storage.begin());
+    }
+  }
+}
+
+// Problems for the determinism tests: fixed data, several shapes and layouts.
+struct Problem {
+  Buffer a, b, c;
+  float alpha, beta;
+};
+
+std::vector<Problem> MakeProblems(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Problem> problems;
+  const size_t shapes[][3] = {{64, 1024, 64}, {7, 300, 129}, {200, 33, 700}, {1, 1, 1000}};
+  for (const auto& s : shapes) {
+    for (Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
+      Problem p;
+      p.a = MakeBuffer(s[0], s[2], Layout::kRowMajor, 1, 0);
+      p.b = MakeBuffer(s[2], s[1], Layout::kColMajor, 0, 1);
+      p.c = MakeBuffer(s[0], s[1], lc, 2, 0);
+      FillUniform(p.a, rng);
+      FillUniform(p.b, rng);
+      FillUniform(p.c, rng);
+      p.alpha = 0.5f;
+      p.beta = lc == Layout::kRowMajor ? 0.0f : 1.0f;
+      problems.push_back(std::move(p));
+    }
+  }
+  return problems;
+}
+
+std::vector<float> Solve(const Problem& p, Scratch& scratch) {
+  std::vector<float> storage = p.c.storage;
+  MatrixView c = p.c.view;
+  c.data = storage.data() + (p.c.view.data - p.c.storage.data());
+  Gemm(p.alpha, p.a.view, p.b.view, p.beta, c, scratch.get());
+  return storage;
+}
+
+bool BitwiseEqual(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+TEST(GemmTest, RepeatedCallsAreBitwiseEqual) {
+  Scratch scratch;
+  for (const Problem& p : MakeProblems(21)) {
+    EXPECT_TRUE(BitwiseEqual(Solve(p, scratch), Solve(p, scratch)));
+  }
+}
+
+TEST(GemmTest, ConcurrentCallsMatchSingleThreaded) {
+  const std::vector<Problem> problems = MakeProblems(22);
+  std::vector<std::vector<float>> expected;
+  {
+    Scratch scratch;
+    for (const Problem& p : problems) expected.push_back(Solve(p, scratch));
+  }
+  constexpr int kThreads = 4;
+  std::vector<std::vector<std::vector<float>>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Scratch scratch;
+      for (int rep = 0; rep < 3; ++rep) {
+        got[t].clear();
+        // Each thread walks the problems from a different start, so different shapes overlap.
+        for (size_t i = 0; i < problems.size(); ++i) {
+          got[t].push_back(Solve(problems[(i + t) % problems.size()], scratch));
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    for (size_t i = 0; i < problems.size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(got[t][i], expected[(i + t) % problems.size()]))
+          << "thread " << t << " problem " << (i + t) % problems.size();
+    }
+  }
+}
+
+// Computes c by Gemm calls on sub-blocks of c (rows split at row_cuts, columns at col_cuts).
+std::vector<float> SolveInBlocks(const Problem& p, Scratch& scratch,
+                                 const std::vector<size_t>& row_cuts,
+                                 const std::vector<size_t>& col_cuts) {
+  std::vector<float> storage = p.c.storage;
+  MatrixView c = p.c.view;
+  c.data = storage.data() + (p.c.view.data - p.c.storage.data());
+  for (size_t ri = 0; ri + 1 < row_cuts.size(); ++ri) {
+    for (size_t ci = 0; ci + 1 < col_cuts.size(); ++ci) {
+      const size_t r0 = row_cuts[ri], r1 = row_cuts[ri + 1];
+      const size_t c0 = col_cuts[ci], c1 = col_cuts[ci + 1];
+      Gemm(p.alpha, p.a.view.Block(r0, 0, r1 - r0, p.a.view.cols),
+           p.b.view.Block(0, c0, p.b.view.rows, c1 - c0), p.beta, c.Block(r0, c0, r1 - r0, c1 - c0),
+           scratch.get());
+    }
+  }
+  return storage;
+}
+
+// Splitting c into sub-block calls gives the same bits as one call for beta 0 and 1 (ParallelGemm
+// relies on this for results that do not depend on its panel sizes): every element's sum runs
+// over k in the same order and KC split, whatever tile it lands in.
+TEST(GemmTest, SubBlockCallsMatchOneCall) {
+  Scratch scratch;
+  for (const Problem& p : MakeProblems(23)) {
+    const size_t m = p.c.view.rows, n = p.c.view.cols;
+    const std::vector<size_t> rows = {0, m / 3, m / 3 + std::min<size_t>(m - m / 3, 5), m};
+    const std::vector<size_t> cols = {0, n / 2 + (n > 1 ? 1 : 0), n};
+    EXPECT_TRUE(BitwiseEqual(Solve(p, scratch), SolveInBlocks(p, scratch, rows, cols)))
+        << p.c.view.rows << "x" << p.c.view.cols << " beta " << p.beta;
+  }
+}
+
+TEST(GemmTest, NoHeapAllocationPerCall) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting needs the interposed malloc (not with sanitizers)";
+#else
+  std::vector<Problem> problems = MakeProblems(24);
+  Scratch scratch;
+  for (Problem& p : problems) {
+    Gemm(p.alpha, p.a.view, p.b.view, p.beta, p.c.view, scratch.get());  // warm-up
+  }
+  g_allocations.store(0);
+  g_counting.store(true);
+  for (int i = 0; i < 100; ++i) {
+    Problem& p = problems[static_cast<size_t>(i) % problems.size()];
+    Gemm(p.alpha, p.a.view, p.b.view, p.beta, p.c.view, scratch.get());
+  }
+  g_counting.store(false);
+  EXPECT_EQ(g_allocations.load(), 0) << "heap allocations in 100 Gemm calls";
+#endif
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// GFLOP/s of Gemm against bli_sgemm_ex (one thread), row-major operands, beta 0. Prints a table;
+// asserts nothing about time. Run with --gtest_also_run_disabled_tests
+// --gtest_filter='*Speed*'.
+TEST(GemmTest, DISABLED_SpeedVersusBlis) {
+  struct Shape {
+    size_t m, n, k;
+  };
+  const Shape shapes[] = {
+      {16, 16, 64}, {64, 1024, 64}, {128, 512, 64}, {512, 2304, 768}, {2048, 2048, 2048}};
+  Scratch scratch;
+  rntm_t rntm;
+  bli_rntm_init(&rntm);
+  bli_rntm_set_num_threads(1, &rntm);
+  std::mt19937 rng(1);
+  std::printf("[speed] arch %s\n%8s %6s %6s  %12s %12s %7s\n", GemmArchName(), "m", "n", "k",
+              "mha GFLOP/s", "BLIS GFLOP/s", "ratio");
+  for (const Shape& s : shapes) {
+    Buffer a = MakeBuffer(s.m, s.k, Layout::kRowMajor, 0, 0);
+    Buffer b = MakeBuffer(s.k, s.n, Layout::kRowMajor, 0, 0);
+    Buffer c = MakeBuffer(s.m, s.n, Layout::kRowMajor, 0, 0);
+    FillUniform(a, rng);
+    FillUniform(b, rng);
+    const double flops = 2.0 * s.m * s.n * s.k;
+    float one = 1.0f, zero = 0.0f;
+    auto run_mha = [&] { Gemm(1.0f, a.view, b.view, 0.0f, c.view, scratch.get()); };
+    auto run_blis = [&] {
+      bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, static_cast<dim_t>(s.m),
+                   static_cast<dim_t>(s.n), static_cast<dim_t>(s.k), &one, a.view.data,
+                   a.view.row_stride, a.view.col_stride, b.view.data, b.view.row_stride,
+                   b.view.col_stride, &zero, c.view.data, c.view.row_stride, c.view.col_stride,
+                   nullptr, &rntm);
+    };
+    // Calls per timed batch: about 10 ms of work at ~50 GFLOP/s. Timed in thread CPU time
+    // (time while descheduled does not count), in alternating batches keeping the best batch of
+    // each, so that other processes on the machine affect both alike.
+    const int reps = std::max(1, static_cast<int>(5e8 / flops));
+    auto time_batch = [&](auto&& call) {
+      const double t0 = ThreadCpuSeconds();
+      for (int r = 0; r < reps; ++r) call();
+      return (ThreadCpuSeconds() - t0) / reps;
+    };
+    run_mha();
+    run_blis();
+    double t_mha = 1e30, t_blis = 1e30;
+    for (int trial = 0; trial < 15; ++trial) {
+      t_mha = std::min(t_mha, time_batch(run_mha));
+      t_blis = std::min(t_blis, time_batch(run_blis));
+    }
+    std::printf("%8zu %6zu %6zu  %12.1f %12.1f %7.2f\n", s.m, s.n, s.k, flops / t_mha * 1e-9,
+                flops / t_blis * 1e-9, t_blis / t_mha);
+  }
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace mha
