@@ -20,8 +20,9 @@ namespace {
 // share of L3 with room for the A block; see the blocking note in gemm.h.
 constexpr size_t kMaxPackedBBytes = size_t{2} << 20;
 
-// Slack after each packed region: some micro-kernels load (not just prefetch) a little past the
-// end of their k loop while pipelining, and BLIS's own pack buffers have room for that.
+// Slack after each packed region, as a precaution: a micro-kernel that loads ahead while
+// software-pipelining its k loop may read a little past the last micro-panel, which in BLIS's
+// own (pool-allocated, generously sized) pack buffers would go unnoticed.
 constexpr size_t kPanelTailBytes = 256;
 
 size_t RoundUp(size_t x, size_t multiple) { return (x + multiple - 1) / multiple * multiple; }
