@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""mha-run's contract: its outputs against PyTorch (modules exported by tools/export_torch.py)
+and against golden fixtures, its error behaviour (non-zero exit, one line on stderr, no output
+or temporary file left), --version, --help and --weights-png.
+
+    mha_run_test.py MHA_RUN EXPORT_TORCH_PY GOLDEN_DIR
+
+Exit codes: 0 pass, 1 fail, 77 skip (meson's code) when numpy is missing, or when torch is
+missing (then the error and golden-fixture checks still run first, and must pass).
+Tolerance: |mha - torch| <= 1e-5 + 1e-4 |torch|. Where PyTorch returns NaN (a query row whose
+every key is masked), mha's documented result is checked instead: zero attention weights, and an
+output row equal to out_proj.bias when every head of that row is masked.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+ATOL = 1e-5
+RTOL = 1e-4
+SKIP = 77
+
+try:
+    import numpy as np
+except ImportError:
+    print("SKIP: numpy is not importable")
+    sys.exit(SKIP)
+
+failures = []
+
+
+def fail(message):
+    failures.append(message)
+    print("FAIL: " + message)
+
+
+def run(cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+
+
+def leftovers(directory, before):
+    return sorted(set(os.listdir(directory)) - before)
+
+
+class Checker:
+    def __init__(self, mha_run, export_py, golden_dir, tmp):
+        self.mha_run = mha_run
+        self.export_py = export_py
+        self.golden_dir = golden_dir
+        self.tmp = tmp
+        sys.path.insert(0, os.path.dirname(os.path.abspath(export_py)))
+        import safetensors_py
+        self.st = safetensors_py
+
+    def path(self, name):
+        return os.path.join(self.tmp, name)
+
+    # -- comparisons ---------------------------------------------------------------------------
+
+    def compare(self, label, got, want, out_bias=None, nan_rows_whole=True):
+        """Compares got/want outputs; NaN rows of `want` are checked against mha's semantics."""
+        for name, expected in want.items():
+            if name not in ("attn_output", "attn_output_weights"):
+                continue
+            if name not in got:
+                fail(f"{label}: output has no '{name}'")
+                continue
+            actual = got[name]
+            if actual.shape != expected.shape:
+                fail(f"{label}: {name} shape {actual.shape}, want {expected.shape}")
+                continue
+            nan = np.isnan(expected)
+            ok = np.abs(actual - expected) <= ATOL + RTOL * np.abs(expected)
+            ok |= nan
+            if not ok.all():
+                i = np.argwhere(~ok)[0]
+                fail(f"{label}: {name}{tuple(i)} = {actual[tuple(i)]}, want {expected[tuple(i)]} "
+                     f"({int((~ok).sum())} elements off, max err "
+                     f"{np.nanmax(np.abs(actual - expected)):.3g})")
+            if not nan.any():
+                continue
+            if not np.isfinite(actual[nan]).all():
+                fail(f"{label}: {name} has non-finite values where PyTorch has NaN")
+            elif name == "attn_output_weights" and (actual[nan] != 0).any():
+                fail(f"{label}: {name}: fully masked rows must be zero")
+            elif name == "attn_output" and out_bias is not None and nan_rows_whole:
+                rows = np.isnan(expected).all(axis=-1)
+                if rows.any() and not np.allclose(actual[rows], out_bias[None, :],
+                                                  atol=ATOL, rtol=RTOL):
+                    fail(f"{label}: fully masked output rows must equal out_proj.bias")
+
+    def run_ok(self, label, args, out):
+        r = run([self.mha_run] + args + ["--output", out])
+        if r.returncode != 0:
+            fail(f"{label}: mha-run exited {r.returncode}: {r.stderr.strip()}")
+            return None
+        tensors, _ = self.st.load_file(out)
+        return tensors
+
+    # -- against PyTorch ------------------------------------------------------------------------
+
+    # (label, export_torch.py args, mha-run flags beyond --num-heads)
+    TORCH_CASES = [
+        ("self_default", ["--embed-dim", "16", "--num-heads", "4"], []),
+        ("self_batch_first_weights",
+         ["--embed-dim", "12", "--num-heads", "3", "--batch-first", "--need-weights"],
+         ["--batch-first", "--need-weights"]),
+        ("cross_kdim_vdim_masks_per_head_weights",
+         ["--embed-dim", "16", "--num-heads", "4", "--kdim", "6", "--vdim", "5", "--kv-seq", "7",
+          "--attn-mask", "float", "--key-padding-mask", "bool", "--need-weights",
+          "--no-average-weights", "--prefix", "encoder.layers.0.self_attn."],
+         ["--prefix", "encoder.layers.0.self_attn.", "--need-weights", "--no-average-weights"]),
+        ("bias_kv_zero_attn_3d_mask",
+         ["--embed-dim", "8", "--num-heads", "2", "--add-bias-kv", "--add-zero-attn",
+          "--attn-mask", "bool", "--attn-mask-3d", "--batch-first", "--need-weights"],
+         ["--add-zero-attn", "--batch-first", "--need-weights"]),
+        ("causal_float_kpm_merged",
+         ["--embed-dim", "16", "--num-heads", "2", "--key-padding-mask", "float", "--causal",
+          "--kv-seq", "6", "--seq", "4"],
+         ["--causal"]),
+        ("per_head_layout",
+         ["--embed-dim", "24", "--num-heads", "4", "--qkv-layout", "per-head", "--attn-mask",
+          "bool", "--need-weights"],
+         ["--qkv-layout", "per-head", "--need-weights"]),
+        ("unbatched_full_row_no_bias",
+         ["--embed-dim", "8", "--num-heads", "2", "--unbatched", "--attn-mask", "bool",
+          "--full-row", "--no-bias", "--need-weights"],
+         ["--need-weights"]),
+        ("full_row_with_bias_seq_first",
+         ["--embed-dim", "8", "--num-heads", "4", "--attn-mask", "float", "--full-row",
+          "--batch", "3"],
+         []),
+        ("threads_1", ["--embed-dim", "32", "--num-heads", "8", "--seq", "9"], ["--threads", "1"]),
+    ]
+
+    def torch_cases(self):
+        for label, export_args, flags in self.TORCH_CASES:
+            w, i, x, o = (self.path(f"{label}.{s}.safetensors") for s in ("w", "in", "want", "out"))
+            heads = export_args[export_args.index("--num-heads") + 1]
+            r = run([sys.executable, self.export_py, "--out", w, "--inputs", i, "--expected", x,
+                     "--seed", "3"] + export_args)
+            if r.returncode != 0:
+                fail(f"{label}: export_torch.py exited {r.returncode}: {r.stderr.strip()}")
+                continue
+            got = self.run_ok(label, ["--weights", w, "--inputs", i, "--num-heads", heads] + flags,
+                              o)
+            if got is None:
+                continue
+            want, _ = self.st.load_file(x)
+            weights, _ = self.st.load_file(w)
+            prefix = export_args[export_args.index("--prefix") + 1] if "--prefix" in export_args else ""
+            bias = weights.get(prefix + "out_proj.bias")
+            embed = int(export_args[export_args.index("--embed-dim") + 1])
+            self.compare(label, got, want, bias if bias is not None else np.zeros(embed, np.float32))
+            print(f"ok: torch {label}")
+
+    def whole_model_state_dict(self):
+        """export_torch.py --state-dict/--select on a model holding two attention layers."""
+        import torch
+        model = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16), 2)
+        sd = self.path("model.pt")
+        torch.save(model.state_dict(), sd)
+        w = self.path("model_layer1.safetensors")
+        r = run([sys.executable, self.export_py, "--state-dict", sd, "--select",
+                 "layers.1.self_attn.", "--out", w])
+        if r.returncode != 0:
+            fail(f"state_dict export exited {r.returncode}: {r.stderr.strip()}")
+            return
+        names, _ = self.st.load_file(w)
+        if not all(n.startswith("layers.1.self_attn.") for n in names) or len(names) != 4:
+            fail(f"state_dict export wrote {sorted(names)}")
+            return
+        attn = model.layers[1].self_attn.eval()
+        q = torch.rand(3, 2, 8)
+        i = self.path("model_in.safetensors")
+        self.st.save_file({"query": q}, i)
+        got = self.run_ok("whole_model", ["--weights", w, "--prefix", "layers.1.self_attn.",
+                                          "--num-heads", "2", "--inputs", i],
+                          self.path("model_out.safetensors"))
+        if got is not None:
+            want = attn(q, q, q, need_weights=False)[0].detach().numpy()
+            self.compare("whole_model", got, {"attn_output": want})
+            print("ok: whole-model state_dict export with --select")
+
+    # -- golden fixtures ------------------------------------------------------------------------
+
+    GOLDEN = ["e12_h4", "per_head_masks_causal", "full_row_kpm_bool", "kdim_vdim_unbatched",
+              "seed_cross_dims", "bias_kv_zero_attn_masks"]
+
+    def golden(self):
+        ran = 0
+        for name in self.GOLDEN:
+            path = os.path.join(self.golden_dir, name + ".safetensors")
+            if not os.path.exists(path):
+                continue
+            want, meta = self.st.load_file(path)
+            flags = ["--num-heads", meta["num_heads"]]
+            for key, flag in (("batch_first", "--batch-first"), ("need_weights", "--need-weights"),
+                              ("causal", "--causal"), ("add_zero_attn", "--add-zero-attn")):
+                if meta.get(key) == "1":
+                    flags.append(flag)
+            if meta.get("need_weights") == "1" and meta.get("average_attn_weights") == "0":
+                flags.append("--no-average-weights")
+            if meta.get("qkv_layout") == "per_head":
+                flags += ["--qkv-layout", "per-head"]
+            got = self.run_ok(f"golden {name}", ["--weights", path, "--inputs", path] + flags,
+                              self.path(f"golden_{name}.out.safetensors"))
+            if got is None:
+                continue
+            # The fixtures already hold mha's values in fully-masked rows (no NaN).
+            self.compare(f"golden {name}", got, want)
+            print(f"ok: golden {name}")
+            ran += 1
+        if ran == 0:
+            print(f"note: no golden fixtures under {self.golden_dir}")
+
+    # -- errors and the rest of the command line --------------------------------------------------
+
+    def expect_error(self, label, args, code=None, mention=None, out=None):
+        out = out or self.path(f"err_{label}.safetensors")
+        before = set(os.listdir(self.tmp))
+        r = run([self.mha_run] + args + ["--output", out])
+        lines = r.stderr.strip().splitlines()
+        if r.returncode == 0:
+            fail(f"error {label}: exit 0, expected a failure")
+        elif code is not None and r.returncode != code:
+            fail(f"error {label}: exit {r.returncode}, expected {code}")
+        if len(lines) != 1 or not lines[0].startswith("mha-run: error: "):
+            fail(f"error {label}: expected one 'mha-run: error: ' line on stderr, got {lines!r}")
+        elif mention is not None and mention not in lines[0]:
+            fail(f"error {label}: message {lines[0]!r} does not mention {mention!r}")
+        left = leftovers(self.tmp, before)
+        if left:
+            fail(f"error {label}: files left behind: {left}")
+        if r.stdout:
+            fail(f"error {label}: unexpected stdout {r.stdout!r}")
+        print(f"ok: error {label}: {lines[0] if lines else ''}")
+
+    def errors(self):
+        st = self.st
+        rng = np.random.default_rng(1)
+        E = 8
+        w = self.path("err_w.safetensors")
+        st.save_file({"in_proj_weight": rng.standard_normal((3 * E, E), dtype=np.float32),
+                      "in_proj_bias": rng.standard_normal(3 * E, dtype=np.float32),
+                      "out_proj.weight": rng.standard_normal((E, E), dtype=np.float32),
+                      "out_proj.bias": rng.standard_normal(E, dtype=np.float32)}, w)
+        good = self.path("err_in.safetensors")
+        st.save_file({"query": rng.standard_normal((3, 2, E), dtype=np.float32)}, good)
+        no_query = self.path("err_noquery.safetensors")
+        st.save_file({"key": rng.standard_normal((3, 2, E), dtype=np.float32)}, no_query)
+        bad_mask = self.path("err_badmask.safetensors")
+        st.save_file({"query": rng.standard_normal((3, 2, E), dtype=np.float32),
+                      "attn_mask": np.zeros((3, 4), dtype=np.bool_)}, bad_mask)
+        int_query = self.path("err_intquery.safetensors")
+        st.save_file({"query": np.zeros((3, 2, E), dtype=np.int64)}, int_query)
+        garbage = self.path("err_garbage.safetensors")
+        with open(garbage, "wb") as f:
+            f.write(b"\xff" * 20)
+        base = ["--weights", w, "--num-heads", "2", "--inputs", good]
+
+        self.expect_error("missing_weights_file",
+                          ["--weights", self.path("nope.safetensors"), "--num-heads", "2",
+                           "--inputs", good], 1, "nope.safetensors")
+        self.expect_error("num_heads_not_integer",
+                          ["--weights", w, "--num-heads", "two", "--inputs", good], 2,
+                          "--num-heads")
+        self.expect_error("num_heads_zero", ["--weights", w, "--num-heads", "0", "--inputs", good],
+                          2, "--num-heads")
+        self.expect_error("num_heads_not_divisor",
+                          ["--weights", w, "--num-heads", "3", "--inputs", good], 1, "num_heads")
+        self.expect_error("missing_query", ["--weights", w, "--num-heads", "2", "--inputs", no_query],
+                          1, "query")
+        self.expect_error("bad_mask_shape",
+                          ["--weights", w, "--num-heads", "2", "--inputs", bad_mask], 1, "attn_mask")
+        self.expect_error("int_query", ["--weights", w, "--num-heads", "2", "--inputs", int_query],
+                          1, "I64")
+        self.expect_error("garbage_inputs",
+                          ["--weights", w, "--num-heads", "2", "--inputs", garbage], 1, "err_garbage")
+        self.expect_error("wrong_prefix", base + ["--prefix", "model."], 1, "model.out_proj.weight")
+        self.expect_error("png_without_weights", base + ["--weights-png", self.path("x.png")], 2,
+                          "--need-weights")
+        self.expect_error("no_average_without_weights", base + ["--no-average-weights"], 2)
+        self.expect_error("unknown_flag", base + ["--frobnicate"], 2, "--frobnicate")
+        self.expect_error("missing_inputs_flag", ["--weights", w, "--num-heads", "2"], 2, "--inputs")
+        self.expect_error("bad_layout", base + ["--qkv-layout", "zigzag"], 2, "zigzag")
+        self.expect_error("bad_threads", base + ["--threads", "-1"], 2, "--threads")
+        self.expect_error("output_dir_missing", base, 1, "no/dir/o.safetensors",
+                          out=self.path("no/dir/o.safetensors"))
+
+        # A failed run leaves an existing output file as it was (atomic writer).
+        out = self.path("keep.safetensors")
+        with open(out, "wb") as f:
+            f.write(b"previous")
+        r = run([self.mha_run, "--weights", w, "--num-heads", "2", "--inputs", no_query,
+                 "--output", out])
+        with open(out, "rb") as f:
+            if r.returncode == 0 or f.read() != b"previous":
+                fail("a failed run modified an existing output file")
+        os.remove(out)
+
+        r = run([self.mha_run, "--version"])
+        if r.returncode != 0 or "mha-run " not in r.stdout or "SIMD target: " not in r.stdout \
+                or "BLAS arch: " not in r.stdout:
+            fail(f"--version: exit {r.returncode}, stdout {r.stdout!r}")
+        r = run([self.mha_run, "--help"])
+        if r.returncode != 0 or "--weights-png" not in r.stdout:
+            fail(f"--help: exit {r.returncode}")
+
+        # --weights-png: a valid PNG of the expected size (2 batch items x 2 heads of 3 x 3
+        # cells, 16-pixel cells, 4-pixel gaps).
+        png = self.path("heat.png")
+        got = self.run_ok("weights_png", base + ["--need-weights", "--no-average-weights",
+                                                 "--weights-png", png],
+                          self.path("heat.safetensors"))
+        if got is not None:
+            with open(png, "rb") as f:
+                head = f.read(24)
+            width, height = struct.unpack(">II", head[16:24])
+            if head[:8] != b"\x89PNG\r\n\x1a\n" or (width, height) != (2 * 48 + 12, 2 * 48 + 12):
+                fail(f"--weights-png: signature {head[:8]!r}, size {width}x{height}")
+            else:
+                print("ok: --weights-png")
+
+
+def main():
+    if len(sys.argv) != 4:
+        print(__doc__)
+        return 2
+    mha_run, export_py, golden_dir = sys.argv[1:]
+    with tempfile.TemporaryDirectory(prefix="mha_run_test_") as tmp:
+        c = Checker(os.path.abspath(mha_run), os.path.abspath(export_py), golden_dir, tmp)
+        c.errors()
+        c.golden()
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            torch = None
+        if torch is not None:
+            torch.set_num_threads(1)
+            c.torch_cases()
+            c.whole_model_state_dict()
+    if failures:
+        print(f"{len(failures)} failure(s)")
+        return 1
+    if torch is None:
+        print("SKIP: torch is not importable; error and golden checks passed")
+        return SKIP
+    print("all mha-run checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,589 @@
+// mha-run: one nn.MultiheadAttention forward pass (eval mode) from safetensors files.
+//
+//   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
+//           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
+//           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--threads N]
+//           [--weights-png FILE] [--version] [--help]
+//
+// Weights are read by state_dict name (runtime/weights.h); inputs by name: `query`, optional
+// `key` and `value`, `attn_mask`, `key_padding_mask`. Other tensors in either file are ignored,
+// so one file may hold weights, inputs and expected outputs (tests/data/golden/). The output
+// file holds `attn_output` and, with --need-weights, `attn_output_weights`.
+//
+// Errors: exit code 1 (run failed) or 2 (bad command line), one line on stderr, and no output
+// file left behind: the safetensors writer and the PNG writer both write a temporary file and
+// rename it into place only when everything succeeded.
+//
+// The command line is parsed by hand (as mha-bench's is) rather than with CLI11: the tool needs a
+// dozen flags, and a small parser keeps mha-run buildable wherever the library builds (no extra
+// package), with error lines and exit codes in the project's format.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "runtime/safetensors.h"
+#include "runtime/weights.h"
+
+#ifdef MHA_HAVE_PNG
+#include <png.h>
+
+#include <csetjmp>
+#endif
+
+namespace mha {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;  // a file could not be read or written, or the forward failed
+constexpr int kExitUsage = 2;    // bad command line
+
+const char kHelp[] =
+    "usage: mha-run --weights W.safetensors [--prefix P] --num-heads H\n"
+    "               --inputs I.safetensors --output O.safetensors [options]\n"
+    "\n"
+    "Runs one torch.nn.MultiheadAttention forward pass (eval mode) with mha.\n"
+    "\n"
+    "  --weights FILE        safetensors file with the module's state_dict tensors\n"
+    "                        (in_proj_weight or q/k/v_proj_weight, in_proj_bias,\n"
+    "                        out_proj.weight, out_proj.bias, bias_k, bias_v; F32/F16/BF16)\n"
+    "  --prefix P            name prefix of those tensors, e.g. 'encoder.layers.0.self_attn.'\n"
+    "  --num-heads H         number of heads (must divide embed_dim)\n"
+    "  --inputs FILE         safetensors file with 'query' and optional 'key', 'value'\n"
+    "                        (absent: self-attention; 'value' absent: value = key),\n"
+    "                        'attn_mask' [L, S] or [N*H, L, S] and 'key_padding_mask' [N, S]\n"
+    "                        (BOOL/U8: nonzero = masked; F32: added to the scores).\n"
+    "                        query [L, N, E] ([N, L, E] with --batch-first) or [L, E]\n"
+    "  --output FILE         safetensors file to write: 'attn_output' (the query's layout)\n"
+    "                        and, with --need-weights, 'attn_output_weights'\n"
+    "  --batch-first         batched inputs are [N, L, E] instead of [L, N, E]\n"
+    "  --need-weights        also write the attention weights [N, L, S'] (averaged)\n"
+    "  --no-average-weights  per-head weights [N, H, L, S'] (needs --need-weights)\n"
+    "  --causal              mask key j for query i when j > i (top-left aligned)\n"
+    "  --add-zero-attn       append a zero key/value position (the module's add_zero_attn)\n"
+    "  --qkv-layout L        row order of a packed in_proj_weight: 'pytorch' (q rows, k rows,\n"
+    "                        v rows; default) or 'per-head' (per head: q, k, v rows)\n"
+    "  --threads N           worker threads including the caller; 0 = all (default)\n"
+    "  --weights-png FILE    draw the attention weights as a PNG heatmap (needs\n"
+    "                        --need-weights): one panel per batch item and head (one per\n"
+    "                        batch item when averaged), each scaled to its own maximum\n"
+    "  --version             print the mha version, SIMD target and BLAS architecture\n"
+    "  --help                print this help\n"
+    "\n"
+    "A query row with no allowed key gets zero weights and contributes zero (PyTorch: NaN).\n"
+    "Exit codes: 0 success, 1 failure (files, shapes, forward), 2 bad command line.\n"
+    "Errors print one line on stderr and leave no output file.\n";
+
+struct RunOptions {
+  std::string weights, prefix, inputs, output, weights_png;
+  int64_t num_heads = 0;
+  bool batch_first = false;
+  bool need_weights = false;
+  bool average_weights = true;
+  bool causal = false;
+  bool add_zero_attn = false;
+  QkvLayout qkv_layout = QkvLayout::kPyTorch;
+  size_t threads = 0;
+};
+
+enum class Action { kRun, kHelp, kVersion };
+
+bool ParseInt(const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+// Parses argv; on error returns InvalidArgument naming the flag, the expected and actual value.
+Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
+  *action = Action::kRun;
+  bool have_heads = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool inline_value = false;
+    if (arg.rfind("--", 0) == 0) {
+      const size_t eq = arg.find('=');
+      if (eq != std::string::npos) {
+        value = arg.substr(eq + 1);
+        arg = arg.substr(0, eq);
+        inline_value = true;
+      }
+    }
+    auto take = [&](std::string* dst) -> Status {
+      if (!inline_value) {
+        if (i + 1 >= argc) return InvalidArgument(arg + ": expected a value, got end of arguments");
+        value = argv[++i];
+      }
+      if (value.empty()) return InvalidArgument(arg + ": expected a non-empty value");
+      *dst = value;
+      return Status::Ok();
+    };
+    auto flag = [&](bool* dst, bool v) -> Status {
+      if (inline_value) return InvalidArgument(arg + ": takes no value, got '" + value + "'");
+      *dst = v;
+      return Status::Ok();
+    };
+    Status s;
+    std::string text;
+    if (arg == "--help" || arg == "-h") {
+      *action = Action::kHelp;
+      return Status::Ok();
+    } else if (arg == "--version") {
+      *action = Action::kVersion;
+      return Status::Ok();
+    } else if (arg == "--weights") {
+      s = take(&o->weights);
+    } else if (arg == "--prefix") {
+      if (!inline_value) {
+        if (i + 1 >= argc) return InvalidArgument(arg + ": expected a value, got end of arguments");
+        value = argv[++i];
+      }
+      o->prefix = value;  // may be empty
+    } else if (arg == "--inputs") {
+      s = take(&o->inputs);
+    } else if (arg == "--output") {
+      s = take(&o->output);
+    } else if (arg == "--weights-png") {
+      s = take(&o->weights_png);
+    } else if (arg == "--num-heads") {
+      s = take(&text);
+      if (s.ok() && !ParseInt(text, 1, int64_t{1} << 24, &o->num_heads)) {
+        return InvalidArgument("--num-heads: expected an integer in 1..16777216, got '" + text +
+                               "'");
+      }
+      have_heads = true;
+    } else if (arg == "--threads") {
+      s = take(&text);
+      int64_t t = 0;
+      if (s.ok() && !ParseInt(text, 0, 1024, &t)) {
+        return InvalidArgument("--threads: expected an integer in 0..1024, got '" + text + "'");
+      }
+      o->threads = static_cast<size_t>(t);
+    } else if (arg == "--qkv-layout") {
+      s = take(&text);
+      if (s.ok()) {
+        if (text == "pytorch") {
+          o->qkv_layout = QkvLayout::kPyTorch;
+        } else if (text == "per-head" || text == "per_head") {
+          o->qkv_layout = QkvLayout::kPerHead;
+        } else {
+          return InvalidArgument("--qkv-layout: expected 'pytorch' or 'per-head', got '" + text +
+                                 "'");
+        }
+      }
+    } else if (arg == "--batch-first") {
+      s = flag(&o->batch_first, true);
+    } else if (arg == "--need-weights") {
+      s = flag(&o->need_weights, true);
+    } else if (arg == "--no-average-weights") {
+      s = flag(&o->average_weights, false);
+    } else if (arg == "--causal") {
+      s = flag(&o->causal, true);
+    } else if (arg == "--add-zero-attn") {
+      s = flag(&o->add_zero_attn, true);
+    } else {
+      return InvalidArgument("unknown argument '" + arg + "' (see --help)");
+    }
+    if (!s.ok()) return s;
+  }
+  const std::pair<const std::string*, const char*> required[] = {
+      {&o->weights, "--weights"}, {&o->inputs, "--inputs"}, {&o->output, "--output"}};
+  for (const auto& r : required) {
+    if (r.first->empty()) return InvalidArgument(std::string(r.second) + ": required, not given");
+  }
+  if (!have_heads) return InvalidArgument("--num-heads: required, not given");
+  if (!o->average_weights && !o->need_weights) {
+    return InvalidArgument("--no-average-weights: needs --need-weights");
+  }
+  if (!o->weights_png.empty() && !o->need_weights) {
+    return InvalidArgument("--weights-png: needs --need-weights (the heatmap draws the weights)");
+  }
+  if (!o->weights_png.empty() && o->weights_png == o->output) {
+    return InvalidArgument("--weights-png: expected a file other than --output, got '" +
+                           o->weights_png + "' for both");
+  }
+  return Status::Ok();
+}
+
+// A tensor read from the inputs file, owned, with a view over it.
+struct Loaded {
+  std::vector<float> f32;
+  std::vector<uint8_t> u8;
+  TensorView view;
+};
+
+std::string Where(const SafeTensorsFile& file, const std::string& name) {
+  return "inputs '" + file.path() + "', tensor '" + name + "': ";
+}
+
+// Reads tensor `name` (absent: view stays absent) as f32, or for masks also as bool/u8.
+Status LoadTensor(const SafeTensorsFile& file, const std::string& name, bool mask, Loaded* out) {
+  const TensorInfo* t = file.Find(name);
+  if (t == nullptr) return Status::Ok();
+  if (t->rank() < 1 || t->rank() > kMaxRank) {
+    return InvalidArgument(Where(file, name) + "expected 1 to 4 dimensions, got " +
+                           t->ShapeString());
+  }
+  const bool is_float = t->supported && (t->dtype == DType::kF32 || t->dtype == DType::kF16 ||
+                                         t->dtype == DType::kBF16);
+  const bool is_byte = t->supported && (t->dtype == DType::kBool || t->dtype == DType::kU8);
+  DType dtype = DType::kF32;
+  void* data = nullptr;
+  Status s;
+  if (is_float) {
+    s = file.GetF32(name, &out->f32);
+    data = out->f32.data();
+  } else if (mask && is_byte) {
+    s = file.GetBool(name, &out->u8);
+    dtype = t->dtype;
+    data = out->u8.data();
+  } else {
+    return InvalidArgument(Where(file, name) + "expected dtype " +
+                           (mask ? "BOOL, U8, F32, F16 or BF16" : "F32, F16 or BF16") + ", got " +
+                           t->dtype_name);
+  }
+  if (!s.ok()) return s;
+  // Empty tensors have no storage; any non-null address keeps them "present" so the operator
+  // reports the empty dimension with the expected shape.
+  static uint8_t empty_placeholder[8];
+  if (t->num_elements == 0) data = empty_placeholder;
+  return TensorView::Dense(data, dtype, t->rank(), t->shape.data(), &out->view, name.c_str(),
+                           /*allow_empty=*/true);
+}
+
+std::vector<int64_t> ShapeOf(const TensorView& v) {
+  return std::vector<int64_t>(v.shape, v.shape + v.rank);
+}
+
+#ifdef MHA_HAVE_PNG
+
+// Viridis, sampled at 9 evenly spaced points (matplotlib's colour map), linearly interpolated:
+// perceptually uniform and readable in grey scale.
+void Viridis(float t, uint8_t rgb[3]) {
+  static const uint8_t kStops[9][3] = {{68, 1, 84},    {71, 44, 122},  {59, 81, 139},
+                                       {44, 113, 142}, {33, 144, 141}, {39, 173, 129},
+                                       {92, 200, 99},  {170, 220, 50}, {253, 231, 37}};
+  if (!(t >= 0.0f)) t = 0.0f;  // also maps NaN to the low end
+  if (t > 1.0f) t = 1.0f;
+  const float x = t * 8.0f;
+  const int i = std::min(7, static_cast<int>(x));
+  const float f = x - static_cast<float>(i);
+  for (int c = 0; c < 3; ++c) {
+    rgb[c] =
+        static_cast<uint8_t>(std::lround(kStops[i][c] + f * (kStops[i + 1][c] - kStops[i][c])));
+  }
+}
+
+struct PngFile {
+  FILE* f = nullptr;
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  ~PngFile() {
+    if (png != nullptr) png_destroy_write_struct(&png, info ? &info : nullptr);
+    if (f != nullptr) std::fclose(f);
+  }
+};
+
+// Writes `rows` (height rows of width RGB pixels) to `path`. libpng reports errors by longjmp
+// back into this frame (so no destructor is skipped); `p`'s members are not modified after the
+// setjmp, so they hold their values when it returns a second time.
+Status WritePngRows(const std::string& path, uint32_t width, uint32_t height,
+                    const std::vector<png_bytep>& rows) {
+  PngFile p;
+  p.f = std::fopen(path.c_str(), "wb");
+  if (p.f == nullptr) {
+    return IoError("--weights-png: cannot create '" + path + "': " + std::strerror(errno));
+  }
+  p.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
+  if (p.png != nullptr) p.info = png_create_info_struct(p.png);
+  if (p.png == nullptr || p.info == nullptr)
+    return OutOfMemory("--weights-png: libpng init failed");
+  if (setjmp(png_jmpbuf(p.png))) {
+    return IoError("--weights-png: libpng failed writing '" + path + "'");
+  }
+  png_init_io(p.png, p.f);
+  png_set_IHDR(p.png, p.info, width, height, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_write_info(p.png, p.info);
+  png_write_image(p.png, const_cast<png_bytepp>(rows.data()));
+  png_write_end(p.png, nullptr);
+  if (std::fflush(p.f) != 0 || std::ferror(p.f)) {
+    return IoError("--weights-png: cannot write '" + path + "': " + std::strerror(errno));
+  }
+  const int rc = std::fclose(p.f);
+  p.f = nullptr;
+  if (rc != 0)
+    return IoError("--weights-png: cannot write '" + path + "': " + std::strerror(errno));
+  return Status::Ok();
+}
+
+#endif  // MHA_HAVE_PNG
+
+// Draws the weights [rows_of_panels, cols_of_panels, L, St] (batch items down, heads across) to
+// `tmp_path`. Each cell is `cell` pixels square; panels are separated by a 4-pixel grey gap.
+Status RenderHeatmap(const std::vector<float>& w, int64_t panel_rows, int64_t panel_cols, int64_t L,
+                     int64_t St, const std::string& tmp_path) {
+#ifdef MHA_HAVE_PNG
+  constexpr int64_t kGap = 4;
+  constexpr int64_t kMaxPixels = int64_t{1} << 26;  // 64 Mpixel: a 192 MiB RGB buffer at most
+  const int64_t cell = std::max<int64_t>(1, std::min<int64_t>(16, 256 / std::max(L, St)));
+  const int64_t width = panel_cols * St * cell + (panel_cols + 1) * kGap;
+  const int64_t height = panel_rows * L * cell + (panel_rows + 1) * kGap;
+  if (static_cast<double>(width) * static_cast<double>(height) > static_cast<double>(kMaxPixels)) {
+    return InvalidArgument("--weights-png: the heatmap would be " + std::to_string(width) + " x " +
+                           std::to_string(height) + " pixels, more than the limit of " +
+                           std::to_string(kMaxPixels) + "; use fewer heads, batch items or tokens");
+  }
+  std::vector<uint8_t> image(static_cast<size_t>(width * height * 3), 200);
+  for (int64_t pr = 0; pr < panel_rows; ++pr) {
+    for (int64_t pc = 0; pc < panel_cols; ++pc) {
+      const float* panel = w.data() + (pr * panel_cols + pc) * L * St;
+      float max = 0.0f;
+      for (int64_t i = 0; i < L * St; ++i) max = std::max(max, panel[i]);
+      const float inv = max > 0.0f ? 1.0f / max : 0.0f;
+      const int64_t x0 = kGap + pc * (St * cell + kGap);
+      const int64_t y0 = kGap + pr * (L * cell + kGap);
+      for (int64_t l = 0; l < L; ++l) {
+        for (int64_t s = 0; s < St; ++s) {
+          uint8_t rgb[3];
+          Viridis(panel[l * St + s] * inv, rgb);
+          for (int64_t dy = 0; dy < cell; ++dy) {
+            uint8_t* px = image.data() + ((y0 + l * cell + dy) * width + x0 + s * cell) * 3;
+            for (int64_t dx = 0; dx < cell; ++dx, px += 3) std::memcpy(px, rgb, 3);
+          }
+        }
+      }
+    }
+  }
+  std::vector<png_bytep> rows(static_cast<size_t>(height));
+  for (int64_t y = 0; y < height; ++y) rows[y] = image.data() + y * width * 3;
+  return WritePngRows(tmp_path, static_cast<uint32_t>(width), static_cast<uint32_t>(height), rows);
+#else
+  (void)w, (void)panel_rows, (void)panel_cols, (void)L, (void)St, (void)tmp_path;
+  return Unsupported("--weights-png: this mha-run was built without libpng (libpng-dev)");
+#endif
+}
+
+Status Run(const RunOptions& o) {
+  SafeTensorsFile weights_file;
+  Status s = SafeTensorsFile::Open(o.weights, &weights_file);
+  if (!s.ok()) return s;
+  MhaWeights mw;
+  s = LoadMhaWeights(weights_file, o.prefix, &mw);
+  if (!s.ok()) return s;
+
+  AttentionConfig config;
+  config.embed_dim = mw.embed_dim;
+  config.num_heads = o.num_heads;
+  config.q_dim = mw.q_dim;
+  config.kdim = mw.kdim;
+  config.vdim = mw.vdim;
+  config.bias = mw.bias;
+  config.add_bias_kv = mw.add_bias_kv;
+  config.add_zero_attn = o.add_zero_attn;
+  config.batch_first = o.batch_first;
+  AttentionWeights w;
+  std::vector<float> bias_qkv;  // separate projections: PyTorch's one [3E] in_proj_bias
+  w.qkv_layout = o.qkv_layout;
+  if (mw.packed_in_proj) {
+    w.in_proj_weight = mw.in_proj_weight.data();
+    if (mw.bias) w.in_proj_bias = mw.in_proj_bias.data();
+  } else {
+    w.q_proj_weight = mw.w_q.data();
+    w.k_proj_weight = mw.w_k.data();
+    w.v_proj_weight = mw.w_v.data();
+    if (mw.bias) {
+      bias_qkv = mw.b_q;
+      bias_qkv.insert(bias_qkv.end(), mw.b_k.begin(), mw.b_k.end());
+      bias_qkv.insert(bias_qkv.end(), mw.b_v.begin(), mw.b_v.end());
+      w.in_proj_bias = bias_qkv.data();
+    }
+  }
+  if (mw.add_bias_kv) {
+    w.bias_k = mw.bias_k.data();
+    w.bias_v = mw.bias_v.data();
+  }
+  w.out_proj_weight = mw.w_out.data();
+  if (mw.bias) w.out_proj_bias = mw.b_out.data();
+  std::unique_ptr<MultiheadAttention> layer;
+  // View: `mw` and `bias_qkv` outlive the layer.
+  s = MultiheadAttention::Create(config, w, WeightBinding::kView, &layer);
+  if (!s.ok()) {
+    return Status(s.code(), "weights '" + o.weights + "' with --num-heads " +
+                                std::to_string(o.num_heads) + ": " + s.message());
+  }
+
+  SafeTensorsFile inputs_file;
+  s = SafeTensorsFile::Open(o.inputs, &inputs_file);
+  if (!s.ok()) return s;
+  Loaded query, key, value, attn_mask, kpm;
+  s = LoadTensor(inputs_file, "query", false, &query);
+  if (s.ok()) s = LoadTensor(inputs_file, "key", false, &key);
+  if (s.ok()) s = LoadTensor(inputs_file, "value", false, &value);
+  if (s.ok()) s = LoadTensor(inputs_file, "attn_mask", true, &attn_mask);
+  if (s.ok()) s = LoadTensor(inputs_file, "key_padding_mask", true, &kpm);
+  if (!s.ok()) return s;
+  if (!query.view.present()) {
+    return InvalidArgument("inputs '" + o.inputs + "': missing tensor 'query'");
+  }
+  if (value.view.present() && !key.view.present()) {
+    return InvalidArgument("inputs '" + o.inputs + "': tensor 'value' given without 'key'");
+  }
+
+  AttentionInputs in;
+  in.query = query.view;
+  in.key = key.view;
+  in.value = value.view;
+  in.attn_mask = attn_mask.view;
+  in.key_padding_mask = kpm.view;
+  in.causal = o.causal;
+  in.need_weights = o.need_weights;
+  in.average_attn_weights = o.average_weights;
+
+  // Output shapes follow the query: the operator validates everything else.
+  const TensorView& q = in.query;
+  const bool batched = q.rank == 3;
+  if (q.rank != 2 && q.rank != 3) {
+    return InvalidArgument("inputs '" + o.inputs + "', tensor 'query': expected 3 dims " +
+                           (o.batch_first ? "[N, L, E]" : "[L, N, E]") +
+                           " or 2 dims [L, E] (unbatched), got " + q.ShapeString());
+  }
+  const TensorView& kv = in.key.present() ? in.key : in.query;
+  const int64_t N = batched ? q.shape[o.batch_first ? 0 : 1] : 1;
+  const int64_t L = batched ? q.shape[o.batch_first ? 1 : 0] : q.shape[0];
+  const int64_t S = kv.rank == 3 ? kv.shape[o.batch_first ? 1 : 0] : kv.shape[0];
+  const int64_t St = S + (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0);
+  std::vector<int64_t> out_shape = ShapeOf(q);
+  out_shape.back() = config.embed_dim;
+  std::vector<int64_t> w_shape;
+  if (batched) w_shape.push_back(N);
+  if (!o.average_weights) w_shape.push_back(o.num_heads);
+  w_shape.push_back(L);
+  w_shape.push_back(St);
+
+  AttentionOutputs out;
+  std::vector<float> output, attn_weights;
+  int64_t out_count = 1, w_count = 1;
+  for (int64_t d : out_shape) out_count *= std::max<int64_t>(d, 0);
+  for (int64_t d : w_shape) w_count *= std::max<int64_t>(d, 0);
+  // Plan first: it validates every shape before anything is allocated for the outputs.
+  {
+    AttentionOutputs shapes_only;
+    static float placeholder;
+    s = TensorView::Dense(&placeholder, DType::kF32, static_cast<int>(out_shape.size()),
+                          out_shape.data(), &shapes_only.output, "attn_output", true);
+    if (s.ok() && o.need_weights) {
+      s = TensorView::Dense(&placeholder, DType::kF32, static_cast<int>(w_shape.size()),
+                            w_shape.data(), &shapes_only.attn_weights, "attn_output_weights", true);
+    }
+    size_t bytes = 0;
+    if (s.ok()) s = layer->Plan(in, shapes_only, o.threads == 0 ? 1 : o.threads, &bytes);
+    if (!s.ok()) return Status(s.code(), "inputs '" + o.inputs + "': " + s.message());
+  }
+  output.resize(static_cast<size_t>(out_count));
+  s = TensorView::Dense(output.data(), DType::kF32, static_cast<int>(out_shape.size()),
+                        out_shape.data(), &out.output, "attn_output");
+  if (!s.ok()) return s;
+  if (o.need_weights) {
+    attn_weights.resize(static_cast<size_t>(w_count));
+    s = TensorView::Dense(attn_weights.data(), DType::kF32, static_cast<int>(w_shape.size()),
+                          w_shape.data(), &out.attn_weights, "attn_output_weights");
+    if (!s.ok()) return s;
+  }
+
+  ContextOptions copts;
+  copts.num_threads = o.threads;
+  std::unique_ptr<Context> ctx;
+  s = Context::Create(copts, &ctx);
+  if (!s.ok()) return s;
+  s = layer->Forward(*ctx, in, out);
+  if (!s.ok()) return s;
+
+  SafeTensorsWriter writer;
+  s = writer.Add("attn_output", DType::kF32, out_shape, output.data());
+  if (s.ok() && o.need_weights) {
+    s = writer.Add("attn_output_weights", DType::kF32, w_shape, attn_weights.data());
+  }
+  if (!s.ok()) return s;
+
+  // The PNG goes to a temporary file first; it is renamed only after the safetensors output is
+  // in place, and the safetensors output is removed if that rename fails, so a failure leaves
+  // neither file.
+  std::string png_tmp;
+  if (!o.weights_png.empty()) {
+    png_tmp = o.weights_png + ".tmp." + std::to_string(getpid());
+    const int64_t panel_cols = o.average_weights ? 1 : o.num_heads;
+    s = RenderHeatmap(attn_weights, N, panel_cols, L, St, png_tmp);
+    if (!s.ok()) {
+      std::remove(png_tmp.c_str());
+      return s;
+    }
+  }
+  s = writer.WriteFile(o.output);
+  if (!s.ok()) {
+    if (!png_tmp.empty()) std::remove(png_tmp.c_str());
+    return s;
+  }
+  if (!png_tmp.empty() && std::rename(png_tmp.c_str(), o.weights_png.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    std::remove(png_tmp.c_str());
+    std::remove(o.output.c_str());
+    return IoError("--weights-png: cannot rename '" + png_tmp + "' to '" + o.weights_png +
+                   "': " + err);
+  }
+  return Status::Ok();
+}
+
+int Main(int argc, char** argv) {
+  RunOptions options;
+  Action action = Action::kRun;
+  Status s = ParseArgs(argc, argv, &options, &action);
+  if (!s.ok()) {
+    std::fprintf(stderr, "mha-run: error: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  if (action == Action::kHelp) {
+    std::fputs(kHelp, stdout);
+    return kExitOk;
+  }
+  if (action == Action::kVersion) {
+    std::printf("mha-run %s\nSIMD target: %s\nBLAS arch: %s\n", Version(), SimdTarget(),
+                BlasArch());
+    return kExitOk;
+  }
+  try {
+    s = Run(options);
+  } catch (const std::bad_alloc&) {
+    s = OutOfMemory("out of memory");
+  }
+  if (!s.ok()) {
+    std::string message = s.ToString();
+    // One line, whatever a message holds.
+    for (char& c : message) {
+      if (c == '\n' || c == '\r') c = ' ';
+    }
+    std::fprintf(stderr, "mha-run: error: %s\n", message.c_str());
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace mha
+
+int main(int argc, char** argv) { return mha::Main(argc, argv); }
