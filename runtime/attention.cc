@@ -101,6 +101,7 @@ struct Workspace {
   size_t qkv = 0, q = 0, k = 0, v = 0, concat = 0;
   size_t attn_pad = 0, kpm_pad = 0;
   size_t scratch = 0, scratch_per_worker = 0;
+  size_t gemm_scratch = 0;  // bytes at the start of each worker's scratch
   size_t total = 0;
   bool fused = false;
   bool padded_masks = false;
@@ -639,8 +640,12 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   if (ws->online) qb = 64;
   ws->query_block = std::min(qb, L);
   const size_t cols = ws->online ? kKeyBlock : St;
-  // Per worker: scores [block, cols], and for the online path row max and sum [block].
-  ws->scratch_per_worker = Bytes(ws->query_block * cols) + (ws->online ? 2 * Bytes(ws->query_block) : 0);
+  // Per worker: the GEMM packing buffer, scores [block, cols], and for the online path row max
+  // and sum [block].
+  ws->gemm_scratch = kernels::GemmScratchBytes();
+  RoundUpToAlignment(ws->gemm_scratch, &ws->gemm_scratch);
+  ws->scratch_per_worker = ws->gemm_scratch + Bytes(ws->query_block * cols) +
+                           (ws->online ? 2 * Bytes(ws->query_block) : 0);
   ws->scratch = off;
   off += ws->scratch_per_worker * threads;
   ws->total = off;
@@ -705,7 +710,7 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
     k_buf = qkv + E;
     v_buf = qkv + E + kvE;
     GemmJob job = make_job(sh.q, w_packed, b_packed, E + 2 * kvE, qkv, ws.q_layout, ws.q_ld);
-    ParallelGemm(ctx.pool(), &job, 1, ctx.trace());
+    ParallelGemm(ctx.pool(), &job, 1, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
   } else {
     float* q_buf = reinterpret_cast<float*>(base + ws.q);
     k_buf = reinterpret_cast<float*>(base + ws.k);
@@ -715,7 +720,7 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
         make_job(sh.k, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld),
         make_job(sh.v, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld),
     };
-    ParallelGemm(ctx.pool(), jobs, 3, ctx.trace());
+    ParallelGemm(ctx.pool(), jobs, 3, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
   }
   // Appended key/value positions: bias_k / bias_v at S, zeros at S (or S + 1) for add_zero_attn.
   int64_t pos = sh.S;
@@ -872,19 +877,22 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   };
 
   // One (n, h, query block): full-row softmax, scores into `scores` (row stride ld).
+  auto gemm_scratch = [&](size_t worker) { return scratch_base + worker * ws.scratch_per_worker; };
+  auto worker_scratch = [&](size_t worker) { return gemm_scratch(worker) + ws.gemm_scratch; };
   auto full_rows = [&](int64_t n, int64_t h, int64_t q0, size_t rows, float* scores,
                        ptrdiff_t ld, size_t worker, int64_t blk) {
     const int64_t g = h / group;
+    void* gs = gemm_scratch(worker);
     const size_t kl = static_cast<size_t>(key_limit(q0, rows));
     const MatrixView s_view{scores, rows, kl, ld, 1};
     int64_t t0 = now();
-    kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, 0, kl), 0.0f, s_view);
+    kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, 0, kl), 0.0f, s_view, gs);
     record(t0, worker, Stage::kScores, n, h, blk);
     t0 = now();
     kernels::SoftmaxRows(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0));
     record(t0, worker, Stage::kSoftmax, n, h, blk);
     t0 = now();
-    kernels::Gemm(1.0f, s_view, v_view(n, g, 0, kl), 0.0f, out_view(n, h, q0, rows));
+    kernels::Gemm(1.0f, s_view, v_view(n, g, 0, kl), 0.0f, out_view(n, h, q0, rows), gs);
     record(t0, worker, Stage::kWeightedSum, n, h, blk);
     // Columns past the causal limit are exactly zero in the returned weights.
     if (kl < static_cast<size_t>(St)) {
@@ -900,7 +908,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       const int64_t n = task / q_blocks, blk = task % q_blocks;
       const int64_t q0 = blk * qb;
       const size_t rows = std::min<int64_t>(qb, L - q0);
-      float* scores = reinterpret_cast<float*>(scratch_base + worker * ws.scratch_per_worker);
+      float* scores = reinterpret_cast<float*>(worker_scratch(worker));
       float* wrow = sh.weights + n * sh.w_stride[0] + q0 * sh.w_stride[1];
       for (int64_t h = 0; h < H; ++h) {
         full_rows(n, h, q0, rows, scores, St, worker, blk);
@@ -926,7 +934,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     const int64_t n = task / (q_blocks * H);
     const int64_t q0 = blk * qb;
     const size_t rows = std::min<int64_t>(qb, L - q0);
-    uint8_t* scratch = scratch_base + worker * ws.scratch_per_worker;
+    uint8_t* scratch = worker_scratch(worker);
     if (sh.need_weights) {
       // Per-head weights: the scores block lives in the caller's weights tensor.
       float* w = sh.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
@@ -953,14 +961,15 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       const size_t kc = std::min<int64_t>(kKeyBlock, kend - k0);
       const MatrixView s_view{scores, rows, kc, static_cast<ptrdiff_t>(kKeyBlock), 1};
       int64_t t0 = now();
-      kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, k0, kc), 0.0f, s_view);
+      kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, k0, kc), 0.0f, s_view,
+                    gemm_scratch(worker));
       record(t0, worker, Stage::kScores, n, h, blk);
       t0 = now();
       kernels::OnlineSoftmaxUpdate(scores, rows, kc, kKeyBlock, scale, masks_for(n, h, q0, k0),
                                    row_max, row_sum, acc.data, hd, acc.row_stride);
       record(t0, worker, Stage::kSoftmax, n, h, blk);
       t0 = now();
-      kernels::Gemm(1.0f, s_view, v_view(n, g, k0, kc), 1.0f, acc);
+      kernels::Gemm(1.0f, s_view, v_view(n, g, k0, kc), 1.0f, acc, gemm_scratch(worker));
       record(t0, worker, Stage::kWeightedSum, n, h, blk);
     }
     kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
@@ -1011,7 +1020,7 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
     job.a_batch_stride = ws.concat_layout.batch;
     job.c_batch_stride = sh.out_layout.batch;
   }
-  ParallelGemm(ctx.pool(), &job, 1, ctx.trace());
+  ParallelGemm(ctx.pool(), &job, 1, b + ws.scratch, ws.scratch_per_worker, ctx.trace());
   return Status::Ok();
 }
 
@@ -1037,7 +1046,6 @@ Status CheckDense4(const TensorView& t, const char* name, int64_t a, int64_t b, 
 Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
                                        const ProjectionOutputs& outputs, size_t num_threads,
                                        size_t* workspace_bytes) const {
-  (void)num_threads;
   if (workspace_bytes == nullptr) return InvalidArgument("PlanProject: workspace_bytes is null");
   const Impl& m = *impl_;
   Shapes sh;
@@ -1053,7 +1061,10 @@ Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
   if (!s.ok()) return s;
   s = CheckDense4(outputs.v, "v", sh.N, m.KVH, sh.St, m.hd);
   if (!s.ok()) return s;
-  *workspace_bytes = 0;  // the GEMMs write straight into the caller's tensors
+  // The GEMMs write straight into the caller's tensors: only per-worker packing buffers.
+  size_t per_worker = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &per_worker);
+  *workspace_bytes = per_worker * std::max<size_t>(num_threads, 1);
   return Status::Ok();
 }
 
@@ -1062,6 +1073,13 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   size_t bytes = 0;
   Status s = PlanProject(inputs, outputs, ctx.num_threads(), &bytes);
   if (!s.ok()) return s;
+  s = ctx.Reserve(bytes);
+  if (!s.ok()) return s;
+  ctx.arena().Reset();
+  void* scratch = nullptr;
+  s = ctx.arena().Allocate(bytes, &scratch, "projection workspace");
+  if (!s.ok()) return s;
+  const size_t scratch_stride = bytes / ctx.num_threads();
   const Impl& m = *impl_;
   Shapes sh;
   AttentionInputs in = inputs;
@@ -1079,7 +1097,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   float* outs[3] = {outputs.q.As<float>(), outputs.k.As<float>(), outputs.v.As<float>()};
   const int64_t rows_out[3] = {sh.L, sh.St, sh.St};
   const uint64_t per_kind = static_cast<uint64_t>(N) * m.H;  // upper bound over kinds
-  ctx.pool().ParallelFor(3 * per_kind, [&](uint64_t task, size_t) {
+  ctx.pool().ParallelFor(3 * per_kind, [&](uint64_t task, size_t worker) {
     const int kind = static_cast<int>(task / per_kind);
     const int64_t n = (task % per_kind) / m.H;
     const int64_t h = (task % per_kind) % m.H;
@@ -1094,7 +1112,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
                        static_cast<ptrdiff_t>(x.features)};
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
                        static_cast<ptrdiff_t>(hd), 1};
-    kernels::Gemm(1.0f, a, b, 0.0f, c);
+    kernels::Gemm(1.0f, a, b, 0.0f, c, static_cast<uint8_t*>(scratch) + worker * scratch_stride);
     if (bs[kind] != nullptr) kernels::AddBiasRows(dst, x.tokens, hd, hd, bs[kind] + h * hd);
     if (kind > 0) {
       int64_t p = sh.S;

@@ -16,7 +16,8 @@ uint64_t NumPanelTasks(const GemmJob& job) {
   return job.batches * CeilDiv(job.c.rows, kPanelRows) * CeilDiv(job.c.cols, kPanelCols);
 }
 
-void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, TraceRecorder* trace) {
+void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
+                  size_t scratch_stride, TraceRecorder* trace) {
   // Prefix sums of task counts, on the stack: at most a handful of jobs (q, k, v).
   constexpr size_t kMaxJobs = 8;
   uint64_t first_task[kMaxJobs + 1] = {0};
@@ -46,7 +47,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, TraceR
     c.data += static_cast<ptrdiff_t>(batch) * job.c_batch_stride;
     const kernels::MatrixView c_blk = c.Block(r0, c0, nr, nc);
     kernels::Gemm(1.0f, a.Block(r0, 0, nr, a.cols), job.b.Block(0, c0, job.b.rows, nc), 0.0f,
-                  c_blk);
+                  c_blk, scratch + worker * scratch_stride);
     if (job.bias != nullptr) {
       kernels::AddBiasRows(c_blk.data, nr, nc, c_blk.row_stride, job.bias + c0);
     }

@@ -35,9 +35,11 @@ struct GemmJob {
   Stage stage = Stage::kQkvProjection;  // for the trace
 };
 
-// Runs every job (all panels of all jobs form one flat task range) on the pool.
-void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs,
-                  TraceRecorder* trace = nullptr);
+// Runs every job (all panels of all jobs form one flat task range) on the pool. `scratch` holds
+// one GEMM packing buffer per worker: worker w uses scratch + w * scratch_stride
+// (kernels::GemmScratchBytes() bytes each, 64-byte aligned).
+void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
+                  size_t scratch_stride, TraceRecorder* trace = nullptr);
 
 // Number of panel tasks ParallelGemm creates for one job.
 uint64_t NumPanelTasks(const GemmJob& job);
