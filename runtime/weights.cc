@@ -86,13 +86,19 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
                           "k_proj_weight', '" + p + "v_proj_weight')");
   }
   if (packed != nullptr) {
-    s = loader.CheckShape(packed, {3 * E, E}, "[3E, E] with E = " + std::to_string(E));
-    if (!s.ok()) return s;
+    // PyTorch's packed weight is [3E, E]; mha also accepts [3E, D] for inputs of D features
+    // (a fused Linear(D, 3E), as in the per-head QKV layout), so only the rows are fixed.
+    if (packed->rank() != 2 || packed->shape[0] != 3 * E || packed->shape[1] == 0) {
+      return FormatError(loader.where() + "tensor '" + packed->name + "': expected shape [" +
+                         std::to_string(3 * E) + ", D] (3E rows with E = " + std::to_string(E) +
+                         ", D > 0 input features), got " + ShapeToString(packed->shape));
+    }
     s = loader.Read(packed, &w.in_proj_weight);
     if (!s.ok()) return s;
     w.packed_in_proj = true;
-    w.q_dim = w.kdim = w.vdim = E;
-    const size_t block = static_cast<size_t>(E) * static_cast<size_t>(E);
+    const int64_t D = packed->shape[1];
+    w.q_dim = w.kdim = w.vdim = D;
+    const size_t block = static_cast<size_t>(E) * static_cast<size_t>(D);
     const float* src = w.in_proj_weight.data();
     w.w_q.assign(src, src + block);
     w.w_k.assign(src + block, src + 2 * block);

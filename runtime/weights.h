@@ -2,8 +2,9 @@
 //
 // Names (each preceded by `prefix`, which includes its trailing dot, e.g.
 // "encoder.layers.3.self_attn."; "" for a bare module):
-//   in_proj_weight   [3E, E]    packed q, k, v projections (PyTorch uses it when
-//                               kdim == vdim == embed_dim)
+//   in_proj_weight   [3E, D]    packed q, k, v projections (PyTorch uses it when
+//                               kdim == vdim == embed_dim, D = E; mha accepts any D, a
+//                               fused Linear(D, 3E), and then q_dim = kdim = vdim = D)
 //   q_proj_weight    [E, q_dim] separate projections (PyTorch uses them when kdim or vdim
 //   k_proj_weight    [E, kdim]  differ from embed_dim; PyTorch's q_dim is always E, mha accepts
 //   v_proj_weight    [E, vdim]  any q_dim)
@@ -20,7 +21,7 @@
 //   - every tensor is F32, F16 or BF16 (widened exactly to f32); other dtypes are Unsupported.
 // Tensors under other names (the rest of a model) are ignored.
 //
-// The packed [3E, E] matrix is split in PyTorch's order: rows [0, E) are q, [E, 2E) k,
+// The packed [3E, D] matrix is split in PyTorch's order: rows [0, E) are q, [E, 2E) k,
 // [2E, 3E) v. Other packings (e.g. per-head interleaved q/k/v rows) are a caller option of the
 // attention operator, not of the loader: the raw packed tensors are kept in in_proj_weight /
 // in_proj_bias so the operator can reinterpret them.

@@ -130,6 +130,26 @@ TEST(WeightsTest, PackedInProjWithBias) {
   EXPECT_TRUE(w.bias_v.empty());
 }
 
+// A fused Linear(D, 3E) with D != E (mha's extension): q_dim = kdim = vdim = D.
+TEST(WeightsTest, PackedInProjWithOtherInputDim) {
+  const int64_t E = 4, D = 6;
+  ModelBuilder m;
+  const auto in_w = m.Add("in_proj_weight", {3 * E, D});
+  m.Add("out_proj.weight", {E, E});
+  MhaWeights w;
+  Status s = Load(m.Build(), "", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(w.embed_dim, E);
+  EXPECT_EQ(w.q_dim, D);
+  EXPECT_EQ(w.kdim, D);
+  EXPECT_EQ(w.vdim, D);
+  EXPECT_FALSE(w.bias);
+  const size_t b = static_cast<size_t>(E * D);
+  EXPECT_EQ(w.w_q, Slice(in_w, 0, b));
+  EXPECT_EQ(w.w_k, Slice(in_w, b, b));
+  EXPECT_EQ(w.w_v, Slice(in_w, 2 * b, b));
+}
+
 TEST(WeightsTest, PackedWithoutBiasFromAFile) {
   const int64_t E = 4;
   ModelBuilder m;
@@ -287,17 +307,18 @@ TEST(WeightsTest, RejectsInconsistentWeights) {
        StatusCode::kFormatError, "missing tensor 'p.in_proj_weight' [3E, E] (or 'p.q_proj_weight'"},
       {"in_proj wrong shape",
        [](ModelBuilder& m) {
-         m.Add("p.in_proj_weight", {3 * E, E + 1});
+         m.Add("p.in_proj_weight", {3 * E + 1, E});
          m.Add("p.out_proj.weight", {E, E});
        },
        StatusCode::kFormatError,
-       "tensor 'p.in_proj_weight': expected shape [12, 4] [3E, E] with E = 4, got [12, 5]"},
+       "tensor 'p.in_proj_weight': expected shape [12, D] (3E rows with E = 4, D > 0 input "
+       "features), got [13, 4]"},
       {"in_proj rank 1",
        [](ModelBuilder& m) {
          m.Add("p.in_proj_weight", {3 * E * E});
          m.Add("p.out_proj.weight", {E, E});
        },
-       StatusCode::kFormatError, "expected shape [12, 4] [3E, E] with E = 4, got [48]"},
+       StatusCode::kFormatError, "expected shape [12, D] (3E rows with E = 4, D > 0 input features), got [48]"},
       {"both packed and separate",
        [](ModelBuilder& m) {
          m.Add("p.in_proj_weight", {3 * E, E});
