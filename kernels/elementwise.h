@@ -19,10 +19,15 @@ void Scale(float* y, size_t n, float s);
 // y[i] += x[i].
 void Accumulate(float* y, const float* x, size_t n);
 
-// Conversions for 16-bit storage. bf16 rounds to nearest even; NaN stays NaN.
+// Conversions for 16-bit storage; bit-exact and identical on every target (tested exhaustively
+// for the 16 -> 32 bit direction and at every rounding boundary for 32 -> 16 bit).
+// bf16: round to nearest even (the largest floats round to +-inf); NaN stays NaN (sign and top
+// payload bits kept, quiet bit 0x0040 set). BF16ToF32 is exact (a shift).
 void F32ToBF16(const float* x, uint16_t* y, size_t n);
 void BF16ToF32(const uint16_t* x, float* y, size_t n);
-// IEEE binary16, round to nearest even; overflow gives +-inf.
+// IEEE binary16, round to nearest even; |x| >= 65520 gives +-inf; f16 subnormals are produced
+// and read exactly (no flush to zero); NaN stays NaN with the quiet bit set and the top payload
+// bits kept (as the x86 F16C instructions). F16ToF32 is exact.
 void F16ToF32(const uint16_t* x, float* y, size_t n);
 void F32ToF16(const float* x, uint16_t* y, size_t n);
 

@@ -1,0 +1,240 @@
+// Google Benchmark of the single-threaded kernels at attention shapes:
+// - softmax rows (kernels/softmax.h) for row lengths 16..8192, plain, masked and online, on
+//   the best target and (one length) on every target this CPU supports;
+// - the 16-bit conversions (kernels/elementwise.h);
+// - GEMM (kernels/gemm.h) for the scores Q K^T, the weighted sum P V and an input projection.
+//
+// Units: items/s counts elements (softmax: scores; conversions: values); bytes/s counts one read
+// and one write of each element (the kernel's minimum traffic; softmax actually makes three
+// passes over a row, normally from L1/L2); FLOPS (printed as G/s) counts 2 m n k flops per GEMM.
+//
+//   build-kernels/bench/kernels_bench --benchmark_min_time=0.1
+#include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/softmax.h"
+#include "kernels/targets.h"
+
+namespace mha {
+namespace {
+
+using kernels::MatrixView;
+using kernels::SoftmaxMasks;
+
+std::vector<float> RandomFloats(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& f : v) f = dist(rng);
+  return v;
+}
+
+// Rows per softmax call: a query block of the attention operator.
+constexpr size_t kSoftmaxRows = 16;
+
+void SetSoftmaxCounters(benchmark::State& state, size_t rows, size_t cols) {
+  const int64_t elements = static_cast<int64_t>(state.iterations() * rows * cols);
+  state.SetItemsProcessed(elements);
+  state.SetBytesProcessed(elements * static_cast<int64_t>(2 * sizeof(float)));
+}
+
+// The scores are re-softmaxed in place every iteration: values stay in [0, 1], and the cost of a
+// row does not depend on the values (no early exit in the kernel).
+void BM_SoftmaxRows(benchmark::State& state) {
+  const size_t cols = static_cast<size_t>(state.range(0));
+  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 1);
+  for (auto _ : state) {
+    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+                         SoftmaxMasks());
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  SetSoftmaxCounters(state, kSoftmaxRows, cols);
+}
+BENCHMARK(BM_SoftmaxRows)->RangeMultiplier(2)->Range(16, 8192);
+
+// With an additive mask [rows, cols], a broadcast bool key-padding mask and causal (offset so
+// that about half of the block is visible on average).
+void BM_SoftmaxRowsMasked(benchmark::State& state) {
+  const size_t cols = static_cast<size_t>(state.range(0));
+  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 2);
+  const std::vector<float> add = RandomFloats(kSoftmaxRows * cols, -1.0f, 1.0f, 3);
+  std::vector<uint8_t> padding(cols, 0);
+  for (size_t j = cols - cols / 8; j < cols; ++j) padding[j] = 1;
+  SoftmaxMasks masks;
+  masks.add[0] = add.data();
+  masks.add_row_stride[0] = static_cast<ptrdiff_t>(cols);
+  masks.masked[0] = padding.data();
+  masks.masked_row_stride[0] = 0;
+  masks.causal = true;
+  masks.causal_offset = static_cast<int64_t>(cols / 2);
+  for (auto _ : state) {
+    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+                         masks);
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  SetSoftmaxCounters(state, kSoftmaxRows, cols);
+}
+BENCHMARK(BM_SoftmaxRowsMasked)->RangeMultiplier(4)->Range(64, 8192);
+
+// One online-softmax step over a key block: 64 query rows x `cols` keys, head_dim 64 acc.
+void BM_OnlineSoftmaxUpdate(benchmark::State& state) {
+  const size_t rows = 64, cols = static_cast<size_t>(state.range(0)), hd = 64;
+  std::vector<float> scores = RandomFloats(rows * cols, -4.0f, 4.0f, 4);
+  std::vector<float> acc = RandomFloats(rows * hd, -1.0f, 1.0f, 5);
+  std::vector<float> row_max(rows, 0.0f), row_sum(rows, 1.0f);
+  for (auto _ : state) {
+    kernels::OnlineSoftmaxUpdate(scores.data(), rows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+                                 SoftmaxMasks(), row_max.data(), row_sum.data(), acc.data(), hd,
+                                 static_cast<ptrdiff_t>(hd));
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  SetSoftmaxCounters(state, rows, cols);
+}
+BENCHMARK(BM_OnlineSoftmaxUpdate)->Arg(64)->Arg(256)->Arg(1024);
+
+// Softmax of 16 x 1024 on each target this CPU supports (argument = index into the list).
+void BM_SoftmaxRowsPerTarget(benchmark::State& state) {
+  kernels::ForceTarget(0);
+  const std::vector<int64_t> targets = kernels::SupportedTargets();
+  const size_t index = static_cast<size_t>(state.range(0));
+  if (index >= targets.size()) {
+    state.SkipWithError("this CPU supports fewer targets");
+    return;
+  }
+  kernels::ForceTarget(targets[index]);
+  state.SetLabel(kernels::TargetName(kernels::ActiveTarget()));
+  const size_t cols = 1024;
+  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 6);
+  for (auto _ : state) {
+    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+                         SoftmaxMasks());
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+  }
+  kernels::ForceTarget(0);
+  SetSoftmaxCounters(state, kSoftmaxRows, cols);
+}
+BENCHMARK(BM_SoftmaxRowsPerTarget)->DenseRange(0, 5);
+
+// 16-bit conversions of 4096 values (a 64 x 64 head tile).
+template <void (*Convert)(const float*, uint16_t*, size_t)>
+void BM_ConvertFromF32(benchmark::State& state) {
+  const size_t n = 4096;
+  const std::vector<float> x = RandomFloats(n, -100.0f, 100.0f, 7);
+  std::vector<uint16_t> y(n);
+  for (auto _ : state) {
+    Convert(x.data(), y.data(), n);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 6));
+}
+template <void (*Convert)(const uint16_t*, float*, size_t)>
+void BM_ConvertToF32(benchmark::State& state) {
+  const size_t n = 4096;
+  std::vector<uint16_t> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint16_t>(0x3000 + i);  // finite in both
+  std::vector<float> y(n);
+  for (auto _ : state) {
+    Convert(x.data(), y.data(), n);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 6));
+}
+BENCHMARK_TEMPLATE(BM_ConvertFromF32, kernels::F32ToBF16)->Name("BM_F32ToBF16");
+BENCHMARK_TEMPLATE(BM_ConvertFromF32, kernels::F32ToF16)->Name("BM_F32ToF16");
+BENCHMARK_TEMPLATE(BM_ConvertToF32, kernels::BF16ToF32)->Name("BM_BF16ToF32");
+BENCHMARK_TEMPLATE(BM_ConvertToF32, kernels::F16ToF32)->Name("BM_F16ToF32");
+
+// --- GEMM ---------------------------------------------------------------------------------
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// Gemm's packing scratch, allocated once per benchmark (outside the timed loop).
+std::unique_ptr<void, FreeDeleter> GemmScratch() {
+  const size_t a = kernels::kGemmScratchAlignment;
+  const size_t bytes = (kernels::GemmScratchBytes() + a - 1) / a * a;
+  return std::unique_ptr<void, FreeDeleter>(std::aligned_alloc(a, bytes));
+}
+
+MatrixView RowMajor(std::vector<float>& v, size_t rows, size_t cols) {
+  return MatrixView{v.data(), rows, cols, static_cast<ptrdiff_t>(cols), 1};
+}
+
+void RunGemm(benchmark::State& state, const MatrixView& a, const MatrixView& b,
+             const MatrixView& c) {
+  kernels::GemmInit();
+  const auto scratch = GemmScratch();
+  if (!scratch) {
+    state.SkipWithError("cannot allocate GEMM scratch");
+    return;
+  }
+  for (auto _ : state) {
+    kernels::Gemm(1.0f, a, b, 0.0f, c, scratch.get());
+    benchmark::DoNotOptimize(c.data);
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(a.rows) * static_cast<double>(b.cols) *
+                       static_cast<double>(a.cols);
+  // Printed as FLOPS=<n>G/s (rate over CPU time, base 1000).
+  state.counters["FLOPS"] = benchmark::Counter(
+      flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.SetLabel(kernels::GemmArchName());
+}
+
+constexpr size_t kHeadDim = 64;
+
+// Scores of one head: Q [L, 64] x K^T, with K stored [S, 64] row-major (a transposed view, as in
+// the operator). L = S = range(0).
+void BM_GemmScores(benchmark::State& state) {
+  const size_t len = static_cast<size_t>(state.range(0));
+  std::vector<float> q = RandomFloats(len * kHeadDim, -1.0f, 1.0f, 8);
+  std::vector<float> k = RandomFloats(len * kHeadDim, -1.0f, 1.0f, 9);
+  std::vector<float> s(len * len);
+  RunGemm(state, RowMajor(q, len, kHeadDim), RowMajor(k, len, kHeadDim).Transposed(),
+          RowMajor(s, len, len));
+}
+BENCHMARK(BM_GemmScores)->RangeMultiplier(2)->Range(128, 1024);
+
+// Weighted sum of one head: P [L, S] x V [S, 64]. L = S = range(0).
+void BM_GemmPV(benchmark::State& state) {
+  const size_t len = static_cast<size_t>(state.range(0));
+  std::vector<float> p = RandomFloats(len * len, 0.0f, 1.0f, 10);
+  std::vector<float> v = RandomFloats(len * kHeadDim, -1.0f, 1.0f, 11);
+  std::vector<float> o(len * kHeadDim);
+  RunGemm(state, RowMajor(p, len, len), RowMajor(v, len, kHeadDim), RowMajor(o, len, kHeadDim));
+}
+BENCHMARK(BM_GemmPV)->RangeMultiplier(2)->Range(128, 1024);
+
+// Packed input projection: X [512 tokens, E = 512] x W^T [512, 3 E = 1536] (W stored
+// [1536, 512] as nn.Linear, read through a transposed view).
+void BM_GemmProjection(benchmark::State& state) {
+  const size_t tokens = 512, e = 512, out = 1536;
+  std::vector<float> x = RandomFloats(tokens * e, -1.0f, 1.0f, 12);
+  std::vector<float> w = RandomFloats(out * e, -0.05f, 0.05f, 13);
+  std::vector<float> y(tokens * out);
+  RunGemm(state, RowMajor(x, tokens, e), RowMajor(w, out, e).Transposed(),
+          RowMajor(y, tokens, out));
+}
+BENCHMARK(BM_GemmProjection);
+
+}  // namespace
+}  // namespace mha
+
+BENCHMARK_MAIN();
