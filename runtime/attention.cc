@@ -27,6 +27,7 @@
 #include "kernels/softmax.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
+#include "runtime/attention_impl.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
@@ -117,25 +118,7 @@ bool IsBoolMask(DType t) { return t == DType::kBool || t == DType::kU8; }
 
 }  // namespace
 
-struct MultiheadAttention::Impl {
-  AttentionConfig config;
-  int64_t E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
-  float scale = 1.0f;
-  // Weights in nn.Linear layout, either the caller's or `owned`.
-  std::vector<float> owned;
-  const float* w_packed = nullptr;  // [E + 2 kvE, qd], PyTorch row order (q, k, v) or null
-  const float* b_packed = nullptr;  // [E + 2 kvE] or null
-  const float* w_q = nullptr;       // [E, qd]
-  const float* w_k = nullptr;       // [kvE, kd]
-  const float* w_v = nullptr;       // [kvE, vd]
-  const float* b_q = nullptr;
-  const float* b_k = nullptr;
-  const float* b_v = nullptr;
-  const float* bias_k = nullptr;  // [kvE]
-  const float* bias_v = nullptr;
-  const float* w_o = nullptr;  // [E, E]
-  const float* b_o = nullptr;  // [E]
-
+struct MultiheadAttention::Impl : LayerWeights {
   int64_t Extra() const { return (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0); }
 
   Status Validate(const AttentionInputs& in, const AttentionOutputs* out, Shapes* sh) const;
@@ -152,6 +135,7 @@ struct MultiheadAttention::Impl {
 MultiheadAttention::MultiheadAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MultiheadAttention::~MultiheadAttention() = default;
 const AttentionConfig& MultiheadAttention::config() const { return impl_->config; }
+const LayerWeights& LayerWeightsOf(const MultiheadAttention& layer) { return layer.impl(); }
 int64_t MultiheadAttention::head_dim() const { return impl_->hd; }
 
 // ---------------------------------------------------------------------------------------------

@@ -179,7 +179,9 @@ class MHA_API MultiheadAttention {
   Status Project(Context& context, const AttentionInputs& inputs,
                  const ProjectionOutputs& outputs) const;
 
+  // Internal (runtime/attention_impl.h): the resolved configuration and bound weights.
   struct Impl;
+  const Impl& impl() const { return *impl_; }
 
  private:
   explicit MultiheadAttention(std::unique_ptr<Impl> impl);

@@ -1,0 +1,42 @@
+// The resolved configuration and bound weights of a MultiheadAttention layer, shared by the
+// operator (attention.cc) and other runtime code that runs the same layer differently (the
+// KV-cache decoder). Internal: not installed.
+#ifndef MHA_RUNTIME_ATTENTION_IMPL_H_
+#define MHA_RUNTIME_ATTENTION_IMPL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "mha/mha.hpp"
+
+namespace mha {
+
+// Dimensions: E = embed_dim, H heads, KVH key/value heads, hd = E / H, kvE = KVH * hd; qd, kd,
+// vd the input features of query, key, value (resolved: never 0).
+struct LayerWeights {
+  AttentionConfig config;
+  int64_t E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
+  float scale = 1.0f;  // resolved score scale
+  // Weights in nn.Linear layout ([out, in], row-major f32): the caller's arrays (kView) or
+  // `owned` (kCopy, and always for the per-head packed layout, reordered to q, k, v rows).
+  std::vector<float> owned;
+  const float* w_packed = nullptr;  // [E + 2 kvE, qd], rows q, k, v; null when not packed
+  const float* b_packed = nullptr;  // [E + 2 kvE] or null
+  const float* w_q = nullptr;       // [E, qd]
+  const float* w_k = nullptr;       // [kvE, kd]
+  const float* w_v = nullptr;       // [kvE, vd]
+  const float* b_q = nullptr;       // [E] or null
+  const float* b_k = nullptr;       // [kvE] or null
+  const float* b_v = nullptr;       // [kvE] or null
+  const float* bias_k = nullptr;    // [kvE] when add_bias_kv
+  const float* bias_v = nullptr;
+  const float* w_o = nullptr;  // [E, E]
+  const float* b_o = nullptr;  // [E] or null
+};
+
+// The layer's resolved weights (defined in attention.cc, where Impl is complete).
+const LayerWeights& LayerWeightsOf(const MultiheadAttention& layer);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_ATTENTION_IMPL_H_
