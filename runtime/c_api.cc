@@ -88,7 +88,7 @@ Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* 
     *out = TensorView();
     return Status::Ok();
   }
-  const int dtype = static_cast<int>(t->dtype);
+  const int32_t dtype = t->dtype;
   if (dtype < static_cast<int>(MHA_DTYPE_F32) || dtype > static_cast<int>(MHA_DTYPE_U8)) {
     return InvalidArgument(std::string(name) + ".dtype: expected MHA_DTYPE_F32..MHA_DTYPE_U8 (0..4), got " +
                            std::to_string(dtype));
@@ -193,8 +193,7 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   return Status::Ok();
 }
 
-Status CheckLayout(mha_qkv_layout layout, const char* name) {
-  const int v = static_cast<int>(layout);
+Status CheckLayout(int32_t v, const char* name) {
   if (v != MHA_QKV_LAYOUT_PYTORCH && v != MHA_QKV_LAYOUT_PER_HEAD) {
     return InvalidArgument(std::string(name) + ": expected MHA_QKV_LAYOUT_PYTORCH (0) or "
                            "MHA_QKV_LAYOUT_PER_HEAD (1), got " + std::to_string(v));
@@ -215,10 +214,9 @@ const char* mha_version(void) { return mha::Version(); }
 const char* mha_simd_target(void) { return mha::SimdTarget(); }
 const char* mha_blas_arch(void) { return mha::BlasArch(); }
 
-const char* mha_status_name(mha_status status) {
-  const int v = static_cast<int>(status);
-  if (v < MHA_STATUS_OK || v > MHA_STATUS_INTERNAL) return "Unknown";
-  return mha::StatusCodeName(static_cast<mha::StatusCode>(v));
+const char* mha_status_name(int32_t status) {
+  if (status < MHA_STATUS_OK || status > MHA_STATUS_INTERNAL) return "Unknown";
+  return mha::StatusCodeName(static_cast<mha::StatusCode>(status));
 }
 
 const char* mha_last_error_message(void) { return mha::last_error.c_str(); }
@@ -273,7 +271,7 @@ mha_status mha_layer_config_init(mha_layer_config* config) {
 }
 
 mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weights* weights,
-                            mha_weight_binding binding, mha_layer** out) {
+                            int32_t binding, mha_layer** out) {
   return Guard("mha_layer_create", [&]() -> Status {
     if (config == nullptr) return NullArg("config");
     if (weights == nullptr) return NullArg("weights");
@@ -283,7 +281,7 @@ mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weig
     if (!s.ok()) return s;
     s = mha::CheckLayout(weights->qkv_layout, "weights->qkv_layout");
     if (!s.ok()) return s;
-    const int b = static_cast<int>(binding);
+    const int32_t b = binding;
     if (b != MHA_WEIGHTS_VIEW && b != MHA_WEIGHTS_COPY) {
       return mha::InvalidArgument("binding: expected MHA_WEIGHTS_VIEW (0) or MHA_WEIGHTS_COPY (1), got " +
                                   std::to_string(b));

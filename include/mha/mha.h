@@ -81,13 +81,17 @@ typedef enum mha_dtype {
 
 #define MHA_MAX_RANK 4
 
+/* Enumerated values travel in int32_t fields and parameters (not the enum types): a C caller may
+ * store any integer there, and mha rejects out-of-range values with INVALID_ARGUMENT, which C++
+ * could not do safely for an out-of-range value of an enum type. */
+
 /* A description of caller memory: `rank` (1..4) dimensions, outermost first; shape and strides
  * in elements (not bytes). All strides zero means dense row-major. Otherwise strides must be
  * >= 0, and the last dimension of every tensor must be contiguous (stride 1). data == NULL means
  * "absent" for optional tensors. Zero-initialize and fill in data, dtype, rank and shape. */
 typedef struct mha_tensor {
   void* data;
-  mha_dtype dtype;
+  int32_t dtype; /* an mha_dtype */
   int32_t rank;
   int64_t shape[MHA_MAX_RANK];
   int64_t strides[MHA_MAX_RANK];
@@ -101,8 +105,8 @@ MHA_API const char* mha_version(void);
 MHA_API const char* mha_simd_target(void);
 /* The BLIS architecture configuration in use, e.g. "haswell", "skx", "zen3". */
 MHA_API const char* mha_blas_arch(void);
-/* "OK", "InvalidArgument", ...; "Unknown" for values outside mha_status. */
-MHA_API const char* mha_status_name(mha_status status);
+/* "OK", "InvalidArgument", ... for an mha_status value; "Unknown" for any other value. */
+MHA_API const char* mha_status_name(int32_t status);
 /* The calling thread's message for its most recent mha_* call: "" after a success, otherwise
  * one line naming the function, the argument, the expected and the actual value. Never NULL. */
 MHA_API const char* mha_last_error_message(void);
@@ -169,7 +173,7 @@ typedef struct mha_layer_config {
 typedef struct mha_layer_weights {
   const float* in_proj_weight;  /* [E + 2 kvE, q_dim], rows ordered by qkv_layout */
   const float* in_proj_bias;    /* [E + 2 kvE] (bias), also with separate weights (q, k, v) */
-  mha_qkv_layout qkv_layout;
+  int32_t qkv_layout;           /* an mha_qkv_layout */
   const float* q_proj_weight;   /* [E, q_dim] */
   const float* k_proj_weight;   /* [kvE, kdim] */
   const float* v_proj_weight;   /* [kvE, vdim] */
@@ -186,7 +190,7 @@ typedef struct mha_load_options {
   int32_t add_zero_attn;      /* nn.MultiheadAttention's add_zero_attn (not in a state_dict) */
   int32_t batch_first;        /* layout of batched inputs */
   float scale;                /* 0 = 1 / sqrt(head_dim) */
-  mha_qkv_layout qkv_layout;  /* row order of a packed in_proj_weight in the file */
+  int32_t qkv_layout;         /* an mha_qkv_layout: row order of a packed in_proj_weight */
 } mha_load_options;
 
 /* Sets *config to PyTorch's defaults: bias = 1, all other fields 0 (embed_dim and num_heads
@@ -196,7 +200,8 @@ MHA_API mha_status mha_layer_config_init(mha_layer_config* config);
 /* Validates the configuration and weights (every error names the field) and creates a layer. */
 MHA_API mha_status mha_layer_create(const mha_layer_config* config,
                                     const mha_layer_weights* weights,
-                                    mha_weight_binding binding, mha_layer** out);
+                                    int32_t binding /* an mha_weight_binding */,
+                                    mha_layer** out);
 
 /* Loads nn.MultiheadAttention state_dict tensors named `prefix` + {in_proj_weight,
  * in_proj_bias, q/k/v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v} from a
