@@ -260,7 +260,7 @@ MHA_API mha_status mha_layer_forward(const mha_layer* layer, mha_context* contex
 
 /* Validates the same arguments as mha_layer_forward without running it, and returns the arena
  * bytes a forward needs on `num_threads` threads (for sizing a caller-provided arena). output
- * and attn_weights are only checked for shape: their data is not touched. */
+ * and attn_weights are only checked for shape: their data is never touched and may be NULL. */
 MHA_API mha_status mha_layer_plan(const mha_layer* layer, const mha_attention_inputs* inputs,
                                   const mha_tensor* output, const mha_tensor* attn_weights,
                                   uint32_t flags, size_t num_threads, size_t* workspace_bytes);
