@@ -1,0 +1,140 @@
+// mha C++ API: incremental (autoregressive) decoding with a key/value cache.
+//
+// A KvCache holds the projected keys and values of one attention layer for a batch of
+// sequences, so that each new token costs one projection of that token plus one pass over the
+// cached positions instead of a forward over the whole prefix.
+//
+//   KvCacheOptions o = KvCacheOptions::ForLayer(*layer, /*batch=*/4, /*capacity=*/4096,
+//                                              DType::kBF16);
+//   std::unique_ptr<KvCache> cache;
+//   KvCache::Create(o, &cache);
+//   cache->Step(ctx, *layer, prompt, out);    // prefill: prompt [N, T, E], out [N, T, E]
+//   cache->Step(ctx, *layer, token, out1);    // decode:  token [N, 1, E], out1 [N, 1, E]
+//
+// Layout (owned or caller memory, allocated once at creation, never resized): K then V, each
+// [batch, num_kv_heads, capacity, head_dim] elements of the storage dtype, dense row-major:
+// element (n, g, p, d) of K at index ((n * num_kv_heads + g) * capacity + p) * head_dim + d, V
+// right after the batch * num_kv_heads * capacity * head_dim elements of K. Each head's
+// positions are contiguous rows, which is what a decode step streams.
+//
+// Storage dtype: f32, bf16 or f16, chosen at creation. 16-bit values are rounded to nearest
+// even from the f32 projections; every computation is f32. Error of a 16-bit cache: each stored
+// element has relative error <= 2^-9 (bf16) or 2^-11 (f16, inside its normal range
+// [6.1e-5, 65504]; larger magnitudes become inf). For layers with O(1) activations the outputs
+// differ from an f32 cache by about 1e-2 (bf16) and 1e-3 (f16) relative to the output scale;
+// tests/kv_cache_test.cc checks 2e-2 and 4e-3 against the full causal forward.
+//
+// Positions and causality: entry n of the batch has its own length len_n (ragged batches).
+// Inputs carry T tokens per entry; `counts` (optional, [batch]) says how many of them entry n
+// really uses (the rest are padding: never stored, their output rows are set to 0). Append
+// stores entry n's tokens at positions len_n .. len_n + count_n - 1. Forward attends query
+// token i < count_n of entry n, which sits at position len_n - count_n + i, to cached positions
+// 0 .. len_n - count_n + i (causal: itself included, later ones not); it needs
+// count_n <= len_n, i.e. the query tokens' keys are in the cache. Step = Append, then Forward,
+// on the same input (self-attention): prefill is Step with T prompt tokens, decode is Step with
+// T = 1. The result equals MultiheadAttention::Forward with causal = true over the whole
+// sequence (the same layer, up to f32 rounding, for an f32 cache).
+//
+// Tensors: f32, batch-first [N, T, features] regardless of the layer's batch_first, each with
+// a contiguous last dimension (other strides free). key [N, T, kdim], value [N, T, vdim],
+// query [N, T, q_dim], output [N, T, E].
+//
+// Layers: grouped-query (num_kv_heads < num_heads) and multi-query (num_kv_heads = 1) layers
+// cache num_kv_heads heads only. Layers with add_bias_kv or add_zero_attn are rejected
+// (Unsupported): their extra key positions belong at the end of every sequence, which a cache
+// that grows in place cannot express; masks and attention weights are not offered either.
+//
+// Memory and threads: every temporary comes from the context's arena (the plan grows an owned
+// arena once; afterwards Append, Forward and Step perform no heap allocation). Work runs on the
+// context's pool; results are bitwise identical for any thread count. A cache is not
+// thread-safe: one thread at a time may call its methods. A layer may serve several caches.
+//
+// Errors: every call validates all of its arguments first and returns a Status naming the
+// argument, the expected and the actual value; on error neither the cache nor any output is
+// modified.
+#ifndef MHA_KV_CACHE_HPP_
+#define MHA_KV_CACHE_HPP_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "mha/types.hpp"
+
+namespace mha {
+
+struct KvCacheOptions {
+  int64_t batch = 1;          // N: sequences (batch entries)
+  int64_t capacity = 0;       // positions per entry (max sequence length)
+  int64_t num_kv_heads = 0;   // the layer's key/value heads
+  int64_t head_dim = 0;       // the layer's head_dim
+  DType dtype = DType::kF32;  // storage: kF32, kBF16 or kF16
+  // Caller-provided storage (not owned; must outlive the cache), at least RequiredBytes(), any
+  // alignment (64 bytes recommended). Null: the cache allocates and owns its storage (zeroed).
+  void* buffer = nullptr;
+  size_t buffer_bytes = 0;
+
+  // Options matching `layer`'s num_kv_heads and head_dim.
+  static KvCacheOptions ForLayer(const MultiheadAttention& layer, int64_t batch, int64_t capacity,
+                                 DType dtype = DType::kF32);
+};
+
+class MHA_API KvCache {
+ public:
+  // Bytes of storage a cache with these options needs (K and V).
+  static Status RequiredBytes(const KvCacheOptions& options, size_t* bytes);
+  static Status Create(const KvCacheOptions& options, std::unique_ptr<KvCache>* out);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t num_kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  DType dtype() const { return dtype_; }
+  // Current length (cached positions) of entry n, 0 <= n < batch (unchecked).
+  int64_t length(int64_t n) const { return lengths_[static_cast<size_t>(n)]; }
+  // Storage of K (V follows at keys() + batch * num_kv_heads * capacity * head_dim elements),
+  // in the layout of the file comment.
+  const void* keys() const { return k_; }
+  const void* values() const { return v_; }
+
+  // Empties every entry (lengths 0); the storage is kept.
+  void Reset();
+  // Shortens entry n to `length` positions (0 <= length <= length(n)); later appends overwrite
+  // the dropped positions.
+  Status Truncate(int64_t n, int64_t length);
+
+  // Projects key [N, T, kdim] and value [N, T, vdim] with the layer's k/v weights and biases
+  // and stores count_n of them per entry (counts null: T each). Fails with InvalidArgument if an
+  // entry would exceed the capacity (naming the entry, its length, the count and the capacity).
+  Status Append(Context& ctx, const MultiheadAttention& layer, const TensorView& key,
+                const TensorView& value, const int64_t* counts = nullptr);
+  // Attends query [N, T, q_dim] over the cache (see the file comment for positions), then the
+  // output projection into output [N, T, E]. Rows i >= count_n of entry n are set to 0.
+  Status Forward(Context& ctx, const MultiheadAttention& layer, const TensorView& query,
+                 const TensorView& output, const int64_t* counts = nullptr);
+  // Self-attention step: Append(x, x), then Forward(x). x [N, T, E] (q_dim == kdim == vdim).
+  Status Step(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
+              const TensorView& output, const int64_t* counts = nullptr);
+
+ private:
+  KvCache() = default;
+  Status Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
+                 const TensorView* key, const TensorView* value, const TensorView* output,
+                 const int64_t* counts, const char* op);
+
+  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  DType dtype_ = DType::kF32;
+  void* k_ = nullptr;
+  void* v_ = nullptr;
+  std::unique_ptr<uint8_t[]> owned_;
+  std::vector<int64_t> lengths_;  // [batch], sized at creation
+};
+
+}  // namespace mha
+
+#endif  // MHA_KV_CACHE_HPP_

@@ -1,0 +1,226 @@
+// Per-target decode kernels; the contract is in kernels/decode.h. Included once per Highway
+// target by kernels/decode.cc (foreach_target).
+//
+// 16-bit rows are widened with elementwise-inl.h's exact converters (bf16: a shift; f16: F16C on
+// x86 AVX2 and above, an exact integer/float algorithm elsewhere), so a row costs one 16-bit
+// load plus a promote per vector: half the memory traffic of f32 for the same arithmetic.
+// Highway 1.0.3's ReorderWidenMulAccumulate would multiply bf16 by bf16 (the query would have
+// to be rounded to bf16 too) and offers no f16 form, so it is not used.
+
+// Toggle guard: compiled once per target by foreach_target.
+#if defined(MHA_KERNELS_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_KERNELS_DECODE_INL_H_
+#undef MHA_KERNELS_DECODE_INL_H_
+#else
+#define MHA_KERNELS_DECODE_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "hwy/highway.h"
+#include "kernels/elementwise-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha {
+namespace kernels {
+namespace HWY_NAMESPACE {
+namespace decode_detail {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Row readers: Load widens Lanes(df) elements at p to f32; Scalar widens one (for the
+// hd % lanes tail). All conversions are exact.
+struct F32Row {
+  using T = float;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return hn::LoadU(df, p);
+  }
+  static HWY_INLINE float Scalar(T x) { return x; }
+};
+
+struct BF16Row {
+  using T = uint16_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return elementwise_detail::BF16BitsToF32(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), p));
+  }
+  static HWY_INLINE float Scalar(T x) {
+    const uint32_t bits = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+};
+
+struct F16Row {
+  using T = uint16_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return elementwise_detail::F16BitsToF32(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), p));
+  }
+  static HWY_INLINE float Scalar(T x) {
+    const uint32_t sign = static_cast<uint32_t>(x & 0x8000u) << 16;
+    const uint32_t exp = (x >> 10) & 0x1Fu;
+    const uint32_t mantissa = x & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0) {
+      // Zero or subnormal: mantissa * 2^-24, exact in f32.
+      const float mag = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+      std::memcpy(&bits, &mag, sizeof(bits));
+      bits |= sign;
+    } else if (exp == 31) {
+      bits = sign | 0x7F800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u);
+    } else {
+      bits = sign | ((exp + 112) << 23) | (mantissa << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+};
+
+// Sum of the lanes of `acc`, then the scalar tail q[hv..hd) . k[hv..hd).
+template <class Row, class DF>
+HWY_INLINE float FinishDot(DF df, hn::Vec<DF> acc, const float* HWY_RESTRICT q,
+                           const typename Row::T* HWY_RESTRICT k, size_t hv, size_t hd) {
+  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (size_t d = hv; d < hd; ++d) sum += q[d] * Row::Scalar(k[d]);
+  return sum;
+}
+
+template <class Row>
+HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
+                       const typename Row::T* HWY_RESTRICT keys, ptrdiff_t key_stride, size_t n,
+                       size_t hd, float* HWY_RESTRICT scores, ptrdiff_t score_stride) {
+  using T = typename Row::T;
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const size_t hv = hd / N * N;
+  size_t j = 0;
+  // Four keys at a time: four independent FMA chains per query row, each key row read from
+  // memory once and from L1 for the other rows.
+  for (; j + 4 <= n; j += 4) {
+    const T* k0 = keys + static_cast<ptrdiff_t>(j) * key_stride;
+    const T* k1 = k0 + key_stride;
+    const T* k2 = k1 + key_stride;
+    const T* k3 = k2 + key_stride;
+    for (size_t r = 0; r < rows; ++r) {
+      const float* qr = q + static_cast<ptrdiff_t>(r) * q_stride;
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (size_t d = 0; d < hv; d += N) {
+        const auto vq = hn::LoadU(df, qr + d);
+        a0 = hn::MulAdd(vq, Row::Load(df, k0 + d), a0);
+        a1 = hn::MulAdd(vq, Row::Load(df, k1 + d), a1);
+        a2 = hn::MulAdd(vq, Row::Load(df, k2 + d), a2);
+        a3 = hn::MulAdd(vq, Row::Load(df, k3 + d), a3);
+      }
+      float* sr = scores + static_cast<ptrdiff_t>(r) * score_stride + j;
+      sr[0] = FinishDot<Row>(df, a0, qr, k0, hv, hd);
+      sr[1] = FinishDot<Row>(df, a1, qr, k1, hv, hd);
+      sr[2] = FinishDot<Row>(df, a2, qr, k2, hv, hd);
+      sr[3] = FinishDot<Row>(df, a3, qr, k3, hv, hd);
+    }
+  }
+  // Remaining keys: the same operations per key as above.
+  for (; j < n; ++j) {
+    const T* k0 = keys + static_cast<ptrdiff_t>(j) * key_stride;
+    for (size_t r = 0; r < rows; ++r) {
+      const float* qr = q + static_cast<ptrdiff_t>(r) * q_stride;
+      auto a0 = hn::Zero(df);
+      for (size_t d = 0; d < hv; d += N)
+        a0 = hn::MulAdd(hn::LoadU(df, qr + d), Row::Load(df, k0 + d), a0);
+      scores[static_cast<ptrdiff_t>(r) * score_stride + j] = FinishDot<Row>(df, a0, qr, k0, hv, hd);
+    }
+  }
+}
+
+template <class Row>
+HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff_t p_stride,
+                               const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
+                               size_t n, size_t hd, float* HWY_RESTRICT acc, ptrdiff_t acc_stride) {
+  using T = typename Row::T;
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* pr = p + static_cast<ptrdiff_t>(r) * p_stride;
+    float* ar = acc + static_cast<ptrdiff_t>(r) * acc_stride;
+    size_t d = 0;
+    // Four vectors of the output row stay in registers over all n value rows.
+    for (; d + 4 * N <= hd; d += 4 * N) {
+      auto a0 = hn::LoadU(df, ar + d), a1 = hn::LoadU(df, ar + d + N);
+      auto a2 = hn::LoadU(df, ar + d + 2 * N), a3 = hn::LoadU(df, ar + d + 3 * N);
+      const T* v = values + d;
+      for (size_t j = 0; j < n; ++j, v += value_stride) {
+        const auto pj = hn::Set(df, pr[j]);
+        a0 = hn::MulAdd(pj, Row::Load(df, v), a0);
+        a1 = hn::MulAdd(pj, Row::Load(df, v + N), a1);
+        a2 = hn::MulAdd(pj, Row::Load(df, v + 2 * N), a2);
+        a3 = hn::MulAdd(pj, Row::Load(df, v + 3 * N), a3);
+      }
+      hn::StoreU(a0, df, ar + d);
+      hn::StoreU(a1, df, ar + d + N);
+      hn::StoreU(a2, df, ar + d + 2 * N);
+      hn::StoreU(a3, df, ar + d + 3 * N);
+    }
+    for (; d + N <= hd; d += N) {
+      auto a0 = hn::LoadU(df, ar + d);
+      const T* v = values + d;
+      for (size_t j = 0; j < n; ++j, v += value_stride) {
+        a0 = hn::MulAdd(hn::Set(df, pr[j]), Row::Load(df, v), a0);
+      }
+      hn::StoreU(a0, df, ar + d);
+    }
+    for (; d < hd; ++d) {
+      float a = ar[d];
+      const T* v = values + d;
+      for (size_t j = 0; j < n; ++j, v += value_stride) a += pr[j] * Row::Scalar(*v);
+      ar[d] = a;
+    }
+  }
+}
+
+}  // namespace decode_detail
+
+// See kernels/decode.h. `type`: 0 f32, 1 bf16, 2 f16 (kernels::CacheType).
+inline void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
+                           int type, ptrdiff_t key_stride, size_t n, size_t hd, float* scores,
+                           ptrdiff_t score_stride) {
+  namespace dd = decode_detail;
+  if (type == 0) {
+    dd::Scores<dd::F32Row>(q, rows, q_stride, static_cast<const float*>(keys), key_stride, n, hd,
+                           scores, score_stride);
+  } else if (type == 1) {
+    dd::Scores<dd::BF16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride, n,
+                            hd, scores, score_stride);
+  } else {
+    dd::Scores<dd::F16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride, n, hd,
+                           scores, score_stride);
+  }
+}
+
+inline void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride,
+                                     const void* values, int type, ptrdiff_t value_stride, size_t n,
+                                     size_t hd, float* acc, ptrdiff_t acc_stride) {
+  namespace dd = decode_detail;
+  if (type == 0) {
+    dd::WeightedValues<dd::F32Row>(p, rows, p_stride, static_cast<const float*>(values),
+                                   value_stride, n, hd, acc, acc_stride);
+  } else if (type == 1) {
+    dd::WeightedValues<dd::BF16Row>(p, rows, p_stride, static_cast<const uint16_t*>(values),
+                                    value_stride, n, hd, acc, acc_stride);
+  } else {
+    dd::WeightedValues<dd::F16Row>(p, rows, p_stride, static_cast<const uint16_t*>(values),
+                                   value_stride, n, hd, acc, acc_stride);
+  }
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace mha
+HWY_AFTER_NAMESPACE();
+
+#endif  // MHA_KERNELS_DECODE_INL_H_

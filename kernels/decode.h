@@ -1,0 +1,50 @@
+// Decode kernels: the two products of attention over a key/value cache whose rows are stored as
+// f32, bf16 or f16, read directly (each 16-bit element is widened exactly to f32 in registers;
+// all arithmetic is f32). Plain declarations; per-target code in decode-inl.h, dispatch in
+// decode.cc.
+//
+// Why not the BLIS GEMM: decoding one token multiplies a few query rows (the query heads that
+// share a key/value head, times the new tokens) by long K and V blocks, so it is bound by
+// memory bandwidth, not arithmetic; reading 16-bit rows halves the bytes, and GEMM would need
+// them converted to f32 first.
+//
+// Layout: `rows` query/probability rows (row r at q + r * q_stride, elements) against `n`
+// cache rows of `hd` elements (row j at cache + j * cache_stride elements of `type`). Pointers
+// need no alignment.
+//
+// Numerics: each output element is computed by the same sequence of operations wherever it sits
+// in the block (any rows, any n), so results do not depend on how a caller splits rows or keys;
+// they may differ between SIMD targets (lane count changes the summation order).
+// - QueryKeyScores: lane-wise multiply-adds (fused where the target has FMA) over hd in
+//   increasing order, then a sum over lanes, then the hd % lanes remaining products added in
+//   order. Error against the exact dot product of the f32 values:
+//   <= 2 * (hd + 4) * 2^-24 * sum_d |q_d k_d|.
+// - AccumulateWeightedValues: acc[d] + sum_j p_j v_jd by multiply-adds in increasing j.
+//   Error <= 2 * (n + 1) * 2^-24 * (|acc_d| + sum_j |p_j v_jd|).
+// Tested on every target against a double reference in tests/decode_test.cc.
+#ifndef MHA_KERNELS_DECODE_H_
+#define MHA_KERNELS_DECODE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mha {
+namespace kernels {
+
+// Storage type of cache rows. Values match mha::DType's kF32, kBF16 and kF16.
+enum class CacheType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// scores[r * score_stride + j] = sum_{d < hd} q[r * q_stride + d] * key_j[d], r < rows, j < n.
+void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
+                    CacheType type, ptrdiff_t key_stride, size_t n, size_t hd, float* scores,
+                    ptrdiff_t score_stride);
+
+// acc[r * acc_stride + d] += sum_{j < n} p[r * p_stride + j] * value_j[d], r < rows, d < hd.
+void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, const void* values,
+                              CacheType type, ptrdiff_t value_stride, size_t n, size_t hd,
+                              float* acc, ptrdiff_t acc_stride);
+
+}  // namespace kernels
+}  // namespace mha
+
+#endif  // MHA_KERNELS_DECODE_H_

@@ -1,0 +1,552 @@
+// KvCache: incremental decoding over a key/value cache (contract in include/mha/kv_cache.hpp).
+//
+// Data flow of Execute (Append, Forward and Step share it; E = embed_dim, hd = head_dim,
+// kvE = kv_heads * hd, G = heads / kv_heads query heads per key/value head, T tokens per entry):
+//   1. Projections (ParallelGemm, bias fused): Q [N*T, E], new K and V [N*T, kvE], f32, in the
+//      arena, token-major (row n * T + t).
+//   2. Store: tasks over (entry, kv head) convert the new K/V rows into the cache's storage type
+//      at positions len_n .. len_n + count_n - 1.
+//   3. Attention over the cache, one of two schedules chosen from the shapes only:
+//      - split (T <= kSplitMaxTokens, decoding): tasks over (entry, kv head, chunk of kChunk
+//        positions). Each computes, for its G * T query rows, the partial online-softmax state
+//        of its chunk (row max, row sum, unnormalized P*V) into its own slot of the workspace;
+//        then tasks over (entry, head) merge the chunks in increasing order (flash-decoding).
+//        One token gives only N * kv_heads (entry, head) pairs, often fewer than threads; the
+//        chunks supply the parallelism.
+//      - blocked (prefill): tasks over (entry, head, block of kQueryBlock query rows), the
+//        online-softmax recurrence over the chunks in order, accumulating in place.
+//      Both read the cache directly with the decode kernels (kernels/decode.h) and apply the
+//      causal limit through the softmax kernels' causal_offset.
+//   4. Output projection (ParallelGemm) into the caller's output; padding rows set to 0.
+// Every partition depends on shapes and lengths only, never on the thread count, and each
+// output element is reduced in a fixed order, so results are bitwise identical for any number
+// of threads.
+#include "mha/kv_cache.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "kernels/decode.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/softmax.h"
+#include "runtime/arena.h"
+#include "runtime/attention_impl.h"
+#include "runtime/parallel_gemm.h"
+#include "runtime/thread_pool.h"
+
+namespace mha {
+
+using kernels::MatrixView;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Cache positions per chunk: a chunk of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
+// bf16 at hd = 64) stays in L2 between the scores and the weighted sum, and contexts of 512
+// positions and up give several chunks per head to spread over the threads.
+constexpr int64_t kChunk = 256;
+// Up to this many query tokens per entry use the split schedule; its workspace grows with
+// tokens x chunks, so longer inputs (prefill) use the blocked schedule.
+constexpr int64_t kSplitMaxTokens = 4;
+// Query rows per task of the blocked schedule.
+constexpr int64_t kQueryBlock = 64;
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+size_t FloatBytes(size_t floats) {
+  size_t r = 0;
+  RoundUpToAlignment(floats * sizeof(float), &r);
+  return r;
+}
+
+// A validated [N, T, F] f32 input or output: element (n, t, f) at
+// data[n * batch_stride + t * token_stride + f].
+struct Seq {
+  float* data = nullptr;
+  int64_t tokens = 0;
+  ptrdiff_t batch_stride = 0;
+  ptrdiff_t token_stride = 0;
+};
+
+Status CheckSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
+                int64_t tokens, int64_t features, Seq* seq) {
+  const bool ok = t.present() && t.rank == 3 && t.dtype == DType::kF32 && t.shape[0] == batch &&
+                  t.shape[1] >= 1 && t.shape[1] <= (int64_t{1} << 31) &&
+                  (tokens <= 0 || t.shape[1] == tokens) && t.shape[2] == features &&
+                  (t.strides[2] == 1 || features == 1);
+  if (!ok) {
+    // Messages are built on the error path only: a successful call allocates nothing.
+    std::string got = t.present() ? t.ShapeString() : std::string("absent");
+    if (t.present() && t.rank == 3 && t.strides[2] != 1)
+      got += " with last stride " + Str(t.strides[2]);
+    return InvalidArgument(std::string(op) + name + ": expected [" + Str(batch) + ", " +
+                           (tokens > 0 ? Str(tokens) : std::string("T")) + ", " + Str(features) +
+                           "] f32 (batch-first, contiguous last dimension), got " + got);
+  }
+  seq->data = t.As<float>();
+  seq->tokens = t.shape[1];
+  seq->batch_stride = static_cast<ptrdiff_t>(t.strides[0]);
+  seq->token_stride = static_cast<ptrdiff_t>(t.strides[1]);
+  return Status::Ok();
+}
+
+// x [N, T, in] times W^T [in, out] + bias into dense dst [N*T, out]: one product over all
+// N * T rows when the tokens are evenly spaced, else one per entry.
+GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const float* w, const float* bias,
+                      int64_t out, float* dst, Stage stage) {
+  GemmJob job;
+  job.b = {const_cast<float*>(w), static_cast<size_t>(in), static_cast<size_t>(out), 1,
+           static_cast<ptrdiff_t>(in)};
+  job.bias = bias;
+  job.stage = stage;
+  const size_t T = static_cast<size_t>(x.tokens);
+  const ptrdiff_t ld = static_cast<ptrdiff_t>(out);
+  if (T == 1 || x.batch_stride == static_cast<ptrdiff_t>(T) * x.token_stride) {
+    const ptrdiff_t row = T == 1 ? x.batch_stride : x.token_stride;
+    job.a = {x.data, N * T, static_cast<size_t>(in), row, 1};
+    job.c = {dst, N * T, static_cast<size_t>(out), ld, 1};
+  } else {
+    job.a = {x.data, T, static_cast<size_t>(in), x.token_stride, 1};
+    job.c = {dst, T, static_cast<size_t>(out), ld, 1};
+    job.batches = static_cast<size_t>(N);
+    job.a_batch_stride = x.batch_stride;
+    job.c_batch_stride = static_cast<ptrdiff_t>(T) * ld;
+  }
+  return job;
+}
+
+}  // namespace
+
+KvCacheOptions KvCacheOptions::ForLayer(const MultiheadAttention& layer, int64_t batch,
+                                        int64_t capacity, DType dtype) {
+  KvCacheOptions o;
+  o.batch = batch;
+  o.capacity = capacity;
+  o.num_kv_heads =
+      layer.config().num_kv_heads == 0 ? layer.config().num_heads : layer.config().num_kv_heads;
+  o.head_dim = layer.head_dim();
+  o.dtype = dtype;
+  return o;
+}
+
+Status KvCache::RequiredBytes(const KvCacheOptions& o, size_t* bytes) {
+  const char* op = "KvCache: ";
+  if (bytes == nullptr) return InvalidArgument(std::string(op) + "bytes is null");
+  const struct {
+    const char* name;
+    int64_t v;
+  } dims[] = {{"batch", o.batch},
+              {"capacity", o.capacity},
+              {"num_kv_heads", o.num_kv_heads},
+              {"head_dim", o.head_dim}};
+  for (const auto& d : dims) {
+    if (d.v <= 0) {
+      return InvalidArgument(std::string(op) + d.name + ": expected > 0, got " + Str(d.v));
+    }
+  }
+  if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16) {
+    return InvalidArgument(std::string(op) + "dtype: expected f32, bf16 or f16, got " +
+                           DTypeName(o.dtype));
+  }
+  // K and V: 2 * batch * kv_heads * capacity * head_dim elements, kept below 2^62 bytes.
+  const double total = 2.0 * static_cast<double>(o.batch) * static_cast<double>(o.num_kv_heads) *
+                       static_cast<double>(o.capacity) * static_cast<double>(o.head_dim) *
+                       static_cast<double>(DTypeSize(o.dtype));
+  if (total > 4.0e18) {
+    return InvalidArgument(std::string(op) +
+                           "size: batch * num_kv_heads * capacity * head_dim "
+                           "overflows 64-bit byte counts (" +
+                           std::to_string(total) + " bytes)");
+  }
+  *bytes = 2 * static_cast<size_t>(o.batch) * static_cast<size_t>(o.num_kv_heads) *
+           static_cast<size_t>(o.capacity) * static_cast<size_t>(o.head_dim) * DTypeSize(o.dtype);
+  return Status::Ok();
+}
+
+Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
+  if (out == nullptr) return InvalidArgument("KvCache::Create: out is null");
+  size_t bytes = 0;
+  Status s = RequiredBytes(o, &bytes);
+  if (!s.ok()) return s;
+  if (o.buffer != nullptr && o.buffer_bytes < bytes) {
+    return InvalidArgument("KvCache::Create: buffer_bytes: expected >= " + std::to_string(bytes) +
+                           " (K and V), got " + std::to_string(o.buffer_bytes));
+  }
+  std::unique_ptr<KvCache> c(new KvCache());
+  c->batch_ = o.batch;
+  c->capacity_ = o.capacity;
+  c->kv_heads_ = o.num_kv_heads;
+  c->head_dim_ = o.head_dim;
+  c->dtype_ = o.dtype;
+  uint8_t* base = static_cast<uint8_t*>(o.buffer);
+  if (base == nullptr) {
+    c->owned_.reset(new (std::nothrow) uint8_t[bytes]());
+    if (!c->owned_) {
+      return OutOfMemory("KvCache::Create: cannot allocate " + std::to_string(bytes) +
+                         " bytes of K/V storage");
+    }
+    base = c->owned_.get();
+  }
+  c->k_ = base;
+  c->v_ = base + bytes / 2;
+  c->lengths_.assign(static_cast<size_t>(o.batch), 0);
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+KvCache::~KvCache() = default;
+
+void KvCache::Reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+
+Status KvCache::Truncate(int64_t n, int64_t length) {
+  if (n < 0 || n >= batch_) {
+    return InvalidArgument("KvCache::Truncate: n: expected a batch entry in [0, " + Str(batch_) +
+                           "), got " + Str(n));
+  }
+  const int64_t cur = lengths_[static_cast<size_t>(n)];
+  if (length < 0 || length > cur) {
+    return InvalidArgument("KvCache::Truncate: length: expected 0.." + Str(cur) +
+                           " (the current length of batch entry " + Str(n) + "), got " +
+                           Str(length));
+  }
+  lengths_[static_cast<size_t>(n)] = length;
+  return Status::Ok();
+}
+
+Status KvCache::Append(Context& ctx, const MultiheadAttention& layer, const TensorView& key,
+                       const TensorView& value, const int64_t* counts) {
+  return Execute(ctx, layer, nullptr, &key, &value, nullptr, counts, "KvCache::Append: ");
+}
+
+Status KvCache::Forward(Context& ctx, const MultiheadAttention& layer, const TensorView& query,
+                        const TensorView& output, const int64_t* counts) {
+  return Execute(ctx, layer, &query, nullptr, nullptr, &output, counts, "KvCache::Forward: ");
+}
+
+Status KvCache::Step(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
+                     const TensorView& output, const int64_t* counts) {
+  return Execute(ctx, layer, &x, &x, &x, &output, counts, "KvCache::Step: ");
+}
+
+Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
+                        const TensorView* key, const TensorView* value, const TensorView* output,
+                        const int64_t* counts, const char* op) {
+  const LayerWeights& m = LayerWeightsOf(layer);
+  // ---- Validation: everything before anything is written.
+  if (m.config.add_bias_kv || m.config.add_zero_attn) {
+    return Unsupported(std::string(op) +
+                       "layer: add_bias_kv / add_zero_attn append key positions at the end "
+                       "of every sequence, which a KV cache cannot express; got add_bias_kv " +
+                       (m.config.add_bias_kv ? "true" : "false") + ", add_zero_attn " +
+                       (m.config.add_zero_attn ? "true" : "false"));
+  }
+  if (m.KVH != kv_heads_ || m.hd != head_dim_) {
+    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads_) +
+                           " and head_dim " + Str(head_dim_) + " (the cache's), got " + Str(m.KVH) +
+                           " and " + Str(m.hd));
+  }
+  const bool append = key != nullptr;
+  const bool forward = query != nullptr;
+  const int64_t N = batch_;
+  Seq q, k, v, out;
+  int64_t T = 0;
+  Status s;
+  if (forward) {
+    s = CheckSeq(*query, op, append ? "x" : "query", N, 0, m.qd, &q);
+    if (!s.ok()) return s;
+    T = q.tokens;
+  }
+  if (append) {
+    if (forward && (m.kd != m.qd || m.vd != m.qd)) {
+      return InvalidArgument(std::string(op) +
+                             "layer: Step (self-attention) needs q_dim == kdim == vdim, got " +
+                             Str(m.qd) + ", " + Str(m.kd) + ", " + Str(m.vd));
+    }
+    s = CheckSeq(*key, op, forward ? "x" : "key", N, T, m.kd, &k);
+    if (!s.ok()) return s;
+    T = k.tokens;
+    s = CheckSeq(*value, op, forward ? "x" : "value", N, T, m.vd, &v);
+    if (!s.ok()) return s;
+  }
+  if (forward) {
+    s = CheckSeq(*output, op, "output", N, T, m.E, &out);
+    if (!s.ok()) return s;
+  }
+  // Lengths after the append, and the first query position of each entry.
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t c = counts != nullptr ? counts[n] : T;
+    const int64_t len = lengths_[static_cast<size_t>(n)];
+    if (c < 0 || c > T) {
+      return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
+                             " (tokens per entry), got " + Str(c));
+    }
+    if (append && len + c > capacity_) {
+      return InvalidArgument(std::string(op) + "capacity exceeded: batch entry " + Str(n) +
+                             " has length " + Str(len) + ", appending " + Str(c) +
+                             " tokens needs " + Str(len + c) + " positions, capacity " +
+                             Str(capacity_));
+    }
+    if (!append && c > len) {
+      return InvalidArgument(
+          std::string(op) + "counts[" + Str(n) + "]: query tokens sit at the last " + Str(c) +
+          " cached positions, but batch entry " + Str(n) + " has length " + Str(len));
+    }
+  }
+
+  // ---- Plan the workspace (shapes only).
+  const int64_t E = m.E, H = m.H, KVH = m.KVH, hd = m.hd, kvE = m.kvE;
+  const int64_t G = H / KVH;
+  const size_t rows = static_cast<size_t>(N * T);
+  int64_t max_len = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t c = counts != nullptr ? counts[n] : T;
+    max_len = std::max(max_len, lengths_[static_cast<size_t>(n)] + (append ? c : 0));
+  }
+  const bool split = T <= kSplitMaxTokens;
+  const int64_t chunks = std::max<int64_t>(1, (max_len + kChunk - 1) / kChunk);
+  const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
+  size_t off = 0, q_off = 0, k_off = 0, v_off = 0, concat_off = 0, acc_off = 0, stats_off = 0;
+  if (forward) {
+    q_off = off;
+    off += FloatBytes(rows * E);
+    concat_off = off;
+    off += FloatBytes(rows * E);
+    if (split) {
+      // Sized for a full cache, not the current lengths, so the arena reaches its final size on
+      // the first decode step and never grows (or allocates) as the sequences get longer.
+      const int64_t max_chunks = (capacity_ + kChunk - 1) / kChunk;
+      acc_off = off;
+      off += FloatBytes(static_cast<size_t>(N * KVH * max_chunks * R * hd));
+      stats_off = off;
+      off += FloatBytes(static_cast<size_t>(N * KVH * max_chunks * 2 * R));
+    }
+  }
+  if (append) {
+    k_off = off;
+    off += FloatBytes(rows * kvE);
+    v_off = off;
+    off += FloatBytes(rows * kvE);
+  }
+  size_t attn_scratch = 0;
+  if (forward) {
+    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kChunk))
+                         : FloatBytes(kQueryBlock * kChunk) + 2 * FloatBytes(kQueryBlock);
+  }
+  size_t per_worker = 0;
+  RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &per_worker);
+  const size_t threads = ctx.num_threads();
+  const size_t scratch_off = off;
+  off += per_worker * threads;
+  s = ctx.Reserve(off);
+  if (!s.ok()) return s;
+  Arena& arena = ctx.arena();
+  arena.Reset();
+  void* base_ptr = nullptr;
+  s = arena.Allocate(off, &base_ptr, "KV cache workspace");
+  if (!s.ok()) return s;
+  uint8_t* base = static_cast<uint8_t*>(base_ptr);
+  uint8_t* scratch = base + scratch_off;
+  float* q_buf = reinterpret_cast<float*>(base + q_off);
+  float* k_new = reinterpret_cast<float*>(base + k_off);
+  float* v_new = reinterpret_cast<float*>(base + v_off);
+  ThreadPool& pool = ctx.pool();
+
+  // ---- 1. Projections.
+  {
+    GemmJob jobs[3];
+    size_t num_jobs = 0;
+    if (forward) {
+      jobs[num_jobs++] = ProjectionJob(q, N, m.qd, m.w_q, m.b_q, E, q_buf, Stage::kQkvProjection);
+    }
+    if (append) {
+      jobs[num_jobs++] = ProjectionJob(k, N, m.kd, m.w_k, m.b_k, kvE, k_new, Stage::kQkvProjection);
+      jobs[num_jobs++] = ProjectionJob(v, N, m.vd, m.w_v, m.b_v, kvE, v_new, Stage::kQkvProjection);
+    }
+    ParallelGemm(pool, jobs, num_jobs, scratch, per_worker, ctx.trace());
+  }
+
+  // ---- 2. Store the new keys and values.
+  const size_t elem = DTypeSize(dtype_);
+  const ptrdiff_t head_stride = static_cast<ptrdiff_t>(capacity_ * hd);  // elements per (n, g)
+  if (append) {
+    pool.ParallelFor(static_cast<uint64_t>(N * KVH), [&](uint64_t task, size_t /*worker*/) {
+      const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
+      const int64_t c = counts != nullptr ? counts[n] : T;
+      const int64_t len = lengths_[static_cast<size_t>(n)];
+      const ptrdiff_t dst0 = (n * KVH + g) * head_stride + len * hd;
+      for (int mat = 0; mat < 2; ++mat) {
+        const float* src = (mat == 0 ? k_new : v_new) + n * T * kvE + g * hd;
+        uint8_t* dst = static_cast<uint8_t*>(mat == 0 ? k_ : v_) + dst0 * elem;
+        for (int64_t t = 0; t < c; ++t) {
+          const float* row = src + t * kvE;
+          uint8_t* d = dst + t * hd * elem;
+          if (dtype_ == DType::kF32) {
+            std::memcpy(d, row, hd * sizeof(float));
+          } else if (dtype_ == DType::kBF16) {
+            kernels::F32ToBF16(row, reinterpret_cast<uint16_t*>(d), hd);
+          } else {
+            kernels::F32ToF16(row, reinterpret_cast<uint16_t*>(d), hd);
+          }
+        }
+      }
+    });
+    for (int64_t n = 0; n < N; ++n) {
+      lengths_[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
+    }
+  }
+  if (!forward) return Status::Ok();
+
+  // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
+  const kernels::CacheType ctype = static_cast<kernels::CacheType>(static_cast<int>(dtype_));
+  float* concat = reinterpret_cast<float*>(base + concat_off);
+  auto count_of = [&](int64_t n) { return counts != nullptr ? counts[n] : T; };
+  auto base_of = [&](int64_t n) { return lengths_[static_cast<size_t>(n)] - count_of(n); };
+  auto cache_k = [&](int64_t n, int64_t g, int64_t pos) {
+    return static_cast<const uint8_t*>(k_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
+  };
+  auto cache_v = [&](int64_t n, int64_t g, int64_t pos) {
+    return static_cast<const uint8_t*>(v_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
+  };
+  const float scale = m.scale;
+
+  if (split) {
+    // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
+    // stats [2][G][T] (row max, then row sum).
+    float* acc_all = reinterpret_cast<float*>(base + acc_off);
+    float* stats_all = reinterpret_cast<float*>(base + stats_off);
+    const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
+    pool.ParallelFor(static_cast<uint64_t>(N * KVH * chunks), [&](uint64_t task, size_t worker) {
+      const int64_t c = static_cast<int64_t>(task) % chunks;
+      const int64_t g = (static_cast<int64_t>(task) / chunks) % KVH;
+      const int64_t n = static_cast<int64_t>(task) / (chunks * KVH);
+      float* acc = acc_all + task * slot_acc;
+      float* row_max = stats_all + task * slot_stats;
+      float* row_sum = row_max + R;
+      std::fill(row_max, row_max + R, kNegInf);
+      std::fill(row_sum, row_sum + R, 0.0f);
+      const int64_t k0 = c * kChunk;
+      const int64_t len = lengths_[static_cast<size_t>(n)];
+      if (k0 >= len) return;  // past this entry's end: an empty partial state
+      std::memset(acc, 0, slot_acc * sizeof(float));
+      const size_t keys = static_cast<size_t>(std::min(kChunk, len - k0));
+      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kChunk]
+      // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
+      for (int64_t i = 0; i < T; ++i) {
+        kernels::QueryKeyScores(q_buf + (n * T + i) * E + g * G * hd, G, hd, cache_k(n, g, k0),
+                                ctype, hd, keys, hd, scores + i * G * kChunk, kChunk);
+      }
+      for (int64_t h = 0; h < G; ++h) {
+        kernels::SoftmaxMasks masks;
+        masks.causal = true;
+        masks.causal_offset = base_of(n) - k0;
+        kernels::OnlineSoftmaxUpdate(scores + h * kChunk, T, keys, G * kChunk, scale, masks,
+                                     row_max + h * T, row_sum + h * T, acc + h * hd, hd, G * hd);
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        kernels::AccumulateWeightedValues(scores + i * G * kChunk, G, kChunk, cache_v(n, g, k0),
+                                          ctype, hd, keys, hd, acc + i * G * hd, hd);
+      }
+    });
+    // Merge the chunks of each (n, head) in increasing order.
+    pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t /*worker*/) {
+      const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
+      const int64_t g = h / G, hh = h % G;
+      const int64_t used = (lengths_[static_cast<size_t>(n)] + kChunk - 1) / kChunk;
+      for (int64_t i = 0; i < T; ++i) {
+        float* dst = concat + (n * T + i) * E + h * hd;
+        std::memset(dst, 0, hd * sizeof(float));
+        if (i >= count_of(n)) continue;
+        const size_t first = static_cast<size_t>((n * KVH + g) * chunks);
+        float mx = kNegInf;
+        for (int64_t c = 0; c < used; ++c) {
+          mx = std::max(mx, stats_all[(first + c) * slot_stats + hh * T + i]);
+        }
+        if (mx == kNegInf) continue;  // no key allowed (cannot happen: a token sees itself)
+        float sum = 0.0f;
+        for (int64_t c = 0; c < used; ++c) {
+          const float* st = stats_all + (first + c) * slot_stats;
+          const float cm = st[hh * T + i];
+          if (cm == kNegInf) continue;
+          const float w = std::exp(cm - mx);
+          sum += w * st[R + hh * T + i];
+          const float* a = acc_all + (first + c) * slot_acc + (i * G + hh) * hd;
+          for (int64_t d = 0; d < hd; ++d) dst[d] += w * a[d];
+        }
+        kernels::Scale(dst, hd, 1.0f / sum);
+      }
+    });
+  } else {
+    const int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
+    pool.ParallelFor(static_cast<uint64_t>(N * H * blocks), [&](uint64_t task, size_t worker) {
+      const int64_t b = static_cast<int64_t>(task) % blocks;
+      const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
+      const int64_t n = static_cast<int64_t>(task) / (blocks * H);
+      const int64_t g = h / G;
+      const int64_t q0 = b * kQueryBlock;
+      const int64_t block_rows = std::min(kQueryBlock, T - q0);
+      const int64_t valid = std::max<int64_t>(0, std::min(block_rows, count_of(n) - q0));
+      float* acc = concat + (n * T + q0) * E + h * hd;
+      for (int64_t r = 0; r < block_rows; ++r) std::memset(acc + r * E, 0, hd * sizeof(float));
+      if (valid == 0) return;
+      uint8_t* ws = scratch + worker * per_worker;
+      float* scores = reinterpret_cast<float*>(ws);
+      float* row_max = reinterpret_cast<float*>(ws + FloatBytes(kQueryBlock * kChunk));
+      float* row_sum = row_max + FloatBytes(kQueryBlock) / sizeof(float);
+      std::fill(row_max, row_max + valid, kNegInf);
+      std::fill(row_sum, row_sum + valid, 0.0f);
+      const int64_t first_pos = base_of(n) + q0;
+      const int64_t key_end = first_pos + valid;  // keys the last row of the block sees
+      const float* qr = q_buf + (n * T + q0) * E + h * hd;
+      for (int64_t k0 = 0; k0 < key_end; k0 += kChunk) {
+        const size_t keys = static_cast<size_t>(std::min(kChunk, key_end - k0));
+        kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, keys, hd, scores,
+                                kChunk);
+        kernels::SoftmaxMasks masks;
+        masks.causal = true;
+        masks.causal_offset = first_pos - k0;
+        kernels::OnlineSoftmaxUpdate(scores, valid, keys, kChunk, scale, masks, row_max, row_sum,
+                                     acc, hd, E);
+        kernels::AccumulateWeightedValues(scores, valid, kChunk, cache_v(n, g, k0), ctype, hd, keys,
+                                          hd, acc, E);
+      }
+      kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
+    });
+  }
+
+  // ---- 4. Output projection, then padding rows to 0.
+  {
+    GemmJob job;
+    job.b = {const_cast<float*>(m.w_o), static_cast<size_t>(E), static_cast<size_t>(E), 1,
+             static_cast<ptrdiff_t>(E)};
+    job.bias = m.b_o;
+    job.stage = Stage::kOutProjection;
+    if (T == 1 || out.batch_stride == T * out.token_stride) {
+      job.a = {concat, rows, static_cast<size_t>(E), static_cast<ptrdiff_t>(E), 1};
+      job.c = {out.data, rows, static_cast<size_t>(E), T == 1 ? out.batch_stride : out.token_stride,
+               1};
+    } else {
+      job.a = {concat, static_cast<size_t>(T), static_cast<size_t>(E), static_cast<ptrdiff_t>(E),
+               1};
+      job.c = {out.data, static_cast<size_t>(T), static_cast<size_t>(E), out.token_stride, 1};
+      job.batches = static_cast<size_t>(N);
+      job.a_batch_stride = static_cast<ptrdiff_t>(T * E);
+      job.c_batch_stride = out.batch_stride;
+    }
+    ParallelGemm(pool, &job, 1, scratch, per_worker, ctx.trace());
+  }
+  if (counts != nullptr) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = counts[n]; i < T; ++i) {
+        std::memset(out.data + n * out.batch_stride + i * out.token_stride, 0, E * sizeof(float));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace mha

@@ -1,0 +1,158 @@
+// Steady-state decoding through a KvCache performs no heap allocation: operator new and malloc
+// (and friends) are interposed in this test binary and counted while the decode steps run, on
+// every thread (the pool's workers included). Same technique as tests/alloc_test.cc.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "mha/kv_cache.hpp"
+#include "mha/mha.hpp"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MHA_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MHA_SANITIZED 1
+#endif
+#endif
+
+namespace {
+std::atomic<bool> g_counting{false};
+std::atomic<long> g_allocations{0};
+void Count() {
+  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+}
+}  // namespace
+
+#ifndef MHA_SANITIZED
+// glibc's own entry points, so the interposed functions can forward to them.
+extern "C" void* __libc_malloc(size_t);
+extern "C" void* __libc_calloc(size_t, size_t);
+extern "C" void* __libc_realloc(void*, size_t);
+extern "C" void* __libc_memalign(size_t, size_t);
+extern "C" void __libc_free(void*);
+
+extern "C" void* malloc(size_t n) {
+  Count();
+  return __libc_malloc(n);
+}
+extern "C" void* calloc(size_t a, size_t b) {
+  Count();
+  return __libc_calloc(a, b);
+}
+extern "C" void* realloc(void* p, size_t n) {
+  Count();
+  return __libc_realloc(p, n);
+}
+extern "C" void* aligned_alloc(size_t align, size_t n) {
+  Count();
+  return __libc_memalign(align, n);
+}
+extern "C" int posix_memalign(void** out, size_t align, size_t n) {
+  Count();
+  *out = __libc_memalign(align, n);
+  return *out ? 0 : 12;  // ENOMEM
+}
+extern "C" void free(void* p) { __libc_free(p); }
+
+void* operator new(size_t n) {
+  Count();
+  void* p = __libc_malloc(n ? n : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+void* operator new[](size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { __libc_free(p); }
+void operator delete[](void* p) noexcept { __libc_free(p); }
+void operator delete(void* p, size_t) noexcept { __libc_free(p); }
+void operator delete[](void* p, size_t) noexcept { __libc_free(p); }
+#endif
+
+namespace mha {
+namespace {
+
+// One layer per head layout, batch 2, bf16 and f32 caches: after a prefill and a few warm-up
+// steps (the arena grows to the plan once), decode steps, and Append / Forward separately,
+// allocate nothing.
+TEST(KvAllocTest, DecodeAllocatesNothingInSteadyState) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  constexpr int64_t E = 64, H = 8, N = 2, kPrefill = 500, kCapacity = 600;
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  ContextOptions opts;
+  opts.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  for (int64_t kvh : {8, 2, 1}) {
+    const int64_t kvE = kvh * (E / H);
+    std::vector<float> wq(E * E), wk(kvE * E), wv(kvE * E), b(E + 2 * kvE), wo(E * E), bo(E);
+    for (auto* w : {&wq, &wk, &wv, &b, &wo, &bo}) {
+      for (float& x : *w) x = u(rng);
+    }
+    AttentionConfig c;
+    c.embed_dim = E;
+    c.num_heads = H;
+    c.num_kv_heads = kvh;
+    AttentionWeights w;
+    w.q_proj_weight = wq.data();
+    w.k_proj_weight = wk.data();
+    w.v_proj_weight = wv.data();
+    w.in_proj_bias = b.data();
+    w.out_proj_weight = wo.data();
+    w.out_proj_bias = bo.data();
+    std::unique_ptr<MultiheadAttention> layer;
+    ASSERT_TRUE(MultiheadAttention::Create(c, w, WeightBinding::kView, &layer).ok());
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      std::unique_ptr<KvCache> cache;
+      ASSERT_TRUE(
+          KvCache::Create(KvCacheOptions::ForLayer(*layer, N, kCapacity, dtype), &cache).ok());
+      std::vector<float> prompt(N * kPrefill * E), prompt_out(prompt.size());
+      for (float& x : prompt) x = u(rng);
+      std::vector<float> token(N * E, 0.5f), out(N * E);
+      const int64_t p_shape[3] = {N, kPrefill, E}, t_shape[3] = {N, 1, E};
+      TensorView pv, pov, tv, ov;
+      ASSERT_TRUE(TensorView::Dense(prompt.data(), DType::kF32, 3, p_shape, &pv).ok());
+      ASSERT_TRUE(TensorView::Dense(prompt_out.data(), DType::kF32, 3, p_shape, &pov).ok());
+      ASSERT_TRUE(TensorView::Dense(token.data(), DType::kF32, 3, t_shape, &tv).ok());
+      ASSERT_TRUE(TensorView::Dense(out.data(), DType::kF32, 3, t_shape, &ov).ok());
+      ASSERT_TRUE(cache->Step(*ctx, *layer, pv, pov).ok());
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(cache->Step(*ctx, *layer, tv, ov).ok());
+      g_allocations = 0;
+      g_counting = true;
+      bool ok = true;
+      // 503 -> 528 positions: crosses the chunk boundary at 512 (2 -> 3 chunks of 256); the
+      // workspace is planned for the capacity, so the arena does not grow.
+      for (int i = 0; i < 20 && ok; ++i) ok = cache->Step(*ctx, *layer, tv, ov).ok();
+      for (int i = 0; i < 5 && ok; ++i) {
+        ok = cache->Append(*ctx, *layer, tv, tv).ok() && cache->Forward(*ctx, *layer, tv, ov).ok();
+      }
+      g_counting = false;
+      ASSERT_TRUE(ok);
+      EXPECT_EQ(g_allocations.load(), 0) << "num_kv_heads " << kvh << ", " << DTypeName(dtype);
+    }
+  }
+}
+
+TEST(KvAllocTest, CounterSeesAllocations) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  g_allocations = 0;
+  g_counting = true;
+  void* p = std::malloc(100);
+  int* q = new int(3);
+  g_counting = false;
+  std::free(p);
+  delete q;
+  EXPECT_EQ(g_allocations.load(), 2);
+}
+
+}  // namespace
+}  // namespace mha

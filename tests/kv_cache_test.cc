@@ -1,0 +1,466 @@
+// Tests of KvCache (include/mha/kv_cache.hpp): token-by-token generation through the cache
+// equals the one-shot causal forward of the same layer, for MHA, GQA and MQA layers, f32 / bf16 /
+// f16 storage, ragged batches, prefill + decode, multi-token steps and contexts longer than a
+// chunk, on every SIMD target; results are bitwise identical for 1..4 threads; errors name their
+// argument and leave the cache and the outputs untouched.
+//
+// Tolerances, per output element, |cache - forward| <= tol * (1 + |forward|):
+// - f32 cache: 1e-5. Both sides are f32 computations of the same math in different summation
+//   orders (BLIS GEMMs vs the decode kernels, one softmax vs chunks merged); outputs are O(0.3).
+// - bf16: 2e-2. A stored element has relative error <= 2^-9 = 2e-3. A score q.k (scaled by
+//   1/sqrt(hd)) then moves by <= 2^-9 * sum_d |q_d k_d| / sqrt(hd), about 2e-3 for these O(1)
+//   activations; softmax turns a score error e into a relative weight error <= 2e (4e-3); the
+//   value error adds 2e-3 relative, and the output projection sums E such terms with random signs
+//   (growth ~ 1, bounded here by 2.5x). So about 1e-2 of the output scale; 2e-2 leaves 2x margin.
+//   Measured maximum (printed by the tests as "[measured]"): 1.2e-3 over every target and
+//   layout here, so the worst case derived above is not approached by random data.
+// - f16: 4e-3: the same derivation with 2^-11 per element (the values stay within f16's normal
+//   range), i.e. a quarter of bf16's bound plus f32 noise. Measured: 1.7e-4. f32 measured: 1.1e-7.
+#include "mha/kv_cache.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/targets.h"
+#include "mha/mha.hpp"
+#include "tests/kernel_test_util.h"
+
+namespace mha {
+namespace {
+
+double ToleranceOf(DType t) { return t == DType::kF32 ? 1e-5 : t == DType::kBF16 ? 2e-2 : 4e-3; }
+
+// A random self-attention layer (separate q/k/v weights, biases) and a batch of sequences x
+// [N, S, E], plus the one-shot causal forward of the whole sequences.
+struct Problem {
+  int64_t E = 128, H = 8, KVH = 8, N = 2, S = 64;
+  std::vector<float> wq, wk, wv, bias, wo, bo, x, reference;
+  std::unique_ptr<MultiheadAttention> layer;
+
+  std::string Describe() const {
+    return "E " + std::to_string(E) + " H " + std::to_string(H) + " KVH " + std::to_string(KVH) +
+           " N " + std::to_string(N) + " S " + std::to_string(S);
+  }
+};
+
+void Fill(std::vector<float>* v, size_t n, float bound, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-bound, bound);
+  v->resize(n);
+  for (float& x : *v) x = u(*rng);
+}
+
+void MakeProblem(Problem* p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t hd = p->E / p->H, kvE = p->KVH * hd;
+  const float wb = 1.0f / std::sqrt(static_cast<float>(p->E));
+  Fill(&p->wq, p->E * p->E, wb, &rng);
+  Fill(&p->wk, kvE * p->E, wb, &rng);
+  Fill(&p->wv, kvE * p->E, wb, &rng);
+  Fill(&p->bias, p->E + 2 * kvE, wb, &rng);
+  Fill(&p->wo, p->E * p->E, wb, &rng);
+  Fill(&p->bo, p->E, wb, &rng);
+  Fill(&p->x, p->N * p->S * p->E, 1.0f, &rng);
+  AttentionConfig c;
+  c.embed_dim = p->E;
+  c.num_heads = p->H;
+  c.num_kv_heads = p->KVH;
+  c.batch_first = true;
+  AttentionWeights w;
+  w.q_proj_weight = p->wq.data();
+  w.k_proj_weight = p->wk.data();
+  w.v_proj_weight = p->wv.data();
+  w.in_proj_bias = p->bias.data();
+  w.out_proj_weight = p->wo.data();
+  w.out_proj_bias = p->bo.data();
+  ASSERT_TRUE(MultiheadAttention::Create(c, w, WeightBinding::kView, &p->layer).ok());
+  ContextOptions o;
+  o.num_threads = 1;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(o, &ctx).ok());
+  const int64_t shape[3] = {p->N, p->S, p->E};
+  AttentionInputs in;
+  AttentionOutputs out;
+  p->reference.assign(p->x.size(), 0.0f);
+  ASSERT_TRUE(TensorView::Dense(p->x.data(), DType::kF32, 3, shape, &in.query).ok());
+  ASSERT_TRUE(TensorView::Dense(p->reference.data(), DType::kF32, 3, shape, &out.output).ok());
+  in.causal = true;
+  const Status s = p->layer->Forward(*ctx, in, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+}
+
+// How the sequences are fed: a prefill of prefill[n] tokens for entry n (one Step over the
+// longest, with counts), then steps of up to `step_tokens` tokens per entry until every entry
+// has all S tokens.
+struct Schedule {
+  std::vector<int64_t> prefill;  // empty: no prefill
+  int64_t step_tokens = 1;
+};
+
+// Runs the schedule through a cache and returns the outputs [N, S, E].
+void RunIncremental(const Problem& p, DType dtype, const Schedule& sched, size_t threads,
+                    std::vector<float>* out) {
+  ContextOptions o;
+  o.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(o, &ctx).ok());
+  std::unique_ptr<KvCache> cache;
+  ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*p.layer, p.N, p.S, dtype), &cache).ok());
+  out->assign(p.x.size(), std::nanf(""));
+  const int64_t E = p.E;
+  std::vector<int64_t> pos(p.N, 0), counts(p.N);
+  std::vector<float> in, res;
+  auto step = [&](int64_t T) {
+    in.assign(p.N * T * E, 0.0f);
+    res.assign(p.N * T * E, -1.0f);
+    for (int64_t n = 0; n < p.N; ++n) {
+      for (int64_t i = 0; i < counts[n]; ++i) {
+        std::memcpy(&in[(n * T + i) * E], &p.x[(n * p.S + pos[n] + i) * E], E * sizeof(float));
+      }
+    }
+    const int64_t shape[3] = {p.N, T, E};
+    TensorView xv, ov;
+    ASSERT_TRUE(TensorView::Dense(in.data(), DType::kF32, 3, shape, &xv).ok());
+    ASSERT_TRUE(TensorView::Dense(res.data(), DType::kF32, 3, shape, &ov).ok());
+    const Status s = cache->Step(*ctx, *p.layer, xv, ov, counts.data());
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    for (int64_t n = 0; n < p.N; ++n) {
+      for (int64_t i = 0; i < T; ++i) {
+        const float* row = &res[(n * T + i) * E];
+        if (i < counts[n]) {
+          std::memcpy(&(*out)[(n * p.S + pos[n] + i) * E], row, E * sizeof(float));
+        } else {
+          for (int64_t e = 0; e < E; ++e) ASSERT_EQ(row[e], 0.0f) << "padding row not zeroed";
+        }
+      }
+      pos[n] += counts[n];
+      ASSERT_EQ(cache->length(n), pos[n]);
+    }
+  };
+  if (!sched.prefill.empty()) {
+    counts = sched.prefill;
+    step(*std::max_element(counts.begin(), counts.end()));
+  }
+  for (;;) {
+    bool any = false;
+    for (int64_t n = 0; n < p.N; ++n) {
+      counts[n] = std::min(sched.step_tokens, p.S - pos[n]);
+      any = any || counts[n] > 0;
+    }
+    if (!any) break;
+    step(sched.step_tokens);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// Max of |got - want| / (1 + |want|) over all elements.
+double MaxScaledError(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / (1.0 + std::fabs(want[i]));
+    worst = std::max(worst, std::isnan(e) ? INFINITY : e);
+  }
+  return worst;
+}
+
+const char* Name(DType t) { return DTypeName(t); }
+
+// Worst error seen per dtype over the whole binary, printed at the end of each test using it.
+double g_worst[3] = {0, 0, 0};
+
+void CheckAgainstForward(const Problem& p, DType dtype, const Schedule& sched, const char* what) {
+  std::vector<float> out;
+  RunIncremental(p, dtype, sched, 2, &out);
+  if (::testing::Test::HasFatalFailure()) return;
+  const double err = MaxScaledError(out, p.reference);
+  double& worst = g_worst[static_cast<int>(dtype)];
+  worst = std::max(worst, err);
+  EXPECT_LE(err, ToleranceOf(dtype)) << what << ", " << Name(dtype) << ", " << p.Describe();
+}
+
+void PrintWorst() {
+  std::printf("[measured] max |cache - forward| / (1 + |forward|): f32 %.3g, bf16 %.3g, f16 %.3g\n",
+              g_worst[0], g_worst[1], g_worst[2]);
+}
+
+struct Layout {
+  int64_t E, H, KVH;
+};
+// MHA, GQA (2 kv heads of 8), MQA, and an odd head_dim (12) with GQA for the kernels' tails.
+constexpr Layout kLayouts[] = {{128, 8, 8}, {128, 8, 2}, {128, 8, 1}, {96, 8, 4}};
+
+TEST(KvCacheTest, TokenByTokenMatchesCausalForwardOnEveryTarget) {
+  std::vector<Problem> problems(std::size(kLayouts));
+  for (size_t i = 0; i < problems.size(); ++i) {
+    problems[i].E = kLayouts[i].E;
+    problems[i].H = kLayouts[i].H;
+    problems[i].KVH = kLayouts[i].KVH;
+    problems[i].N = 2;
+    problems[i].S = 64;
+    MakeProblem(&problems[i], 100 + static_cast<uint32_t>(i));
+    ASSERT_FALSE(HasFatalFailure());
+  }
+  test::ForEachTarget([&](const char*) {
+    for (const Problem& p : problems) {
+      for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+        CheckAgainstForward(p, t, Schedule{}, "decode 64 tokens one by one");
+        // Ragged: entries prefilled to 17, 5 tokens, then decoded together (they finish at
+        // different steps, with counts 0 afterwards).
+        CheckAgainstForward(p, t, Schedule{{17, 5}, 1}, "ragged prefill 17/5 + decode");
+        CheckAgainstForward(p, t, Schedule{{}, 3}, "steps of 3 tokens");
+      }
+    }
+  });
+  PrintWorst();
+}
+
+TEST(KvCacheTest, LongContextAcrossChunksOnEveryTarget) {
+  // 600 positions: prefill (blocked schedule) over 3 chunks of 256, then the split schedule
+  // merges 3 chunks per decoded token.
+  Problem p;
+  p.E = 64;
+  p.H = 4;
+  p.KVH = 2;
+  p.N = 3;
+  p.S = 600;
+  MakeProblem(&p, 7);
+  ASSERT_FALSE(HasFatalFailure());
+  test::ForEachTarget([&](const char*) {
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      CheckAgainstForward(p, t, Schedule{{560, 17, 300}, 1}, "long ragged prefill + decode");
+    }
+  });
+  PrintWorst();
+}
+
+TEST(KvCacheTest, PrefillThenDecodeMatchesForward) {
+  for (const Layout& l : kLayouts) {
+    Problem p;
+    p.E = l.E;
+    p.H = l.H;
+    p.KVH = l.KVH;
+    p.N = 3;
+    p.S = 64;
+    MakeProblem(&p, 21);
+    ASSERT_FALSE(HasFatalFailure());
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+      CheckAgainstForward(p, t, Schedule{{17, 17, 17}, 1}, "prefill 17 + decode");
+      CheckAgainstForward(p, t, Schedule{{64, 0, 33}, 1}, "prefill 64/0/33 + decode");
+      CheckAgainstForward(p, t, Schedule{{17, 9, 1}, 4}, "ragged prefill + steps of 4");
+    }
+  }
+  PrintWorst();
+}
+
+TEST(KvCacheTest, BitwiseIdenticalForOneToFourThreads) {
+  Problem p;
+  p.E = 64;
+  p.H = 8;
+  p.KVH = 2;
+  p.N = 3;
+  p.S = 600;
+  MakeProblem(&p, 5);
+  ASSERT_FALSE(HasFatalFailure());
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    std::vector<float> first;
+    for (size_t threads = 1; threads <= 4; ++threads) {
+      std::vector<float> out;
+      RunIncremental(p, t, Schedule{{530, 100, 9}, 1}, threads, &out);
+      ASSERT_FALSE(HasFatalFailure());
+      if (threads == 1) {
+        first = out;
+        continue;
+      }
+      ASSERT_EQ(std::memcmp(first.data(), out.data(), out.size() * sizeof(float)), 0)
+          << Name(t) << ": " << threads << " threads differ from 1 thread";
+    }
+  }
+}
+
+// A small fixture for API behaviour: an f32 layer with E 32, 4 heads, 2 kv heads.
+class KvCacheApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    p_.E = 32;
+    p_.H = 4;
+    p_.KVH = 2;
+    p_.N = 2;
+    p_.S = 8;
+    MakeProblem(&p_, 3);
+    ASSERT_FALSE(HasFatalFailure());
+    ContextOptions o;
+    o.num_threads = 2;
+    ASSERT_TRUE(Context::Create(o, &ctx_).ok());
+    ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*p_.layer, 2, 8), &cache_).ok());
+  }
+  TensorView View(std::vector<float>* data, int64_t n, int64_t t, int64_t f) {
+    data->resize(n * t * f, 0.5f);
+    const int64_t shape[3] = {n, t, f};
+    TensorView v;
+    EXPECT_TRUE(TensorView::Dense(data->data(), DType::kF32, 3, shape, &v).ok());
+    return v;
+  }
+  Problem p_;
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<KvCache> cache_;
+};
+
+TEST_F(KvCacheApiTest, CapacityOverflowNamesEntryLengthCountAndCapacity) {
+  std::vector<float> x, out;
+  ASSERT_TRUE(cache_->Step(*ctx_, *p_.layer, View(&x, 2, 6, 32), View(&out, 2, 6, 32)).ok());
+  std::vector<float> x2, out2;
+  const TensorView o2 = View(&out2, 2, 3, 32);
+  std::fill(out2.begin(), out2.end(), 7.0f);
+  const int64_t counts[2] = {2, 3};
+  const Status s = cache_->Step(*ctx_, *p_.layer, View(&x2, 2, 3, 32), o2, counts);
+  ASSERT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("batch entry 1 has length 6, appending 3 tokens"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("capacity 8"), std::string::npos) << s.message();
+  EXPECT_EQ(cache_->length(0), 6);
+  EXPECT_EQ(cache_->length(1), 6);
+  for (float v : out2) ASSERT_EQ(v, 7.0f) << "output written on error";
+}
+
+TEST_F(KvCacheApiTest, ShapeAndDimensionErrors) {
+  std::vector<float> a, b, c;
+  // Wrong batch.
+  Status s = cache_->Step(*ctx_, *p_.layer, View(&a, 3, 1, 32), View(&b, 3, 1, 32));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("x: expected [2, T, 32]"), std::string::npos) << s.message();
+  // Output tokens differ from the input's.
+  s = cache_->Step(*ctx_, *p_.layer, View(&a, 2, 2, 32), View(&b, 2, 1, 32));
+  EXPECT_NE(s.message().find("output: expected [2, 2, 32]"), std::string::npos) << s.message();
+  // Features.
+  s = cache_->Append(*ctx_, *p_.layer, View(&a, 2, 1, 31), View(&b, 2, 1, 32));
+  EXPECT_NE(s.message().find("key: expected [2, T, 32]"), std::string::npos) << s.message();
+  s = cache_->Append(*ctx_, *p_.layer, View(&a, 2, 1, 32), View(&b, 2, 2, 32));
+  EXPECT_NE(s.message().find("value: expected [2, 1, 32]"), std::string::npos) << s.message();
+  // counts out of range.
+  const int64_t bad[2] = {0, 2};
+  s = cache_->Step(*ctx_, *p_.layer, View(&a, 2, 1, 32), View(&b, 2, 1, 32), bad);
+  EXPECT_NE(s.message().find("counts[1]: expected 0..1"), std::string::npos) << s.message();
+  // Forward with more query tokens than cached positions.
+  s = cache_->Forward(*ctx_, *p_.layer, View(&a, 2, 1, 32), View(&b, 2, 1, 32));
+  EXPECT_NE(s.message().find("batch entry 0 has length 0"), std::string::npos) << s.message();
+  // A layer with other kv heads.
+  Problem other;
+  other.E = 32;
+  other.H = 4;
+  other.KVH = 4;
+  other.N = 1;
+  other.S = 2;
+  MakeProblem(&other, 9);
+  s = cache_->Step(*ctx_, *other.layer, View(&a, 2, 1, 32), View(&b, 2, 1, 32));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expected num_kv_heads 2 and head_dim 8 (the cache's), got 4 and 8"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(cache_->length(0), 0);
+  // Options.
+  KvCacheOptions o = KvCacheOptions::ForLayer(*p_.layer, 2, 0);
+  std::unique_ptr<KvCache> c2;
+  s = KvCache::Create(o, &c2);
+  EXPECT_NE(s.message().find("capacity: expected > 0, got 0"), std::string::npos) << s.message();
+  o = KvCacheOptions::ForLayer(*p_.layer, 2, 4, DType::kU8);
+  s = KvCache::Create(o, &c2);
+  EXPECT_NE(s.message().find("dtype: expected f32, bf16 or f16, got u8"), std::string::npos)
+      << s.message();
+}
+
+TEST_F(KvCacheApiTest, BiasKvAndZeroAttnLayersAreUnsupported) {
+  std::vector<float> bk(16, 0.1f), bv(16, 0.2f);
+  AttentionConfig c;
+  c.embed_dim = 32;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.add_bias_kv = true;
+  AttentionWeights w;
+  w.q_proj_weight = p_.wq.data();
+  w.k_proj_weight = p_.wk.data();
+  w.v_proj_weight = p_.wv.data();
+  w.in_proj_bias = p_.bias.data();
+  w.bias_k = bk.data();
+  w.bias_v = bv.data();
+  w.out_proj_weight = p_.wo.data();
+  w.out_proj_bias = p_.bo.data();
+  std::unique_ptr<MultiheadAttention> layer;
+  ASSERT_TRUE(MultiheadAttention::Create(c, w, WeightBinding::kView, &layer).ok());
+  std::vector<float> a, b;
+  const Status s = cache_->Step(*ctx_, *layer, View(&a, 2, 1, 32), View(&b, 2, 1, 32));
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("add_bias_kv"), std::string::npos) << s.message();
+}
+
+TEST_F(KvCacheApiTest, AppendThenForwardEqualsStepAndTruncateRewinds) {
+  // Entry inputs differ per token so positions matter.
+  std::vector<float> x(2 * 5 * 32), out_step, out_fwd, tmp;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : x) v = u(rng);
+  const int64_t shape[3] = {2, 5, 32};
+  TensorView xv;
+  ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, shape, &xv).ok());
+  ASSERT_TRUE(cache_->Step(*ctx_, *p_.layer, xv, View(&out_step, 2, 5, 32)).ok());
+  cache_->Reset();
+  EXPECT_EQ(cache_->length(1), 0);
+  ASSERT_TRUE(cache_->Append(*ctx_, *p_.layer, xv, xv).ok());
+  ASSERT_TRUE(cache_->Forward(*ctx_, *p_.layer, xv, View(&out_fwd, 2, 5, 32)).ok());
+  EXPECT_EQ(out_step, out_fwd);
+  // Roll back the last 2 tokens of entry 0 and redo them: same outputs as the first time.
+  ASSERT_TRUE(cache_->Truncate(0, 3).ok());
+  EXPECT_EQ(cache_->Truncate(0, 4).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(cache_->Truncate(2, 0).code(), StatusCode::kInvalidArgument);
+  // Tokens 3, 4 of entry 0 as a 2-token step (entry 1 idle).
+  std::vector<float> x2(2 * 2 * 32, 0.0f), out2;
+  std::memcpy(x2.data(), &x[3 * 32], 2 * 32 * sizeof(float));
+  const int64_t counts[2] = {2, 0};
+  const int64_t shape2[3] = {2, 2, 32};
+  TensorView x2v;
+  ASSERT_TRUE(TensorView::Dense(x2.data(), DType::kF32, 3, shape2, &x2v).ok());
+  ASSERT_TRUE(cache_->Step(*ctx_, *p_.layer, x2v, View(&out2, 2, 2, 32), counts).ok());
+  EXPECT_EQ(cache_->length(0), 5);
+  EXPECT_EQ(cache_->length(1), 5);
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t e = 0; e < 32; ++e) {
+      EXPECT_NEAR(out2[i * 32 + e], out_step[(3 + i) * 32 + e], 1e-6) << "token " << 3 + i;
+    }
+  }
+}
+
+TEST_F(KvCacheApiTest, CallerBufferHoldsTheCache) {
+  KvCacheOptions o = KvCacheOptions::ForLayer(*p_.layer, 2, 8, DType::kBF16);
+  size_t bytes = 0;
+  ASSERT_TRUE(KvCache::RequiredBytes(o, &bytes).ok());
+  EXPECT_EQ(bytes, 2u * 2 * 2 * 8 * 8 * 2);  // K+V, batch, kv heads, capacity, hd, bf16
+  std::vector<uint8_t> buf(bytes + 1, 0xEE);
+  o.buffer = buf.data() + 1;
+  o.buffer_bytes = bytes - 1;
+  std::unique_ptr<KvCache> c;
+  Status s = KvCache::Create(o, &c);
+  EXPECT_NE(s.message().find("buffer_bytes: expected >= " + std::to_string(bytes)),
+            std::string::npos)
+      << s.message();
+  o.buffer_bytes = bytes;
+  ASSERT_TRUE(KvCache::Create(o, &c).ok());
+  EXPECT_EQ(c->keys(), buf.data() + 1);
+  std::vector<float> a, b;
+  ASSERT_TRUE(c->Step(*ctx_, *p_.layer, View(&a, 2, 1, 32), View(&b, 2, 1, 32)).ok());
+  // Position 0 of entry 0, kv head 0 was written (K), position 1 was not.
+  const uint8_t* k = buf.data() + 1;
+  bool written = false;
+  for (int i = 0; i < 16; ++i) written = written || k[i] != 0xEE;
+  EXPECT_TRUE(written);
+  for (int i = 16; i < 32; ++i) EXPECT_EQ(k[i], 0xEE) << "byte " << i;
+}
+
+}  // namespace
+}  // namespace mha
