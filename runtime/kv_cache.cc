@@ -120,6 +120,18 @@ GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const float* w, const
   return job;
 }
 
+// Writes one row of hd f32 values into the cache's storage type (16-bit: round to nearest
+// even).
+void StoreRow(const float* src, uint8_t* dst, int64_t hd, DType dtype) {
+  if (dtype == DType::kF32) {
+    std::memcpy(dst, src, hd * sizeof(float));
+  } else if (dtype == DType::kBF16) {
+    kernels::F32ToBF16(src, reinterpret_cast<uint16_t*>(dst), hd);
+  } else {
+    kernels::F32ToF16(src, reinterpret_cast<uint16_t*>(dst), hd);
+  }
+}
+
 }  // namespace
 
 KvCacheOptions KvCacheOptions::ForLayer(const MultiheadAttention& layer, int64_t batch,
@@ -221,6 +233,58 @@ Status KvCache::Truncate(int64_t n, int64_t length) {
 Status KvCache::Append(Context& ctx, const MultiheadAttention& layer, const TensorView& key,
                        const TensorView& value, const int64_t* counts) {
   return Execute(ctx, layer, nullptr, &key, &value, nullptr, counts, "KvCache::Append: ");
+}
+
+Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const int64_t* counts) {
+  const char* op = "KvCache::AppendProjected: ";
+  const TensorView* views[2] = {&k, &v};
+  const char* names[2] = {"k", "v"};
+  const int64_t T = k.present() && k.rank == 4 ? k.shape[2] : 0;
+  for (int i = 0; i < 2; ++i) {
+    const TensorView& t = *views[i];
+    const bool ok = t.present() && t.rank == 4 && t.dtype == DType::kF32 && t.shape[0] == batch_ &&
+                    t.shape[1] == kv_heads_ && t.shape[2] >= 1 && t.shape[2] == T &&
+                    t.shape[3] == head_dim_ && (t.strides[3] == 1 || head_dim_ == 1);
+    if (!ok) {
+      return InvalidArgument(std::string(op) + names[i] + ": expected [" + Str(batch_) + ", " +
+                             Str(kv_heads_) + ", " + (T > 0 ? Str(T) : std::string("T")) + ", " +
+                             Str(head_dim_) + "] f32 with a contiguous last dimension, got " +
+                             (t.present() ? t.ShapeString() : std::string("absent")));
+    }
+  }
+  for (int64_t n = 0; n < batch_; ++n) {
+    const int64_t c = counts != nullptr ? counts[n] : T;
+    const int64_t len = lengths_[static_cast<size_t>(n)];
+    if (c < 0 || c > T) {
+      return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
+                             " (tokens per entry), got " + Str(c));
+    }
+    if (len + c > capacity_) {
+      return InvalidArgument(std::string(op) + "capacity exceeded: batch entry " + Str(n) +
+                             " has length " + Str(len) + ", appending " + Str(c) +
+                             " tokens needs " + Str(len + c) + " positions, capacity " +
+                             Str(capacity_));
+    }
+  }
+  const size_t elem = DTypeSize(dtype_);
+  const int64_t hd = head_dim_;
+  for (int64_t n = 0; n < batch_; ++n) {
+    const int64_t c = counts != nullptr ? counts[n] : T;
+    const int64_t len = lengths_[static_cast<size_t>(n)];
+    for (int64_t g = 0; g < kv_heads_; ++g) {
+      const ptrdiff_t dst0 = ((n * kv_heads_ + g) * capacity_ + len) * hd;
+      for (int i = 0; i < 2; ++i) {
+        const TensorView& t = *views[i];
+        uint8_t* dst = static_cast<uint8_t*>(i == 0 ? k_ : v_) + dst0 * elem;
+        for (int64_t p = 0; p < c; ++p) {
+          StoreRow(t.As<const float>() + n * t.strides[0] + g * t.strides[1] + p * t.strides[2],
+                   dst + p * hd * elem, hd, dtype_);
+        }
+      }
+    }
+    lengths_[static_cast<size_t>(n)] = len + c;
+  }
+  return Status::Ok();
 }
 
 Status KvCache::Forward(Context& ctx, const MultiheadAttention& layer, const TensorView& query,
@@ -383,15 +447,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
         const float* src = (mat == 0 ? k_new : v_new) + n * T * kvE + g * hd;
         uint8_t* dst = static_cast<uint8_t*>(mat == 0 ? k_ : v_) + dst0 * elem;
         for (int64_t t = 0; t < c; ++t) {
-          const float* row = src + t * kvE;
-          uint8_t* d = dst + t * hd * elem;
-          if (dtype_ == DType::kF32) {
-            std::memcpy(d, row, hd * sizeof(float));
-          } else if (dtype_ == DType::kBF16) {
-            kernels::F32ToBF16(row, reinterpret_cast<uint16_t*>(d), hd);
-          } else {
-            kernels::F32ToF16(row, reinterpret_cast<uint16_t*>(d), hd);
-          }
+          StoreRow(src + t * kvE, dst + t * hd * elem, hd, dtype_);
         }
       }
     });

@@ -436,6 +436,43 @@ TEST_F(KvCacheApiTest, AppendThenForwardEqualsStepAndTruncateRewinds) {
   }
 }
 
+TEST_F(KvCacheApiTest, AppendProjectedImportsProjectOutputs) {
+  // Project's per-head k/v [N, kvH, S, hd] imported into a cache, then Forward, equals Step.
+  std::vector<float> x(2 * 5 * 32), out_step, out_imp;
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (float& v : x) v = u(rng);
+  const int64_t shape[3] = {2, 5, 32};
+  TensorView xv;
+  ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, shape, &xv).ok());
+  ASSERT_TRUE(cache_->Step(*ctx_, *p_.layer, xv, View(&out_step, 2, 5, 32)).ok());
+  std::vector<float> q(2 * 4 * 5 * 8), k(2 * 2 * 5 * 8), v(2 * 2 * 5 * 8);
+  const int64_t qs[4] = {2, 4, 5, 8}, ks[4] = {2, 2, 5, 8};
+  ProjectionOutputs po;
+  ASSERT_TRUE(TensorView::Dense(q.data(), DType::kF32, 4, qs, &po.q).ok());
+  ASSERT_TRUE(TensorView::Dense(k.data(), DType::kF32, 4, ks, &po.k).ok());
+  ASSERT_TRUE(TensorView::Dense(v.data(), DType::kF32, 4, ks, &po.v).ok());
+  AttentionInputs in;
+  in.query = xv;
+  ASSERT_TRUE(p_.layer->Project(*ctx_, in, po).ok());
+  std::unique_ptr<KvCache> c2;
+  ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*p_.layer, 2, 8), &c2).ok());
+  // Shape errors first: wrong kv heads.
+  Status s = c2->AppendProjected(po.q, po.v);
+  EXPECT_NE(s.message().find("k: expected [2, 2, 5, 8]"), std::string::npos) << s.message();
+  EXPECT_EQ(c2->length(0), 0);
+  ASSERT_TRUE(c2->AppendProjected(po.k, po.v).ok());
+  EXPECT_EQ(c2->length(1), 5);
+  ASSERT_TRUE(c2->Forward(*ctx_, *p_.layer, xv, View(&out_imp, 2, 5, 32)).ok());
+  for (size_t i = 0; i < out_step.size(); ++i) ASSERT_NEAR(out_imp[i], out_step[i], 1e-6) << i;
+  // Capacity: 5 + 5 > 8.
+  s = c2->AppendProjected(po.k, po.v);
+  EXPECT_NE(s.message().find("batch entry 0 has length 5, appending 5 tokens needs 10 positions, "
+                             "capacity 8"),
+            std::string::npos)
+      << s.message();
+}
+
 TEST_F(KvCacheApiTest, CallerBufferHoldsTheCache) {
   KvCacheOptions o = KvCacheOptions::ForLayer(*p_.layer, 2, 8, DType::kBF16);
   size_t bytes = 0;

@@ -65,7 +65,7 @@
 
 namespace mha {
 
-struct KvCacheOptions {
+struct MHA_API KvCacheOptions {
   int64_t batch = 1;          // N: sequences (batch entries)
   int64_t capacity = 0;       // positions per entry (max sequence length)
   int64_t num_kv_heads = 0;   // the layer's key/value heads
@@ -113,6 +113,12 @@ class MHA_API KvCache {
   // entry would exceed the capacity (naming the entry, its length, the count and the capacity).
   Status Append(Context& ctx, const MultiheadAttention& layer, const TensorView& key,
                 const TensorView& value, const int64_t* counts = nullptr);
+  // Stores keys and values that are already projected, per head: k and v [N, num_kv_heads, T,
+  // head_dim] f32 (MultiheadAttention::Project's k/v layout, last dimension contiguous), count_n
+  // positions per entry (counts null: T). For importing a cache computed elsewhere (a prompt
+  // prefix shared by several requests, cross-attention memory) without a projection; same
+  // capacity errors as Append.
+  Status AppendProjected(const TensorView& k, const TensorView& v, const int64_t* counts = nullptr);
   // Attends query [N, T, q_dim] over the cache (see the file comment for positions), then the
   // output projection into output [N, T, E]. Rows i >= count_n of entry n are set to 0.
   Status Forward(Context& ctx, const MultiheadAttention& layer, const TensorView& query,
