@@ -319,56 +319,16 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     if (s.ok()) s = mha::CheckBool(options->batch_first, "options->batch_first");
     if (s.ok()) s = mha::CheckLayout(options->qkv_layout, "options->qkv_layout");
     if (!s.ok()) return s;
-    mha::SafeTensorsFile file;
-    s = mha::SafeTensorsFile::Open(path, &file);
-    if (!s.ok()) return s;
-    mha::MhaWeights mw;
-    s = mha::LoadMhaWeights(file, prefix == nullptr ? "" : prefix, &mw);
-    if (!s.ok()) return s;
-
-    mha::AttentionConfig c;
-    c.embed_dim = mw.embed_dim;
-    c.num_heads = options->num_heads;
-    c.q_dim = mw.q_dim;
-    c.kdim = mw.kdim;
-    c.vdim = mw.vdim;
-    c.bias = mw.bias;
-    c.add_bias_kv = mw.add_bias_kv;
-    c.add_zero_attn = options->add_zero_attn != 0;
-    c.batch_first = options->batch_first != 0;
-    c.scale = options->scale;
-
-    mha::AttentionWeights w;
-    // Separate projections keep PyTorch's one in_proj_bias [3E] in q, k, v order.
-    std::vector<float> bias_qkv;
-    w.qkv_layout = static_cast<mha::QkvLayout>(options->qkv_layout);
-    if (mw.packed_in_proj) {
-      w.in_proj_weight = mw.in_proj_weight.data();
-      if (mw.bias) w.in_proj_bias = mw.in_proj_bias.data();
-    } else {
-      w.q_proj_weight = mw.w_q.data();
-      w.k_proj_weight = mw.w_k.data();
-      w.v_proj_weight = mw.w_v.data();
-      if (mw.bias) {
-        bias_qkv = mw.b_q;
-        bias_qkv.insert(bias_qkv.end(), mw.b_k.begin(), mw.b_k.end());
-        bias_qkv.insert(bias_qkv.end(), mw.b_v.begin(), mw.b_v.end());
-        w.in_proj_bias = bias_qkv.data();
-      }
-    }
-    if (mw.add_bias_kv) {
-      w.bias_k = mw.bias_k.data();
-      w.bias_v = mw.bias_v.data();
-    }
-    w.out_proj_weight = mw.w_out.data();
-    if (mw.bias) w.out_proj_bias = mw.b_out.data();
+    mha::LoadOptions lo;
+    lo.num_heads = options->num_heads;
+    lo.add_zero_attn = options->add_zero_attn != 0;
+    lo.batch_first = options->batch_first != 0;
+    lo.scale = options->scale;
+    lo.qkv_layout = static_cast<mha::QkvLayout>(options->qkv_layout);
     auto handle = std::make_unique<mha_layer>();
-    // Copy: the loaded vectors are freed when this call returns.
-    s = mha::MultiheadAttention::Create(c, w, mha::WeightBinding::kCopy, &handle->impl);
-    if (!s.ok()) {
-      return Status(s.code(), std::string(path) + " (prefix \"" + (prefix ? prefix : "") +
-                                  "\"): " + s.message());
-    }
+    s = mha::MultiheadAttention::CreateFromSafeTensors(path, prefix == nullptr ? "" : prefix, lo,
+                                                       &handle->impl);
+    if (!s.ok()) return s;
     *out = handle.release();
     return Status::Ok();
   });

@@ -1,8 +1,13 @@
 // nn.MultiheadAttention weight loading: files are written from C++ with SafeTensorsWriter in
 // PyTorch's state_dict layout (no torch needed), then loaded and compared value by value.
+#include "mha/mha.hpp"
 #include "runtime/weights.h"
 
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
 #include <unistd.h>
 
 #include <cstdint>
@@ -403,6 +408,54 @@ TEST(WeightsTest, RejectsInconsistentWeights) {
     EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
     EXPECT_EQ(w.embed_dim, -7);
   }
+}
+
+// The C++ loading entry point: a layer created from a file under a prefix runs, and its errors
+// name the file and the prefix.
+TEST(WeightsTest, CreateLayerFromSafeTensors) {
+  const int64_t E = 8;
+  ModelBuilder m;
+  m.Add("enc.attn.in_proj_weight", {3 * E, E});
+  m.Add("enc.attn.in_proj_bias", {3 * E});
+  m.Add("enc.attn.out_proj.weight", {E, E});
+  m.Add("enc.attn.out_proj.bias", {E});
+  const std::string path = "/tmp/mha_weights_" + std::to_string(getpid()) + "_layer.safetensors";
+  ASSERT_TRUE(m.writer().WriteFile(path).ok());
+  LoadOptions options;
+  options.num_heads = 2;
+  options.batch_first = true;
+  std::unique_ptr<MultiheadAttention> layer;
+  Status s = MultiheadAttention::CreateFromSafeTensors(path, "enc.attn.", options, &layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(layer->config().embed_dim, E);
+  EXPECT_EQ(layer->head_dim(), 4);
+  EXPECT_TRUE(layer->config().batch_first);
+
+  std::vector<float> x(2 * 3 * E, 0.25f), y(2 * 3 * E, -1.0f);
+  const int64_t shape[3] = {2, 3, E};
+  AttentionInputs in;
+  AttentionOutputs out;
+  ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query).ok());
+  ASSERT_TRUE(TensorView::Dense(y.data(), DType::kF32, 3, shape, &out.output).ok());
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
+  s = layer->Forward(*ctx, in, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (float v : y) ASSERT_TRUE(std::isfinite(v));
+
+  options.num_heads = 3;  // does not divide E = 8
+  s = MultiheadAttention::CreateFromSafeTensors(path, "enc.attn.", options, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("embed_dim: expected a multiple of num_heads (3), got 8"),
+            std::string::npos) << s.message();
+  options.num_heads = 2;
+  s = MultiheadAttention::CreateFromSafeTensors(path, "dec.attn.", options, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kFormatError);
+  EXPECT_NE(s.message().find("dec.attn.out_proj.weight"), std::string::npos) << s.message();
+  s = MultiheadAttention::CreateFromSafeTensors("/nonexistent/w.safetensors", "", options, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kIoError);
+  std::remove(path.c_str());
 }
 
 }  // namespace

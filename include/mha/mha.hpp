@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "mha/types.hpp"
 
@@ -153,10 +154,30 @@ struct ProjectionOutputs {
   TensorView v;
 };
 
+// What a state_dict cannot tell: nn.MultiheadAttention's constructor arguments that leave no
+// tensor behind, plus mha's own options.
+struct LoadOptions {
+  int64_t num_heads = 0;  // required: > 0 and dividing embed_dim
+  bool add_zero_attn = false;
+  bool batch_first = false;
+  float scale = 0.0f;  // 0 = 1 / sqrt(head_dim)
+  QkvLayout qkv_layout = QkvLayout::kPyTorch;  // row order of a packed in_proj_weight
+};
+
 class MHA_API MultiheadAttention {
  public:
   static Status Create(const AttentionConfig& config, const AttentionWeights& weights,
                        WeightBinding binding, std::unique_ptr<MultiheadAttention>* out);
+  // Loads nn.MultiheadAttention state_dict tensors named prefix + {in_proj_weight,
+  // in_proj_bias, q/k/v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v} from a
+  // safetensors file (F32, F16 or BF16, widened exactly to f32) and creates a layer owning a
+  // copy. `prefix` includes its trailing dot ("encoder.layers.3.self_attn."). embed_dim, q_dim,
+  // kdim, vdim, bias and add_bias_kv come from the tensors. Errors: IoError (cannot open),
+  // FormatError (malformed file, missing or inconsistent tensors), Unsupported (a non-float
+  // dtype), InvalidArgument (options). The file is not kept open.
+  static Status CreateFromSafeTensors(const std::string& path, const std::string& prefix,
+                                      const LoadOptions& options,
+                                      std::unique_ptr<MultiheadAttention>* out);
   ~MultiheadAttention();
   MultiheadAttention(const MultiheadAttention&) = delete;
   MultiheadAttention& operator=(const MultiheadAttention&) = delete;

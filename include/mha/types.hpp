@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #if defined(_WIN32)
 #define MHA_API __declspec(dllexport)
