@@ -2,7 +2,8 @@
 """The command-line contract of mha-bench: argument errors (one line on stderr, exit code 2),
 --help/--version, the --json and --csv schemas with sane values for a tiny custom case, and the
 --trace file (valid Chrome trace JSON, one thread_name lane per worker, "X" events named after
-the operator's stages). Never asserts a time, only that times are positive and ordered.
+the operator's stages), and the --decode suite (its arguments, table, JSON and CSV). Never
+asserts a time, only that times are positive and ordered.
 
     /usr/bin/python3 tests/mha_bench_test.py build/tools/mha-bench
 
@@ -253,6 +254,74 @@ class OtherShapes(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("note", p.stderr)
         self.assertIn("torch_ms", p.stdout)
+
+
+class Decode(unittest.TestCase):
+    """--decode: the KV-cache decoding suite's arguments, table, JSON and CSV."""
+
+    DECODE_FIELDS = {"context", "batch", "embed", "heads", "kv_heads", "cache_dtype", "threads",
+                     "error", "runs", "median_ms", "p10_ms", "p90_ms", "tokens_per_s",
+                     "cache_bytes", "weight_bytes", "cache_gbs", "total_gbs", "copy_gbs",
+                     "copy_ratio"}
+
+    def test_argument_errors(self):
+        for args, text in [(["--decode", "--causal"], "--decode"),
+                           (["--decode", "--seq", "4"], "--decode"),
+                           (["--decode", "--trace", "x.json"], "--decode"),
+                           (["--contexts", "512"], "--contexts"),
+                           (["--decode", "--contexts", "0"], "--contexts"),
+                           (["--decode", "--contexts", "8,8"], "--contexts"),
+                           (["--decode", "--batches", "x"], "--batches")]:
+            with self.subTest(args=args):
+                p = run(args, timeout=60)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(text, p.stderr)
+                self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+
+    def test_help_documents_decode(self):
+        p = run(["--help"])
+        for text in ["--decode", "--contexts", "--batches", "tokens/s", "copy bandwidth",
+                     "AppendProjected"]:
+            self.assertIn(text, p.stdout)
+
+    def test_json_csv_and_table(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "d.json")
+            cpath = os.path.join(tmp, "d.csv")
+            p = run(["--decode", "--contexts", "16,300", "--batches", "1,2", "--threads", "1,2",
+                     "--min-time", "0", "--min-runs", "2", "--json", jpath, "--csv", cpath])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("copy bandwidth", p.stdout)
+            self.assertIn("tokens/s", p.stdout)
+            with open(jpath) as f:
+                doc = json.load(f)
+            with open(cpath) as f:
+                rows = list(csv.DictReader(f))
+        self.assertEqual(doc["header"]["mode"], "decode")
+        self.assertEqual(set(doc["header"]["copy_gbs"]), {"1", "2"})
+        results = doc["results"]
+        # contexts x batches x {MHA, GQA} x {f32, bf16} x threads
+        self.assertEqual(len(results), 2 * 2 * 2 * 2 * 2)
+        self.assertEqual(len(rows), len(results))
+        seen = set()
+        for r in results:
+            self.assertEqual(set(r), self.DECODE_FIELDS)
+            self.assertEqual(r["error"], "")
+            self.assertGreaterEqual(r["runs"], 2)
+            self.assertGreater(r["median_ms"], 0)
+            self.assertLessEqual(r["p10_ms"], r["median_ms"])
+            self.assertLessEqual(r["median_ms"], r["p90_ms"])
+            self.assertAlmostEqual(r["tokens_per_s"], r["batch"] / (r["median_ms"] * 1e-3),
+                                   delta=1e-6 * r["tokens_per_s"])
+            size = 4 if r["cache_dtype"] == "f32" else 2
+            self.assertEqual(r["cache_bytes"],
+                             2 * r["batch"] * r["kv_heads"] * r["context"] * 64 * size)
+            self.assertGreater(r["copy_gbs"], 0)
+            self.assertGreater(r["total_gbs"], r["cache_gbs"])
+            seen.add((r["context"], r["batch"], r["kv_heads"], r["cache_dtype"], r["threads"]))
+        self.assertEqual(len(seen), len(results))
+        self.assertEqual({k for (_, _, k, _, _) in seen}, {16, 4})
+        self.assertEqual(set(rows[0]), self.DECODE_FIELDS)
 
 
 if __name__ == "__main__":

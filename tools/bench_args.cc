@@ -21,6 +21,10 @@ constexpr double kMaxMinTime = 3600.0;               // seconds
 constexpr int64_t kMaxMinRuns = 1000000;
 constexpr int64_t kMaxSgemmSize = 16384;
 
+// --decode bounds: a cache of 8 entries x 65536 positions x E 1024 in f32 is 4 GiB.
+constexpr int64_t kMaxDecodeContext = 65536;
+constexpr int64_t kMaxDecodeBatch = 64;
+
 // Defaults of a custom shape for the shape flags not given.
 constexpr int64_t kDefaultBatch = 1, kDefaultSeq = 128, kDefaultEmbed = 512, kDefaultHeads = 8;
 
@@ -103,6 +107,35 @@ bool ParseThreadList(const std::string& flag, const std::string& text, std::vect
   return true;
 }
 
+// "512,4096": a comma-separated list of distinct integers in [lo, hi] (`what` names them).
+bool ParseIntList(const std::string& flag, const std::string& text, int64_t lo, int64_t hi,
+                  const char* what, std::vector<int64_t>* out, std::string* error) {
+  out->clear();
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    int64_t v = 0;
+    if (!ParseInt(flag, item, lo, hi, &v, error)) {
+      *error = flag + ": expected a comma-separated list of " + what + " in [" +
+               std::to_string(lo) + ", " + std::to_string(hi) + "], got " + Quoted(text);
+      return false;
+    }
+    for (int64_t x : *out) {
+      if (x == v) {
+        *error = flag + ": expected distinct " + what + ", got " + std::to_string(v) +
+                 " twice in " + Quoted(text);
+        return false;
+      }
+    }
+    out->push_back(v);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return true;
+}
+
 size_t HardwareThreads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : n;  // 0 means "unknown"
@@ -160,7 +193,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     }
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
-        arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch") {
+        arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch" ||
+        arg == "--decode") {
       if (has_inline_value) {
         r.error = arg + ": expected no value, got " + Quoted(value);
         return r;
@@ -177,12 +211,13 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--need-weights") o->need_weights = true;
       if (arg == "--breakdown") o->breakdown = true;
       if (arg == "--compare-torch") o->compare_torch = true;
+      if (arg == "--decode") o->decode = true;
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",   "--seq",      "--kv-seq",   "--embed",      "--heads",
-        "--threads", "--min-time", "--min-runs", "--sgemm-size", "--tolerance",
-        "--seed",    "--json",     "--csv",      "--trace"};
+        "--batch",    "--seq",      "--kv-seq",     "--embed",     "--heads", "--threads",
+        "--min-time", "--min-runs", "--sgemm-size", "--tolerance", "--seed",  "--json",
+        "--csv",      "--trace",    "--contexts",   "--batches"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -212,6 +247,14 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
       if (arg == "--embed") o->shape.embed = v;
       if (arg == "--heads") o->shape.heads = v;
+    } else if (arg == "--contexts") {
+      if (!ParseIntList(arg, value, 1, kMaxDecodeContext, "contexts", &o->decode_contexts, &e)) {
+        return r;
+      }
+    } else if (arg == "--batches") {
+      if (!ParseIntList(arg, value, 1, kMaxDecodeBatch, "batch sizes", &o->decode_batches, &e)) {
+        return r;
+      }
     } else if (arg == "--threads") {
       if (!ParseThreadList(arg, value, &o->threads, &e)) return r;
     } else if (arg == "--min-time") {
@@ -232,6 +275,31 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
       (arg == "--json" ? o->json_path : arg == "--csv" ? o->csv_path : o->trace_path) = value;
     }
+  }
+  if (o->decode) {
+    // The decode suite has its own shapes and reports; the forward-pass options do not apply.
+    const struct {
+      bool given;
+      const char* flag;
+    } conflicts[] = {{o->custom_shape, "--batch/--seq/--kv-seq/--embed/--heads"},
+                     {o->causal, "--causal"},
+                     {o->need_weights, "--need-weights"},
+                     {o->breakdown, "--breakdown"},
+                     {o->compare_torch, "--compare-torch"},
+                     {!o->trace_path.empty(), "--trace"}};
+    for (const auto& c : conflicts) {
+      if (c.given) {
+        r.error = std::string("--decode: expected no ") + c.flag +
+                  " (the decode suite has fixed shapes; see --help), got " + c.flag;
+        return r;
+      }
+    }
+    if (o->decode_contexts.empty()) o->decode_contexts = {512, 1024, 2048, 4096, 8192};
+    if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
+  } else if (!o->decode_contexts.empty() || !o->decode_batches.empty()) {
+    r.error = std::string("--contexts/--batches: expected --decode as well, got ") +
+              (o->decode_contexts.empty() ? "--batches" : "--contexts") + " without --decode";
+    return r;
   }
   if (!kv_seq_given) o->shape.kv_seq = o->shape.seq;
   o->shape.causal = o->causal;
@@ -288,6 +356,26 @@ Measurement:
                      tools/compare_torch.py (override the script path with the environment
                      variable MHA_COMPARE_TORCH); adds torch_ms and speedup = torch_ms / mha_ms.
                      Without python3 or torch a note is printed and the run continues
+
+Incremental decoding (--decode runs this suite instead of the one above):
+  --decode           time KvCache::Step for one new token per batch entry over a cache that
+                     already holds `context` - 1 positions (so the token attends to `context`):
+                     E 1024, 16 heads (head_dim 64), as MHA (16 kv heads) and GQA (4 kv heads),
+                     f32 and bf16 caches, for every context x batch. The cache is filled with
+                     random projected keys/values (KvCache::AppendProjected) and truncated back
+                     after each timed step, so every run sees the same context
+  --contexts LIST    contexts to run, e.g. 512,4096 (default 512,1024,2048,4096,8192)
+  --batches LIST     batch sizes to run, e.g. 1,8 (default 1,4,8)
+  Columns: median_ms (latency of one step: projections of the new token, cache append,
+  attention over the cache, output projection), tokens/s = batch / median, cache_MiB (K+V bytes
+  read per step: batch * kv_heads * context * head_dim * 2 * dtype size), cache_GB/s = those
+  bytes / median (1 GB = 1e9 bytes), +weights_GB/s = (cache bytes + the four E x E / kv x E
+  projection weights in f32) / median, copy% = cache_GB/s / copy bandwidth. The copy bandwidth
+  is measured once per thread count before the cases: memcpy of a 256 MiB buffer into another,
+  split evenly over the same threads, best of 5 after a warm-up, counting bytes read + written
+  (STREAM's convention). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed
+  apply; --decode cannot be combined with shape flags, --causal, --need-weights, --breakdown,
+  --compare-torch or --trace.
 
 Output (a table on stdout always; progress on stderr when it is a terminal):
   --json FILE        results as JSON: {"header": {...}, "results": [{...}, ...]}

@@ -27,6 +27,12 @@ struct BenchOptions {
   double tolerance = 1e-3;      // max absolute error vs the double reference
   uint64_t seed = kDefaultSeed;
 
+  // --decode: the incremental-decoding suite (KvCache::Step of one token per entry over a cache
+  // of `context` positions) instead of the forward-pass suite.
+  bool decode = false;
+  std::vector<int64_t> decode_contexts;  // default {512, 1024, 2048, 4096, 8192}
+  std::vector<int64_t> decode_batches;   // default {1, 4, 8}
+
   bool breakdown = false;
   bool compare_torch = false;
   std::string json_path;

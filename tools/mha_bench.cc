@@ -29,7 +29,9 @@
 #include <malloc.h>  // malloc_trim
 #endif
 
+#include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
+#include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 #include "tools/bench_args.h"
 #include "tools/bench_check.h"
@@ -571,6 +573,306 @@ int Run(const BenchOptions& o) {
   return inaccurate ? kExitInaccurate : kExitOk;
 }
 
+// ---- --decode -------------------------------------------------------------------------------
+
+// The decode suite's fixed model: E 1024, 16 heads of 64.
+constexpr int64_t kDecodeEmbed = 1024;
+constexpr int64_t kDecodeHeads = 16;
+constexpr int64_t kCopyBytes = int64_t{256} << 20;
+
+struct DecodeResult {
+  int64_t context = 0, batch = 0, kv_heads = 0;
+  DType dtype = DType::kF32;
+  size_t threads = 1;
+  std::string error;
+  int64_t runs = 0;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  double tokens_per_s = 0;
+  double cache_bytes = 0;  // K+V read per step
+  double weight_bytes = 0;
+  double cache_gbs = 0, total_gbs = 0;
+  double copy_gbs = 0;  // the machine's copy bandwidth at this thread count
+};
+
+// memcpy bandwidth (bytes read + written per second, GB/s) of kCopyBytes split evenly over
+// `threads` threads of an mha pool: best of 5 after a warm-up that also faults the pages in.
+double MeasureCopyGbs(size_t threads) {
+  std::unique_ptr<uint8_t[]> src(new uint8_t[kCopyBytes]), dst(new uint8_t[kCopyBytes]);
+  std::memset(src.get(), 1, kCopyBytes);
+  std::memset(dst.get(), 2, kCopyBytes);
+  ThreadPool pool(threads);
+  const uint64_t parts = threads;
+  const int64_t slice = kCopyBytes / static_cast<int64_t>(parts);
+  double best_s = 0;
+  for (int rep = 0; rep < 6; ++rep) {
+    const int64_t t0 = TraceRecorder::NowNs();
+    pool.ParallelFor(parts, [&](uint64_t task, size_t /*worker*/) {
+      const int64_t begin = static_cast<int64_t>(task) * slice;
+      const int64_t end = task + 1 == parts ? kCopyBytes : begin + slice;
+      std::memcpy(dst.get() + begin, src.get() + begin, static_cast<size_t>(end - begin));
+    });
+    const double sec = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
+    if (rep > 0 && (best_s == 0 || sec < best_s)) best_s = sec;
+  }
+  return best_s > 0 ? 2.0 * static_cast<double>(kCopyBytes) / best_s * 1e-9 : 0.0;
+}
+
+// A decode layer (separate q/k/v weights for the GQA variant) with random weights, plus random
+// projected keys/values for the largest batch and context, viewed per case.
+struct DecodeModel {
+  int64_t kv_heads = 0;
+  std::vector<float> wq, wk, wv, bias, wo, bo;
+  std::unique_ptr<MultiheadAttention> layer;
+  std::vector<float> kv;  // [2][max_batch, kv_heads, max_context, hd]
+  int64_t max_batch = 0, max_context = 0;
+};
+
+Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context, uint64_t seed,
+                       DecodeModel* m) {
+  const int64_t E = kDecodeEmbed, hd = E / kDecodeHeads, kvE = kv_heads * hd;
+  Random rng(seed + static_cast<uint64_t>(kv_heads));
+  const float bound = 1.0f / std::sqrt(static_cast<float>(E));
+  m->kv_heads = kv_heads;
+  m->wq.resize(E * E);
+  m->wk.resize(kvE * E);
+  m->wv.resize(kvE * E);
+  m->bias.resize(E + 2 * kvE);
+  m->wo.resize(E * E);
+  m->bo.resize(E);
+  for (auto* w : {&m->wq, &m->wk, &m->wv, &m->bias, &m->wo, &m->bo}) rng.Fill(w, bound);
+  AttentionConfig c;
+  c.embed_dim = E;
+  c.num_heads = kDecodeHeads;
+  c.num_kv_heads = kv_heads;
+  c.batch_first = true;
+  AttentionWeights w;
+  w.q_proj_weight = m->wq.data();
+  w.k_proj_weight = m->wk.data();
+  w.v_proj_weight = m->wv.data();
+  w.in_proj_bias = m->bias.data();
+  w.out_proj_weight = m->wo.data();
+  w.out_proj_bias = m->bo.data();
+  m->max_batch = max_batch;
+  m->max_context = max_context;
+  m->kv.resize(2 * static_cast<size_t>(max_batch * kv_heads * max_context * hd));
+  rng.Fill(&m->kv, 1.0f);
+  return MultiheadAttention::Create(c, w, WeightBinding::kView, &m->layer);
+}
+
+DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
+                           size_t threads, const BenchOptions& o) {
+  DecodeResult r;
+  r.context = context;
+  r.batch = batch;
+  r.kv_heads = m.kv_heads;
+  r.dtype = dtype;
+  r.threads = threads;
+  const int64_t E = kDecodeEmbed, hd = E / kDecodeHeads, kvh = m.kv_heads;
+  ContextOptions co;
+  co.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  Status st = Context::Create(co, &ctx);
+  std::unique_ptr<KvCache> cache;
+  if (st.ok())
+    st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
+  // Fill context - 1 positions from the model's random keys/values (a strided view of them).
+  const int64_t prior = context - 1;
+  if (st.ok() && prior > 0) {
+    const int64_t shape[4] = {batch, kvh, prior, hd};
+    const int64_t strides[4] = {kvh * m.max_context * hd, m.max_context * hd, hd, 1};
+    float* k = const_cast<float*>(m.kv.data());
+    float* v = k + m.kv.size() / 2;
+    TensorView kt, vt;
+    st = TensorView::Strided(k, DType::kF32, 4, shape, strides, &kt, "k");
+    if (st.ok()) st = TensorView::Strided(v, DType::kF32, 4, shape, strides, &vt, "v");
+    if (st.ok()) st = cache->AppendProjected(kt, vt);
+  }
+  std::vector<float> x(batch * E), out(batch * E);
+  Random rng(o.seed);
+  rng.Fill(&x, 1.0f);
+  const int64_t xs[3] = {batch, 1, E};
+  TensorView xv, ov;
+  if (st.ok()) st = TensorView::Dense(x.data(), DType::kF32, 3, xs, &xv, "x");
+  if (st.ok()) st = TensorView::Dense(out.data(), DType::kF32, 3, xs, &ov, "output");
+  auto rewind = [&] {
+    for (int64_t n = 0; n < batch && st.ok(); ++n) st = cache->Truncate(n, prior);
+  };
+  // Warm-up: the arena grows to the plan, caches and pages settle.
+  for (int i = 0; i < 2 && st.ok(); ++i) {
+    st = cache->Step(*ctx, *m.layer, xv, ov);
+    rewind();
+  }
+  if (!st.ok()) {
+    r.error = st.ToString();
+    return r;
+  }
+  std::vector<double> samples_ms;
+  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
+  const int64_t start_ns = TraceRecorder::NowNs();
+  for (;;) {
+    const int64_t t0 = TraceRecorder::NowNs();
+    st = cache->Step(*ctx, *m.layer, xv, ov);
+    const int64_t t1 = TraceRecorder::NowNs();
+    if (st.ok()) rewind();
+    if (!st.ok()) {
+      r.error = "KvCache::Step: " + st.ToString();
+      return r;
+    }
+    samples_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
+    const int64_t runs = static_cast<int64_t>(samples_ms.size());
+    if ((runs >= o.min_runs && t1 - start_ns >= min_time_ns) || runs >= kMaxRuns) break;
+  }
+  r.runs = static_cast<int64_t>(samples_ms.size());
+  std::sort(samples_ms.begin(), samples_ms.end());
+  r.median_ms = Percentile(samples_ms, 0.5);
+  r.p10_ms = Percentile(samples_ms, 0.1);
+  r.p90_ms = Percentile(samples_ms, 0.9);
+  const double sec = r.median_ms * 1e-3;
+  r.tokens_per_s = static_cast<double>(batch) / sec;
+  r.cache_bytes =
+      2.0 * static_cast<double>(batch * kvh * context * hd) * static_cast<double>(DTypeSize(dtype));
+  r.weight_bytes = 4.0 * static_cast<double>(2 * E * E + 2 * kvh * hd * E);
+  r.cache_gbs = r.cache_bytes / sec * 1e-9;
+  r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;
+  return r;
+}
+
+int RunDecode(const BenchOptions& o) {
+  std::ofstream json_out, csv_out;
+  if (!OpenOutput("--json", o.json_path, &json_out) || !OpenOutput("--csv", o.csv_path, &csv_out)) {
+    return kExitUsage;
+  }
+  Progress progress;
+  std::printf("mha-bench --decode: mha %s, SIMD target %s, CPU %s, %s\n",
+              OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(), CpuModel().c_str(),
+              IsoDateUtc().c_str());
+  std::printf("model: E %lld, %lld heads of %lld; one new token per batch entry per step\n",
+              static_cast<long long>(kDecodeEmbed), static_cast<long long>(kDecodeHeads),
+              static_cast<long long>(kDecodeEmbed / kDecodeHeads));
+  std::map<size_t, double> copy_gbs;
+  for (size_t t : o.threads) {
+    progress.Show("measuring copy bandwidth (" + std::to_string(t) + " thread(s))...");
+    copy_gbs[t] = MeasureCopyGbs(t);
+    progress.Clear();
+    std::printf("copy bandwidth (memcpy 256 MiB, read + written), %zu thread(s): %.1f GB/s\n", t,
+                copy_gbs[t]);
+  }
+  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s\n", "context", "batch", "kvh",
+              "cache", "threads", "median_ms", "p90_ms", "tokens/s", "cache_MiB", "cache_GB/s",
+              "+weights_GB/s", "copy%");
+  std::fflush(stdout);
+  const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
+  const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
+  std::vector<DecodeResult> results;
+  bool failed = false;
+  for (int64_t kvh : {kDecodeHeads, int64_t{4}}) {
+    progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
+                  " layer and random keys/values...");
+    DecodeModel model;
+    const Status st = MakeDecodeModel(kvh, max_batch, max_context, o.seed, &model);
+    progress.Clear();
+    for (int64_t context : o.decode_contexts) {
+      for (int64_t batch : o.decode_batches) {
+        for (DType dtype : {DType::kF32, DType::kBF16}) {
+          for (size_t t : o.threads) {
+            progress.Show("context " + std::to_string(context) + ", batch " +
+                          std::to_string(batch) + ", " + DTypeName(dtype) + ", " +
+                          std::to_string(t) + " thread(s)");
+            DecodeResult r;
+            if (!st.ok()) {
+              r.context = context;
+              r.batch = batch;
+              r.kv_heads = kvh;
+              r.dtype = dtype;
+              r.threads = t;
+              r.error = "MultiheadAttention::Create: " + st.ToString();
+            } else {
+              r = RunDecodeCase(model, context, batch, dtype, t, o);
+            }
+            r.copy_gbs = copy_gbs[t];
+            progress.Clear();
+            if (!r.error.empty()) {
+              failed = true;
+              std::printf("%8lld %6lld %4lld %5s %7zu  FAILED\n", static_cast<long long>(context),
+                          static_cast<long long>(batch), static_cast<long long>(kvh),
+                          DTypeName(dtype), t);
+              std::fprintf(stderr, "mha-bench: decode context %lld batch %lld: %s\n",
+                           static_cast<long long>(context), static_cast<long long>(batch),
+                           r.error.c_str());
+            } else {
+              std::printf(
+                  "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f\n",
+                  static_cast<long long>(context), static_cast<long long>(batch),
+                  static_cast<long long>(kvh), DTypeName(dtype), t, r.median_ms, r.p90_ms,
+                  r.tokens_per_s, r.cache_bytes / (1024.0 * 1024.0), r.cache_gbs, r.total_gbs,
+                  r.copy_gbs > 0 ? 100.0 * r.cache_gbs / r.copy_gbs : NAN);
+            }
+            std::fflush(stdout);
+            results.push_back(std::move(r));
+          }
+        }
+      }
+    }
+  }
+  bool io_ok = true;
+  auto fields = [](const DecodeResult& r) {
+    nlohmann::ordered_json j;
+    j["context"] = r.context;
+    j["batch"] = r.batch;
+    j["embed"] = kDecodeEmbed;
+    j["heads"] = kDecodeHeads;
+    j["kv_heads"] = r.kv_heads;
+    j["cache_dtype"] = DTypeName(r.dtype);
+    j["threads"] = r.threads;
+    j["error"] = r.error;
+    j["runs"] = r.runs;
+    j["median_ms"] = r.median_ms;
+    j["p10_ms"] = r.p10_ms;
+    j["p90_ms"] = r.p90_ms;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["cache_bytes"] = r.cache_bytes;
+    j["weight_bytes"] = r.weight_bytes;
+    j["cache_gbs"] = r.cache_gbs;
+    j["total_gbs"] = r.total_gbs;
+    j["copy_gbs"] = r.copy_gbs;
+    j["copy_ratio"] = r.copy_gbs > 0 ? r.cache_gbs / r.copy_gbs : 0.0;
+    return j;
+  };
+  if (!o.json_path.empty()) {
+    nlohmann::ordered_json doc;
+    doc["header"]["mode"] = "decode";
+    doc["header"]["mha_version"] = OrUnknown(Version());
+    doc["header"]["simd_target"] = OrUnknown(SimdTarget());
+    doc["header"]["cpu"] = CpuModel();
+    doc["header"]["seed"] = o.seed;
+    for (const auto& [t, g] : copy_gbs) doc["header"]["copy_gbs"][std::to_string(t)] = g;
+    doc["results"] = nlohmann::ordered_json::array();
+    for (const DecodeResult& r : results) doc["results"].push_back(fields(r));
+    json_out << doc.dump(2) << "\n";
+    io_ok = FinishOutput("--json", o.json_path, &json_out) && io_ok;
+  }
+  if (!o.csv_path.empty()) {
+    bool first = true;
+    for (const DecodeResult& r : results) {
+      const nlohmann::ordered_json j = fields(r);
+      if (first) {
+        std::string line;
+        for (auto it = j.begin(); it != j.end(); ++it) line += (line.empty() ? "" : ",") + it.key();
+        csv_out << line << "\n";
+        first = false;
+      }
+      std::string line;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        const std::string v = it->is_string() ? it->get<std::string>() : it->dump();
+        line += (it == j.begin() ? "" : ",") + v;
+      }
+      csv_out << line << "\n";
+    }
+    io_ok = FinishOutput("--csv", o.csv_path, &csv_out) && io_ok;
+  }
+  return failed || !io_ok ? kExitFailure : kExitOk;
+}
+
 }  // namespace
 
 int Main(int argc, char** argv) {
@@ -592,7 +894,7 @@ int Main(int argc, char** argv) {
       break;
   }
   try {
-    return Run(options);
+    return options.decode ? RunDecode(options) : Run(options);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "mha-bench: out of memory (reduce the shape or the thread count)\n");
     return kExitFailure;
