@@ -8,6 +8,7 @@
 
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
+#include "tests/kernel_test_util.h"
 
 namespace mha {
 namespace {
@@ -160,6 +161,26 @@ TEST(AttentionRandomTest, LongSequencesWithWeights) {
     if (HasFatalFailure()) return;
     CheckAgainstReference(p, v);
   }
+}
+
+// The whole operator on every SIMD target compiled in and supported here (the kernels'
+// dispatch is forced per target): each agrees with the double reference within the same
+// tolerance, so targets agree with each other within twice that.
+TEST(AttentionRandomTest, EverySimdTarget) {
+  test::ForEachTarget([&](const char* target) {
+    std::mt19937 rng(123);
+    for (int i = 0; i < 40; ++i) {
+      const Problem p = RandomProblem(&rng, i % 5 == 0 ? 80 : 9);
+      Views v;
+      RunMha(p, 1 + i % 3, &v);
+      if (HasFatalFailure()) return;
+      CheckAgainstReference(p, v);
+      if (HasFailure()) {
+        ADD_FAILURE() << "target " << target << ", random problem #" << i;
+        return;
+      }
+    }
+  });
 }
 
 }  // namespace
