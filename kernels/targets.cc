@@ -26,7 +26,13 @@ namespace kernels {
 
 HWY_EXPORT(CurrentTarget);
 
-std::vector<int64_t> SupportedTargets() { return hwy::SupportedAndGeneratedTargets(); }
+std::vector<int64_t> SupportedTargets() {
+  std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  // Highway 1.0.3 makes its dispatch choice before it adds SVE2_128/SVE_256 to the supported
+  // set: choose again so 128-bit SVE2 and 256-bit SVE cores get their best target.
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  return targets;
+}
 
 const char* TargetName(int64_t target) { return hwy::TargetName(target); }
 

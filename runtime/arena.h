@@ -1,10 +1,11 @@
 // Arena: a bump allocator over one block that serves every temporary of a forward pass.
 //
 // The block is either owned (allocated once by Init) or borrowed from the caller. Every
-// allocation is aligned to kArenaAlignment (64 bytes: a cache line on x86 and most Arm cores, and
-// the widest Highway vector), sizes are overflow-checked, and running out is an OutOfMemory
-// Status naming the bytes requested and available, never an abort. Not thread-safe: a forward
-// pass allocates from the arena on the calling thread before it fans out to the pool.
+// allocation is aligned to kArenaAlignment (64 bytes: a cache line on x86 and most Arm cores,
+// and the widest x86 vector; SVE vectors may be wider but need no alignment), sizes are
+// overflow-checked, and running out is an OutOfMemory Status naming the bytes requested and
+// available, never an abort. Not thread-safe: a forward pass allocates from the arena on the
+// calling thread before it fans out to the pool.
 #ifndef MHA_RUNTIME_ARENA_H_
 #define MHA_RUNTIME_ARENA_H_
 

@@ -13,6 +13,7 @@ Registered from tools/meson.build (suite 'tools').
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,7 @@ HEADER_FIELDS = {"cpu", "simd_target", "blas_arch", "threads", "mha_version", "s
 
 
 def run(args, timeout=240):
-    return subprocess.run([BENCH] + args, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(WRAPPER + [BENCH] + args, capture_output=True, text=True, timeout=timeout)
 
 
 class ArgumentErrors(unittest.TestCase):
@@ -249,7 +250,7 @@ class OtherShapes(unittest.TestCase):
 
     def test_compare_torch_missing_script_is_a_note(self):
         env = dict(os.environ, MHA_COMPARE_TORCH="/nonexistent/compare_torch.py")
-        p = subprocess.run([BENCH] + TINY + ["--threads", "1", "--compare-torch"],
+        p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1", "--compare-torch"],
                            capture_output=True, text=True, timeout=120, env=env)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("note", p.stderr)
