@@ -20,6 +20,8 @@ import tempfile
 import unittest
 
 BENCH = None  # path of the mha-bench executable, from argv[1]
+# Under a cross build meson runs tests through an emulator (qemu) and says so here.
+WRAPPER = shlex.split(os.environ.get("MESON_EXE_WRAPPER", ""))
 
 # The tiny custom case of the schema tests; min-time/min-runs/sgemm-size keep it fast.
 TINY = ["--batch", "1", "--seq", "8", "--embed", "16", "--heads", "2", "--min-time", "0.01",
