@@ -11,6 +11,8 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/gemv.h"
+
 namespace mha {
 namespace kernels {
 
@@ -236,6 +238,12 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
   if (c.rows == 0 || c.cols == 0) return;
   if (a.cols == 0 || alpha == 0.0f) {
     ScaleC(beta, c);
+    return;
+  }
+  // A few rows of a against b = w^T (a weight matrix in nn.Linear layout): packing b would cost
+  // more than the product, which streams w once (see gemv.h).
+  if (a.rows <= kGemvMaxRows && GemvLayoutMatches(a, b)) {
+    Gemv(alpha, a, b, beta, c);
     return;
   }
   const Config& cfg = GetConfig();

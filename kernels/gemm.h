@@ -19,11 +19,19 @@
 // 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
 // column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
 //
+// Few rows (GEMV path): when a has at most kGemvMaxRows (8) rows, contiguous rows
+// (a.col_stride == 1) and b has contiguous columns (b.row_stride == 1, i.e. b = w^T of a
+// row-major w, as in the projections of one decoded token), Gemm calls kernels::Gemv
+// (gemv.h), which streams each column of b once and packs nothing; the scratch is then unused.
+//
 // Numerics: each element of C is alpha * (a sum over k in increasing order, split at multiples
 // of KC, of fused multiply-adds) + beta * c, so results are deterministic and do not depend on
 // which thread runs the call or on alignment of the data. With beta 0 or 1, computing c as
 // several calls on sub-blocks of c gives the same bits as one call (ParallelGemm's panels); with
-// other beta it may differ in the last bit (edge tiles round beta * c separately).
+// other beta it may differ in the last bit (edge tiles round beta * c separately). The GEMV path
+// sums differently (SIMD lanes, then across lanes: see gemv.h), so the same-bits guarantee holds
+// between calls that take the same path: splitting columns always, splitting rows when the whole
+// and every part lie on the same side of kGemvMaxRows; the two paths agree to rounding.
 #ifndef MHA_KERNELS_GEMM_H_
 #define MHA_KERNELS_GEMM_H_
 
