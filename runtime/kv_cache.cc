@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -188,6 +189,15 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
   if (o.buffer != nullptr && o.buffer_bytes < bytes) {
     return InvalidArgument("KvCache::Create: buffer_bytes: expected >= " + std::to_string(bytes) +
                            " (K and V), got " + std::to_string(o.buffer_bytes));
+  }
+  // Elements are read as their own type (uint16_t / float): the buffer must be aligned to it.
+  const size_t elem = DTypeSize(o.dtype);
+  if (o.buffer != nullptr && reinterpret_cast<uintptr_t>(o.buffer) % elem != 0) {
+    return InvalidArgument("KvCache::Create: buffer: expected an address aligned to " +
+                           std::to_string(elem) + " bytes (the " + DTypeName(o.dtype) +
+                           " element size), got one " +
+                           std::to_string(reinterpret_cast<uintptr_t>(o.buffer) % elem) +
+                           " bytes past it");
   }
   std::unique_ptr<KvCache> c(new KvCache());
   c->batch_ = o.batch;

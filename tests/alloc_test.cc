@@ -22,7 +22,7 @@
 namespace {
 std::atomic<bool> g_counting{false};
 std::atomic<long> g_allocations{0};
-void Count() {
+[[maybe_unused]] void Count() {
   if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
 }
 }  // namespace

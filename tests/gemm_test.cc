@@ -43,7 +43,7 @@
 namespace {
 std::atomic<bool> g_counting{false};
 std::atomic<long> g_allocations{0};
-void CountAllocation() {
+[[maybe_unused]] void CountAllocation() {
   if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
 }
 }  // namespace

@@ -478,8 +478,8 @@ TEST_F(KvCacheApiTest, CallerBufferHoldsTheCache) {
   size_t bytes = 0;
   ASSERT_TRUE(KvCache::RequiredBytes(o, &bytes).ok());
   EXPECT_EQ(bytes, 2u * 2 * 2 * 8 * 8 * 2);  // K+V, batch, kv heads, capacity, hd, bf16
-  std::vector<uint8_t> buf(bytes + 1, 0xEE);
-  o.buffer = buf.data() + 1;
+  std::vector<uint8_t> buf(bytes + 2, 0xEE);
+  o.buffer = buf.data() + 2;  // malloc'ed data is 16-byte aligned: 2 keeps bf16 alignment
   o.buffer_bytes = bytes - 1;
   std::unique_ptr<KvCache> c;
   Status s = KvCache::Create(o, &c);
@@ -487,12 +487,17 @@ TEST_F(KvCacheApiTest, CallerBufferHoldsTheCache) {
             std::string::npos)
       << s.message();
   o.buffer_bytes = bytes;
+  o.buffer = buf.data() + 1;  // misaligned for bf16
+  s = KvCache::Create(o, &c);
+  EXPECT_NE(s.message().find("buffer: expected an address aligned to 2 bytes"), std::string::npos)
+      << s.message();
+  o.buffer = buf.data() + 2;
   ASSERT_TRUE(KvCache::Create(o, &c).ok());
-  EXPECT_EQ(c->keys(), buf.data() + 1);
+  EXPECT_EQ(c->keys(), buf.data() + 2);
   std::vector<float> a, b;
   ASSERT_TRUE(c->Step(*ctx_, *p_.layer, View(&a, 2, 1, 32), View(&b, 2, 1, 32)).ok());
   // Position 0 of entry 0, kv head 0 was written (K), position 1 was not.
-  const uint8_t* k = buf.data() + 1;
+  const uint8_t* k = buf.data() + 2;
   bool written = false;
   for (int i = 0; i < 16; ++i) written = written || k[i] != 0xEE;
   EXPECT_TRUE(written);

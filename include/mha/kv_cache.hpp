@@ -71,8 +71,8 @@ struct MHA_API KvCacheOptions {
   int64_t num_kv_heads = 0;   // the layer's key/value heads
   int64_t head_dim = 0;       // the layer's head_dim
   DType dtype = DType::kF32;  // storage: kF32, kBF16 or kF16
-  // Caller-provided storage (not owned; must outlive the cache), at least RequiredBytes(), any
-  // alignment (64 bytes recommended). Null: the cache allocates and owns its storage (zeroed).
+  // Caller-provided storage (not owned; must outlive the cache), at least RequiredBytes(),
+  // aligned to the storage element size (64 bytes recommended). Null: the cache allocates and owns its storage (zeroed).
   void* buffer = nullptr;
   size_t buffer_bytes = 0;
 
