@@ -13,6 +13,7 @@ output row equal to out_proj.bias when every head of that row is masked.
 """
 
 import os
+import shlex
 import struct
 import subprocess
 import sys
@@ -36,8 +37,16 @@ def fail(message):
     print("FAIL: " + message)
 
 
+# Under a cross build meson runs tests through an emulator (qemu) and names it here; mha-run is a
+# target binary, the Python helpers are not.
+WRAPPER = shlex.split(os.environ.get("MESON_EXE_WRAPPER", ""))
+
+
 def run(cmd, **kw):
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    cmd = [str(c) for c in cmd]
+    if os.path.basename(cmd[0]) == "mha-run":
+        cmd = WRAPPER + cmd
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
 def leftovers(directory, before):
