@@ -5,8 +5,8 @@
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--threads N]
 //           [--weights-png FILE] [--version] [--help]
 //
-// Weights are read by state_dict name (runtime/weights.h); inputs by name: `query`, optional
-// `key` and `value`, `attn_mask`, `key_padding_mask`. Other tensors in either file are ignored,
+// Weights are read by state_dict name (MultiheadAttention::CreateFromSafeTensors); inputs by
+// name: `query`, optional `key` and `value`, `attn_mask`, `key_padding_mask`. Other tensors in either file are ignored,
 // so one file may hold weights, inputs and expected outputs (tests/data/golden/). The output
 // file holds `attn_output` and, with --need-weights, `attn_output_weights`.
 //
@@ -33,7 +33,6 @@
 
 #include "mha/mha.hpp"
 #include "runtime/safetensors.h"
-#include "runtime/weights.h"
 
 #ifdef MHA_HAVE_PNG
 #include <png.h>
@@ -380,53 +379,18 @@ Status RenderHeatmap(const std::vector<float>& w, int64_t panel_rows, int64_t pa
 }
 
 Status Run(const RunOptions& o) {
-  SafeTensorsFile weights_file;
-  Status s = SafeTensorsFile::Open(o.weights, &weights_file);
-  if (!s.ok()) return s;
-  MhaWeights mw;
-  s = LoadMhaWeights(weights_file, o.prefix, &mw);
-  if (!s.ok()) return s;
-
-  AttentionConfig config;
-  config.embed_dim = mw.embed_dim;
-  config.num_heads = o.num_heads;
-  config.q_dim = mw.q_dim;
-  config.kdim = mw.kdim;
-  config.vdim = mw.vdim;
-  config.bias = mw.bias;
-  config.add_bias_kv = mw.add_bias_kv;
-  config.add_zero_attn = o.add_zero_attn;
-  config.batch_first = o.batch_first;
-  AttentionWeights w;
-  std::vector<float> bias_qkv;  // separate projections: PyTorch's one [3E] in_proj_bias
-  w.qkv_layout = o.qkv_layout;
-  if (mw.packed_in_proj) {
-    w.in_proj_weight = mw.in_proj_weight.data();
-    if (mw.bias) w.in_proj_bias = mw.in_proj_bias.data();
-  } else {
-    w.q_proj_weight = mw.w_q.data();
-    w.k_proj_weight = mw.w_k.data();
-    w.v_proj_weight = mw.w_v.data();
-    if (mw.bias) {
-      bias_qkv = mw.b_q;
-      bias_qkv.insert(bias_qkv.end(), mw.b_k.begin(), mw.b_k.end());
-      bias_qkv.insert(bias_qkv.end(), mw.b_v.begin(), mw.b_v.end());
-      w.in_proj_bias = bias_qkv.data();
-    }
-  }
-  if (mw.add_bias_kv) {
-    w.bias_k = mw.bias_k.data();
-    w.bias_v = mw.bias_v.data();
-  }
-  w.out_proj_weight = mw.w_out.data();
-  if (mw.bias) w.out_proj_bias = mw.b_out.data();
+  LoadOptions load;
+  load.num_heads = o.num_heads;
+  load.add_zero_attn = o.add_zero_attn;
+  load.batch_first = o.batch_first;
+  load.qkv_layout = o.qkv_layout;
   std::unique_ptr<MultiheadAttention> layer;
-  // View: `mw` and `bias_qkv` outlive the layer.
-  s = MultiheadAttention::Create(config, w, WeightBinding::kView, &layer);
-  if (!s.ok()) {
-    return Status(s.code(), "weights '" + o.weights + "' with --num-heads " +
-                                std::to_string(o.num_heads) + ": " + s.message());
+  Status s = MultiheadAttention::CreateFromSafeTensors(o.weights, o.prefix, load, &layer);
+  if (s.code() == StatusCode::kInvalidArgument) {
+    return Status(s.code(), "--num-heads " + std::to_string(o.num_heads) + ": " + s.message());
   }
+  if (!s.ok()) return s;
+  const AttentionConfig& config = layer->config();
 
   SafeTensorsFile inputs_file;
   s = SafeTensorsFile::Open(o.inputs, &inputs_file);
