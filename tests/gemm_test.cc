@@ -29,68 +29,9 @@
 
 #include "kernels/gemv.h"
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define MHA_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define MHA_SANITIZED 1
-#endif
-#endif
-
-// Allocation counting: malloc and operator new are interposed in this binary, and count only
-// while g_counting is set (by the one test that checks Gemm allocates nothing). Sanitizer builds
-// keep their own allocator, and that test is skipped there.
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<long> g_allocations{0};
-[[maybe_unused]] void CountAllocation() {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
-}
-}  // namespace
-
-#ifndef MHA_SANITIZED
-// glibc's own entry points, so the interposed functions can forward to them.
-extern "C" void* __libc_malloc(size_t);
-extern "C" void* __libc_calloc(size_t, size_t);
-extern "C" void* __libc_realloc(void*, size_t);
-extern "C" void* __libc_memalign(size_t, size_t);
-extern "C" void __libc_free(void*);
-
-extern "C" void* malloc(size_t n) {
-  CountAllocation();
-  return __libc_malloc(n);
-}
-extern "C" void* calloc(size_t a, size_t b) {
-  CountAllocation();
-  return __libc_calloc(a, b);
-}
-extern "C" void* realloc(void* p, size_t n) {
-  CountAllocation();
-  return __libc_realloc(p, n);
-}
-extern "C" void* aligned_alloc(size_t align, size_t n) {
-  CountAllocation();
-  return __libc_memalign(align, n);
-}
-extern "C" int posix_memalign(void** out, size_t align, size_t n) {
-  CountAllocation();
-  *out = __libc_memalign(align, n);
-  return *out ? 0 : 12;  // ENOMEM
-}
-extern "C" void free(void* p) { __libc_free(p); }
-
-void* operator new(size_t n) {
-  CountAllocation();
-  void* p = __libc_malloc(n ? n : 1);
-  if (!p) throw std::bad_alloc();
-  return p;
-}
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { __libc_free(p); }
-void operator delete[](void* p) noexcept { __libc_free(p); }
-void operator delete(void* p, size_t) noexcept { __libc_free(p); }
-void operator delete[](void* p, size_t) noexcept { __libc_free(p); }
-#endif
+// Allocation counting (malloc and operator new interposed; counted while g_counting is set, by
+// the one test that checks Gemm allocates nothing; skipped in sanitizer builds).
+#include "tests/alloc_counter.h"
 
 namespace mha {
 namespace kernels {
