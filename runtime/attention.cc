@@ -31,6 +31,7 @@
 #include "runtime/parallel_gemm.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
+#include "runtime/weights.h"
 
 namespace mha {
 
@@ -1119,6 +1120,70 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
       if (m.config.add_zero_attn) std::memset(dst + p * hd, 0, hd * sizeof(float));
     }
   });
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading from a safetensors file (the operator's entry; the parsing is runtime/weights.cc, which
+// the fuzzer builds on its own).
+
+Status MultiheadAttention::CreateFromSafeTensors(const std::string& path,
+                                                 const std::string& prefix,
+                                                 const LoadOptions& options,
+                                                 std::unique_ptr<MultiheadAttention>* out) {
+  if (out == nullptr) return InvalidArgument("CreateFromSafeTensors: out is null");
+  if (options.num_heads <= 0) {
+    return InvalidArgument("options.num_heads: expected > 0, got " +
+                           std::to_string(options.num_heads));
+  }
+  SafeTensorsFile file;
+  Status s = SafeTensorsFile::Open(path, &file);
+  if (!s.ok()) return s;
+  MhaWeights mw;
+  s = LoadMhaWeights(file, prefix, &mw);
+  if (!s.ok()) return s;
+
+  AttentionConfig c;
+  c.embed_dim = mw.embed_dim;
+  c.num_heads = options.num_heads;
+  c.q_dim = mw.q_dim;
+  c.kdim = mw.kdim;
+  c.vdim = mw.vdim;
+  c.bias = mw.bias;
+  c.add_bias_kv = mw.add_bias_kv;
+  c.add_zero_attn = options.add_zero_attn;
+  c.batch_first = options.batch_first;
+  c.scale = options.scale;
+
+  AttentionWeights w;
+  // Separate projections keep PyTorch's one in_proj_bias [3E] in q, k, v order.
+  std::vector<float> bias_qkv;
+  w.qkv_layout = options.qkv_layout;
+  if (mw.packed_in_proj) {
+    w.in_proj_weight = mw.in_proj_weight.data();
+    if (mw.bias) w.in_proj_bias = mw.in_proj_bias.data();
+  } else {
+    w.q_proj_weight = mw.w_q.data();
+    w.k_proj_weight = mw.w_k.data();
+    w.v_proj_weight = mw.w_v.data();
+    if (mw.bias) {
+      bias_qkv = mw.b_q;
+      bias_qkv.insert(bias_qkv.end(), mw.b_k.begin(), mw.b_k.end());
+      bias_qkv.insert(bias_qkv.end(), mw.b_v.begin(), mw.b_v.end());
+      w.in_proj_bias = bias_qkv.data();
+    }
+  }
+  if (mw.add_bias_kv) {
+    w.bias_k = mw.bias_k.data();
+    w.bias_v = mw.bias_v.data();
+  }
+  w.out_proj_weight = mw.w_out.data();
+  if (mw.bias) w.out_proj_bias = mw.b_out.data();
+  // Copy: the loaded vectors are freed when this call returns.
+  s = Create(c, w, WeightBinding::kCopy, out);
+  if (!s.ok()) {
+    return Status(s.code(), path + " (prefix \"" + prefix + "\"): " + s.message());
+  }
   return Status::Ok();
 }
 
