@@ -133,6 +133,23 @@ struct MultiheadAttention::Impl : LayerWeights {
   void PrepareMasks(const Shapes& sh, const Workspace& ws, uint8_t* base,
                     MaskInput* attn, MaskInput* kpm) const;
   void RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
+  // Q, K, V inside the workspace: one [tokens, E + 2 kvE] buffer when fused, three otherwise.
+  struct QkvBuffers {
+    float* q;
+    float* k;
+    float* v;
+  };
+  QkvBuffers Buffers(const Workspace& ws, uint8_t* base) const {
+    if (ws.fused) {
+      float* qkv = reinterpret_cast<float*>(base + ws.qkv);
+      return {qkv, qkv + E, qkv + E + kvE};
+    }
+    return {reinterpret_cast<float*>(base + ws.q), reinterpret_cast<float*>(base + ws.k),
+            reinterpret_cast<float*>(base + ws.v)};
+  }
+  // Validates inputs and outputs of Project/PlanProject (masks and weights are ignored there).
+  Status ValidateProject(const AttentionInputs& inputs, const ProjectionOutputs& outputs,
+                         Shapes* sh) const;
 };
 
 MultiheadAttention::MultiheadAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -699,20 +716,15 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
     return job;
   };
 
-  float* k_buf;
-  float* v_buf;
+  const QkvBuffers buf = Buffers(ws, base);
+  float* k_buf = buf.k;
+  float* v_buf = buf.v;
   if (ws.fused) {
-    float* qkv = reinterpret_cast<float*>(base + ws.qkv);
-    k_buf = qkv + E;
-    v_buf = qkv + E + kvE;
-    GemmJob job = make_job(sh.q, w_packed, b_packed, E + 2 * kvE, qkv, ws.q_layout, ws.q_ld);
+    GemmJob job = make_job(sh.q, w_packed, b_packed, E + 2 * kvE, buf.q, ws.q_layout, ws.q_ld);
     ParallelGemm(ctx.pool(), &job, 1, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
   } else {
-    float* q_buf = reinterpret_cast<float*>(base + ws.q);
-    k_buf = reinterpret_cast<float*>(base + ws.k);
-    v_buf = reinterpret_cast<float*>(base + ws.v);
     GemmJob jobs[3] = {
-        make_job(sh.q, w_q, b_q, E, q_buf, ws.q_layout, ws.q_ld),
+        make_job(sh.q, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld),
         make_job(sh.k, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld),
         make_job(sh.v, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld),
     };
@@ -801,19 +813,10 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   // With padded masks, causal is already folded into the attn mask.
   const bool causal = sh.causal && !ws.padded_masks;
 
-  float* q_buf;
-  float* k_buf;
-  float* v_buf;
-  if (ws.fused) {
-    float* qkv = reinterpret_cast<float*>(base + ws.qkv);
-    q_buf = qkv;
-    k_buf = qkv + E;
-    v_buf = qkv + E + kvE;
-  } else {
-    q_buf = reinterpret_cast<float*>(base + ws.q);
-    k_buf = reinterpret_cast<float*>(base + ws.k);
-    v_buf = reinterpret_cast<float*>(base + ws.v);
-  }
+  const QkvBuffers buf = Buffers(ws, base);
+  float* const q_buf = buf.q;
+  float* const k_buf = buf.k;
+  float* const v_buf = buf.v;
   float* concat = reinterpret_cast<float*>(base + ws.concat);
   uint8_t* scratch_base = base + ws.scratch;
   TraceRecorder* trace = ctx.trace();
@@ -1039,36 +1042,51 @@ Status CheckDense4(const TensorView& t, const char* name, int64_t a, int64_t b, 
 
 }  // namespace
 
-Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
-                                       const ProjectionOutputs& outputs, size_t num_threads,
-                                       size_t* workspace_bytes) const {
-  if (workspace_bytes == nullptr) return InvalidArgument("PlanProject: workspace_bytes is null");
-  const Impl& m = *impl_;
-  Shapes sh;
+Status MultiheadAttention::Impl::ValidateProject(const AttentionInputs& inputs,
+                                                 const ProjectionOutputs& outputs,
+                                                 Shapes* sh) const {
   AttentionInputs in = inputs;
   in.attn_mask = TensorView();
   in.key_padding_mask = TensorView();
   in.need_weights = false;
-  Status s = m.Validate(in, nullptr, &sh);
+  Status s = Validate(in, nullptr, sh);
   if (!s.ok()) return s;
-  s = CheckDense4(outputs.q, "q", sh.N, m.H, sh.L, m.hd);
+  s = CheckDense4(outputs.q, "q", sh->N, H, sh->L, hd);
   if (!s.ok()) return s;
-  s = CheckDense4(outputs.k, "k", sh.N, m.KVH, sh.St, m.hd);
+  s = CheckDense4(outputs.k, "k", sh->N, KVH, sh->St, hd);
   if (!s.ok()) return s;
-  s = CheckDense4(outputs.v, "v", sh.N, m.KVH, sh.St, m.hd);
-  if (!s.ok()) return s;
-  // The GEMMs write straight into the caller's tensors: only per-worker packing buffers.
+  return CheckDense4(outputs.v, "v", sh->N, KVH, sh->St, hd);
+}
+
+namespace {
+
+// The GEMMs write straight into the caller's tensors: only per-worker packing buffers.
+size_t ProjectWorkspaceBytes(size_t num_threads) {
   size_t per_worker = 0;
   RoundUpToAlignment(kernels::GemmScratchBytes(), &per_worker);
-  *workspace_bytes = per_worker * std::max<size_t>(num_threads, 1);
+  return per_worker * std::max<size_t>(num_threads, 1);
+}
+
+}  // namespace
+
+Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
+                                       const ProjectionOutputs& outputs, size_t num_threads,
+                                       size_t* workspace_bytes) const {
+  if (workspace_bytes == nullptr) return InvalidArgument("PlanProject: workspace_bytes is null");
+  Shapes sh;
+  Status s = impl_->ValidateProject(inputs, outputs, &sh);
+  if (!s.ok()) return s;
+  *workspace_bytes = ProjectWorkspaceBytes(num_threads);
   return Status::Ok();
 }
 
 Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
                                    const ProjectionOutputs& outputs) const {
-  size_t bytes = 0;
-  Status s = PlanProject(inputs, outputs, ctx.num_threads(), &bytes);
+  const Impl& m = *impl_;
+  Shapes sh;
+  Status s = m.ValidateProject(inputs, outputs, &sh);
   if (!s.ok()) return s;
+  const size_t bytes = ProjectWorkspaceBytes(ctx.num_threads());
   s = ctx.Reserve(bytes);
   if (!s.ok()) return s;
   ctx.arena().Reset();
@@ -1076,14 +1094,6 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   s = ctx.arena().Allocate(bytes, &scratch, "projection workspace");
   if (!s.ok()) return s;
   const size_t scratch_stride = bytes / ctx.num_threads();
-  const Impl& m = *impl_;
-  Shapes sh;
-  AttentionInputs in = inputs;
-  in.attn_mask = TensorView();
-  in.key_padding_mask = TensorView();
-  in.need_weights = false;
-  s = m.Validate(in, nullptr, &sh);
-  if (!s.ok()) return s;
   const int64_t N = sh.N, hd = m.hd;
   // Tasks over (which in q/k/v, n, head): out[n, h] [T, hd] = X_n [T, in] x W_h^T + b_h.
   const int64_t heads[3] = {m.H, m.KVH, m.KVH};

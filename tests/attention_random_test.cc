@@ -52,7 +52,7 @@ void RunMha(const Problem& p, size_t threads, Views* v) {
 void CheckAgainstReference(const Problem& p, const Views& v) {
   reference::Outputs ref;
   testing_util::RunReference(p, &ref);
-  const int64_t E = p.config.embed_dim, H = p.config.num_heads;
+  const int64_t E = p.config.embed_dim;
   int bad = 0;
   for (int64_t n = 0; n < p.N; ++n) {
     for (int64_t l = 0; l < p.L; ++l) {
@@ -77,7 +77,6 @@ void CheckAgainstReference(const Problem& p, const Views& v) {
                     << p.Describe();
     }
   }
-  (void)H;
 }
 
 TEST(AttentionRandomTest, MatchesDoubleReference) {
