@@ -173,6 +173,58 @@ HWY_INLINE void Convert16ToF32(DF df, const uint16_t* HWY_RESTRICT x, float* HWY
   }
 }
 
+// Row readers for kernels that stream f32, bf16 or f16 rows (decode, GEMV): Load widens Lanes(df) elements at p to f32; Scalar widens one (for the
+// hd % lanes tail). All conversions are exact.
+struct F32Row {
+  using T = float;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return hn::LoadU(df, p);
+  }
+  static HWY_INLINE float Scalar(T x) { return x; }
+};
+
+struct BF16Row {
+  using T = uint16_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return elementwise_detail::BF16BitsToF32(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), p));
+  }
+  static HWY_INLINE float Scalar(T x) {
+    const uint32_t bits = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+};
+
+struct F16Row {
+  using T = uint16_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return elementwise_detail::F16BitsToF32(df, hn::LoadU(hn::Rebind<uint16_t, DF>(), p));
+  }
+  static HWY_INLINE float Scalar(T x) {
+    const uint32_t sign = static_cast<uint32_t>(x & 0x8000u) << 16;
+    const uint32_t exp = (x >> 10) & 0x1Fu;
+    const uint32_t mantissa = x & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0) {
+      // Zero or subnormal: mantissa * 2^-24, exact in f32.
+      const float mag = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+      std::memcpy(&bits, &mag, sizeof(bits));
+      bits |= sign;
+    } else if (exp == 31) {
+      bits = sign | 0x7F800000u | (mantissa << 13) | (mantissa != 0 ? 0x00400000u : 0u);
+    } else {
+      bits = sign | ((exp + 112) << 23) | (mantissa << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  }
+};
+
 }  // namespace elementwise_detail
 
 // See kernels/elementwise.h. The scalar tails round exactly as the vector lanes do.

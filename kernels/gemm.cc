@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/elementwise.h"
 #include "kernels/gemv.h"
 
 namespace mha {
@@ -158,7 +159,8 @@ struct Config {
   size_t nc = 0;      // columns of B packed per jc block (multiple of nr)
   PackPanelFn pack_a = nullptr;
   PackPanelFn pack_b = nullptr;
-  size_t b_offset_bytes = 0;  // packed B starts here in the scratch (packed A at 0)
+  size_t b_offset_bytes = 0;      // packed B starts here in the scratch (packed A at 0)
+  size_t widen_offset_bytes = 0;  // then one widened 16-bit panel (max(packmr, packnr) x kc)
   size_t scratch_bytes = 0;
 };
 
@@ -189,8 +191,10 @@ Config MakeConfig() {
   const size_t a_bytes = (cfg.mc / cfg.mr) * cfg.packmr * cfg.kc * sizeof(float);
   const size_t b_bytes = (cfg.nc / cfg.nr) * cfg.packnr * cfg.kc * sizeof(float);
   cfg.b_offset_bytes = RoundUp(a_bytes + kPanelTailBytes, kGemmScratchAlignment);
-  cfg.scratch_bytes =
+  cfg.widen_offset_bytes =
       RoundUp(cfg.b_offset_bytes + b_bytes + kPanelTailBytes, kGemmScratchAlignment);
+  const size_t widen_bytes = std::max(cfg.packmr, cfg.packnr) * cfg.kc * sizeof(float);
+  cfg.scratch_bytes = RoundUp(cfg.widen_offset_bytes + widen_bytes, kGemmScratchAlignment);
   return cfg;
 }
 
@@ -199,12 +203,52 @@ const Config& GetConfig() {
   return config;
 }
 
-// Packs the len x kc block src (element (i, p) at src[i * s_r + p * s_k]) into
-// ceil(len / r) micro-panels of r rows, panel q at dst + q * height * kc.
-void PackBlock(PackPanelFn pack, const float* src, ptrdiff_t s_r, ptrdiff_t s_k, size_t len,
-               size_t kc, size_t r, size_t height, float* dst) {
+// One operand of the driver: f32 elements, or 16-bit ones (GemmHalfB's weights) that are
+// widened exactly to f32 as they are packed. Element (i, p) at data[i * row_stride + p *
+// col_stride].
+struct Operand {
+  const float* f32 = nullptr;
+  const uint16_t* half = nullptr;  // used when f32 is null
+  HalfType type = HalfType::kBF16;
+  ptrdiff_t row_stride = 0;
+  ptrdiff_t col_stride = 1;
+
+  Operand Transposed() const { return {f32, half, type, col_stride, row_stride}; }
+  Operand At(size_t r, size_t c) const {
+    const ptrdiff_t off =
+        static_cast<ptrdiff_t>(r) * row_stride + static_cast<ptrdiff_t>(c) * col_stride;
+    return {f32 ? f32 + off : nullptr, half ? half + off : nullptr, type, row_stride, col_stride};
+  }
+};
+
+// Packs one micro-panel of `rows` rows (rows <= height) and kc columns of `src` into dst (the
+// layout of PackPanel). A 16-bit source must be contiguous along kc (col_stride 1: rows of an
+// nn.Linear weight): its rows are widened into `widen` (rows x kc floats) and packed from
+// there, so the packed panel holds exactly the values a widened f32 matrix would give.
+void PackOperandPanel(PackPanelFn pack, const Operand& src, size_t rows, size_t kc, size_t height,
+                      float* widen, float* dst) {
+  if (src.f32 != nullptr) {
+    pack(src.f32, src.row_stride, src.col_stride, rows, kc, height, dst);
+    return;
+  }
+  assert(src.col_stride == 1 && "GemmHalfB: 16-bit operands must be contiguous along k");
+  for (size_t i = 0; i < rows; ++i) {
+    const uint16_t* row = src.half + static_cast<ptrdiff_t>(i) * src.row_stride;
+    if (src.type == HalfType::kBF16) {
+      BF16ToF32(row, widen + i * kc, kc);
+    } else {
+      F16ToF32(row, widen + i * kc, kc);
+    }
+  }
+  pack(widen, static_cast<ptrdiff_t>(kc), 1, rows, kc, height, dst);
+}
+
+// Packs the len x kc block `src` into ceil(len / r) micro-panels of r rows, panel q at
+// dst + q * height * kc.
+void PackBlock(PackPanelFn pack, const Operand& src, size_t len, size_t kc, size_t r, size_t height,
+               float* widen, float* dst) {
   for (size_t i = 0; i < len; i += r) {
-    pack(src + static_cast<ptrdiff_t>(i) * s_r, s_r, s_k, std::min(r, len - i), kc, height, dst);
+    PackOperandPanel(pack, src.At(i, 0), std::min(r, len - i), kc, height, widen, dst);
     dst += height * kc;
   }
 }
@@ -227,31 +271,17 @@ bool IsUnit(ptrdiff_t stride) { return stride == 1 || stride == -1; }
 
 size_t GemmScratchBytes() { return GetConfig().scratch_bytes; }
 
-void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
-          void* scratch) {
-  assert(a.rows == c.rows && "Gemm: a.rows must equal c.rows");
-  assert(b.cols == c.cols && "Gemm: b.cols must equal c.cols");
-  assert(a.cols == b.rows && "Gemm: a.cols must equal b.rows");
-  assert(scratch != nullptr && "Gemm: scratch is required");
-  assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
-         "Gemm: scratch must be 64-byte aligned");
-  if (c.rows == 0 || c.cols == 0) return;
-  if (a.cols == 0 || alpha == 0.0f) {
-    ScaleC(beta, c);
-    return;
-  }
-  // A few rows of a against b = w^T (a weight matrix in nn.Linear layout): packing b would cost
-  // more than the product, which streams w once (see gemv.h).
-  if (a.rows <= kGemvMaxRows && GemvLayoutMatches(a, b)) {
-    Gemv(alpha, a, b, beta, c);
-    return;
-  }
+// The five loops (see gemm.h) for c [m, n] = alpha * a [m, k] * b [k, n] + beta * c, with
+// m, n, k > 0 and alpha != 0.
+void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float beta,
+            const MatrixView& c, void* scratch) {
   const Config& cfg = GetConfig();
 
   // The kernel writes its MR x NR tile fastest when C's storage matches its preference; for the
   // other storage it goes through a temporary tile. C^T = B^T A^T turns a column-stored C into
   // a row-stored one (and back), at no cost: only strides and roles swap.
-  MatrixView op_a = a, op_b = b, op_c = c;
+  Operand op_a = a, op_b = b;
+  MatrixView op_c = c;
   const bool c_row_stored = IsUnit(c.col_stride) && !IsUnit(c.row_stride);
   const bool c_col_stored = IsUnit(c.row_stride) && !IsUnit(c.col_stride);
   if ((cfg.prefers_rows && c_col_stored) || (!cfg.prefers_rows && c_row_stored)) {
@@ -259,10 +289,12 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
     op_b = a.Transposed();
     op_c = c.Transposed();
   }
-  const size_t m = op_c.rows, n = op_c.cols, k = op_a.cols;
+  const size_t m = op_c.rows, n = op_c.cols;
 
   float* const a_pack = static_cast<float*>(scratch);
   float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
+  float* const widen =
+      reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.widen_offset_bytes);
   const size_t mr = cfg.mr, nr = cfg.nr;
 
   // Kernel hints, as BLIS's own macro-kernel fills them: panel layouts and strides, and the
@@ -282,8 +314,7 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
       // B[pc:pc+kc, jc:jc+nc], packed as NR-wide panels (rows of its transpose) by the first
       // ic block, each panel right before the kernel first reads it (so it is still in L1),
       // and reused by the later ic blocks.
-      const float* b_src = op_b.data + static_cast<ptrdiff_t>(pc) * op_b.row_stride +
-                           static_cast<ptrdiff_t>(jc) * op_b.col_stride;
+      const Operand b_t = op_b.At(pc, jc).Transposed();
       const ptrdiff_t ps_a = static_cast<ptrdiff_t>(cfg.packmr * kc);
       const ptrdiff_t ps_b = static_cast<ptrdiff_t>(cfg.packnr * kc);
       bli_auxinfo_set_ps_a(ps_a, &aux);
@@ -293,10 +324,7 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
 
       for (size_t ic = 0; ic < m; ic += cfg.mc) {
         const size_t mc = std::min(cfg.mc, m - ic);
-        const float* a_src = op_a.data + static_cast<ptrdiff_t>(ic) * op_a.row_stride +
-                             static_cast<ptrdiff_t>(pc) * op_a.col_stride;
-        PackBlock(cfg.pack_a, a_src, op_a.row_stride, op_a.col_stride, mc, kc, mr, cfg.packmr,
-                  a_pack);
+        PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, mr, cfg.packmr, widen, a_pack);
 
         const size_t n_iter = (nc + nr - 1) / nr;
         const size_t m_iter = (mc + mr - 1) / mr;
@@ -307,8 +335,8 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
           float* const c_col = c_blk + static_cast<ptrdiff_t>(j * nr) * op_c.col_stride;
           const dim_t n_cur = static_cast<dim_t>(std::min(nr, nc - j * nr));
           if (ic == 0) {
-            cfg.pack_b(b_src + static_cast<ptrdiff_t>(j * nr) * op_b.col_stride, op_b.col_stride,
-                       op_b.row_stride, static_cast<size_t>(n_cur), kc, cfg.packnr, b1);
+            PackOperandPanel(cfg.pack_b, b_t.At(j * nr, 0), static_cast<size_t>(n_cur), kc,
+                             cfg.packnr, widen, b1);
           }
           for (size_t i = 0; i < m_iter; ++i) {
             float* const a1 = a_pack + static_cast<ptrdiff_t>(i) * ps_a;
@@ -331,6 +359,51 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
       }
     }
   }
+}
+
+void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
+          void* scratch) {
+  assert(a.rows == c.rows && "Gemm: a.rows must equal c.rows");
+  assert(b.cols == c.cols && "Gemm: b.cols must equal c.cols");
+  assert(a.cols == b.rows && "Gemm: a.cols must equal b.rows");
+  assert(scratch != nullptr && "Gemm: scratch is required");
+  assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
+         "Gemm: scratch must be 64-byte aligned");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (a.cols == 0 || alpha == 0.0f) {
+    ScaleC(beta, c);
+    return;
+  }
+  // A few rows of a against b = w^T (a weight matrix in nn.Linear layout): packing b would cost
+  // more than the product, which streams w once (see gemv.h).
+  if (a.rows <= kGemvMaxRows && GemvLayoutMatches(a, b)) {
+    Gemv(alpha, a, b, beta, c);
+    return;
+  }
+  Driver(alpha, {a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride},
+         {b.data, nullptr, HalfType::kBF16, b.row_stride, b.col_stride}, a.cols, beta, c, scratch);
+}
+
+void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+               const MatrixView& c, void* scratch) {
+  assert(a.rows == c.rows && "GemmHalfB: a.rows must equal c.rows");
+  assert(b.cols == c.cols && "GemmHalfB: b.cols must equal c.cols");
+  assert(a.cols == b.rows && "GemmHalfB: a.cols must equal b.rows");
+  assert(b.row_stride == 1 && "GemmHalfB: b must be w^T of a row-major weight (row_stride 1)");
+  assert(scratch != nullptr && "GemmHalfB: scratch is required");
+  assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
+         "GemmHalfB: scratch must be 64-byte aligned");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (a.cols == 0 || alpha == 0.0f) {
+    ScaleC(beta, c);
+    return;
+  }
+  if (a.rows <= kGemvMaxRows && a.col_stride == 1) {
+    GemvHalf(alpha, a, b, beta, c);
+    return;
+  }
+  Driver(alpha, {a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride},
+         {nullptr, b.data, b.type, b.row_stride, b.col_stride}, a.cols, beta, c, scratch);
 }
 
 void GemmInit() { GetConfig(); }

@@ -15,7 +15,8 @@
 // MC, KC are the BLIS configuration's values; NC is the configuration's, capped so that the
 // packed B panel (KC x NC floats) stays within 2 MiB (haswell: 2048 instead of 4080), which
 // halves the scratch at no measurable cost (A is re-packed once per NC columns of C).
-// Scratch = packed A (MC x KC) + packed B (KC x NC), at most 2 MiB + MC * KC * 4 bytes:
+// Scratch = packed A (MC x KC) + packed B (KC x NC) + one widened 16-bit panel (max(MR, NR) x
+// KC, used by GemmHalfB only), at most 2 MiB + (MC + 32) * KC * 4 bytes:
 // 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
 // column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
 //
@@ -36,6 +37,7 @@
 #define MHA_KERNELS_GEMM_H_
 
 #include <cstddef>
+#include <cstdint>
 
 namespace mha {
 namespace kernels {
@@ -59,6 +61,33 @@ struct MatrixView {
   }
 };
 
+// 16-bit floating-point element types of weights stored in half the bytes of f32.
+enum class HalfType : uint8_t {
+  kBF16 = 0,  // bfloat16: the top 16 bits of an f32
+  kF16 = 1,   // IEEE binary16
+};
+
+// A rows x cols matrix of 16-bit floats (bits in uint16_t), strides in elements, as MatrixView.
+// Read-only: the products take 16-bit weights as an operand, never as a result.
+struct HalfMatrixView {
+  const uint16_t* data = nullptr;
+  HalfType type = HalfType::kBF16;
+  size_t rows = 0;
+  size_t cols = 0;
+  ptrdiff_t row_stride = 0;
+  ptrdiff_t col_stride = 1;
+
+  HalfMatrixView Block(size_t r0, size_t c0, size_t nr, size_t nc) const {
+    return {
+        data + static_cast<ptrdiff_t>(r0) * row_stride + static_cast<ptrdiff_t>(c0) * col_stride,
+        type,
+        nr,
+        nc,
+        row_stride,
+        col_stride};
+  }
+};
+
 // Alignment, in bytes, Gemm requires of its scratch.
 inline constexpr size_t kGemmScratchAlignment = 64;
 
@@ -77,6 +106,14 @@ size_t GemmScratchBytes();
 // Shape mismatches are a programming error in mha (callers validate): checked by debug asserts.
 void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
           void* scratch);
+
+// c = alpha * a * b + beta * c with b in bf16 or f16 (16-bit weights: b = w^T of an nn.Linear
+// weight w [n, k], so b.row_stride must be 1). Same contract, scratch and path choice as Gemm
+// (GEMV for a few rows); the 16-bit elements are widened exactly to f32 while packing (or while
+// streaming, on the GEMV path), so the result is bitwise the result of Gemm on the widened
+// matrix: 16-bit weights cost accuracy only through their own rounding, never in the product.
+void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+               const MatrixView& c, void* scratch);
 
 // Initializes BLIS and reads the micro-kernel and block sizes (once, thread-safe); cheap after
 // the first call. Called by contexts before a first parallel run so timing starts warm.

@@ -17,8 +17,10 @@
 #endif
 
 #include <cstddef>
+#include <cstdint>
 
 #include "hwy/highway.h"
+#include "kernels/elementwise-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace mha {
@@ -53,35 +55,36 @@ HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3)
 
 // Finishes one element: the sum of the lanes of `acc` (the products over [0, kv)), plus the
 // products over [kv, k) in order, then alpha/beta into *c (beta == 0: *c not read).
-template <class DF>
+template <class Row, class DF>
 HWY_INLINE void Finish(DF df, hn::Vec<DF> acc, const float* HWY_RESTRICT a,
-                       const float* HWY_RESTRICT w, size_t kv, size_t k, float alpha, float beta,
-                       float* HWY_RESTRICT c) {
+                       const typename Row::T* HWY_RESTRICT w, size_t kv, size_t k, float alpha,
+                       float beta, float* HWY_RESTRICT c) {
   float dot = hn::GetLane(hn::SumOfLanes(df, acc));
-  for (size_t p = kv; p < k; ++p) dot += a[p] * w[p];
+  for (size_t p = kv; p < k; ++p) dot += a[p] * Row::Scalar(w[p]);
   *c = beta == 0.0f ? alpha * dot : alpha * dot + beta * *c;
 }
 
 // Finishes row r of a tile: its first kCols elements, c_row[j * c_cs].
-template <size_t kCols, class DF, class V = hn::Vec<DF>>
+template <class Row, size_t kCols, class DF, class V = hn::Vec<DF>>
 HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* HWY_RESTRICT a_row,
-                          const float* const* w, size_t kv, size_t k, float alpha, float beta,
-                          float* HWY_RESTRICT c_row, ptrdiff_t c_cs) {
-  Finish(df, s0, a_row, w[0], kv, k, alpha, beta, c_row);
+                          const typename Row::T* const* w, size_t kv, size_t k, float alpha,
+                          float beta, float* HWY_RESTRICT c_row, ptrdiff_t c_cs) {
+  Finish<Row>(df, s0, a_row, w[0], kv, k, alpha, beta, c_row);
   if constexpr (kCols > 1) {
-    Finish(df, s1, a_row, w[1], kv, k, alpha, beta, c_row + c_cs);
-    Finish(df, s2, a_row, w[2], kv, k, alpha, beta, c_row + 2 * c_cs);
-    Finish(df, s3, a_row, w[3], kv, k, alpha, beta, c_row + 3 * c_cs);
+    Finish<Row>(df, s1, a_row, w[1], kv, k, alpha, beta, c_row + c_cs);
+    Finish<Row>(df, s2, a_row, w[2], kv, k, alpha, beta, c_row + 2 * c_cs);
+    Finish<Row>(df, s3, a_row, w[3], kv, k, alpha, beta, c_row + 3 * c_cs);
   }
 }
 
 // The kRows x kCols tile of c at `c`: rows a + r * a_stride (r < kRows), weight rows
 // w + j * w_stride (j < kCols), k floats each. kRows in 1..4, kCols 1 or 4. Accumulators of
 // rows/columns outside the tile are never used (the compiler drops them).
-template <size_t kRows, size_t kCols, class DF>
+template <class Row, size_t kRows, size_t kCols, class DF>
 HWY_INLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
-                     const float* HWY_RESTRICT w, ptrdiff_t w_stride, size_t k, float alpha,
-                     float beta, float* HWY_RESTRICT c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+                     const typename Row::T* HWY_RESTRICT w, ptrdiff_t w_stride, size_t k,
+                     float alpha, float beta, float* HWY_RESTRICT c, ptrdiff_t c_rs,
+                     ptrdiff_t c_cs) {
   static_assert(kRows >= 1 && kRows <= 4, "tile rows: 1..4");
   static_assert(kCols == 1 || kCols == 4, "tile columns: 1 or 4");
   const size_t N = hn::Lanes(df);
@@ -91,23 +94,24 @@ HWY_INLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
   const float* a1 = kRows > 1 ? a0 + a_stride : a0;
   const float* a2 = kRows > 2 ? a1 + a_stride : a0;
   const float* a3 = kRows > 3 ? a2 + a_stride : a0;
-  const float* const wr[4] = {w, kCols > 1 ? w + w_stride : w, kCols > 1 ? w + 2 * w_stride : w,
-                              kCols > 1 ? w + 3 * w_stride : w};
-  const float* HWY_RESTRICT w0 = wr[0];
-  const float* HWY_RESTRICT w1 = wr[1];
-  const float* HWY_RESTRICT w2 = wr[2];
-  const float* HWY_RESTRICT w3 = wr[3];
+  using T = typename Row::T;
+  const T* const wr[4] = {w, kCols > 1 ? w + w_stride : w, kCols > 1 ? w + 2 * w_stride : w,
+                          kCols > 1 ? w + 3 * w_stride : w};
+  const T* HWY_RESTRICT w0 = wr[0];
+  const T* HWY_RESTRICT w1 = wr[1];
+  const T* HWY_RESTRICT w2 = wr[2];
+  const T* HWY_RESTRICT w3 = wr[3];
   auto s00 = hn::Zero(df), s01 = s00, s02 = s00, s03 = s00;
   auto s10 = s00, s11 = s00, s12 = s00, s13 = s00;
   auto s20 = s00, s21 = s00, s22 = s00, s23 = s00;
   auto s30 = s00, s31 = s00, s32 = s00, s33 = s00;
   for (size_t d = 0; d < kv; d += N) {
-    const auto v0 = hn::LoadU(df, w0 + d);
+    const auto v0 = Row::Load(df, w0 + d);
     auto v1 = v0, v2 = v0, v3 = v0;
     if constexpr (kCols > 1) {
-      v1 = hn::LoadU(df, w1 + d);
-      v2 = hn::LoadU(df, w2 + d);
-      v3 = hn::LoadU(df, w3 + d);
+      v1 = Row::Load(df, w1 + d);
+      v2 = Row::Load(df, w2 + d);
+      v3 = Row::Load(df, w3 + d);
     }
     RowStep<kCols>(hn::LoadU(df, a0 + d), v0, v1, v2, v3, s00, s01, s02, s03);
     if constexpr (kRows > 1) {
@@ -120,64 +124,84 @@ HWY_INLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
       RowStep<kCols>(hn::LoadU(df, a3 + d), v0, v1, v2, v3, s30, s31, s32, s33);
     }
   }
-  FinishRow<kCols>(df, s00, s01, s02, s03, a0, wr, kv, k, alpha, beta, c, c_cs);
+  FinishRow<Row, kCols>(df, s00, s01, s02, s03, a0, wr, kv, k, alpha, beta, c, c_cs);
   if constexpr (kRows > 1) {
-    FinishRow<kCols>(df, s10, s11, s12, s13, a1, wr, kv, k, alpha, beta, c + c_rs, c_cs);
+    FinishRow<Row, kCols>(df, s10, s11, s12, s13, a1, wr, kv, k, alpha, beta, c + c_rs, c_cs);
   }
   if constexpr (kRows > 2) {
-    FinishRow<kCols>(df, s20, s21, s22, s23, a2, wr, kv, k, alpha, beta, c + 2 * c_rs, c_cs);
+    FinishRow<Row, kCols>(df, s20, s21, s22, s23, a2, wr, kv, k, alpha, beta, c + 2 * c_rs, c_cs);
   }
   if constexpr (kRows > 3) {
-    FinishRow<kCols>(df, s30, s31, s32, s33, a3, wr, kv, k, alpha, beta, c + 3 * c_rs, c_cs);
+    FinishRow<Row, kCols>(df, s30, s31, s32, s33, a3, wr, kv, k, alpha, beta, c + 3 * c_rs, c_cs);
   }
 }
 
 // All m rows against kCols weight rows: full tiles of kTileRows, then one smaller tile.
-template <size_t kCols, class DF>
-HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride, const float* w,
-                        ptrdiff_t w_stride, size_t k, float alpha, float beta, float* c,
-                        ptrdiff_t c_rs, ptrdiff_t c_cs) {
+template <class Row, size_t kCols, class DF>
+HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride,
+                        const typename Row::T* w, ptrdiff_t w_stride, size_t k, float alpha,
+                        float beta, float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
   size_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows) {
-    Tile<kTileRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, w_stride,
-                           k, alpha, beta, c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
+    Tile<Row, kTileRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, w_stride,
+                                k, alpha, beta, c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
   }
   const float* a_i = a + static_cast<ptrdiff_t>(i) * a_stride;
   float* c_i = c + static_cast<ptrdiff_t>(i) * c_rs;
   switch (m - i) {
     case 1:
-      Tile<1, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
+      Tile<Row, 1, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
       break;
     case 2:
-      Tile<2, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
+      Tile<Row, 2, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
       break;
     case 3:
-      Tile<3, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
+      Tile<Row, 3, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
       break;
     default:
       break;
   }
 }
 
+// c[i * c_rs + j * c_cs] = alpha * sum_{p < k} a[i * a_stride + p] * w[j * w_stride + p]
+//                          + beta * c[i * c_rs + j * c_cs], for i < m, j < n (see gemv.h),
+// with w's elements read through Row (f32, or bf16/f16 widened exactly).
+template <class Row>
+HWY_INLINE void Rows(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_stride,
+                     const typename Row::T* w, ptrdiff_t w_stride, float beta, float* c,
+                     ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  const hn::ScalableTag<float> df;
+  size_t j = 0;
+  for (; j + kTileCols <= n; j += kTileCols) {
+    Columns<Row, kTileCols>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride, w_stride,
+                            k, alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
+  }
+  for (; j < n; ++j) {
+    Columns<Row, 1>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride, w_stride, k,
+                    alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
+  }
+}
+
 }  // namespace gemv_detail
 
-// c[i * c_rs + j * c_cs] = alpha * sum_{p < k} a[i * a_stride + p] * w[j * w_stride + p]
-//                          + beta * c[i * c_rs + j * c_cs], for i < m, j < n (see gemv.h).
+// The dispatched entry points, one per weight type (gemv.h).
 inline void GemvRows(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_stride,
                      const float* w, ptrdiff_t w_stride, float beta, float* c, ptrdiff_t c_rs,
                      ptrdiff_t c_cs) {
-  namespace gd = gemv_detail;
-  const hwy::HWY_NAMESPACE::ScalableTag<float> df;
-  size_t j = 0;
-  for (; j + gd::kTileCols <= n; j += gd::kTileCols) {
-    gd::Columns<gd::kTileCols>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride,
-                               w_stride, k, alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs,
-                               c_rs, c_cs);
-  }
-  for (; j < n; ++j) {
-    gd::Columns<1>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride, w_stride, k,
-                   alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
-  }
+  gemv_detail::Rows<elementwise_detail::F32Row>(m, n, k, alpha, a, a_stride, w, w_stride, beta, c,
+                                                c_rs, c_cs);
+}
+inline void GemvRowsBF16(size_t m, size_t n, size_t k, float alpha, const float* a,
+                         ptrdiff_t a_stride, const uint16_t* w, ptrdiff_t w_stride, float beta,
+                         float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  gemv_detail::Rows<elementwise_detail::BF16Row>(m, n, k, alpha, a, a_stride, w, w_stride, beta, c,
+                                                 c_rs, c_cs);
+}
+inline void GemvRowsF16(size_t m, size_t n, size_t k, float alpha, const float* a,
+                        ptrdiff_t a_stride, const uint16_t* w, ptrdiff_t w_stride, float beta,
+                        float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  gemv_detail::Rows<elementwise_detail::F16Row>(m, n, k, alpha, a, a_stride, w, w_stride, beta, c,
+                                                c_rs, c_cs);
 }
 
 // NOLINTNEXTLINE(google-readability-namespace-comments)

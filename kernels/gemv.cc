@@ -15,6 +15,8 @@ namespace mha {
 namespace kernels {
 
 HWY_EXPORT(GemvRows);
+HWY_EXPORT(GemvRowsBF16);
+HWY_EXPORT(GemvRowsF16);
 
 void Gemv(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c) {
   assert(a.rows == c.rows && "Gemv: a.rows must equal c.rows");
@@ -25,6 +27,25 @@ void Gemv(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
   HWY_DYNAMIC_DISPATCH(GemvRows)
   (c.rows, c.cols, a.cols, alpha, a.data, a.row_stride, b.data, b.col_stride, beta, c.data,
    c.row_stride, c.col_stride);
+}
+
+void GemvHalf(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+              const MatrixView& c) {
+  assert(a.rows == c.rows && "GemvHalf: a.rows must equal c.rows");
+  assert(b.cols == c.cols && "GemvHalf: b.cols must equal c.cols");
+  assert(a.cols == b.rows && "GemvHalf: a.cols must equal b.rows");
+  assert(a.col_stride == 1 && b.row_stride == 1 &&
+         "GemvHalf: needs a.col_stride == 1 and b.row_stride == 1");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (b.type == HalfType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(GemvRowsBF16)
+    (c.rows, c.cols, a.cols, alpha, a.data, a.row_stride, b.data, b.col_stride, beta, c.data,
+     c.row_stride, c.col_stride);
+  } else {
+    HWY_DYNAMIC_DISPATCH(GemvRowsF16)
+    (c.rows, c.cols, a.cols, alpha, a.data, a.row_stride, b.data, b.col_stride, beta, c.data,
+     c.row_stride, c.col_stride);
+  }
 }
 
 }  // namespace kernels

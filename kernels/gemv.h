@@ -52,6 +52,11 @@ inline bool GemvLayoutMatches(const MatrixView& a, const MatrixView& b) {
 // and layout mismatches are programming errors: checked by debug asserts.
 void Gemv(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c);
 
+// The same with 16-bit weights (b.row_stride == 1), widened exactly to f32 as they are loaded:
+// bitwise the result of Gemv on the widened matrix. Half the bytes of w to stream.
+void GemvHalf(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+              const MatrixView& c);
+
 }  // namespace kernels
 }  // namespace mha
 

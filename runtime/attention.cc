@@ -53,6 +53,35 @@ constexpr size_t kOnlineThreshold = 1024;
 // Tasks the averaged-weights path aims for (it has no head dimension to parallelize over).
 constexpr size_t kMinAverageTasks = 16;
 
+// Copies n weights of type `from` at src into dst as type `to` (each kF32, kBF16 or kF16):
+// f32 -> 16-bit rounds to nearest even, 16-bit -> f32 is exact, bf16 <-> f16 goes through f32
+// (exact, then rounded once). Creation-time only, so the temporary is acceptable.
+void ConvertWeights(const void* src, DType from, void* dst, DType to, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * DTypeSize(to));
+    return;
+  }
+  std::vector<float> tmp;
+  const float* f32 = static_cast<const float*>(src);
+  if (from != DType::kF32) {
+    tmp.resize(n);
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    if (from == DType::kBF16) {
+      kernels::BF16ToF32(h, tmp.data(), n);
+    } else {
+      kernels::F16ToF32(h, tmp.data(), n);
+    }
+    f32 = tmp.data();
+  }
+  if (to == DType::kF32) {
+    std::memcpy(dst, f32, n * sizeof(float));
+  } else if (to == DType::kBF16) {
+    kernels::F32ToBF16(f32, static_cast<uint16_t*>(dst), n);
+  } else {
+    kernels::F32ToF16(f32, static_cast<uint16_t*>(dst), n);
+  }
+}
+
 std::string Dims(const TensorView& v) {
   if (!v.present()) return "absent";
   return v.ShapeString();
@@ -206,6 +235,15 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   m.config.kdim = m.kd;
   m.config.vdim = m.vd;
 
+  const struct { const char* name; DType v; } dtypes[] = {{"config.weight_dtype", config.weight_dtype},
+                                                         {"weights.dtype", w.dtype}};
+  for (const auto& d : dtypes) {
+    if (d.v != DType::kF32 && d.v != DType::kBF16 && d.v != DType::kF16) {
+      return InvalidArgument(std::string(op) + d.name + ": expected F32, BF16 or F16, got " +
+                             DTypeName(d.v));
+    }
+  }
+
   const bool packed = w.in_proj_weight != nullptr;
   const bool separate = w.q_proj_weight || w.k_proj_weight || w.v_proj_weight;
   if (packed && separate) {
@@ -250,20 +288,26 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   }
 
   const int64_t qkv_rows = m.E + 2 * m.kvE;
+  const DType st = config.weight_dtype;
   // Copies are made when asked for, and always for the per-head packed layout, which is
   // reordered into PyTorch's (q, k, v) row order once here so every later path is the same.
   const bool copy = binding == WeightBinding::kCopy || (packed && w.qkv_layout == QkvLayout::kPerHead);
+  if (!copy && w.dtype != st) {
+    return InvalidArgument(std::string(op) + "weights.dtype: a view binding uses the arrays as "
+                           "they are, so it must equal config.weight_dtype (" + DTypeName(st) +
+                           "), got " + DTypeName(w.dtype) + " (use WeightBinding::kCopy to convert)");
+  }
   if (!copy) {
     if (packed) {
-      m.w_packed = w.in_proj_weight;
-      m.b_packed = w.in_proj_bias;
+      m.w_packed = {w.in_proj_weight, st};
       m.w_q = m.w_packed;
-      m.w_k = m.w_packed + m.E * m.qd;
-      m.w_v = m.w_packed + (m.E + m.kvE) * m.qd;
+      m.w_k = m.w_packed.Rows(m.E, m.qd);
+      m.w_v = m.w_packed.Rows(m.E + m.kvE, m.qd);
+      m.b_packed = w.in_proj_bias;
     } else {
-      m.w_q = w.q_proj_weight;
-      m.w_k = w.k_proj_weight;
-      m.w_v = w.v_proj_weight;
+      m.w_q = {w.q_proj_weight, st};
+      m.w_k = {w.k_proj_weight, st};
+      m.w_v = {w.v_proj_weight, st};
     }
     if (w.in_proj_bias) {
       m.b_q = w.in_proj_bias;
@@ -272,42 +316,51 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
     }
     m.bias_k = w.bias_k;
     m.bias_v = w.bias_v;
-    m.w_o = w.out_proj_weight;
+    m.w_o = {w.out_proj_weight, st};
     m.b_o = w.out_proj_bias;
   } else {
-    // One owned block: [w_q | w_k | w_v] (packed when the input dims agree), biases, bias_kv,
-    // out_proj.
-    const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd;
+    // Owned copies in the storage dtype: the weights [w_q | w_k | w_v | w_o] (w_q..w_v adjacent
+    // rows of one packed matrix when the input dims agree) in `owned` (f32) or `owned16`
+    // (16-bit); the biases (in_proj, bias_kv, out_proj) always in `owned`, after any weights.
+    const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd, n_wo = m.E * m.E;
+    const size_t n_w = n_wq + n_wk + n_wv + n_wo;
     const size_t n_b = config.bias ? qkv_rows : 0;
     const size_t n_bkv = config.add_bias_kv ? 2 * m.kvE : 0;
-    const size_t n_o = m.E * m.E + (config.bias ? m.E : 0);
-    m.owned.resize(n_wq + n_wk + n_wv + n_b + n_bkv + n_o);
-    float* p = m.owned.data();
-    float* wq = p;
-    float* wk = wq + n_wq;
-    float* wv = wk + n_wk;
-    float* bias = wv + n_wv;
+    const size_t n_bo = config.bias ? m.E : 0;
+    const bool f32 = st == DType::kF32;
+    m.owned.resize((f32 ? n_w : 0) + n_b + n_bkv + n_bo);
+    if (!f32) m.owned16.resize(n_w);
+    uint8_t* wblk = f32 ? reinterpret_cast<uint8_t*>(m.owned.data())
+                        : reinterpret_cast<uint8_t*>(m.owned16.data());
+    const size_t eb = DTypeSize(st);
+    uint8_t* wq = wblk;
+    uint8_t* wk = wq + n_wq * eb;
+    uint8_t* wv = wk + n_wk * eb;
+    uint8_t* wo = wv + n_wv * eb;
+    float* bias = m.owned.data() + (f32 ? n_w : 0);
     float* bkv = bias + n_b;
-    float* wo = bkv + n_bkv;
+    float* bo = bkv + n_bkv;
+    const size_t src_eb = DTypeSize(w.dtype);
     if (packed && w.qkv_layout == QkvLayout::kPerHead) {
       // Row (h, part, d) of the interleaved layout -> row part * E + h * hd + d.
+      const uint8_t* src_w = static_cast<const uint8_t*>(w.in_proj_weight);
       for (int64_t h = 0; h < m.H; ++h) {
         for (int64_t part = 0; part < 3; ++part) {
           for (int64_t d = 0; d < m.hd; ++d) {
             const int64_t src = (h * 3 + part) * m.hd + d;
             const int64_t dst = part * m.E + h * m.hd + d;
-            std::memcpy(wq + dst * m.qd, w.in_proj_weight + src * m.qd, m.qd * sizeof(float));
+            ConvertWeights(src_w + src * m.qd * src_eb, w.dtype, wq + dst * m.qd * eb, st, m.qd);
             if (config.bias) bias[dst] = w.in_proj_bias[src];
           }
         }
       }
     } else if (packed) {
-      std::memcpy(wq, w.in_proj_weight, qkv_rows * m.qd * sizeof(float));
+      ConvertWeights(w.in_proj_weight, w.dtype, wq, st, qkv_rows * m.qd);
       if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
     } else {
-      std::memcpy(wq, w.q_proj_weight, n_wq * sizeof(float));
-      std::memcpy(wk, w.k_proj_weight, n_wk * sizeof(float));
-      std::memcpy(wv, w.v_proj_weight, n_wv * sizeof(float));
+      ConvertWeights(w.q_proj_weight, w.dtype, wq, st, n_wq);
+      ConvertWeights(w.k_proj_weight, w.dtype, wk, st, n_wk);
+      ConvertWeights(w.v_proj_weight, w.dtype, wv, st, n_wv);
       if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
     }
     if (config.add_bias_kv) {
@@ -316,21 +369,21 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
       m.bias_k = bkv;
       m.bias_v = bkv + m.kvE;
     }
-    std::memcpy(wo, w.out_proj_weight, m.E * m.E * sizeof(float));
-    if (config.bias) std::memcpy(wo + m.E * m.E, w.out_proj_bias, m.E * sizeof(float));
-    m.w_q = wq;
-    m.w_k = wk;
-    m.w_v = wv;
+    ConvertWeights(w.out_proj_weight, w.dtype, wo, st, n_wo);
+    if (config.bias) std::memcpy(bo, w.out_proj_bias, m.E * sizeof(float));
+    m.w_q = {wq, st};
+    m.w_k = {wk, st};
+    m.w_v = {wv, st};
     // The three weights are adjacent rows of one [E + 2 kvE, in] matrix when the dims agree.
-    if (m.qd == m.kd && m.qd == m.vd) m.w_packed = wq;
+    if (m.qd == m.kd && m.qd == m.vd) m.w_packed = m.w_q;
     if (config.bias) {
       m.b_packed = bias;
       m.b_q = bias;
       m.b_k = bias + m.E;
       m.b_v = bias + m.E + m.kvE;
     }
-    m.w_o = wo;
-    m.b_o = config.bias ? wo + m.E * m.E : nullptr;
+    m.w_o = {wo, st};
+    m.b_o = config.bias ? bo : nullptr;
   }
   if (!config.bias) m.b_packed = nullptr;
   out->reset(new MultiheadAttention(std::move(impl)));
@@ -591,7 +644,7 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
                                              Workspace* ws) const {
   const size_t N = sh.N, L = sh.L, St = sh.St;
   size_t off = 0;
-  ws->fused = sh.self_attention && w_packed != nullptr;
+  ws->fused = sh.self_attention && w_packed.data != nullptr;
   if (ws->fused) {
     // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
     // positions fit after the real ones.
@@ -682,16 +735,12 @@ Status MultiheadAttention::Plan(const AttentionInputs& inputs, const AttentionOu
 void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws,
                                               uint8_t* base) const {
   const size_t N = sh.N;
-  // Weight W [out, in] used as B = W^T [in, out]: element (i, o) at W[o * in + i].
-  auto weight_t = [](const float* w, size_t out, size_t in) {
-    return MatrixView{const_cast<float*>(w), in, out, 1, static_cast<ptrdiff_t>(in)};
-  };
   // One job per input: rows of all batches at once when the buffer is in the input's order with
   // a uniform token stride, else one batch per GEMM call.
-  auto make_job = [&](const SeqInput& x, const float* w, const float* bias, size_t out_cols,
-                      float* dst, TokenLayout dst_layout, ptrdiff_t ld) {
+  auto make_job = [&](const SeqInput& x, const WeightMatrix& w, const float* bias,
+                      size_t out_cols, float* dst, TokenLayout dst_layout, ptrdiff_t ld) {
     GemmJob job;
-    job.b = weight_t(w, out_cols, x.features);
+    job.SetWeights(w, out_cols, x.features);
     job.bias = bias;
     const bool seq_major_all = N > 1 && dst_layout.token == static_cast<ptrdiff_t>(N) * ld &&
                                x.layout.token == static_cast<ptrdiff_t>(N) * x.layout.batch;
@@ -998,8 +1047,7 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
   // Output projection: concat [tokens, E] x W_o^T + b_o into the caller's output.
   float* concat = reinterpret_cast<float*>(b + ws.concat);
   GemmJob job;
-  job.b = {const_cast<float*>(m.w_o), static_cast<size_t>(m.E), static_cast<size_t>(m.E), 1,
-           static_cast<ptrdiff_t>(m.E)};
+  job.SetWeights(m.w_o, m.E, m.E);
   job.bias = m.b_o;
   job.stage = Stage::kOutProjection;
   const size_t N = sh.N, L = sh.L;
@@ -1098,7 +1146,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   // Tasks over (which in q/k/v, n, head): out[n, h] [T, hd] = X_n [T, in] x W_h^T + b_h.
   const int64_t heads[3] = {m.H, m.KVH, m.KVH};
   const SeqInput* xs[3] = {&sh.q, &sh.k, &sh.v};
-  const float* ws[3] = {m.w_q, m.w_k, m.w_v};
+  const WeightMatrix ws[3] = {m.w_q, m.w_k, m.w_v};
   const float* bs[3] = {m.b_q, m.b_k, m.b_v};
   float* outs[3] = {outputs.q.As<float>(), outputs.k.As<float>(), outputs.v.As<float>()};
   const int64_t rows_out[3] = {sh.L, sh.St, sh.St};
@@ -1113,12 +1161,10 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
     const MatrixView a{const_cast<float*>(x.data) + n * x.layout.batch,
                        static_cast<size_t>(x.tokens), static_cast<size_t>(x.features),
                        x.layout.token, 1};
-    const MatrixView b{const_cast<float*>(ws[kind]) + h * hd * x.features,
-                       static_cast<size_t>(x.features), static_cast<size_t>(hd), 1,
-                       static_cast<ptrdiff_t>(x.features)};
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
                        static_cast<ptrdiff_t>(hd), 1};
-    kernels::Gemm(1.0f, a, b, 0.0f, c, static_cast<uint8_t*>(scratch) + worker * scratch_stride);
+    GemmWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd), c,
+                static_cast<uint8_t*>(scratch) + worker * scratch_stride);
     if (bs[kind] != nullptr) kernels::AddBiasRows(dst, x.tokens, hd, hd, bs[kind] + h * hd);
     if (kind > 0) {
       int64_t p = sh.S;
@@ -1146,16 +1192,44 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path,
     return InvalidArgument("options.num_heads: expected > 0, got " +
                            std::to_string(options.num_heads));
   }
+  const DType st = options.weight_dtype;
+  if (st != DType::kF32 && st != DType::kBF16 && st != DType::kF16) {
+    return InvalidArgument(std::string("options.weight_dtype: expected F32, BF16 or F16, got ") +
+                           DTypeName(st));
+  }
+  if (options.num_kv_heads < 0) {
+    return InvalidArgument("options.num_kv_heads: expected >= 0 (0 = from the file), got " +
+                           std::to_string(options.num_kv_heads));
+  }
   SafeTensorsFile file;
   Status s = SafeTensorsFile::Open(path, &file);
   if (!s.ok()) return s;
   MhaWeights mw;
-  s = LoadMhaWeights(file, prefix, &mw);
+  s = LoadMhaWeights(file, prefix, &mw, st);
   if (!s.ok()) return s;
+  const std::string where = path + " (prefix \"" + prefix + "\"): ";
+  // Grouped-query layers: k/v have kvE = num_kv_heads * head_dim rows.
+  int64_t kv_heads = options.num_heads;
+  if (mw.kv_rows != mw.embed_dim) {
+    const int64_t hd = mw.embed_dim % options.num_heads == 0 ? mw.embed_dim / options.num_heads : 0;
+    if (hd == 0 || mw.kv_rows % hd != 0) {
+      return FormatError(where + "tensor '" + prefix + "k_proj_weight': expected a multiple of " +
+                         "head_dim (embed_dim " + std::to_string(mw.embed_dim) + " / num_heads " +
+                         std::to_string(options.num_heads) + ") rows, got " +
+                         std::to_string(mw.kv_rows));
+    }
+    kv_heads = mw.kv_rows / hd;
+  }
+  if (options.num_kv_heads != 0 && options.num_kv_heads != kv_heads) {
+    return InvalidArgument(where + "options.num_kv_heads: expected " + std::to_string(kv_heads) +
+                           " (k_proj_weight has " + std::to_string(mw.kv_rows) +
+                           " rows) or 0, got " + std::to_string(options.num_kv_heads));
+  }
 
   AttentionConfig c;
   c.embed_dim = mw.embed_dim;
   c.num_heads = options.num_heads;
+  c.num_kv_heads = kv_heads;
   c.q_dim = mw.q_dim;
   c.kdim = mw.kdim;
   c.vdim = mw.vdim;
@@ -1164,18 +1238,30 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path,
   c.add_zero_attn = options.add_zero_attn;
   c.batch_first = options.batch_first;
   c.scale = options.scale;
+  c.weight_dtype = st;
 
+  // Every weight matrix in the storage dtype: those the loader kept 16-bit are used as they
+  // are; the others (f32, or the other 16-bit type) are converted here.
+  std::vector<std::vector<uint8_t>> converted;
+  auto as_storage = [&](const WeightTensor& t) -> const void* {
+    if (t.dtype == st) return t.data();
+    converted.emplace_back(t.size() * DTypeSize(st));
+    ConvertWeights(t.data(), t.dtype, converted.back().data(), st, t.size());
+    return converted.back().data();
+  };
+  converted.reserve(5);
   AttentionWeights w;
-  // Separate projections keep PyTorch's one in_proj_bias [3E] in q, k, v order.
+  w.dtype = st;
+  // Separate projections keep PyTorch's one in_proj_bias [E + 2 kvE] in q, k, v order.
   std::vector<float> bias_qkv;
   w.qkv_layout = options.qkv_layout;
   if (mw.packed_in_proj) {
-    w.in_proj_weight = mw.in_proj_weight.data();
+    w.in_proj_weight = as_storage(mw.in_proj_weight);
     if (mw.bias) w.in_proj_bias = mw.in_proj_bias.data();
   } else {
-    w.q_proj_weight = mw.w_q.data();
-    w.k_proj_weight = mw.w_k.data();
-    w.v_proj_weight = mw.w_v.data();
+    w.q_proj_weight = as_storage(mw.w_q);
+    w.k_proj_weight = as_storage(mw.w_k);
+    w.v_proj_weight = as_storage(mw.w_v);
     if (mw.bias) {
       bias_qkv = mw.b_q;
       bias_qkv.insert(bias_qkv.end(), mw.b_k.begin(), mw.b_k.end());
@@ -1187,13 +1273,11 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path,
     w.bias_k = mw.bias_k.data();
     w.bias_v = mw.bias_v.data();
   }
-  w.out_proj_weight = mw.w_out.data();
+  w.out_proj_weight = as_storage(mw.w_out);
   if (mw.bias) w.out_proj_bias = mw.b_out.data();
   // Copy: the loaded vectors are freed when this call returns.
   s = Create(c, w, WeightBinding::kCopy, out);
-  if (!s.ok()) {
-    return Status(s.code(), path + " (prefix \"" + prefix + "\"): " + s.message());
-  }
+  if (!s.ok()) return Status(s.code(), where + s.message());
   return Status::Ok();
 }
 

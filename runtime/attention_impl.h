@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mha/mha.hpp"
+#include "runtime/parallel_gemm.h"
 
 namespace mha {
 
@@ -17,20 +18,23 @@ struct LayerWeights {
   AttentionConfig config;
   int64_t E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
   float scale = 1.0f;  // resolved score scale
-  // Weights in nn.Linear layout ([out, in], row-major f32): the caller's arrays (kView) or
-  // `owned` (kCopy, and always for the per-head packed layout, reordered to q, k, v rows).
+  // Weights in nn.Linear layout ([out, in], row-major, config.weight_dtype): the caller's
+  // arrays (kView) or owned copies (kCopy, and always for the per-head packed layout,
+  // reordered to q, k, v rows): `owned` holds f32 weights and every bias, `owned16` 16-bit
+  // weights.
   std::vector<float> owned;
-  const float* w_packed = nullptr;  // [E + 2 kvE, qd], rows q, k, v; null when not packed
+  std::vector<uint16_t> owned16;
+  WeightMatrix w_packed;            // [E + 2 kvE, qd], rows q, k, v; data null when not packed
   const float* b_packed = nullptr;  // [E + 2 kvE] or null
-  const float* w_q = nullptr;       // [E, qd]
-  const float* w_k = nullptr;       // [kvE, kd]
-  const float* w_v = nullptr;       // [kvE, vd]
+  WeightMatrix w_q;                 // [E, qd]
+  WeightMatrix w_k;                 // [kvE, kd]
+  WeightMatrix w_v;                 // [kvE, vd]
   const float* b_q = nullptr;       // [E] or null
   const float* b_k = nullptr;       // [kvE] or null
   const float* b_v = nullptr;       // [kvE] or null
   const float* bias_k = nullptr;    // [kvE] when add_bias_kv
   const float* bias_v = nullptr;
-  const float* w_o = nullptr;  // [E, E]
+  WeightMatrix w_o;            // [E, E]
   const float* b_o = nullptr;  // [E] or null
 };
 

@@ -159,6 +159,14 @@ Status CheckBool(int32_t v, const char* name) {
   return Status::Ok();
 }
 
+Status CheckWeightDtype(int32_t v, const char* name) {
+  if (v != MHA_DTYPE_F32 && v != MHA_DTYPE_BF16 && v != MHA_DTYPE_F16) {
+    return InvalidArgument(std::string(name) + ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) "
+                           "or MHA_DTYPE_F16 (2), got " + std::to_string(v));
+  }
+  return Status::Ok();
+}
+
 Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   const std::pair<int32_t, const char*> flags[] = {{c.bias, "config->bias"},
                                                     {c.add_bias_kv, "config->add_bias_kv"},
@@ -190,6 +198,9 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   out->add_zero_attn = c.add_zero_attn != 0;
   out->batch_first = c.batch_first != 0;
   out->scale = c.scale;
+  Status s = CheckWeightDtype(c.weight_dtype, "config->weight_dtype");
+  if (!s.ok()) return s;
+  out->weight_dtype = static_cast<DType>(c.weight_dtype);
   return Status::Ok();
 }
 
@@ -297,6 +308,9 @@ mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weig
     w.bias_v = weights->bias_v;
     w.out_proj_weight = weights->out_proj_weight;
     w.out_proj_bias = weights->out_proj_bias;
+    s = mha::CheckWeightDtype(weights->dtype, "weights->dtype");
+    if (!s.ok()) return s;
+    w.dtype = static_cast<mha::DType>(weights->dtype);
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::Create(c, w, static_cast<mha::WeightBinding>(b), &handle->impl);
     if (!s.ok()) return s;
@@ -318,6 +332,11 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     Status s = mha::CheckBool(options->add_zero_attn, "options->add_zero_attn");
     if (s.ok()) s = mha::CheckBool(options->batch_first, "options->batch_first");
     if (s.ok()) s = mha::CheckLayout(options->qkv_layout, "options->qkv_layout");
+    if (s.ok()) s = mha::CheckWeightDtype(options->weight_dtype, "options->weight_dtype");
+    if (s.ok() && options->num_kv_heads < 0) {
+      s = mha::InvalidArgument("options->num_kv_heads: expected >= 0 (0 = from the file), got " +
+                               std::to_string(options->num_kv_heads));
+    }
     if (!s.ok()) return s;
     mha::LoadOptions lo;
     lo.num_heads = options->num_heads;
@@ -325,6 +344,8 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     lo.batch_first = options->batch_first != 0;
     lo.scale = options->scale;
     lo.qkv_layout = static_cast<mha::QkvLayout>(options->qkv_layout);
+    lo.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
+    lo.num_kv_heads = options->num_kv_heads;
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::CreateFromSafeTensors(path, prefix == nullptr ? "" : prefix, lo,
                                                        &handle->impl);
@@ -354,6 +375,7 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.add_zero_attn = c.add_zero_attn ? 1 : 0;
     r.batch_first = c.batch_first ? 1 : 0;
     r.scale = c.scale;
+    r.weight_dtype = static_cast<int32_t>(c.weight_dtype);
     *config = r;
     return Status::Ok();
   });

@@ -98,11 +98,10 @@ Status CheckSeq(const TensorView& t, const char* op, const char* name, int64_t b
 
 // x [N, T, in] times W^T [in, out] + bias into dense dst [N*T, out]: one product over all
 // N * T rows when the tokens are evenly spaced, else one per entry.
-GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const float* w, const float* bias,
-                      int64_t out, float* dst, Stage stage) {
+GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const WeightMatrix& w,
+                      const float* bias, int64_t out, float* dst, Stage stage) {
   GemmJob job;
-  job.b = {const_cast<float*>(w), static_cast<size_t>(in), static_cast<size_t>(out), 1,
-           static_cast<ptrdiff_t>(in)};
+  job.SetWeights(w, static_cast<size_t>(out), static_cast<size_t>(in));
   job.bias = bias;
   job.stage = stage;
   const size_t T = static_cast<size_t>(x.tokens);
@@ -587,8 +586,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   // ---- 4. Output projection, then padding rows to 0.
   {
     GemmJob job;
-    job.b = {const_cast<float*>(m.w_o), static_cast<size_t>(E), static_cast<size_t>(E), 1,
-             static_cast<ptrdiff_t>(E)};
+    job.SetWeights(m.w_o, static_cast<size_t>(E), static_cast<size_t>(E));
     job.bias = m.b_o;
     job.stage = Stage::kOutProjection;
     if (T == 1 || out.batch_stride == T * out.token_stride) {

@@ -10,7 +10,41 @@ namespace {
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// w^T of an [out, in] f32 weight: element (i, o) at w[o * in + i].
+kernels::MatrixView WeightT(const WeightMatrix& w, size_t out, size_t in) {
+  return {const_cast<float*>(static_cast<const float*>(w.data)), in, out, 1,
+          static_cast<ptrdiff_t>(in)};
+}
+
+kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in) {
+  return {static_cast<const uint16_t*>(w.data),
+          w.dtype == DType::kBF16 ? kernels::HalfType::kBF16 : kernels::HalfType::kF16,
+          in,
+          out,
+          1,
+          static_cast<ptrdiff_t>(in)};
+}
+
 }  // namespace
+
+void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
+  if (w.dtype == DType::kF32) {
+    b = WeightT(w, out, in);
+    b_half = {};
+  } else {
+    b = {};
+    b_half = HalfWeightT(w, out, in);
+  }
+}
+
+void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
+                 const kernels::MatrixView& c, void* scratch) {
+  if (weights.dtype == DType::kF32) {
+    kernels::Gemm(1.0f, a, WeightT(weights, out, a.cols), 0.0f, c, scratch);
+  } else {
+    kernels::GemmHalfB(1.0f, a, HalfWeightT(weights, out, a.cols), 0.0f, c, scratch);
+  }
+}
 
 uint64_t NumPanelTasks(const GemmJob& job) {
   return job.batches * CeilDiv(job.c.rows, kPanelRows) * CeilDiv(job.c.cols, kPanelCols);
@@ -46,8 +80,14 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     kernels::MatrixView c = job.c;
     c.data += static_cast<ptrdiff_t>(batch) * job.c_batch_stride;
     const kernels::MatrixView c_blk = c.Block(r0, c0, nr, nc);
-    kernels::Gemm(1.0f, a.Block(r0, 0, nr, a.cols), job.b.Block(0, c0, job.b.rows, nc), 0.0f,
-                  c_blk, scratch + worker * scratch_stride);
+    uint8_t* const own_scratch = scratch + worker * scratch_stride;
+    if (job.b_half.data != nullptr) {
+      kernels::GemmHalfB(1.0f, a.Block(r0, 0, nr, a.cols),
+                         job.b_half.Block(0, c0, job.b_half.rows, nc), 0.0f, c_blk, own_scratch);
+    } else {
+      kernels::Gemm(1.0f, a.Block(r0, 0, nr, a.cols), job.b.Block(0, c0, job.b.rows, nc), 0.0f,
+                    c_blk, own_scratch);
+    }
     if (job.bias != nullptr) {
       kernels::AddBiasRows(c_blk.data, nr, nc, c_blk.row_stride, job.bias + c0);
     }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
+#include "mha/types.hpp"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -22,17 +23,40 @@ namespace mha {
 inline constexpr size_t kPanelRows = 128;
 inline constexpr size_t kPanelCols = 256;
 
+// A weight matrix in nn.Linear layout [out, in], row-major (row stride = in), stored in f32,
+// bf16 or f16 (a layer's weight_dtype). 16-bit weights are widened exactly to f32 inside the
+// products (kernels::GemmHalfB), so the arithmetic is f32 either way.
+struct WeightMatrix {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;  // kF32, kBF16 or kF16
+
+  // The matrix from row `row` on (rows of `in` elements).
+  WeightMatrix Rows(int64_t row, int64_t in) const {
+    const size_t bytes = dtype == DType::kF32 ? 4 : 2;
+    return {static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * bytes, dtype};
+  }
+};
+
+// c = a * w^T for w = rows [0, out) of `weights` with `in` = a.cols columns: kernels::Gemm, or
+// kernels::GemmHalfB for 16-bit weights. Single-threaded; scratch as kernels::Gemm's.
+void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
+                 const kernels::MatrixView& c, void* scratch);
+
 // One product c = a * b (+ bias per column), repeated over `batches` with element offsets
 // a_batch_stride / c_batch_stride between batches (b and bias are shared).
 struct GemmJob {
-  kernels::MatrixView a;  // [m, k] for batch 0
-  kernels::MatrixView b;  // [k, n]
-  kernels::MatrixView c;  // [m, n] for batch 0, col_stride must be 1 when bias is set
-  const float* bias = nullptr;  // [n] or null
+  kernels::MatrixView a;           // [m, k] for batch 0
+  kernels::MatrixView b;           // [k, n] f32; ignored when b_half.data is set
+  kernels::HalfMatrixView b_half;  // [k, n] 16-bit (weights stored in bf16/f16)
+  kernels::MatrixView c;           // [m, n] for batch 0, col_stride must be 1 when bias is set
+  const float* bias = nullptr;     // [n] or null
   size_t batches = 1;
   ptrdiff_t a_batch_stride = 0;
   ptrdiff_t c_batch_stride = 0;
   Stage stage = Stage::kQkvProjection;  // for the trace
+
+  // b = w^T for the weight rows [0, out) of `w`, `in` columns, in whichever storage w has.
+  void SetWeights(const WeightMatrix& w, size_t out, size_t in);
 };
 
 // Runs every job (all panels of all jobs form one flat task range) on the pool. `scratch` holds

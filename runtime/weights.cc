@@ -1,6 +1,7 @@
 // nn.MultiheadAttention weight loading (runtime/weights.h).
 #include "runtime/weights.h"
 
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,22 @@ class Loader {
     return file_.GetF32(t->name, out);
   }
 
+  // A weight matrix: its 16-bit values when it is stored in `keep`, else widened to f32.
+  Status ReadWeight(const TensorInfo* t, DType keep, WeightTensor* out) const {
+    if (keep != DType::kF32 && t->supported && t->dtype == keep) {
+      out->dtype = keep;
+      out->f32.clear();
+      out->bits.resize(t->num_elements);
+      if (t->num_elements != 0) {
+        std::memcpy(out->bits.data(), t->data, t->num_elements * sizeof(uint16_t));
+      }
+      return Status::Ok();
+    }
+    out->dtype = DType::kF32;
+    out->bits.clear();
+    return Read(t, &out->f32);
+  }
+
   const std::string& prefix() const { return prefix_; }
   const std::string& where() const { return where_; }
 
@@ -54,7 +71,21 @@ class Loader {
 
 }  // namespace
 
-Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out) {
+WeightTensor WeightTensor::Slice(size_t begin, size_t n) const {
+  WeightTensor s;
+  s.dtype = dtype;
+  if (dtype == DType::kF32) {
+    s.f32.assign(f32.begin() + static_cast<ptrdiff_t>(begin),
+                 f32.begin() + static_cast<ptrdiff_t>(begin + n));
+  } else {
+    s.bits.assign(bits.begin() + static_cast<ptrdiff_t>(begin),
+                  bits.begin() + static_cast<ptrdiff_t>(begin + n));
+  }
+  return s;
+}
+
+Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out,
+                      DType keep) {
   if (out == nullptr) return InvalidArgument("LoadMhaWeights: out is null");
   Loader loader(file, prefix);
   const std::string& p = loader.prefix();
@@ -69,7 +100,7 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
 
   MhaWeights w;
   w.embed_dim = E;
-  Status s = loader.Read(w_out, &w.w_out);
+  Status s = loader.ReadWeight(w_out, keep, &w.w_out);
   if (!s.ok()) return s;
 
   const TensorInfo* packed = loader.Find("in_proj_weight");
@@ -93,37 +124,47 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
                          std::to_string(3 * E) + ", D] (3E rows with E = " + std::to_string(E) +
                          ", D > 0 input features), got " + ShapeToString(packed->shape));
     }
-    s = loader.Read(packed, &w.in_proj_weight);
+    s = loader.ReadWeight(packed, keep, &w.in_proj_weight);
     if (!s.ok()) return s;
     w.packed_in_proj = true;
     const int64_t D = packed->shape[1];
     w.q_dim = w.kdim = w.vdim = D;
+    w.kv_rows = E;
     const size_t block = static_cast<size_t>(E) * static_cast<size_t>(D);
-    const float* src = w.in_proj_weight.data();
-    w.w_q.assign(src, src + block);
-    w.w_k.assign(src + block, src + 2 * block);
-    w.w_v.assign(src + 2 * block, src + 3 * block);
+    w.w_q = w.in_proj_weight.Slice(0, block);
+    w.w_k = w.in_proj_weight.Slice(block, block);
+    w.w_v = w.in_proj_weight.Slice(2 * block, block);
   } else {
     int64_t* dims[3] = {&w.q_dim, &w.kdim, &w.vdim};
-    std::vector<float>* dst[3] = {&w.w_q, &w.w_k, &w.w_v};
+    WeightTensor* dst[3] = {&w.w_q, &w.w_k, &w.w_v};
     const char* dim_names[3] = {"q_dim", "kdim", "vdim"};
     for (int i = 0; i < 3; ++i) {
       const TensorInfo* t = sep[i];
       if (t == nullptr) {
-        return loader.Missing("'" + p + sep_names[i] + "' [E, " + dim_names[i] +
+        return loader.Missing("'" + p + sep_names[i] + "' [" + (i == 0 ? "E" : "R") + ", " +
+                              dim_names[i] +
                               "] (the other separate projection weights are present)");
       }
-      if (t->rank() != 2 || t->shape[0] != E || t->shape[1] == 0) {
+      // q has E rows; k and v the same R rows (R = kvE < E for grouped-query layers), R taken
+      // from k.
+      const int64_t rows = i == 0 ? E : i == 1 ? (t->rank() == 2 ? t->shape[0] : 0) : w.kv_rows;
+      if (t->rank() != 2 || t->shape[0] != rows || rows == 0 || t->shape[1] == 0) {
+        const std::string rows_text =
+            i == 0 ? std::to_string(E) + ", " + dim_names[i] + "] with E = " + std::to_string(E)
+            : i == 1
+                ? std::string("R, ") + dim_names[i] + "] with R > 0 (kvE)"
+                : std::to_string(rows) + ", " + dim_names[i] + "] (as many rows as k_proj_weight)";
         return FormatError(loader.where() + "tensor '" + t->name + "': expected shape [" +
-                           std::to_string(E) + ", " + dim_names[i] +
-                           "] with E = " + std::to_string(E) + " and " + dim_names[i] +
-                           " > 0, got " + ShapeToString(t->shape));
+                           rows_text + " and " + dim_names[i] + " > 0, got " +
+                           ShapeToString(t->shape));
       }
+      if (i == 1) w.kv_rows = rows;
       *dims[i] = t->shape[1];
-      s = loader.Read(t, dst[i]);
+      s = loader.ReadWeight(t, keep, dst[i]);
       if (!s.ok()) return s;
     }
   }
+  const int64_t R = w.kv_rows;
 
   const TensorInfo* in_bias = loader.Find("in_proj_bias");
   const TensorInfo* out_bias = loader.Find("out_proj.bias");
@@ -134,7 +175,10 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
                        ", expected both or neither (PyTorch's bias= sets both)");
   }
   if (in_bias != nullptr) {
-    s = loader.CheckShape(in_bias, {3 * E}, "[3E] with E = " + std::to_string(E));
+    s = loader.CheckShape(in_bias, {E + 2 * R},
+                          R == E ? "[3E] with E = " + std::to_string(E)
+                                 : "[E + 2R] with E = " + std::to_string(E) +
+                                       ", R = " + std::to_string(R) + " (rows of k_proj_weight)");
     if (!s.ok()) return s;
     s = loader.CheckShape(out_bias, {E}, "[E]");
     if (!s.ok()) return s;
@@ -143,10 +187,10 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
     if (!s.ok()) return s;
     s = loader.Read(out_bias, &w.b_out);
     if (!s.ok()) return s;
-    const size_t e = static_cast<size_t>(E);
+    const ptrdiff_t e = static_cast<ptrdiff_t>(E), r = static_cast<ptrdiff_t>(R);
     w.b_q.assign(b.begin(), b.begin() + e);
-    w.b_k.assign(b.begin() + e, b.begin() + 2 * e);
-    w.b_v.assign(b.begin() + 2 * e, b.end());
+    w.b_k.assign(b.begin() + e, b.begin() + e + r);
+    w.b_v.assign(b.begin() + e + r, b.end());
     w.bias = true;
     if (w.packed_in_proj) w.in_proj_bias = std::move(b);
   }
@@ -159,9 +203,10 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
                        ", expected both or neither (add_bias_kv)");
   }
   if (bk != nullptr) {
-    s = loader.CheckShape(bk, {1, 1, E}, "[1, 1, E]");
+    const char* kv_shape = R == E ? "[1, 1, E]" : "[1, 1, R] (R = rows of k_proj_weight)";
+    s = loader.CheckShape(bk, {1, 1, R}, kv_shape);
     if (!s.ok()) return s;
-    s = loader.CheckShape(bv, {1, 1, E}, "[1, 1, E]");
+    s = loader.CheckShape(bv, {1, 1, R}, kv_shape);
     if (!s.ok()) return s;
     s = loader.Read(bk, &w.bias_k);
     if (!s.ok()) return s;

@@ -6,19 +6,23 @@
 //                               kdim == vdim == embed_dim, D = E; mha accepts any D, a
 //                               fused Linear(D, 3E), and then q_dim = kdim = vdim = D)
 //   q_proj_weight    [E, q_dim] separate projections (PyTorch uses them when kdim or vdim
-//   k_proj_weight    [E, kdim]  differ from embed_dim; PyTorch's q_dim is always E, mha accepts
-//   v_proj_weight    [E, vdim]  any q_dim)
-//   in_proj_bias     [3E]       q, k, v biases, packed in both layouts (bias=True)
+//   k_proj_weight    [R, kdim]  differ from embed_dim; PyTorch's q_dim is always E, mha accepts
+//   v_proj_weight    [R, vdim]  any q_dim). R = E for PyTorch; R = kvE = num_kv_heads *
+//                               head_dim < E for a grouped-query layer
+//   in_proj_bias     [E + 2R]   q, k, v biases, packed in both layouts (bias=True)
 //   out_proj.weight  [E, E]
 //   out_proj.bias    [E]        (bias=True)
-//   bias_k, bias_v   [1, 1, E]  (add_bias_kv=True)
+//   bias_k, bias_v   [1, 1, R]  (add_bias_kv=True)
 // Rules, each violation an error naming the full tensor name, the expected and actual shape:
 //   - E is taken from out_proj.weight, which must be present, rank 2, square and non-empty;
 //   - exactly one layout: in_proj_weight, or all three of q/k/v_proj_weight (never both, never
-//     a partial set); every q/k/v weight has E rows and at least one column;
+//     a partial set); q has E rows, k and v the same number R > 0 of rows, all at least one
+//     column (whether R suits the head count is checked where the head count is known);
 //   - in_proj_bias is present iff out_proj.bias is (PyTorch ties both to `bias=`);
 //   - bias_k and bias_v are both present or both absent;
-//   - every tensor is F32, F16 or BF16 (widened exactly to f32); other dtypes are Unsupported.
+//   - every tensor is F32, F16 or BF16; other dtypes are Unsupported. Biases are widened
+//     exactly to f32; weight matrices too, except that those stored in the `keep` dtype (BF16
+//     or F16, when the caller asks) are kept as their 16-bit values.
 // Tensors under other names (the rest of a model) are ignored.
 //
 // The packed [3E, D] matrix is split in PyTorch's order: rows [0, E) are q, [E, 2E) k,
@@ -37,7 +41,22 @@
 
 namespace mha {
 
-// All f32, row-major like nn.Linear ([out_features, in_features]).
+// One weight matrix as loaded, row-major: f32 values, or the 16-bit values as stored.
+struct WeightTensor {
+  DType dtype = DType::kF32;   // kF32, or the kept kBF16 / kF16
+  std::vector<float> f32;      // when dtype == kF32
+  std::vector<uint16_t> bits;  // when dtype is kBF16 or kF16
+
+  const void* data() const {
+    return dtype == DType::kF32 ? static_cast<const void*>(f32.data())
+                                : static_cast<const void*>(bits.data());
+  }
+  size_t size() const { return dtype == DType::kF32 ? f32.size() : bits.size(); }
+  // Elements [begin, begin + n) as a tensor of the same dtype.
+  WeightTensor Slice(size_t begin, size_t n) const;
+};
+
+// Row-major like nn.Linear ([out_features, in_features]); biases f32.
 struct MhaWeights {
   // Inferred from the shapes.
   int64_t embed_dim = 0, q_dim = 0, kdim = 0, vdim = 0;
@@ -47,18 +66,24 @@ struct MhaWeights {
   bool add_bias_kv = false;
   // in_proj_weight was present (then q_dim == kdim == vdim == embed_dim).
   bool packed_in_proj = false;
-  std::vector<float> w_q, w_k, w_v;   // [E, q_dim], [E, kdim], [E, vdim]
-  std::vector<float> b_q, b_k, b_v;   // [E] each; empty when !bias
-  std::vector<float> w_out, b_out;    // [E, E], [E]; b_out empty when !bias
-  std::vector<float> bias_k, bias_v;  // [E] each when add_bias_kv, else empty
-  // The raw packed tensors, only when packed_in_proj: [3E, E] and [3E] (the latter empty when
+  // Rows of k_proj_weight / v_proj_weight (R above; E when packed).
+  int64_t kv_rows = 0;
+  WeightTensor w_q, w_k, w_v;         // [E, q_dim], [R, kdim], [R, vdim]
+  std::vector<float> b_q, b_k, b_v;   // [E], [R], [R]; empty when !bias
+  WeightTensor w_out;                 // [E, E]
+  std::vector<float> b_out;           // [E]; empty when !bias
+  std::vector<float> bias_k, bias_v;  // [R] each when add_bias_kv, else empty
+  // The raw packed tensors, only when packed_in_proj: [3E, D] and [3E] (the latter empty when
   // !bias). Empty otherwise.
-  std::vector<float> in_proj_weight, in_proj_bias;
+  WeightTensor in_proj_weight;
+  std::vector<float> in_proj_bias;
 };
 
-// Fills *out (replaced only on success). FormatError for missing or inconsistent tensors,
-// Unsupported for a non-float dtype.
-Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out);
+// Fills *out (replaced only on success). `keep`: kF32 (widen every weight), or kBF16 / kF16
+// (weight matrices stored in that dtype stay 16-bit). FormatError for missing or inconsistent
+// tensors, Unsupported for a non-float dtype.
+Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out,
+                      DType keep = DType::kF32);
 
 }  // namespace mha
 

@@ -1,21 +1,19 @@
 // nn.MultiheadAttention weight loading: files are written from C++ with SafeTensorsWriter in
 // PyTorch's state_dict layout (no torch needed), then loaded and compared value by value.
-#include "mha/mha.hpp"
 #include "runtime/weights.h"
 
 #include <gtest/gtest.h>
-
-#include <cmath>
-#include <cstdio>
-#include <memory>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "mha/mha.hpp"
 #include "runtime/safetensors.h"
 
 namespace mha {
@@ -94,6 +92,24 @@ class ModelBuilder {
   SafeTensorsFile file_;
 };
 
+// A model written to a temporary file, removed when this goes out of scope.
+struct TempModelFile {
+  TempModelFile(ModelBuilder& m, const std::string& tag)
+      : path("/tmp/mha_weights_" + std::to_string(getpid()) + "_" + tag + ".safetensors") {
+    EXPECT_TRUE(m.writer().WriteFile(path).ok()) << path;
+  }
+  ~TempModelFile() { std::remove(path.c_str()); }
+  const std::string path;
+};
+
+// Loading options of the layer tests: batch-first inputs, `heads` heads.
+LoadOptions BatchFirst(int64_t heads) {
+  LoadOptions o;
+  o.num_heads = heads;
+  o.batch_first = true;
+  return o;
+}
+
 std::vector<float> Slice(const std::vector<float>& v, size_t begin, size_t count) {
   return std::vector<float>(v.begin() + static_cast<long>(begin),
                             v.begin() + static_cast<long>(begin + count));
@@ -121,15 +137,15 @@ TEST(WeightsTest, PackedInProjWithBias) {
   EXPECT_FALSE(w.add_bias_kv);
   EXPECT_TRUE(w.packed_in_proj);
   const size_t b = static_cast<size_t>(E * E);
-  EXPECT_EQ(w.w_q, Slice(in_w, 0, b));  // rows [0, E)
-  EXPECT_EQ(w.w_k, Slice(in_w, b, b));  // rows [E, 2E)
-  EXPECT_EQ(w.w_v, Slice(in_w, 2 * b, b));
+  EXPECT_EQ(w.w_q.f32, Slice(in_w, 0, b));  // rows [0, E)
+  EXPECT_EQ(w.w_k.f32, Slice(in_w, b, b));  // rows [E, 2E)
+  EXPECT_EQ(w.w_v.f32, Slice(in_w, 2 * b, b));
   EXPECT_EQ(w.b_q, Slice(in_b, 0, 8));
   EXPECT_EQ(w.b_k, Slice(in_b, 8, 8));
   EXPECT_EQ(w.b_v, Slice(in_b, 16, 8));
-  EXPECT_EQ(w.w_out, out_w);
+  EXPECT_EQ(w.w_out.f32, out_w);
   EXPECT_EQ(w.b_out, out_b);
-  EXPECT_EQ(w.in_proj_weight, in_w);
+  EXPECT_EQ(w.in_proj_weight.f32, in_w);
   EXPECT_EQ(w.in_proj_bias, in_b);
   EXPECT_TRUE(w.bias_k.empty());
   EXPECT_TRUE(w.bias_v.empty());
@@ -150,9 +166,9 @@ TEST(WeightsTest, PackedInProjWithOtherInputDim) {
   EXPECT_EQ(w.vdim, D);
   EXPECT_FALSE(w.bias);
   const size_t b = static_cast<size_t>(E * D);
-  EXPECT_EQ(w.w_q, Slice(in_w, 0, b));
-  EXPECT_EQ(w.w_k, Slice(in_w, b, b));
-  EXPECT_EQ(w.w_v, Slice(in_w, 2 * b, b));
+  EXPECT_EQ(w.w_q.f32, Slice(in_w, 0, b));
+  EXPECT_EQ(w.w_k.f32, Slice(in_w, b, b));
+  EXPECT_EQ(w.w_v.f32, Slice(in_w, 2 * b, b));
 }
 
 TEST(WeightsTest, PackedWithoutBiasFromAFile) {
@@ -174,8 +190,8 @@ TEST(WeightsTest, PackedWithoutBiasFromAFile) {
   EXPECT_TRUE(w.b_v.empty());
   EXPECT_TRUE(w.b_out.empty());
   EXPECT_TRUE(w.in_proj_bias.empty());
-  EXPECT_EQ(w.w_v, Slice(in_w, 32, 16));
-  EXPECT_EQ(w.w_out, out_w);
+  EXPECT_EQ(w.w_v.f32, Slice(in_w, 32, 16));
+  EXPECT_EQ(w.w_out.f32, out_w);
 }
 
 TEST(WeightsTest, SeparateProjectionsWithDistinctDims) {
@@ -195,12 +211,12 @@ TEST(WeightsTest, SeparateProjectionsWithDistinctDims) {
   EXPECT_EQ(w.q_dim, q_dim);
   EXPECT_EQ(w.kdim, kdim);
   EXPECT_EQ(w.vdim, vdim);
-  EXPECT_EQ(w.w_q, wq);
-  EXPECT_EQ(w.w_k, wk);
-  EXPECT_EQ(w.w_v, wv);
+  EXPECT_EQ(w.w_q.f32, wq);
+  EXPECT_EQ(w.w_k.f32, wk);
+  EXPECT_EQ(w.w_v.f32, wv);
   EXPECT_EQ(w.b_k, Slice(in_b, 6, 6));
   EXPECT_EQ(w.b_out, out_b);
-  EXPECT_TRUE(w.in_proj_weight.empty());
+  EXPECT_EQ(w.in_proj_weight.size(), 0u);
   EXPECT_TRUE(w.in_proj_bias.empty());
 }
 
@@ -246,8 +262,8 @@ TEST(WeightsTest, PrefixInsideAWholeModel) {
   MhaWeights w;
   Status s = Load(f, "encoder.layers.3.self_attn.", &w);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(w.in_proj_weight, layer3_in);
-  EXPECT_EQ(w.w_out, layer3_out);
+  EXPECT_EQ(w.in_proj_weight.f32, layer3_in);
+  EXPECT_EQ(w.w_out.f32, layer3_out);
   EXPECT_TRUE(w.bias);
   EXPECT_FALSE(w.add_bias_kv);
 
@@ -274,13 +290,83 @@ TEST(WeightsTest, HalfPrecisionWeightsAreWidened) {
     MhaWeights w;
     Status s = Load(f, "m.", &w);
     ASSERT_TRUE(s.ok()) << s.ToString();
-    EXPECT_EQ(w.in_proj_weight, in_w);
-    EXPECT_EQ(w.w_k, Slice(in_w, 16, 16));
+    EXPECT_EQ(w.in_proj_weight.f32, in_w);
+    EXPECT_EQ(w.w_k.f32, Slice(in_w, 16, 16));
     EXPECT_EQ(w.in_proj_bias, in_b);
-    EXPECT_EQ(w.w_out, out_w);
+    EXPECT_EQ(w.w_out.f32, out_w);
     EXPECT_EQ(w.b_out, out_b);
-    EXPECT_EQ(w.w_out[5], 3.0f + 5.0f / 8);  // tag 3 + i/8: exact after widening
+    EXPECT_EQ(w.w_out.f32[5], 3.0f + 5.0f / 8);  // tag 3 + i/8: exact after widening
   }
+}
+
+TEST(WeightsTest, HalfPrecisionWeightsKeptWhenAsked) {
+  for (DType storage : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(storage));
+    const int64_t E = 4;
+    ModelBuilder m(storage);
+    const auto in_w = m.Add("m.in_proj_weight", {3 * E, E});
+    const auto in_b = m.Add("m.in_proj_bias", {3 * E});
+    const auto out_w = m.Add("m.out_proj.weight", {E, E});
+    m.Add("m.out_proj.bias", {E});
+    const SafeTensorsFile& f = m.Build();
+    MhaWeights w;
+    Status s = LoadMhaWeights(f, "m.", &w, storage);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    // The weights keep the file's 16-bit values (compared after exact widening); biases are f32.
+    for (const auto& [t, expected] :
+         {std::pair<const WeightTensor*, std::vector<float>>{&w.in_proj_weight, in_w},
+          {&w.w_k, Slice(in_w, 16, 16)},
+          {&w.w_out, out_w}}) {
+      ASSERT_EQ(t->dtype, storage);
+      EXPECT_TRUE(t->f32.empty());
+      ASSERT_EQ(t->bits.size(), expected.size());
+      for (size_t i = 0; i < expected.size(); ++i) {
+        uint32_t bits = 0;
+        float widened = 0.0f;
+        if (storage == DType::kBF16) {
+          bits = static_cast<uint32_t>(t->bits[i]) << 16;
+          std::memcpy(&widened, &bits, 4);
+        } else {
+          widened = std::ldexp(1.0f + (t->bits[i] & 0x3FF) / 1024.0f,
+                               static_cast<int>((t->bits[i] >> 10) & 0x1F) - 15) *
+                    ((t->bits[i] & 0x8000) ? -1.0f : 1.0f);
+        }
+        EXPECT_EQ(widened, expected[i]) << "element " << i;
+      }
+    }
+    EXPECT_EQ(w.in_proj_bias, in_b);
+    // Asking to keep the other 16-bit type widens instead.
+    const DType other = storage == DType::kBF16 ? DType::kF16 : DType::kBF16;
+    s = LoadMhaWeights(f, "m.", &w, other);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(w.w_out.dtype, DType::kF32);
+    EXPECT_EQ(w.w_out.f32, out_w);
+  }
+}
+
+TEST(WeightsTest, GroupedQueryProjections) {
+  // E = 8, k/v with R = 4 rows (e.g. 4 heads of head_dim 2 sharing 2 kv heads).
+  const int64_t E = 8, R = 4;
+  ModelBuilder m;
+  const auto wq = m.Add("q_proj_weight", {E, E});
+  const auto wk = m.Add("k_proj_weight", {R, E});
+  const auto wv = m.Add("v_proj_weight", {R, E});
+  const auto b = m.Add("in_proj_bias", {E + 2 * R});
+  m.Add("out_proj.weight", {E, E});
+  m.Add("out_proj.bias", {E});
+  const auto bk = m.Add("bias_k", {1, 1, R});
+  m.Add("bias_v", {1, 1, R});
+  MhaWeights w;
+  Status s = Load(m.Build(), "", &w);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(w.kv_rows, R);
+  EXPECT_EQ(w.w_q.f32, wq);
+  EXPECT_EQ(w.w_k.f32, wk);
+  EXPECT_EQ(w.w_v.f32, wv);
+  EXPECT_EQ(w.b_q, Slice(b, 0, E));
+  EXPECT_EQ(w.b_k, Slice(b, E, R));
+  EXPECT_EQ(w.b_v, Slice(b, E + R, R));
+  EXPECT_EQ(w.bias_k, bk);
 }
 
 struct ErrorCase {
@@ -323,7 +409,8 @@ TEST(WeightsTest, RejectsInconsistentWeights) {
          m.Add("p.in_proj_weight", {3 * E * E});
          m.Add("p.out_proj.weight", {E, E});
        },
-       StatusCode::kFormatError, "expected shape [12, D] (3E rows with E = 4, D > 0 input features), got [48]"},
+       StatusCode::kFormatError,
+       "expected shape [12, D] (3E rows with E = 4, D > 0 input features), got [48]"},
       {"both packed and separate",
        [](ModelBuilder& m) {
          m.Add("p.in_proj_weight", {3 * E, E});
@@ -338,8 +425,17 @@ TEST(WeightsTest, RejectsInconsistentWeights) {
          m.Add("p.k_proj_weight", {E, E});
          m.Add("p.out_proj.weight", {E, E});
        },
-       StatusCode::kFormatError, "missing tensor 'p.v_proj_weight' [E, vdim]"},
-      {"k_proj wrong rows",
+       StatusCode::kFormatError, "missing tensor 'p.v_proj_weight' [R, vdim]"},
+      {"q_proj wrong rows",
+       [](ModelBuilder& m) {
+         m.Add("p.q_proj_weight", {E + 1, E});
+         m.Add("p.k_proj_weight", {E, 3});
+         m.Add("p.v_proj_weight", {E, E});
+         m.Add("p.out_proj.weight", {E, E});
+       },
+       StatusCode::kFormatError,
+       "tensor 'p.q_proj_weight': expected shape [4, q_dim] with E = 4 and q_dim > 0, got [5, 4]"},
+      {"v_proj rows differ from k_proj",
        [](ModelBuilder& m) {
          m.Add("p.q_proj_weight", {E, E});
          m.Add("p.k_proj_weight", {E + 1, 3});
@@ -347,7 +443,20 @@ TEST(WeightsTest, RejectsInconsistentWeights) {
          m.Add("p.out_proj.weight", {E, E});
        },
        StatusCode::kFormatError,
-       "tensor 'p.k_proj_weight': expected shape [4, kdim] with E = 4 and kdim > 0, got [5, 3]"},
+       "tensor 'p.v_proj_weight': expected shape [5, vdim] (as many rows as k_proj_weight) and "
+       "vdim > 0, got [4, 4]"},
+      {"grouped-query in_proj_bias wrong size",
+       [](ModelBuilder& m) {
+         m.Add("p.q_proj_weight", {E, E});
+         m.Add("p.k_proj_weight", {2, E});
+         m.Add("p.v_proj_weight", {2, E});
+         m.Add("p.in_proj_bias", {3 * E});
+         m.Add("p.out_proj.weight", {E, E});
+         m.Add("p.out_proj.bias", {E});
+       },
+       StatusCode::kFormatError,
+       "tensor 'p.in_proj_bias': expected shape [8] [E + 2R] with E = 4, R = 2 (rows of "
+       "k_proj_weight), got [12]"},
       {"bias_k without bias_v",
        [](ModelBuilder& m) {
          m.Add("p.in_proj_weight", {3 * E, E});
@@ -410,6 +519,22 @@ TEST(WeightsTest, RejectsInconsistentWeights) {
   }
 }
 
+// Runs `layer` on a fixed batch-first input [2, 3, E]; returns the output.
+std::vector<float> RunLayer(const MultiheadAttention& layer, int64_t E) {
+  std::vector<float> x(2 * 3 * E), y(2 * 3 * E, -1.0f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.01f * static_cast<float>(i % 17) - 0.08f;
+  const int64_t shape[3] = {2, 3, E};
+  AttentionInputs in;
+  AttentionOutputs out;
+  EXPECT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query).ok());
+  EXPECT_TRUE(TensorView::Dense(y.data(), DType::kF32, 3, shape, &out.output).ok());
+  std::unique_ptr<Context> ctx;
+  EXPECT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
+  const Status s = layer.Forward(*ctx, in, out);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return y;
+}
+
 // The C++ loading entry point: a layer created from a file under a prefix runs, and its errors
 // name the file and the prefix.
 TEST(WeightsTest, CreateLayerFromSafeTensors) {
@@ -419,11 +544,9 @@ TEST(WeightsTest, CreateLayerFromSafeTensors) {
   m.Add("enc.attn.in_proj_bias", {3 * E});
   m.Add("enc.attn.out_proj.weight", {E, E});
   m.Add("enc.attn.out_proj.bias", {E});
-  const std::string path = "/tmp/mha_weights_" + std::to_string(getpid()) + "_layer.safetensors";
-  ASSERT_TRUE(m.writer().WriteFile(path).ok());
-  LoadOptions options;
-  options.num_heads = 2;
-  options.batch_first = true;
+  const TempModelFile file(m, "layer");
+  const std::string& path = file.path;
+  LoadOptions options = BatchFirst(2);
   std::unique_ptr<MultiheadAttention> layer;
   Status s = MultiheadAttention::CreateFromSafeTensors(path, "enc.attn.", options, &layer);
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -431,31 +554,96 @@ TEST(WeightsTest, CreateLayerFromSafeTensors) {
   EXPECT_EQ(layer->head_dim(), 4);
   EXPECT_TRUE(layer->config().batch_first);
 
-  std::vector<float> x(2 * 3 * E, 0.25f), y(2 * 3 * E, -1.0f);
-  const int64_t shape[3] = {2, 3, E};
-  AttentionInputs in;
-  AttentionOutputs out;
-  ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query).ok());
-  ASSERT_TRUE(TensorView::Dense(y.data(), DType::kF32, 3, shape, &out.output).ok());
-  std::unique_ptr<Context> ctx;
-  ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
-  s = layer->Forward(*ctx, in, out);
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  for (float v : y) ASSERT_TRUE(std::isfinite(v));
+  for (float v : RunLayer(*layer, E)) ASSERT_TRUE(std::isfinite(v));
 
   options.num_heads = 3;  // does not divide E = 8
   s = MultiheadAttention::CreateFromSafeTensors(path, "enc.attn.", options, &layer);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("embed_dim: expected a multiple of num_heads (3), got 8"),
-            std::string::npos) << s.message();
+            std::string::npos)
+      << s.message();
   options.num_heads = 2;
   s = MultiheadAttention::CreateFromSafeTensors(path, "dec.attn.", options, &layer);
   EXPECT_EQ(s.code(), StatusCode::kFormatError);
   EXPECT_NE(s.message().find("dec.attn.out_proj.weight"), std::string::npos) << s.message();
   s = MultiheadAttention::CreateFromSafeTensors("/nonexistent/w.safetensors", "", options, &layer);
   EXPECT_EQ(s.code(), StatusCode::kIoError);
-  std::remove(path.c_str());
+  options.weight_dtype = DType::kBool;
+  s = MultiheadAttention::CreateFromSafeTensors(path, "enc.attn.", options, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("options.weight_dtype: expected F32, BF16 or F16, got bool"),
+            std::string::npos)
+      << s.message();
+}
+
+// A bf16/f16 file loaded as a 16-bit layer computes bitwise what the same file loaded as an f32
+// layer computes (the 16-bit values widen exactly, and the products widen them exactly).
+TEST(WeightsTest, CreateSixteenBitLayerFromSafeTensors) {
+  const int64_t E = 8;
+  for (DType storage : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(storage));
+    ModelBuilder m(storage);
+    m.Add("in_proj_weight", {3 * E, E});
+    m.Add("in_proj_bias", {3 * E});
+    m.Add("out_proj.weight", {E, E});
+    m.Add("out_proj.bias", {E});
+    const TempModelFile file(m, "half");
+    const std::string& path = file.path;
+    LoadOptions options = BatchFirst(2);
+    std::unique_ptr<MultiheadAttention> f32_layer, half_layer, other_layer;
+    ASSERT_TRUE(MultiheadAttention::CreateFromSafeTensors(path, "", options, &f32_layer).ok());
+    options.weight_dtype = storage;
+    Status s = MultiheadAttention::CreateFromSafeTensors(path, "", options, &half_layer);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(half_layer->config().weight_dtype, storage);
+    // The other 16-bit type: converted (these test values are exact in both types).
+    options.weight_dtype = storage == DType::kBF16 ? DType::kF16 : DType::kBF16;
+    s = MultiheadAttention::CreateFromSafeTensors(path, "", options, &other_layer);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    const std::vector<float> ref = RunLayer(*f32_layer, E);
+    EXPECT_EQ(RunLayer(*half_layer, E), ref);
+    EXPECT_EQ(RunLayer(*other_layer, E), ref);
+  }
+}
+
+TEST(WeightsTest, CreateGroupedQueryLayerFromSafeTensors) {
+  const int64_t E = 8, R = 4;  // 4 heads of head_dim 2, 2 kv heads
+  ModelBuilder m;
+  m.Add("q_proj_weight", {E, E});
+  m.Add("k_proj_weight", {R, E});
+  m.Add("v_proj_weight", {R, E});
+  m.Add("in_proj_bias", {E + 2 * R});
+  m.Add("out_proj.weight", {E, E});
+  m.Add("out_proj.bias", {E});
+  const TempModelFile file(m, "gqa");
+  const std::string& path = file.path;
+  LoadOptions options = BatchFirst(4);
+  std::unique_ptr<MultiheadAttention> layer;
+  Status s = MultiheadAttention::CreateFromSafeTensors(path, "", options, &layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(layer->config().num_kv_heads, 2);
+  for (float v : RunLayer(*layer, E)) ASSERT_TRUE(std::isfinite(v));
+  options.num_kv_heads = 2;  // stated and consistent
+  EXPECT_TRUE(MultiheadAttention::CreateFromSafeTensors(path, "", options, &layer).ok());
+  options.num_kv_heads = 4;
+  s = MultiheadAttention::CreateFromSafeTensors(path, "", options, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("options.num_kv_heads: expected 2 (k_proj_weight has 4 rows) or 0, "
+                             "got 4"),
+            std::string::npos)
+      << s.message();
+  options.num_kv_heads = 0;
+  options.num_heads = 8;  // head_dim 1: 4 kv heads, fine; 3 heads do not divide E
+  EXPECT_TRUE(MultiheadAttention::CreateFromSafeTensors(path, "", options, &layer).ok());
+  EXPECT_EQ(layer->config().num_kv_heads, 4);
+  options.num_heads = 1;  // head_dim 8: 4 rows are not a whole head
+  s = MultiheadAttention::CreateFromSafeTensors(path, "", options, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kFormatError);
+  EXPECT_NE(s.message().find("'k_proj_weight': expected a multiple of head_dim (embed_dim 8 / "
+                             "num_heads 1) rows, got 4"),
+            std::string::npos)
+      << s.message();
 }
 
 }  // namespace

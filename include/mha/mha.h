@@ -165,22 +165,30 @@ typedef struct mha_layer_config {
   int32_t add_zero_attn; /* a zero key/value position appended (after bias_kv) */
   int32_t batch_first;  /* batched inputs are [N, L, features] instead of [L, N, features] */
   float scale;          /* score scale; 0 = 1 / sqrt(head_dim) */
+  /* Storage of the four projection matrices, an mha_dtype: MHA_DTYPE_F32 (0, the default),
+   * MHA_DTYPE_BF16 or MHA_DTYPE_F16. 16-bit weights are widened exactly inside the products
+   * (f32 arithmetic): the only error is their rounding (relative 2^-9 bf16, 2^-11 f16). */
+  int32_t weight_dtype;
 } mha_layer_config;
 
-/* All f32, row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads *
- * head_dim. Give either in_proj_weight (only when q_dim == kdim == vdim and kvE == E) or all
- * three of q/k/v_proj_weight. Unused pointers are NULL. */
+/* Row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads * head_dim. Give
+ * either in_proj_weight (only when q_dim == kdim == vdim and kvE == E) or all three of
+ * q/k/v_proj_weight. Unused pointers are NULL. The four *_proj_weight arrays hold elements of
+ * `dtype` (float, or bf16/f16 bits as uint16_t); biases are always float. With
+ * MHA_WEIGHTS_VIEW, dtype must equal the config's weight_dtype; MHA_WEIGHTS_COPY converts
+ * (f32 -> 16-bit rounds to nearest even). */
 typedef struct mha_layer_weights {
-  const float* in_proj_weight;  /* [E + 2 kvE, q_dim], rows ordered by qkv_layout */
+  const void* in_proj_weight;   /* [E + 2 kvE, q_dim], rows ordered by qkv_layout */
   const float* in_proj_bias;    /* [E + 2 kvE] (bias), also with separate weights (q, k, v) */
   int32_t qkv_layout;           /* an mha_qkv_layout */
-  const float* q_proj_weight;   /* [E, q_dim] */
-  const float* k_proj_weight;   /* [kvE, kdim] */
-  const float* v_proj_weight;   /* [kvE, vdim] */
+  const void* q_proj_weight;    /* [E, q_dim] */
+  const void* k_proj_weight;    /* [kvE, kdim] */
+  const void* v_proj_weight;    /* [kvE, vdim] */
   const float* bias_k;          /* [kvE] (add_bias_kv) */
   const float* bias_v;          /* [kvE] (add_bias_kv) */
-  const float* out_proj_weight; /* [E, E] */
+  const void* out_proj_weight;  /* [E, E] */
   const float* out_proj_bias;   /* [E] (bias) */
+  int32_t dtype;                /* an mha_dtype: F32 (0, the default), BF16 or F16 */
 } mha_layer_weights;
 
 /* Options for mha_layer_create_from_safetensors: what the file cannot tell. Zero-initialized =
@@ -191,6 +199,13 @@ typedef struct mha_load_options {
   int32_t batch_first;        /* layout of batched inputs */
   float scale;                /* 0 = 1 / sqrt(head_dim) */
   int32_t qkv_layout;         /* an mha_qkv_layout: row order of a packed in_proj_weight */
+  /* Storage of the layer's projection matrices (an mha_dtype: F32 = 0 default, BF16, F16).
+   * 16-bit tensors of that dtype in the file are kept as they are (never widened to f32);
+   * others are converted. */
+  int32_t weight_dtype;
+  /* Key/value heads (grouped-query attention); 0 = inferred from the rows of k_proj_weight
+   * (kvE / head_dim). Must divide num_heads. */
+  int64_t num_kv_heads;
 } mha_load_options;
 
 /* Sets *config to PyTorch's defaults: bias = 1, all other fields 0 (embed_dim and num_heads
@@ -205,8 +220,8 @@ MHA_API mha_status mha_layer_create(const mha_layer_config* config,
 
 /* Loads nn.MultiheadAttention state_dict tensors named `prefix` + {in_proj_weight,
  * in_proj_bias, q/k/v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v} from a
- * safetensors file (F32, F16 or BF16; widened exactly to f32) and creates a layer owning a
- * copy. prefix includes its trailing dot ("encoder.layers.0.self_attn."); NULL means "". E,
+ * safetensors file (F32, F16 or BF16, stored as options->weight_dtype; biases widened to f32)
+ * and creates a layer owning a copy. Grouped-query layers: k/v_proj_weight with kvE rows. prefix includes its trailing dot ("encoder.layers.0.self_attn."); NULL means "". E,
  * q_dim, kdim, vdim, bias and add_bias_kv come from the tensors' shapes and presence. Errors:
  * IO_ERROR (cannot open), FORMAT_ERROR (malformed file, missing or inconsistent tensors),
  * UNSUPPORTED (a non-float weight dtype), INVALID_ARGUMENT (options). The file is not kept

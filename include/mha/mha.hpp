@@ -91,23 +91,34 @@ struct AttentionConfig {
   bool add_zero_attn = false;  // a zero key/value position appended (after bias_kv)
   bool batch_first = false;  // batched inputs are [N, L, features] instead of [L, N, features]
   float scale = 0.0f;        // score scale; 0 = 1 / sqrt(head_dim)
+  // How the layer stores its four projection matrices: kF32, or kBF16 / kF16 for half the
+  // memory and half the bytes streamed per decoded token. Arithmetic is f32 either way (16-bit
+  // weights are widened exactly inside the products), so a 16-bit layer computes exactly what
+  // an f32 layer holding the rounded weights computes; the only error is the weights' rounding
+  // (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
+  DType weight_dtype = DType::kF32;
 };
 
-// Weights in nn.Linear layout ([out_features, in_features], row-major, f32). kvE =
-// num_kv_heads * head_dim (= E without grouped-query attention). Give either the packed
-// in_proj_weight (only when q_dim == kdim == vdim and kvE == E) or the three separate ones.
+// Weights in nn.Linear layout ([out_features, in_features], row-major). kvE = num_kv_heads *
+// head_dim (= E without grouped-query attention). Give either the packed in_proj_weight (only
+// when q_dim == kdim == vdim and kvE == E) or the three separate ones. The four projection
+// matrices are arrays of `dtype` (f32, or bf16/f16 bits as uint16_t); biases are always f32.
+// With WeightBinding::kView, dtype must equal the config's weight_dtype (the layer uses the
+// arrays as they are); kCopy converts (f32 -> 16-bit rounds to nearest even).
 struct AttentionWeights {
-  const float* in_proj_weight = nullptr;  // [3E, q_dim], rows ordered by `qkv_layout`
+  DType dtype = DType::kF32;              // kF32, kBF16 or kF16: the element type of the
+                                          // *_weight arrays below
+  const void* in_proj_weight = nullptr;   // [3E, q_dim], rows ordered by `qkv_layout`
   const float* in_proj_bias = nullptr;    // [3E], same order (when bias)
   QkvLayout qkv_layout = QkvLayout::kPyTorch;
-  const float* q_proj_weight = nullptr;   // [E, q_dim]
-  const float* k_proj_weight = nullptr;   // [kvE, kdim]
-  const float* v_proj_weight = nullptr;   // [kvE, vdim]
+  const void* q_proj_weight = nullptr;    // [E, q_dim]
+  const void* k_proj_weight = nullptr;    // [kvE, kdim]
+  const void* v_proj_weight = nullptr;    // [kvE, vdim]
   // Separate-weight biases: PyTorch keeps one in_proj_bias [E + 2 kvE] even with separate weights;
   // when in_proj_weight is null, in_proj_bias (if given) is that tensor, in q, k, v order.
   const float* bias_k = nullptr;           // [kvE] (add_bias_kv)
   const float* bias_v = nullptr;           // [kvE] (add_bias_kv)
-  const float* out_proj_weight = nullptr;  // [E, E]
+  const void* out_proj_weight = nullptr;   // [E, E]
   const float* out_proj_bias = nullptr;    // [E] (when bias)
 };
 
@@ -162,6 +173,13 @@ struct LoadOptions {
   bool batch_first = false;
   float scale = 0.0f;  // 0 = 1 / sqrt(head_dim)
   QkvLayout qkv_layout = QkvLayout::kPyTorch;  // row order of a packed in_proj_weight
+  // Storage of the layer's weight matrices (AttentionConfig::weight_dtype): kF32, kBF16 or
+  // kF16. Tensors stored in the file in that 16-bit dtype are kept as they are (never widened
+  // to f32 and rounded back); others are converted.
+  DType weight_dtype = DType::kF32;
+  // Key/value heads of a grouped-query layer (k_proj_weight / v_proj_weight with kvE =
+  // num_kv_heads * head_dim rows); 0 = inferred from those rows. Must agree with them.
+  int64_t num_kv_heads = 0;
 };
 
 class MHA_API MultiheadAttention {
@@ -170,8 +188,9 @@ class MHA_API MultiheadAttention {
                        WeightBinding binding, std::unique_ptr<MultiheadAttention>* out);
   // Loads nn.MultiheadAttention state_dict tensors named prefix + {in_proj_weight,
   // in_proj_bias, q/k/v_proj_weight, out_proj.weight, out_proj.bias, bias_k, bias_v} from a
-  // safetensors file (F32, F16 or BF16, widened exactly to f32) and creates a layer owning a
-  // copy. `prefix` includes its trailing dot ("encoder.layers.3.self_attn."). embed_dim, q_dim,
+  // safetensors file (F32, F16 or BF16; weights stored as options.weight_dtype, biases widened
+  // exactly to f32) and creates a layer owning a copy. Grouped-query layers: k/v_proj_weight
+  // (and their biases, bias_k, bias_v) with kvE rows. `prefix` includes its trailing dot ("encoder.layers.3.self_attn."). embed_dim, q_dim,
   // kdim, vdim, bias and add_bias_kv come from the tensors. Errors: IoError (cannot open),
   // FormatError (malformed file, missing or inconsistent tensors), Unsupported (a non-float
   // dtype), InvalidArgument (options). The file is not kept open.

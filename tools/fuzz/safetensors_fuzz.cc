@@ -70,18 +70,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
   }
-  for (const char* prefix : {"", "m."}) {
-    mha::MhaWeights w;
-    if (mha::LoadMhaWeights(file, prefix, &w).ok()) {
-      const size_t e = static_cast<size_t>(w.embed_dim);
-      CheckOrAbort(w.w_out.size() == e * e, "w_out size");
-      CheckOrAbort(w.w_q.size() == e * static_cast<size_t>(w.q_dim), "w_q size");
-      CheckOrAbort(w.w_k.size() == e * static_cast<size_t>(w.kdim), "w_k size");
-      CheckOrAbort(w.w_v.size() == e * static_cast<size_t>(w.vdim), "w_v size");
-      CheckOrAbort(w.bias ? w.b_q.size() == e && w.b_out.size() == e : w.b_q.empty(), "bias");
-      CheckOrAbort(w.add_bias_kv ? w.bias_k.size() == e && w.bias_v.size() == e : w.bias_k.empty(),
-                   "bias_kv");
-      sink = sink + Checksum(w.w_q) + Checksum(w.w_out);
+  // Both loading modes: every weight widened to f32, and bf16 weights kept 16-bit.
+  for (const mha::DType keep : {mha::DType::kF32, mha::DType::kBF16}) {
+    for (const char* prefix : {"", "m."}) {
+      mha::MhaWeights w;
+      if (mha::LoadMhaWeights(file, prefix, &w, keep).ok()) {
+        const size_t e = static_cast<size_t>(w.embed_dim);
+        const size_t r = static_cast<size_t>(w.kv_rows);
+        CheckOrAbort(w.w_out.size() == e * e, "w_out size");
+        CheckOrAbort(w.w_q.size() == e * static_cast<size_t>(w.q_dim), "w_q size");
+        CheckOrAbort(w.w_k.size() == r * static_cast<size_t>(w.kdim), "w_k size");
+        CheckOrAbort(w.w_v.size() == r * static_cast<size_t>(w.vdim), "w_v size");
+        CheckOrAbort(
+            w.bias ? w.b_q.size() == e && w.b_k.size() == r && w.b_out.size() == e : w.b_q.empty(),
+            "bias");
+        CheckOrAbort(
+            w.add_bias_kv ? w.bias_k.size() == r && w.bias_v.size() == r : w.bias_k.empty(),
+            "bias_kv");
+        for (const mha::WeightTensor* t : {&w.w_q, &w.w_out}) {
+          CheckOrAbort(t->dtype == mha::DType::kF32 || t->dtype == keep, "weight dtype");
+          sink = sink + (t->dtype == mha::DType::kF32 ? Checksum(t->f32) : t->bits.size());
+        }
+      }
     }
   }
   (void)sink;

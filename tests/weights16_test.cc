@@ -1,0 +1,273 @@
+// Layers that store their weights in bf16 or f16 (AttentionConfig::weight_dtype).
+//
+// The contract (mha.hpp): arithmetic stays f32 and 16-bit weights are widened exactly inside the
+// products, so a 16-bit layer must compute BITWISE what an f32 layer computes when given the
+// 16-bit-rounded weights — for every configuration (packed, per-head, separate, GQA, q_dim/kdim/
+// vdim, biases, bias_kv, masks, weights), whether the layer converts at creation (kCopy from f32)
+// or views the caller's 16-bit arrays (kView), and on every SIMD target. The accuracy against the
+// f32 layer is then only the weights' rounding, bounded here and stated in README.
+// The KV-cache decoder uses the same projections: checked bitwise the same way.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "mha/kv_cache.hpp"
+#include "mha/mha.hpp"
+#include "tests/attention_test_util.h"
+#include "tests/kernel_test_util.h"
+
+namespace mha {
+namespace {
+
+using testing_util::MakeViews;
+using testing_util::Problem;
+using testing_util::RandomProblem;
+using testing_util::Views;
+using testing_util::WeightsOf;
+
+// Output error of a 16-bit layer against the f32 layer, relative to the largest output
+// magnitude of the problem (RandomProblem's weights and inputs are O(1)). Each weight carries a
+// relative error of at most 2^-9 (bf16) / 2^-11 (f16); two projections and the softmax compound
+// it, and cancellation in tiny layers (E = 1..2) magnifies it relative to the output scale.
+// Measured worst cases over the 150 problems per type of BitwiseEqualToF32OnRoundedWeights:
+// 8.8e-3 (bf16) and 6.5e-4 (f16). Bounds: about 10 and 8 units of the weights' rounding, the
+// same as the KV cache's 16-bit bounds (kv_cache.hpp).
+double Bound(DType t) { return t == DType::kBF16 ? 2e-2 : 4e-3; }
+
+std::vector<uint16_t> ToHalf(const std::vector<float>& x, DType t) {
+  std::vector<uint16_t> h(x.size());
+  if (t == DType::kBF16) {
+    kernels::F32ToBF16(x.data(), h.data(), x.size());
+  } else {
+    kernels::F32ToF16(x.data(), h.data(), x.size());
+  }
+  return h;
+}
+
+std::vector<float> Widen(const std::vector<uint16_t>& h, DType t) {
+  std::vector<float> x(h.size());
+  if (t == DType::kBF16) {
+    kernels::BF16ToF32(h.data(), x.data(), h.size());
+  } else {
+    kernels::F16ToF32(h.data(), x.data(), h.size());
+  }
+  return x;
+}
+
+// The problem's five weight matrices, 16-bit.
+struct HalfWeights {
+  std::vector<uint16_t> in_proj_w, wq, wk, wv, wo;
+};
+
+HalfWeights RoundWeights(Problem* p, DType t, bool round_problem) {
+  HalfWeights h;
+  std::vector<float>* src[5] = {&p->in_proj_w, &p->wq, &p->wk, &p->wv, &p->wo};
+  std::vector<uint16_t>* dst[5] = {&h.in_proj_w, &h.wq, &h.wk, &h.wv, &h.wo};
+  for (int i = 0; i < 5; ++i) {
+    *dst[i] = ToHalf(*src[i], t);
+    if (round_problem) *src[i] = Widen(*dst[i], t);
+  }
+  return h;
+}
+
+void Run(const AttentionConfig& config, const AttentionWeights& w, WeightBinding binding,
+         const Problem& p, Views* v) {
+  std::unique_ptr<MultiheadAttention> layer;
+  Status s = MultiheadAttention::Create(config, w, binding, &layer);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  std::unique_ptr<Context> ctx;
+  ContextOptions o;
+  o.num_threads = 2;
+  ASSERT_TRUE(Context::Create(o, &ctx).ok());
+  MakeViews(p, v);
+  s = layer->Forward(*ctx, v->in, v->out);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+}
+
+uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (Bits(got[i]) != Bits(want[i]) && bad++ < 3) {
+      ADD_FAILURE() << what << ": element " << i << " = " << got[i] << ", want " << want[i];
+    }
+  }
+}
+
+// 16-bit layer == f32 layer on the rounded weights, bitwise; and close to the f32 layer on the
+// original weights.
+void CheckProblem(Problem p, DType t, double* worst) {
+  SCOPED_TRACE(p.Describe() + " weight_dtype " + DTypeName(t));
+  Views exact;  // the f32 layer on the original weights
+  Run(p.config, WeightsOf(p), p.binding, p, &exact);
+
+  Problem rounded = p;
+  const HalfWeights h = RoundWeights(&rounded, t, /*round_problem=*/true);
+  Views ref;  // the f32 layer on the rounded weights
+  Run(rounded.config, WeightsOf(rounded), rounded.binding, rounded, &ref);
+
+  AttentionConfig c16 = p.config;
+  c16.weight_dtype = t;
+  Views copied;  // converted at creation from the f32 weights
+  Run(c16, WeightsOf(p), WeightBinding::kCopy, p, &copied);
+  ExpectBitwise(copied.output, ref.output, "kCopy output");
+  ExpectBitwise(copied.weights, ref.weights, "kCopy attention weights");
+
+  AttentionWeights w16 = WeightsOf(p);
+  w16.dtype = t;
+  if (w16.in_proj_weight) w16.in_proj_weight = h.in_proj_w.data();
+  if (w16.q_proj_weight) {
+    w16.q_proj_weight = h.wq.data();
+    w16.k_proj_weight = h.wk.data();
+    w16.v_proj_weight = h.wv.data();
+  }
+  w16.out_proj_weight = h.wo.data();
+  Views viewed;  // the caller's 16-bit arrays
+  Run(c16, w16, WeightBinding::kView, p, &viewed);
+  // Against the f32 layer viewing the rounded weights: a view of separate q/k/v arrays cannot
+  // fuse the three projections into one product as an owned copy does, which may change the
+  // last bit in f32 too.
+  Views ref_view;
+  Run(rounded.config, WeightsOf(rounded), WeightBinding::kView, rounded, &ref_view);
+  ExpectBitwise(viewed.output, ref_view.output, "kView output");
+
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < exact.output.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(exact.output[i])));
+    err = std::max(err, std::abs(static_cast<double>(copied.output[i]) - exact.output[i]));
+  }
+  EXPECT_LE(err, Bound(t) * std::max(scale, 1e-3));
+  if (scale > 0) *worst = std::max(*worst, err / scale);
+}
+
+TEST(Weights16Test, BitwiseEqualToF32OnRoundedWeights) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::mt19937 rng(2026);
+    double worst = 0;
+    for (int i = 0; i < 150; ++i) CheckProblem(RandomProblem(&rng), t, &worst);
+    std::printf("[%s] worst output error / output scale vs f32 weights: %.3g (bound %.3g)\n",
+                DTypeName(t), worst, Bound(t));
+  }
+}
+
+TEST(Weights16Test, EverySimdTarget) {
+  test::ForEachTarget([](const char*) {
+    std::mt19937 rng(99);
+    double worst = 0;
+    for (int i = 0; i < 12; ++i) {
+      const DType t = i % 2 ? DType::kF16 : DType::kBF16;
+      Problem p = RandomProblem(&rng);
+      // Few rows take the GEMV path, more the packed GEMM: cover both.
+      if (i % 3 == 0) p.L = p.S = 40;
+      testing_util::FillProblem(&p, &rng);
+      CheckProblem(p, t, &worst);
+    }
+  });
+}
+
+TEST(Weights16Test, InvalidDtypes) {
+  std::mt19937 rng(5);
+  Problem p = RandomProblem(&rng);
+  std::unique_ptr<MultiheadAttention> layer;
+  AttentionConfig c = p.config;
+  c.weight_dtype = DType::kU8;
+  Status s = MultiheadAttention::Create(c, WeightsOf(p), WeightBinding::kCopy, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("config.weight_dtype: expected F32, BF16 or F16, got u8"),
+            std::string::npos)
+      << s.message();
+  AttentionWeights w = WeightsOf(p);
+  w.dtype = DType::kBool;
+  s = MultiheadAttention::Create(p.config, w, WeightBinding::kCopy, &layer);
+  EXPECT_NE(s.message().find("weights.dtype: expected F32, BF16 or F16, got bool"),
+            std::string::npos)
+      << s.message();
+  // A view cannot convert.
+  c.weight_dtype = DType::kBF16;
+  p.layout = QkvLayout::kPyTorch;
+  s = MultiheadAttention::Create(c, WeightsOf(p), WeightBinding::kView, &layer);
+  if (!(p.packed && p.layout == QkvLayout::kPerHead)) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("weights.dtype: a view binding uses the arrays as they are, so it "
+                               "must equal config.weight_dtype (bf16), got f32"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
+// Decoding with a 16-bit layer equals decoding with the f32 layer on the rounded weights,
+// bitwise (the decode step's projections take the GEMV path with one row).
+TEST(Weights16Test, KvCacheDecodeBitwise) {
+  const int64_t E = 64, H = 4, KVH = 2, T = 12;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  auto fill = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    return v;
+  };
+  const int64_t kvE = E / H * KVH;
+  std::vector<float> wq = fill(E * E), wk = fill(kvE * E), wv = fill(kvE * E), wo = fill(E * E);
+  std::vector<float> b = fill(E + 2 * kvE), bo = fill(E);
+  std::vector<float> x = fill(T * E);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(t));
+    AttentionConfig c;
+    c.embed_dim = E;
+    c.num_heads = H;
+    c.num_kv_heads = KVH;
+    AttentionWeights w;
+    w.q_proj_weight = wq.data();
+    w.k_proj_weight = wk.data();
+    w.v_proj_weight = wv.data();
+    w.in_proj_bias = b.data();
+    w.out_proj_weight = wo.data();
+    w.out_proj_bias = bo.data();
+    std::vector<float> rq = Widen(ToHalf(wq, t), t), rk = Widen(ToHalf(wk, t), t),
+                       rv = Widen(ToHalf(wv, t), t), ro = Widen(ToHalf(wo, t), t);
+    AttentionWeights wr = w;
+    wr.q_proj_weight = rq.data();
+    wr.k_proj_weight = rk.data();
+    wr.v_proj_weight = rv.data();
+    wr.out_proj_weight = ro.data();
+    std::unique_ptr<MultiheadAttention> f32_layer, half_layer;
+    ASSERT_TRUE(MultiheadAttention::Create(c, wr, WeightBinding::kView, &f32_layer).ok());
+    AttentionConfig c16 = c;
+    c16.weight_dtype = t;
+    ASSERT_TRUE(MultiheadAttention::Create(c16, w, WeightBinding::kCopy, &half_layer).ok());
+    std::unique_ptr<Context> ctx;
+    ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
+    std::vector<float> outs[2];
+    const MultiheadAttention* layers[2] = {f32_layer.get(), half_layer.get()};
+    for (int l = 0; l < 2; ++l) {
+      std::unique_ptr<KvCache> cache;
+      ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*layers[l], 1, T), &cache).ok());
+      outs[l].assign(T * E, 0.0f);
+      for (int64_t i = 0; i < T; ++i) {
+        TensorView xi, yi;
+        const int64_t shape[3] = {1, 1, E};
+        ASSERT_TRUE(TensorView::Dense(x.data() + i * E, DType::kF32, 3, shape, &xi).ok());
+        ASSERT_TRUE(TensorView::Dense(outs[l].data() + i * E, DType::kF32, 3, shape, &yi).ok());
+        const Status s = cache->Step(*ctx, *layers[l], xi, yi);
+        ASSERT_TRUE(s.ok()) << s.ToString();
+      }
+    }
+    ExpectBitwise(outs[1], outs[0], "decode output");
+  }
+}
+
+}  // namespace
+}  // namespace mha
