@@ -4,25 +4,15 @@
 #include "mha/mha.h"
 
 #include <cstring>
-#include <exception>
 #include <memory>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "mha/mha.hpp"
+#include "runtime/c_api_internal.h"
 #include "runtime/safetensors.h"
 #include "runtime/weights.h"
-
-// The C handles are the C++ objects, wrapped so the C header stays free of C++ types.
-struct mha_context {
-  std::unique_ptr<mha::Context> impl;
-};
-
-struct mha_layer {
-  std::unique_ptr<mha::MultiheadAttention> impl;
-};
 
 namespace mha {
 namespace {
@@ -39,6 +29,11 @@ static_assert(MHA_MAX_RANK == kMaxRank, "MHA_MAX_RANK must equal mha::kMaxRank")
 // context per thread) never overwrite each other's message.
 thread_local std::string last_error;
 
+}  // namespace
+
+// Shared with runtime/c_api_kv.cc through runtime/c_api_internal.h.
+namespace c_api {
+
 mha_status Record(const Status& s) {
   if (s.ok()) {
     last_error.clear();
@@ -52,29 +47,10 @@ mha_status Fail(StatusCode code, std::string message) {
   return Record(Status(code, std::move(message)));
 }
 
-// Runs `body` (returning Status) and converts it, and any exception, to an mha_status.
-// `fn` prefixes messages so the caller knows which call failed.
-template <typename Body>
-mha_status Guard(const char* fn, Body&& body) {
-  try {
-    Status s = body();
-    if (!s.ok()) s = Status(s.code(), std::string(fn) + ": " + s.message());
-    return Record(s);
-  } catch (const std::bad_alloc&) {
-    return Fail(StatusCode::kOutOfMemory, std::string(fn) + ": out of memory");
-  } catch (const std::exception& e) {
-    return Fail(StatusCode::kInternal, std::string(fn) + ": unexpected exception: " + e.what());
-  } catch (...) {
-    return Fail(StatusCode::kInternal, std::string(fn) + ": unexpected exception");
-  }
-}
-
 Status NullArg(const char* name) {
   return InvalidArgument(std::string(name) + ": expected a non-NULL pointer, got NULL");
 }
 
-// Converts a C tensor description. `required`: data must be non-NULL; otherwise a NULL struct
-// pointer or NULL data gives an absent view. All-zero strides mean dense row-major.
 Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* out) {
   if (t == nullptr) {
     if (required) return NullArg(name);
@@ -107,6 +83,13 @@ Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* 
   return TensorView::Strided(t->data, static_cast<DType>(dtype), t->rank, t->shape, t->strides,
                              out, name, /*allow_empty=*/true);
 }
+
+}  // namespace c_api
+
+namespace {
+
+using c_api::NullArg;
+using c_api::ToView;
 
 Status ToInputs(const mha_attention_inputs* in, AttentionInputs* out) {
   if (in == nullptr) return NullArg("inputs");
@@ -215,9 +198,9 @@ Status CheckLayout(int32_t v, const char* name) {
 }  // namespace
 }  // namespace mha
 
-using mha::Guard;
-using mha::NullArg;
 using mha::Status;
+using mha::c_api::Guard;
+using mha::c_api::NullArg;
 
 extern "C" {
 
@@ -425,9 +408,9 @@ mha_status mha_layer_project(const mha_layer* layer, mha_context* context,
     Status s = mha::ToInputs(inputs, &in);
     if (!s.ok()) return s;
     mha::ProjectionOutputs out;
-    s = mha::ToView(q, "q", /*required=*/true, &out.q);
-    if (s.ok()) s = mha::ToView(k, "k", /*required=*/true, &out.k);
-    if (s.ok()) s = mha::ToView(v, "v", /*required=*/true, &out.v);
+    s = mha::c_api::ToView(q, "q", /*required=*/true, &out.q);
+    if (s.ok()) s = mha::c_api::ToView(k, "k", /*required=*/true, &out.k);
+    if (s.ok()) s = mha::c_api::ToView(v, "v", /*required=*/true, &out.v);
     if (!s.ok()) return s;
     return layer->impl->Project(*context->impl, in, out);
   });

@@ -18,27 +18,18 @@
 #include "mha/mha.hpp"
 #include "runtime/safetensors.h"
 #include "tests/attention_test_util.h"
+#include "tests/c_api_test_util.h"
 
 namespace mha {
 namespace {
 
+using testing_util::Dense;
+using testing_util::kSentinel;
 using testing_util::MakeViews;
 using testing_util::Problem;
 using testing_util::RandomProblem;
 using testing_util::Views;
 using testing_util::WeightsOf;
-
-constexpr float kSentinel = -12345.0f;
-
-// Expects `status` to be INVALID_ARGUMENT with a message containing `needle`.
-#define EXPECT_INVALID(call, needle)                                              \
-  do {                                                                            \
-    const mha_status st_ = (call);                                                \
-    EXPECT_EQ(st_, MHA_STATUS_INVALID_ARGUMENT) << #call;                         \
-    const std::string msg_ = mha_last_error_message();                            \
-    EXPECT_NE(msg_.find(needle), std::string::npos)                               \
-        << #call << ": message \"" << msg_ << "\" does not mention \"" << needle << "\""; \
-  } while (0)
 
 mha_tensor ToC(const TensorView& v) {
   mha_tensor t;
@@ -50,16 +41,6 @@ mha_tensor ToC(const TensorView& v) {
     t.shape[i] = v.shape[i];
     t.strides[i] = v.strides[i];
   }
-  return t;
-}
-
-mha_tensor Dense(void* data, int32_t dtype, std::vector<int64_t> shape) {
-  mha_tensor t;
-  std::memset(&t, 0, sizeof(t));
-  t.data = data;
-  t.dtype = dtype;
-  t.rank = static_cast<int32_t>(shape.size());
-  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
   return t;
 }
 

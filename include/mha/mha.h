@@ -287,6 +287,120 @@ MHA_API mha_status mha_layer_project(const mha_layer* layer, mha_context* contex
                                      const mha_attention_inputs* inputs, const mha_tensor* q,
                                      const mha_tensor* k, const mha_tensor* v);
 
+/* ---- KV cache: incremental decoding --------------------------------------------------------- */
+
+/* An mha_kv_cache holds the projected keys and values of one layer for a batch of `batch`
+ * sequences of up to `capacity` positions, so that each new token costs one projection of that
+ * token plus one pass over the cached positions instead of a forward over the whole prefix. It
+ * is the C face of mha::KvCache; mha/kv_cache.hpp states the full contract (storage layout,
+ * accuracy of 16-bit storage, scheduling).
+ *
+ *   mha_kv_cache_options o = {0};
+ *   o.batch = 1;
+ *   o.capacity = 4096;
+ *   o.dtype = MHA_DTYPE_BF16;
+ *   mha_kv_cache_create(layer, &o, &cache);
+ *   mha_kv_cache_step(cache, layer, ctx, &prompt, &prompt_out, NULL);  prefill: [N, T, E]
+ *   mha_kv_cache_step(cache, layer, ctx, &token, &token_out, NULL);    decode:  [N, 1, E]
+ *
+ * Tensors: F32, batch-first [N, T, features] whatever the layer's batch_first, N = batch,
+ * 1 <= T tokens per entry, rank 3, last dimension contiguous (other strides free):
+ *   key [N, T, kdim], value [N, T, vdim], query [N, T, q_dim], x [N, T, q_dim] (Step needs
+ *   q_dim == kdim == vdim), output [N, T, E].
+ *
+ * Positions: entry n of the batch has its own length (cached positions, mha_kv_cache_length).
+ * `counts` is NULL (every entry uses all T tokens) or an array of `batch` values (read during
+ * the call only), counts[n] in 0..T the tokens entry n really uses; its other tokens are
+ * padding: never stored, their output rows are set to 0. Append stores entry n's tokens at
+ * positions length .. length + counts[n] - 1. Forward attends query token i < counts[n] of
+ * entry n, which sits at position length - counts[n] + i, to positions
+ * 0 .. length - counts[n] + i (causal: itself included), so it needs counts[n] <= length.
+ * Step = Append, then Forward, of the same x. Prefill (a Step of T prompt tokens) then decoding
+ * (Steps of T = 1) gives the output of mha_layer_forward with MHA_FORWARD_CAUSAL over the whole
+ * sequence: within f32 rounding for an F32 cache; BF16 / F16 storage moves outputs by about
+ * 1e-2 / 1e-3 of the output scale.
+ *
+ * Layers: a cache is sized for one layer's num_kv_heads and head_dim (grouped-query and
+ * multi-query layers cache num_kv_heads heads only); every call taking a layer checks that they
+ * match. A layer may serve several caches; the cache keeps no pointer to it. Layers with
+ * add_bias_kv or add_zero_attn are rejected by append, forward and step with
+ * MHA_STATUS_UNSUPPORTED (their extra key positions belong at the end of every sequence, which a
+ * cache that grows in place cannot express).
+ *
+ * Memory and threads: the storage is allocated once at creation (zeroed) and owned by the cache,
+ * or borrowed from options->buffer, which must then outlive the cache. Temporaries come from the
+ * context's arena (an owned arena grows once; a caller arena that is too small gives
+ * MHA_STATUS_OUT_OF_MEMORY); once the arena has grown, append, forward and step allocate
+ * nothing. One thread at a time may use a cache. Results are bitwise identical for any thread
+ * count and to the C++ API's.
+ *
+ * Errors: every argument is validated first (NULL pointers, options, shapes, counts, n,
+ * capacity, the layer) with a message naming it, the expected and the actual value; on failure
+ * neither the cache (its lengths and contents) nor any output is modified. */
+
+typedef struct mha_kv_cache mha_kv_cache;
+
+/* Zero-initialize, then set batch and capacity (dtype 0 = MHA_DTYPE_F32). */
+typedef struct mha_kv_cache_options {
+  int64_t batch;    /* N: sequences, > 0 */
+  int64_t capacity; /* positions per sequence (its maximum length), > 0 */
+  int32_t dtype;    /* storage: MHA_DTYPE_F32, MHA_DTYPE_BF16 or MHA_DTYPE_F16 */
+  /* Caller storage (borrowed), at least mha_kv_cache_required_bytes long, aligned to the
+   * element size (64 bytes recommended). NULL: the cache allocates and owns its storage;
+   * buffer_bytes is then ignored. */
+  void* buffer;
+  size_t buffer_bytes;
+} mha_kv_cache_options;
+
+/* Bytes of storage (K and V) a cache with these options needs for `layer`:
+ * 2 * batch * num_kv_heads * capacity * head_dim * element size. options->buffer is ignored. */
+MHA_API mha_status mha_kv_cache_required_bytes(const mha_layer* layer,
+                                               const mha_kv_cache_options* options, size_t* bytes);
+
+/* Creates an empty cache (every length 0) for `layer`'s num_kv_heads and head_dim. Errors:
+ * INVALID_ARGUMENT (options, buffer too small or misaligned), OUT_OF_MEMORY (owned storage). */
+MHA_API mha_status mha_kv_cache_create(const mha_layer* layer, const mha_kv_cache_options* options,
+                                       mha_kv_cache** out);
+
+/* Accepts NULL. Does not free a caller-provided buffer. */
+MHA_API void mha_kv_cache_destroy(mha_kv_cache* cache);
+
+/* Empties every entry (lengths 0); the storage is kept. */
+MHA_API mha_status mha_kv_cache_reset(mha_kv_cache* cache);
+
+/* Shortens entry n (0 <= n < batch) to `length` positions, 0 <= length <= its current length
+ * (e.g. to drop rejected speculative tokens); later appends overwrite the dropped positions. */
+MHA_API mha_status mha_kv_cache_truncate(mha_kv_cache* cache, int64_t n, int64_t length);
+
+/* The current length of entry n (0 <= n < batch). */
+MHA_API mha_status mha_kv_cache_length(const mha_kv_cache* cache, int64_t n, int64_t* length);
+
+/* Projects key [N, T, kdim] and value [N, T, vdim] with the layer's k/v weights and biases and
+ * stores counts[n] of them for entry n. INVALID_ARGUMENT when an entry would exceed the capacity
+ * (the message names the entry, its length, the count and the capacity). */
+MHA_API mha_status mha_kv_cache_append(mha_kv_cache* cache, const mha_layer* layer,
+                                       mha_context* context, const mha_tensor* key,
+                                       const mha_tensor* value, const int64_t* counts);
+
+/* Stores keys and values that are already projected, per head: k and v F32
+ * [N, num_kv_heads, T, head_dim] (the layout of mha_layer_project's k and v), counts[n] positions
+ * for entry n. For importing keys and values computed elsewhere (a prompt prefix shared by
+ * several requests) without a projection. */
+MHA_API mha_status mha_kv_cache_append_projected(mha_kv_cache* cache, const mha_tensor* k,
+                                                 const mha_tensor* v, const int64_t* counts);
+
+/* Attends query [N, T, q_dim] over the cache (positions above), then the output projection
+ * into output [N, T, E]. Needs counts[n] <= the length of entry n. */
+MHA_API mha_status mha_kv_cache_forward(mha_kv_cache* cache, const mha_layer* layer,
+                                        mha_context* context, const mha_tensor* query,
+                                        const mha_tensor* output, const int64_t* counts);
+
+/* Self-attention step: append(x, x), then forward(x), in one call. x [N, T, q_dim], output
+ * [N, T, E]. */
+MHA_API mha_status mha_kv_cache_step(mha_kv_cache* cache, const mha_layer* layer,
+                                     mha_context* context, const mha_tensor* x,
+                                     const mha_tensor* output, const int64_t* counts);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
