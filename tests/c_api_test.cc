@@ -572,6 +572,92 @@ TEST(CApiTest, CreateFromSafetensors) {
 }
 
 // Each thread sees only its own last message.
+// 16-bit weights through the C API: a bf16 layer (converted by MHA_WEIGHTS_COPY, or viewing the
+// caller's bf16 array) computes bitwise what an f32 layer holding the rounded weights computes;
+// dtype fields out of range are rejected by name.
+TEST(CApiTest, SixteenBitWeights) {
+  Small s;
+  mha_layer_config c;
+  mha_layer_config_init(&c);
+  c.embed_dim = Small::E;
+  c.num_heads = Small::H;
+  c.weight_dtype = MHA_DTYPE_BF16;
+  mha_layer_weights w = s.Weights();
+  mha_layer* copied = nullptr;
+  ASSERT_EQ(mha_layer_create(&c, &w, MHA_WEIGHTS_COPY, &copied), MHA_STATUS_OK)
+      << mha_last_error_message();
+  mha_layer_config got;
+  ASSERT_EQ(mha_layer_get_config(copied, &got), MHA_STATUS_OK);
+  EXPECT_EQ(got.weight_dtype, MHA_DTYPE_BF16);
+
+  // The rounded weights, as bf16 bits and widened back to f32.
+  auto round = [](const std::vector<float>& x, std::vector<uint16_t>* bits) {
+    std::vector<float> r(x.size());
+    bits->resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      uint32_t u;
+      std::memcpy(&u, &x[i], 4);
+      u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;  // nearest even (finite inputs)
+      (*bits)[i] = static_cast<uint16_t>(u >> 16);
+      std::memcpy(&r[i], &u, 4);
+    }
+    return r;
+  };
+  std::vector<uint16_t> in_bits, out_bits;
+  std::vector<float> in_r = round(s.w_in, &in_bits), out_r = round(s.w_out, &out_bits);
+  mha_layer_config c32 = c;
+  c32.weight_dtype = MHA_DTYPE_F32;
+  mha_layer_weights w32 = w;
+  w32.in_proj_weight = in_r.data();
+  w32.out_proj_weight = out_r.data();
+  mha_layer* ref = nullptr;
+  ASSERT_EQ(mha_layer_create(&c32, &w32, MHA_WEIGHTS_VIEW, &ref), MHA_STATUS_OK)
+      << mha_last_error_message();
+  mha_layer_weights w16 = w;
+  w16.dtype = MHA_DTYPE_BF16;
+  w16.in_proj_weight = in_bits.data();
+  w16.out_proj_weight = out_bits.data();
+  mha_layer* viewed = nullptr;
+  ASSERT_EQ(mha_layer_create(&c, &w16, MHA_WEIGHTS_VIEW, &viewed), MHA_STATUS_OK)
+      << mha_last_error_message();
+
+  std::vector<float> outs[3];
+  mha_layer* layers[3] = {ref, copied, viewed};
+  for (int i = 0; i < 3; ++i) {
+    outs[i].assign(s.output.size(), kSentinel);
+    mha_tensor o = Dense(outs[i].data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+    ASSERT_EQ(mha_layer_forward(layers[i], s.ctx, &s.in, &o, nullptr, 0), MHA_STATUS_OK)
+        << mha_last_error_message();
+  }
+  EXPECT_EQ(0, std::memcmp(outs[1].data(), outs[0].data(), outs[0].size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(outs[2].data(), outs[0].data(), outs[0].size() * sizeof(float)));
+  for (mha_layer* l : layers) mha_layer_destroy(l);
+
+  mha_layer* none = nullptr;
+  mha_layer_config bad = c;
+  bad.weight_dtype = MHA_DTYPE_BOOL;
+  EXPECT_INVALID(mha_layer_create(&bad, &w, MHA_WEIGHTS_COPY, &none),
+                 "config->weight_dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) or "
+                 "MHA_DTYPE_F16 (2), got 3");
+  mha_layer_weights bad_w = w;
+  bad_w.dtype = -1;
+  EXPECT_INVALID(mha_layer_create(&c, &bad_w, MHA_WEIGHTS_COPY, &none), "weights->dtype");
+  // A view cannot convert f32 arrays into a bf16 layer.
+  EXPECT_INVALID(mha_layer_create(&c, &w, MHA_WEIGHTS_VIEW, &none),
+                 "must equal config.weight_dtype (bf16), got f32");
+  mha_load_options load;
+  std::memset(&load, 0, sizeof(load));
+  load.num_heads = Small::H;
+  load.weight_dtype = 9;
+  EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
+                 "options->weight_dtype");
+  load.weight_dtype = 0;
+  load.num_kv_heads = -1;
+  EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
+                 "options->num_kv_heads");
+  EXPECT_EQ(none, nullptr);
+}
+
 TEST(CApiTest, LastErrorMessageIsPerThread) {
   mha_layer_config c;
   mha_layer_config_init(&c);

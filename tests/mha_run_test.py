@@ -334,6 +334,83 @@ class Checker:
             else:
                 print("ok: --weights-png")
 
+    # -- grouped-query layers and 16-bit weights (numpy reference, no torch needed) -------------
+
+    @staticmethod
+    def gqa_reference(x, wq, wk, wv, b, wo, bo, heads, kv_heads):
+        """float64 self-attention of x [L, N, E] (seq-first) with K/V heads repeated per group."""
+        x = x.astype(np.float64)
+        E = wq.shape[0]
+        hd = E // heads
+        kvE = kv_heads * hd
+        q = x @ wq.T.astype(np.float64) + b[:E]
+        k = x @ wk.T.astype(np.float64) + b[E:E + kvE]
+        v = x @ wv.T.astype(np.float64) + b[E + kvE:]
+        L, N, _ = x.shape
+        out = np.zeros((L, N, E))
+        for h in range(heads):
+            g = h // (heads // kv_heads)
+            qh = q[:, :, h * hd:(h + 1) * hd]
+            kh = k[:, :, g * hd:(g + 1) * hd]
+            vh = v[:, :, g * hd:(g + 1) * hd]
+            s = np.einsum("lnd,snd->nls", qh, kh) / np.sqrt(hd)
+            p = np.exp(s - s.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
+            out[:, :, h * hd:(h + 1) * hd] = np.einsum("nls,snd->lnd", p, vh)
+        return out @ wo.T.astype(np.float64) + bo
+
+    def grouped_query_and_16bit(self):
+        st = self.st
+        rng = np.random.default_rng(7)
+        E, H, KVH, L, N = 16, 4, 2, 5, 2
+        kvE = E // H * KVH
+        f32 = np.float32
+        wq = (rng.standard_normal((E, E)) * 0.3).astype(f32)
+        wk = (rng.standard_normal((kvE, E)) * 0.3).astype(f32)
+        wv = (rng.standard_normal((kvE, E)) * 0.3).astype(f32)
+        wo = (rng.standard_normal((E, E)) * 0.3).astype(f32)
+        b = rng.standard_normal(E + 2 * kvE).astype(f32)
+        bo = rng.standard_normal(E).astype(f32)
+        x = rng.standard_normal((L, N, E)).astype(f32)
+        inputs = self.path("gqa_in.safetensors")
+        st.save_file({"query": x}, inputs)
+
+        def save(path, conv):
+            st.save_file({"q_proj_weight": conv(wq), "k_proj_weight": conv(wk),
+                          "v_proj_weight": conv(wv), "in_proj_bias": b,
+                          "out_proj.weight": conv(wo), "out_proj.bias": bo}, path)
+
+        w32 = self.path("gqa_f32.safetensors")
+        save(w32, lambda a: a)
+        wbf = self.path("gqa_bf16.safetensors")
+        save(wbf, st.bf16_from_f32)
+
+        def f16_round(a):
+            return a.astype(np.float16).astype(f32)  # round to nearest even
+
+        cases = [
+            # (label, weights file, mha-run flags, the weights the layer really holds)
+            ("gqa_f32", w32, [], lambda a: a),
+            ("gqa_kv_heads_stated", w32, ["--kv-heads", "2"], lambda a: a),
+            ("gqa_bf16_file_bf16_layer", wbf, ["--weights-dtype", "bf16"], st.bf16_round),
+            ("gqa_bf16_file_f32_layer", wbf, [], st.bf16_round),
+            ("gqa_f32_file_f16_layer", w32, ["--weights-dtype", "f16"], f16_round),
+        ]
+        for label, wfile, flags, held in cases:
+            want = self.gqa_reference(x, held(wq), held(wk), held(wv), b, held(wo), bo, H, KVH)
+            got = self.run_ok(label, ["--weights", wfile, "--num-heads", str(H), "--inputs",
+                                      inputs] + flags, self.path(label + "_out.safetensors"))
+            if got is None:
+                continue
+            self.compare(label, got, {"attn_output": want.astype(f32)})
+            print(f"ok: {label}")
+        base = ["--weights", w32, "--num-heads", str(H), "--inputs", inputs]
+        self.expect_error("kv_heads_mismatch", base + ["--kv-heads", "4"], 1,
+                          "--kv-heads 4: ")
+        self.expect_error("kv_heads_zero", base + ["--kv-heads", "0"], 2, "--kv-heads")
+        self.expect_error("weights_dtype_bad", base + ["--weights-dtype", "f64"], 2,
+                          "--weights-dtype: expected 'f32', 'bf16' or 'f16', got 'f64'")
+
 
 def main():
     if len(sys.argv) != 4:
@@ -344,6 +421,7 @@ def main():
         c = Checker(os.path.abspath(mha_run), os.path.abspath(export_py), golden_dir, tmp)
         c.errors()
         c.golden()
+        c.grouped_query_and_16bit()
         try:
             import torch  # noqa: F401
         except ImportError:

@@ -2,7 +2,8 @@
 //
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
-//           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--threads N]
+//           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
+//           [--weights-dtype f32|bf16|f16] [--threads N]
 //           [--weights-png FILE] [--version] [--help]
 //
 // Weights are read by state_dict name (MultiheadAttention::CreateFromSafeTensors); inputs by
@@ -72,6 +73,12 @@ const char kHelp[] =
     "  --add-zero-attn       append a zero key/value position (the module's add_zero_attn)\n"
     "  --qkv-layout L        row order of a packed in_proj_weight: 'pytorch' (q rows, k rows,\n"
     "                        v rows; default) or 'per-head' (per head: q, k, v rows)\n"
+    "  --kv-heads K          key/value heads of a grouped-query layer (k/v_proj_weight with\n"
+    "                        K * head_dim rows); default: read from those rows. Given, it\n"
+    "                        must agree with them\n"
+    "  --weights-dtype T     how the layer stores its weight matrices: f32 (default), bf16\n"
+    "                        or f16. BF16/F16 tensors of that type are used as stored;\n"
+    "                        others are rounded (nearest even). Arithmetic is f32\n"
     "  --threads N           worker threads including the caller; 0 = all (default)\n"
     "  --weights-png FILE    draw the attention weights as a PNG heatmap (needs\n"
     "                        --need-weights): one panel per batch item and head (one per\n"
@@ -92,6 +99,8 @@ struct RunOptions {
   bool causal = false;
   bool add_zero_attn = false;
   QkvLayout qkv_layout = QkvLayout::kPyTorch;
+  int64_t kv_heads = 0;  // 0: from the file
+  DType weights_dtype = DType::kF32;
   size_t threads = 0;
 };
 
@@ -166,6 +175,26 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
                                "'");
       }
       have_heads = true;
+    } else if (arg == "--kv-heads") {
+      s = take(&text);
+      if (s.ok() && !ParseInt(text, 1, int64_t{1} << 24, &o->kv_heads)) {
+        return InvalidArgument("--kv-heads: expected an integer in 1..16777216, got '" + text +
+                               "'");
+      }
+    } else if (arg == "--weights-dtype") {
+      s = take(&text);
+      if (s.ok()) {
+        if (text == "f32") {
+          o->weights_dtype = DType::kF32;
+        } else if (text == "bf16") {
+          o->weights_dtype = DType::kBF16;
+        } else if (text == "f16") {
+          o->weights_dtype = DType::kF16;
+        } else {
+          return InvalidArgument("--weights-dtype: expected 'f32', 'bf16' or 'f16', got '" +
+                                 text + "'");
+        }
+      }
     } else if (arg == "--threads") {
       s = take(&text);
       int64_t t = 0;
@@ -384,10 +413,16 @@ Status Run(const RunOptions& o) {
   load.add_zero_attn = o.add_zero_attn;
   load.batch_first = o.batch_first;
   load.qkv_layout = o.qkv_layout;
+  load.num_kv_heads = o.kv_heads;
+  load.weight_dtype = o.weights_dtype;
   std::unique_ptr<MultiheadAttention> layer;
   Status s = MultiheadAttention::CreateFromSafeTensors(o.weights, o.prefix, load, &layer);
   if (s.code() == StatusCode::kInvalidArgument) {
-    return Status(s.code(), "--num-heads " + std::to_string(o.num_heads) + ": " + s.message());
+    // Name the flag behind the rejected option.
+    const bool kv = s.message().find("options.num_kv_heads") != std::string::npos;
+    return Status(s.code(), (kv ? "--kv-heads " + std::to_string(o.kv_heads)
+                                : "--num-heads " + std::to_string(o.num_heads)) +
+                                ": " + s.message());
   }
   if (!s.ok()) return s;
   const AttentionConfig& config = layer->config();
