@@ -478,6 +478,13 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
     return static_cast<const uint8_t*>(v_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
   };
   const float scale = m.scale;
+  // One trace event per attention task (mha-bench --decode times the attention from them).
+  TraceRecorder* const trace = ctx.trace();
+  auto record = [trace](int64_t begin, size_t worker, int64_t n, int64_t head, int64_t block) {
+    trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker),
+                   Stage::kCacheAttention, static_cast<int32_t>(n), static_cast<int32_t>(head),
+                   static_cast<int32_t>(block)});
+  };
 
   if (split) {
     // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
@@ -486,6 +493,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
     float* stats_all = reinterpret_cast<float*>(base + stats_off);
     const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
     pool.ParallelFor(static_cast<uint64_t>(N * KVH * chunks), [&](uint64_t task, size_t worker) {
+      const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
       const int64_t c = static_cast<int64_t>(task) % chunks;
       const int64_t g = (static_cast<int64_t>(task) / chunks) % KVH;
       const int64_t n = static_cast<int64_t>(task) / (chunks * KVH);
@@ -516,9 +524,11 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
         kernels::AccumulateWeightedValues(scores + i * G * kChunk, G, kChunk, cache_v(n, g, k0),
                                           ctype, hd, keys, hd, acc + i * G * hd, hd);
       }
+      if (trace) record(begin, worker, n, g, c);
     });
     // Merge the chunks of each (n, head) in increasing order.
-    pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t /*worker*/) {
+    pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t worker) {
+      const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
       const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
       const int64_t g = h / G, hh = h % G;
       const int64_t used = (lengths_[static_cast<size_t>(n)] + kChunk - 1) / kChunk;
@@ -544,10 +554,12 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
         }
         kernels::Scale(dst, hd, 1.0f / sum);
       }
+      if (trace) record(begin, worker, n, h, -1);
     });
   } else {
     const int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
     pool.ParallelFor(static_cast<uint64_t>(N * H * blocks), [&](uint64_t task, size_t worker) {
+      const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
       const int64_t b = static_cast<int64_t>(task) % blocks;
       const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
       const int64_t n = static_cast<int64_t>(task) / (blocks * H);
@@ -580,6 +592,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                                           hd, acc, E);
       }
       kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
+      if (trace) record(begin, worker, n, h, b);
     });
   }
 

@@ -18,7 +18,9 @@ enum class Stage : uint8_t {
   kWeightedSum = 3, // P V
   kOutProjection = 4,
   kAverageWeights = 5,
-  kNumStages = 6,
+  kCacheAttention = 6,  // KvCache: scores, softmax and P V over the cached positions, and the
+                        // merge of flash-decoding chunks
+  kNumStages = 7,
 };
 
 inline const char* StageName(Stage s) {
@@ -29,6 +31,7 @@ inline const char* StageName(Stage s) {
     case Stage::kWeightedSum: return "pv";
     case Stage::kOutProjection: return "out_projection";
     case Stage::kAverageWeights: return "average_weights";
+    case Stage::kCacheAttention: return "cache_attention";
     case Stage::kNumStages: break;
   }
   return "unknown";

@@ -265,7 +265,7 @@ class Decode(unittest.TestCase):
     DECODE_FIELDS = {"context", "batch", "embed", "heads", "kv_heads", "cache_dtype", "threads",
                      "error", "runs", "median_ms", "p10_ms", "p90_ms", "tokens_per_s",
                      "cache_bytes", "weight_bytes", "cache_gbs", "total_gbs", "copy_gbs",
-                     "copy_ratio"}
+                     "copy_ratio", "weights_dtype", "attn_ms", "attn_gbs", "attn_copy_ratio"}
 
     def test_argument_errors(self):
         for args, text in [(["--decode", "--causal"], "--decode"),
@@ -274,7 +274,9 @@ class Decode(unittest.TestCase):
                            (["--contexts", "512"], "--contexts"),
                            (["--decode", "--contexts", "0"], "--contexts"),
                            (["--decode", "--contexts", "8,8"], "--contexts"),
-                           (["--decode", "--batches", "x"], "--batches")]:
+                           (["--decode", "--batches", "x"], "--batches"),
+                           (["--decode", "--weights-dtype", "f64"], "--weights-dtype"),
+                           (["--weights-dtype", "bf16"], "--weights-dtype")]:
             with self.subTest(args=args):
                 p = run(args, timeout=60)
                 self.assertEqual(p.returncode, 2, p.stderr)
@@ -321,10 +323,34 @@ class Decode(unittest.TestCase):
                              2 * r["batch"] * r["kv_heads"] * r["context"] * 64 * size)
             self.assertGreater(r["copy_gbs"], 0)
             self.assertGreater(r["total_gbs"], r["cache_gbs"])
+            self.assertEqual(r["weights_dtype"], "f32")
+            self.assertEqual(r["weight_bytes"],
+                             4 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))
+            # The attention over the cache is part of the step (trace events inside it).
+            self.assertGreater(r["attn_ms"], 0)
+            self.assertLessEqual(r["attn_ms"], r["p90_ms"] * 1.001)
+            self.assertAlmostEqual(r["attn_gbs"], r["cache_bytes"] / (r["attn_ms"] * 1e-3) * 1e-9,
+                                   delta=1e-6 * r["attn_gbs"])
             seen.add((r["context"], r["batch"], r["kv_heads"], r["cache_dtype"], r["threads"]))
         self.assertEqual(len(seen), len(results))
         self.assertEqual({k for (_, _, k, _, _) in seen}, {16, 4})
         self.assertEqual(set(rows[0]), self.DECODE_FIELDS)
+
+    def test_sixteen_bit_weights(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            jpath = os.path.join(tmp, "d.json")
+            p = run(["--decode", "--contexts", "40", "--batches", "1", "--threads", "1",
+                     "--min-time", "0", "--min-runs", "1", "--weights-dtype", "bf16",
+                     "--json", jpath])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("weights: bf16", p.stdout)
+            with open(jpath) as f:
+                results = json.load(f)["results"]
+        self.assertEqual(len(results), 4)
+        for r in results:
+            self.assertEqual(r["weights_dtype"], "bf16")
+            self.assertEqual(r["weight_bytes"],
+                             2 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))
 
 
 if __name__ == "__main__":

@@ -215,9 +215,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",    "--seq",      "--kv-seq",     "--embed",     "--heads", "--threads",
-        "--min-time", "--min-runs", "--sgemm-size", "--tolerance", "--seed",  "--json",
-        "--csv",      "--trace",    "--contexts",   "--batches"};
+        "--batch",    "--seq",      "--kv-seq",     "--embed",     "--heads",        "--threads",
+        "--min-time", "--min-runs", "--sgemm-size", "--tolerance", "--seed",         "--json",
+        "--csv",      "--trace",    "--contexts",   "--batches",   "--weights-dtype"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -255,6 +255,18 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!ParseIntList(arg, value, 1, kMaxDecodeBatch, "batch sizes", &o->decode_batches, &e)) {
         return r;
       }
+    } else if (arg == "--weights-dtype") {
+      if (value == "f32") {
+        o->decode_weights = DType::kF32;
+      } else if (value == "bf16") {
+        o->decode_weights = DType::kBF16;
+      } else if (value == "f16") {
+        o->decode_weights = DType::kF16;
+      } else {
+        e = "--weights-dtype: expected f32, bf16 or f16, got " + Quoted(value);
+        return r;
+      }
+      o->decode_weights_given = true;
     } else if (arg == "--threads") {
       if (!ParseThreadList(arg, value, &o->threads, &e)) return r;
     } else if (arg == "--min-time") {
@@ -296,6 +308,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     }
     if (o->decode_contexts.empty()) o->decode_contexts = {512, 1024, 2048, 4096, 8192};
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
+  } else if (o->decode_weights_given) {
+    r.error = "--weights-dtype: expected --decode as well, got --weights-dtype without --decode";
+    return r;
   } else if (!o->decode_contexts.empty() || !o->decode_batches.empty()) {
     r.error = std::string("--contexts/--batches: expected --decode as well, got ") +
               (o->decode_contexts.empty() ? "--batches" : "--contexts") + " without --decode";
@@ -366,11 +381,16 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      after each timed step, so every run sees the same context
   --contexts LIST    contexts to run, e.g. 512,4096 (default 512,1024,2048,4096,8192)
   --batches LIST     batch sizes to run, e.g. 1,8 (default 1,4,8)
+  --weights-dtype T  the layer's weight storage: f32 (default), bf16 or f16 (halves the
+                     weight bytes each step streams)
   Columns: median_ms (latency of one step: projections of the new token, cache append,
   attention over the cache, output projection), tokens/s = batch / median, cache_MiB (K+V bytes
   read per step: batch * kv_heads * context * head_dim * 2 * dtype size), cache_GB/s = those
   bytes / median (1 GB = 1e9 bytes), +weights_GB/s = (cache bytes + the four E x E / kv x E
-  projection weights in f32) / median, copy% = cache_GB/s / copy bandwidth. The copy bandwidth
+  projection weights in their storage dtype) / median, copy% = cache_GB/s / copy bandwidth;
+  attn_ms = median time of the attention over the cache alone (first start to last end of its
+  tasks, from trace events), attn_GB/s = cache bytes / attn_ms, attn% = attn_GB/s / copy
+  bandwidth: how close reading the cache comes to the machine's bandwidth. The copy bandwidth
   is measured once per thread count before the cases: memcpy of a 256 MiB buffer into another,
   split evenly over the same threads, best of 5 after a warm-up, counting bytes read + written
   (STREAM's convention). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed

@@ -32,6 +32,8 @@ struct BenchOptions {
   bool decode = false;
   std::vector<int64_t> decode_contexts;  // default {512, 1024, 2048, 4096, 8192}
   std::vector<int64_t> decode_batches;   // default {1, 4, 8}
+  DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage
+  bool decode_weights_given = false;
 
   bool breakdown = false;
   bool compare_torch = false;

@@ -582,7 +582,8 @@ constexpr int64_t kCopyBytes = int64_t{256} << 20;
 
 struct DecodeResult {
   int64_t context = 0, batch = 0, kv_heads = 0;
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;    // cache storage
+  DType weights = DType::kF32;  // the layer's weight storage
   size_t threads = 1;
   std::string error;
   int64_t runs = 0;
@@ -591,7 +592,8 @@ struct DecodeResult {
   double cache_bytes = 0;  // K+V read per step
   double weight_bytes = 0;
   double cache_gbs = 0, total_gbs = 0;
-  double copy_gbs = 0;  // the machine's copy bandwidth at this thread count
+  double attn_ms = 0, attn_gbs = 0;  // the attention over the cache alone (trace events)
+  double copy_gbs = 0;               // the machine's copy bandwidth at this thread count
 };
 
 // memcpy bandwidth (bytes read + written per second, GB/s) of kCopyBytes split evenly over
@@ -628,7 +630,7 @@ struct DecodeModel {
 };
 
 Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context, uint64_t seed,
-                       DecodeModel* m) {
+                       DType weights, DecodeModel* m) {
   const int64_t E = kDecodeEmbed, hd = E / kDecodeHeads, kvE = kv_heads * hd;
   Random rng(seed + static_cast<uint64_t>(kv_heads));
   const float bound = 1.0f / std::sqrt(static_cast<float>(E));
@@ -645,6 +647,7 @@ Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context,
   c.num_heads = kDecodeHeads;
   c.num_kv_heads = kv_heads;
   c.batch_first = true;
+  c.weight_dtype = weights;
   AttentionWeights w;
   w.q_proj_weight = m->wq.data();
   w.k_proj_weight = m->wk.data();
@@ -656,7 +659,8 @@ Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context,
   m->max_context = max_context;
   m->kv.resize(2 * static_cast<size_t>(max_batch * kv_heads * max_context * hd));
   rng.Fill(&m->kv, 1.0f);
-  return MultiheadAttention::Create(c, w, WeightBinding::kView, &m->layer);
+  // kCopy: rounds the f32 weights once into a 16-bit layer's storage.
+  return MultiheadAttention::Create(c, w, WeightBinding::kCopy, &m->layer);
 }
 
 DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
@@ -666,6 +670,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.batch = batch;
   r.kv_heads = m.kv_heads;
   r.dtype = dtype;
+  r.weights = m.layer->config().weight_dtype;
   r.threads = threads;
   const int64_t E = kDecodeEmbed, hd = E / kDecodeHeads, kvh = m.kv_heads;
   ContextOptions co;
@@ -706,10 +711,15 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
     r.error = st.ToString();
     return r;
   }
-  std::vector<double> samples_ms;
+  std::vector<double> samples_ms, attn_samples_ms;
+  // The attention tasks of one step record events here (at most batch * kv_heads * chunks
+  // + batch * heads of them; generously sized, never reallocated while timing).
+  TraceRecorder recorder(static_cast<size_t>(4 * batch * kDecodeHeads * (context / 64 + 2)));
+  ctx->set_trace(&recorder);
   const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
   const int64_t start_ns = TraceRecorder::NowNs();
   for (;;) {
+    recorder.Clear();
     const int64_t t0 = TraceRecorder::NowNs();
     st = cache->Step(*ctx, *m.layer, xv, ov);
     const int64_t t1 = TraceRecorder::NowNs();
@@ -719,6 +729,14 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
       return r;
     }
     samples_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
+    int64_t first = 0, last = 0;
+    for (size_t i = 0; i < recorder.size(); ++i) {
+      const TraceEvent& e = recorder.events[i];
+      if (e.stage != Stage::kCacheAttention) continue;
+      first = first == 0 ? e.begin_ns : std::min(first, e.begin_ns);
+      last = std::max(last, e.end_ns);
+    }
+    attn_samples_ms.push_back(static_cast<double>(last - first) * 1e-6);
     const int64_t runs = static_cast<int64_t>(samples_ms.size());
     if ((runs >= o.min_runs && t1 - start_ns >= min_time_ns) || runs >= kMaxRuns) break;
   }
@@ -727,12 +745,16 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.median_ms = Percentile(samples_ms, 0.5);
   r.p10_ms = Percentile(samples_ms, 0.1);
   r.p90_ms = Percentile(samples_ms, 0.9);
+  std::sort(attn_samples_ms.begin(), attn_samples_ms.end());
+  r.attn_ms = Percentile(attn_samples_ms, 0.5);
   const double sec = r.median_ms * 1e-3;
   r.tokens_per_s = static_cast<double>(batch) / sec;
   r.cache_bytes =
       2.0 * static_cast<double>(batch * kvh * context * hd) * static_cast<double>(DTypeSize(dtype));
-  r.weight_bytes = 4.0 * static_cast<double>(2 * E * E + 2 * kvh * hd * E);
+  r.weight_bytes = static_cast<double>(DTypeSize(m.layer->config().weight_dtype)) *
+                   static_cast<double>(2 * E * E + 2 * kvh * hd * E);
   r.cache_gbs = r.cache_bytes / sec * 1e-9;
+  r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
   r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;
   return r;
 }
@@ -757,9 +779,10 @@ int RunDecode(const BenchOptions& o) {
     std::printf("copy bandwidth (memcpy 256 MiB, read + written), %zu thread(s): %.1f GB/s\n", t,
                 copy_gbs[t]);
   }
-  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s\n", "context", "batch", "kvh",
-              "cache", "threads", "median_ms", "p90_ms", "tokens/s", "cache_MiB", "cache_GB/s",
-              "+weights_GB/s", "copy%");
+  std::printf("weights: %s\n", DTypeName(o.decode_weights));
+  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %8s %9s %6s\n", "context",
+              "batch", "kvh", "cache", "threads", "median_ms", "p90_ms", "tokens/s", "cache_MiB",
+              "cache_GB/s", "+weights_GB/s", "copy%", "attn_ms", "attn_GB/s", "attn%");
   std::fflush(stdout);
   const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
   const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
@@ -769,7 +792,8 @@ int RunDecode(const BenchOptions& o) {
     progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
                   " layer and random keys/values...");
     DecodeModel model;
-    const Status st = MakeDecodeModel(kvh, max_batch, max_context, o.seed, &model);
+    const Status st =
+        MakeDecodeModel(kvh, max_batch, max_context, o.seed, o.decode_weights, &model);
     progress.Clear();
     for (int64_t context : o.decode_contexts) {
       for (int64_t batch : o.decode_batches) {
@@ -801,11 +825,13 @@ int RunDecode(const BenchOptions& o) {
                            r.error.c_str());
             } else {
               std::printf(
-                  "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f\n",
+                  "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f "
+                  "%8.3f %9.2f %6.1f\n",
                   static_cast<long long>(context), static_cast<long long>(batch),
                   static_cast<long long>(kvh), DTypeName(dtype), t, r.median_ms, r.p90_ms,
                   r.tokens_per_s, r.cache_bytes / (1024.0 * 1024.0), r.cache_gbs, r.total_gbs,
-                  r.copy_gbs > 0 ? 100.0 * r.cache_gbs / r.copy_gbs : NAN);
+                  r.copy_gbs > 0 ? 100.0 * r.cache_gbs / r.copy_gbs : NAN, r.attn_ms, r.attn_gbs,
+                  r.copy_gbs > 0 ? 100.0 * r.attn_gbs / r.copy_gbs : NAN);
             }
             std::fflush(stdout);
             results.push_back(std::move(r));
@@ -823,6 +849,7 @@ int RunDecode(const BenchOptions& o) {
     j["heads"] = kDecodeHeads;
     j["kv_heads"] = r.kv_heads;
     j["cache_dtype"] = DTypeName(r.dtype);
+    j["weights_dtype"] = DTypeName(r.weights);
     j["threads"] = r.threads;
     j["error"] = r.error;
     j["runs"] = r.runs;
@@ -836,6 +863,9 @@ int RunDecode(const BenchOptions& o) {
     j["total_gbs"] = r.total_gbs;
     j["copy_gbs"] = r.copy_gbs;
     j["copy_ratio"] = r.copy_gbs > 0 ? r.cache_gbs / r.copy_gbs : 0.0;
+    j["attn_ms"] = r.attn_ms;
+    j["attn_gbs"] = r.attn_gbs;
+    j["attn_copy_ratio"] = r.copy_gbs > 0 ? r.attn_gbs / r.copy_gbs : 0.0;
     return j;
   };
   if (!o.json_path.empty()) {
