@@ -20,7 +20,7 @@
 // 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
 // column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
 //
-// Few rows (GEMV path): when a has at most kGemvMaxRows (8) rows, contiguous rows
+// Few rows (GEMV path): when a has at most kGemvMaxRows (16) rows, contiguous rows
 // (a.col_stride == 1) and b has contiguous columns (b.row_stride == 1, i.e. b = w^T of a
 // row-major w, as in the projections of one decoded token), Gemm calls kernels::Gemv
 // (gemv.h), which streams each column of b once and packs nothing; the scratch is then unused.

@@ -34,12 +34,14 @@ namespace mha {
 namespace kernels {
 
 // Rows of a up to which kernels::Gemm takes this path instead of packing: a decode step's
-// batch of up to 8 tokens. bench/decode_bench.cc's BM_Projection (x [m, 1024] times a 4 MiB w,
-// one thread, AVX3_DL Xeon, w from L3) measured GEMV / packed GEMM at 318 / 1013 us for m 1,
-// 319 / 893 us for m 4, 477 / 1131 us for m 8 and 787 / 1311 us for m 16: GEMV reads w once for
-// any m, but beyond 8 rows the packed GEMM's register reuse starts to catch up, and larger
-// products (prefill, the operator's query blocks) are what it is tuned for.
-inline constexpr size_t kGemvMaxRows = 8;
+// batch, and short sequences (the projections of 16 tokens). bench/decode_bench.cc's
+// BM_Projection (x [m, 1024] times a 4 MiB w, one thread, AVX3_DL Xeon, w from L3) measured
+// GEMV / packed GEMM at 318 / 1013 us for m 1, 319 / 893 us for m 4, 477 / 1131 us for m 8 and
+// 787 / 1311 us for m 16: packing all of w costs more than the product for so few rows. At
+// (batch 1, seq 16, embed 256, heads 4) the whole forward runs 13% fewer instructions with 16
+// than with 8 (callgrind, AVX2 target: 1.46 M vs 1.68 M per forward). Larger products
+// (prefill, the operator's query blocks) are what the packed GEMM is tuned for.
+inline constexpr size_t kGemvMaxRows = 16;
 
 // True if Gemv accepts these operands' layouts: a.col_stride == 1 and b.row_stride == 1.
 inline bool GemvLayoutMatches(const MatrixView& a, const MatrixView& b) {

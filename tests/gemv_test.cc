@@ -1,5 +1,5 @@
 // Tests of kernels::Gemv (kernels/gemv.h) on every Highway target this CPU supports: odd sizes
-// (k 1..300 including every k below 34, n 1..70, m 1..9: partial vectors, partial column groups,
+// (k 1..300 including every k below 34, n 1..70, m 1..17: partial vectors, partial column groups,
 // partial row tiles), padded strides, misaligned pointers and every storage of c, against a
 // double reference with the documented error bound; beta == 0 never reads c; nothing outside c's
 // view is written; results do not depend on how c is split into calls, on repetition or on
@@ -157,7 +157,7 @@ const size_t kNs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 64, 70};
 TEST(GemvTest, MatchesDoubleReference) {
   test::ForEachTarget([](const char*) {
     std::mt19937 rng(5);
-    for (size_t m = 1; m <= 9; ++m) {
+    for (size_t m = 1; m <= kGemvMaxRows + 1; ++m) {
       for (const size_t k : kKs) {
         for (const size_t n : kNs) {
           // Rotate layouts, offsets and alpha/beta over the cases rather than crossing them all.
