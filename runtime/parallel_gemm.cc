@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/elementwise.h"
+#include "kernels/gemv.h"
 
 namespace mha {
 
@@ -46,8 +47,12 @@ void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size
   }
 }
 
+size_t PanelCols(const GemmJob& job) {
+  return job.c.rows <= kernels::kGemvMaxRows ? kFewRowsPanelCols : kPanelCols;
+}
+
 uint64_t NumPanelTasks(const GemmJob& job) {
-  return job.batches * CeilDiv(job.c.rows, kPanelRows) * CeilDiv(job.c.cols, kPanelCols);
+  return job.batches * CeilDiv(job.c.rows, kPanelRows) * CeilDiv(job.c.cols, PanelCols(job));
 }
 
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
@@ -64,15 +69,16 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     while (task >= first_task[j + 1]) ++j;
     const GemmJob& job = jobs[j];
     uint64_t t = task - first_task[j];
-    const uint64_t col_panels = CeilDiv(job.c.cols, kPanelCols);
+    const size_t panel_cols = PanelCols(job);
+    const uint64_t col_panels = CeilDiv(job.c.cols, panel_cols);
     const uint64_t row_panels = CeilDiv(job.c.rows, kPanelRows);
     const uint64_t cp = t % col_panels;
     t /= col_panels;
     const uint64_t rp = t % row_panels;
     const uint64_t batch = t / row_panels;
-    const size_t r0 = rp * kPanelRows, c0 = cp * kPanelCols;
+    const size_t r0 = rp * kPanelRows, c0 = cp * panel_cols;
     const size_t nr = std::min(kPanelRows, job.c.rows - r0);
-    const size_t nc = std::min(kPanelCols, job.c.cols - c0);
+    const size_t nc = std::min(panel_cols, job.c.cols - c0);
     const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
 
     kernels::MatrixView a = job.a;

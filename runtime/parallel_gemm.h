@@ -22,6 +22,11 @@ namespace mha {
 // attention shapes.
 inline constexpr size_t kPanelRows = 128;
 inline constexpr size_t kPanelCols = 256;
+// Columns per panel when the product has few rows (the GEMV path: kernels::kGemvMaxRows or
+// fewer): such products are memory-bound streams of the weights, and 256-column panels would
+// leave a 16-token output projection of E = 256 as ONE task for all threads. The column split
+// never changes the results (gemm.h), so this depends on shapes only and keeps determinism.
+inline constexpr size_t kFewRowsPanelCols = 64;
 
 // A weight matrix in nn.Linear layout [out, in], row-major (row stride = in), stored in f32,
 // bf16 or f16 (a layer's weight_dtype). 16-bit weights are widened exactly to f32 inside the
@@ -64,6 +69,9 @@ struct GemmJob {
 // (kernels::GemmScratchBytes() bytes each, 64-byte aligned).
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
                   size_t scratch_stride, TraceRecorder* trace = nullptr);
+
+// Columns of C per panel task of `job`.
+size_t PanelCols(const GemmJob& job);
 
 // Number of panel tasks ParallelGemm creates for one job.
 uint64_t NumPanelTasks(const GemmJob& job);
