@@ -753,15 +753,18 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   }
 
   ws->online = ws->chunked || (!sh.need_weights && St > kOnlineThreshold);
-  // The scores block [block, S'] (chunked: [block, kKeyBlock]) within kScoresBlockFloats. The
-  // chunked path keeps all 256 rows, causal included: each K^T and V key block is packed once
-  // per block, and 256 rows measured ~10% less CPU time than 64 at L = 1024, S = 8192; at the
-  // lengths it runs (thousands of queries) a causal diagonal block wastes a few percent at most.
-  size_t qb = kScoresBlockFloats / std::max<size_t>(ws->chunked ? kKeyBlock : St, 1);
+  // The scores block [block, S'] (online: [block, kKeyBlock], 256 rows) within
+  // kScoresBlockFloats. Each K^T and V key block is packed once per query block, so the online
+  // path keeps all 256 rows: they measured ~10% less CPU time than 64 at (L, S) = (1024, 8192)
+  // chunked and at (2048, 2048) unchunked, and 16 rows (the old [block, S'] rule at S' = 8192)
+  // took ~40% more.
+  size_t qb = kScoresBlockFloats / std::max<size_t>(ws->online ? kKeyBlock : St, 1);
   qb = std::min(std::max(qb, kMinQueryBlock), kMaxQueryBlock) / 8 * 8;
   // Causal blocks compute keys up to their last row only: smaller blocks skip more of the
   // masked upper triangle (64 rows: ~56% of the full product at L = S = 512, vs 75% at 256).
-  if (!ws->chunked && (ws->online || sh.causal)) qb = std::min<size_t>(qb, 64);
+  // The chunked path keeps 256: at the lengths it runs (thousands of queries) a causal diagonal
+  // block adds a few percent at most.
+  if (sh.causal && !ws->chunked) qb = std::min<size_t>(qb, 64);
   if (sh.need_weights && sh.average) {
     // Averaged weights run one task per (batch, query block) with all heads inside it: split
     // the queries so that there are at least kMinAverageTasks tasks when L allows.
