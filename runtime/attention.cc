@@ -13,9 +13,21 @@
 //      sequences without weights use the online-softmax recurrence over key blocks, so scratch
 //      is threads x block x key-block floats, never S^2 x heads x batch.
 //   3. Output projection (ParallelGemm) from concat [tokens_q, E] into the caller's output.
+// Chunked path (no weights, S > kChunkKeys and K + V of all keys >= kChunkMinKvBytes, e.g.
+// (1, 8192, 1024, 16): 46 MiB planned instead of 132): full K, V and concat would dominate the
+// workspace, so
+//   1. Q alone is projected whole, [tokens_q, E];
+//   2. for each chunk of kChunkKeys keys in order (the last one with the appended positions):
+//      its K and V [N, chunk, kvE] are projected (ParallelGemm), then the attention tasks run
+//      the online-softmax recurrence over the chunk's key blocks, their state kept between
+//      chunks: row max and sum [N, H, L] in the workspace, the unnormalized output in the
+//      caller's output rows (concat layout [tokens_q, E] at the output's strides; used only
+//      when it shares no memory with an input). Causal blocks skip chunks past their diagonal;
+//   3. output projection in place, per block of rows: copy to scratch, normalize, GEMM back.
 // Every partition depends on the shapes only, so results are bitwise identical for any thread
 // count.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -52,6 +64,17 @@ constexpr size_t kKeyBlock = 512;
 constexpr size_t kOnlineThreshold = 1024;
 // Tasks the averaged-weights path aims for (it has no head dimension to parallelize over).
 constexpr size_t kMinAverageTasks = 16;
+// The chunked path (long sequences without weights, see PlanWorkspace): keys per chunk, and the
+// size of K + V for all keys (f32) from which it replaces the full K, V and concat buffers.
+// 1024 keys are two online-softmax key blocks, so inside a chunk the recurrence is the
+// unchunked one, and one chunk's K + V is 8 MiB at kvE = 1024. 32 MiB is K + V of (1, 4096,
+// 1024) self-attention, where the chunked path plans 30 MiB instead of 68 and measured ~35%
+// less CPU time (2 threads; mostly its 256-row query blocks, see PlanWorkspace); at (1, 2048,
+// 1024) the two paths measured alike, so shorter sequences keep the unchunked path.
+constexpr int64_t kChunkKeys = 1024;
+constexpr size_t kChunkMinKvBytes = size_t{32} << 20;
+// Rows per task of the chunked path's in-place output projection: a [rows, E] copy per worker.
+constexpr size_t kOutRows = 128;
 
 // Copies n weights of type `from` at src into dst as type `to` (each kF32, kBF16 or kF16):
 // f32 -> 16-bit rounds to nearest even, 16-bit -> f32 is exact, bf16 <-> f16 goes through f32
@@ -125,6 +148,9 @@ struct Shapes {
   bool average = true;
   float* out = nullptr;
   TokenLayout out_layout;
+  // The output's rows are disjoint and share no memory with any input or mask, so the chunked
+  // path may keep its running sums there.
+  bool out_private = false;
   float* weights = nullptr;
   ptrdiff_t w_stride[3] = {0, 0, 0};  // averaged: n, l; per head: n, h, l (in elements)
 };
@@ -133,6 +159,7 @@ struct Shapes {
 struct Workspace {
   size_t qkv = 0, q = 0, k = 0, v = 0, concat = 0;
   size_t attn_pad = 0, kpm_pad = 0;
+  size_t row_max = 0, row_sum = 0;  // chunked: [N, H, L] each
   size_t scratch = 0, scratch_per_worker = 0;
   size_t gemm_scratch = 0;  // bytes at the start of each worker's scratch
   size_t total = 0;
@@ -140,15 +167,64 @@ struct Workspace {
   bool padded_masks = false;
   size_t query_block = 0;
   bool online = false;
+  // Chunked path: K and V hold one chunk of chunk_keys keys (plus the appended positions).
+  bool chunked = false;
+  int64_t chunk_keys = 0;
   // Projection buffers: element row stride and token layouts.
   ptrdiff_t q_ld = 0, kv_ld = 0;
   TokenLayout q_layout, kv_layout, concat_layout;
 };
 
+// The keys one RunAttention call covers: all S' positions, or one chunk of the chunked path,
+// whose last chunk also holds the appended positions [S, S').
+struct KeyChunk {
+  int64_t begin = 0, end = 0;  // key positions [begin, end)
+  bool first = true, last = true;
+};
+
 bool IsFloatMask(DType t) { return t == DType::kF32; }
 bool IsBoolMask(DType t) { return t == DType::kBool || t == DType::kU8; }
 
+// Whether two present views can touch a common byte: their address ranges [lowest, highest
+// element] intersect (conservative for interleaved views).
+bool MayOverlap(const TensorView& a, const TensorView& b) {
+  auto range = [](const TensorView& t, uintptr_t* lo, uintptr_t* hi) {
+    ptrdiff_t first = 0, last = 0;
+    for (int i = 0; i < t.rank; ++i) {
+      const ptrdiff_t span = static_cast<ptrdiff_t>((t.shape[i] - 1) * t.strides[i]);
+      (span < 0 ? first : last) += span;
+    }
+    const ptrdiff_t size = static_cast<ptrdiff_t>(DTypeSize(t.dtype));
+    *lo = reinterpret_cast<uintptr_t>(t.data) + first * size;
+    *hi = reinterpret_cast<uintptr_t>(t.data) + last * size + size;
+  };
+  if (!a.present() || !b.present()) return false;
+  uintptr_t a_lo, a_hi, b_lo, b_hi;
+  range(a, &a_lo, &a_hi);
+  range(b, &b_lo, &b_hi);
+  return a_lo < b_hi && b_lo < a_hi;
+}
+
 }  // namespace
+
+namespace {
+
+std::atomic<size_t> g_chunk_min_kv_bytes{kChunkMinKvBytes};
+std::atomic<int64_t> g_chunk_keys{kChunkKeys};
+
+}  // namespace
+
+KeyChunking CurrentKeyChunking() {
+  return {g_chunk_min_kv_bytes.load(std::memory_order_relaxed),
+          g_chunk_keys.load(std::memory_order_relaxed)};
+}
+
+KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking) {
+  const KeyChunking previous = CurrentKeyChunking();
+  g_chunk_min_kv_bytes.store(chunking.min_kv_bytes, std::memory_order_relaxed);
+  g_chunk_keys.store(std::max<int64_t>(chunking.chunk_keys, 1), std::memory_order_relaxed);
+  return previous;
+}
 
 struct MultiheadAttention::Impl : LayerWeights {
   int64_t Extra() const { return (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0); }
@@ -158,10 +234,16 @@ struct MultiheadAttention::Impl : LayerWeights {
                      int64_t expect_batch, SeqInput* seq) const;
   Status ValidateMasks(const AttentionInputs& in, Shapes* sh) const;
   void PlanWorkspace(const Shapes& sh, size_t threads, Workspace* ws) const;
-  void RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
+  // Q, K and V (chunked path: Q alone when keys is null, else the keys of one chunk).
+  void RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
+                      const KeyChunk* keys) const;
   void PrepareMasks(const Shapes& sh, const Workspace& ws, uint8_t* base,
                     MaskInput* attn, MaskInput* kpm) const;
-  void RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
+  // The attention tasks over `keys` (all of them unless chunked).
+  void RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
+                    const KeyChunk& keys) const;
+  // Chunked path: per chunk, its K and V then the attention tasks; then the output projection.
+  void RunChunked(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
   // Q, K, V inside the workspace: one [tokens, E + 2 kvE] buffer when fused, three otherwise.
   struct QkvBuffers {
     float* q;
@@ -579,6 +661,15 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
     sh->out_layout = {static_cast<ptrdiff_t>(o.strides[bdim]),
                       static_cast<ptrdiff_t>(o.strides[1 - bdim])};
   }
+  // Rows of E floats are disjoint when one stride steps over whole rows and the other over all
+  // of the first's (batch-major or sequence-major); strides are never negative.
+  const ptrdiff_t tok = sh->out_layout.token, bat = sh->out_layout.batch;
+  const bool rows_disjoint = (sh->N == 1 && sh->L == 1) ||
+                             (tok >= E && (sh->N == 1 || bat >= (sh->L - 1) * tok + E)) ||
+                             (bat >= E && (sh->L == 1 || tok >= (sh->N - 1) * bat + E));
+  sh->out_private = rows_disjoint && !MayOverlap(o, q) && !MayOverlap(o, kt) &&
+                    !MayOverlap(o, vt) && !MayOverlap(o, in.attn_mask) &&
+                    !MayOverlap(o, in.key_padding_mask);
 
   const TensorView& wt = out->attn_weights;
   if (!in.need_weights) {
@@ -644,7 +735,15 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
                                              Workspace* ws) const {
   const size_t N = sh.N, L = sh.L, St = sh.St;
   size_t off = 0;
-  ws->fused = sh.self_attention && w_packed.data != nullptr;
+  // Chunked path: long keys, no weights (see kChunkMinKvBytes). Q [tokens_q, E] is projected
+  // whole (the chunks reread it), K and V [N, chunk + extra, kvE] hold one chunk of keys at a
+  // time, and the running softmax state of every query row stays between chunks: row max and
+  // sum [N, H, L] here, the unnormalized output in the caller's output rows (out_private), which
+  // replaces concat. At (1, 8192, 1024, 16): 32 + 2 x 4 + 1 MiB instead of 4 x 32 MiB.
+  const KeyChunking chunking = CurrentKeyChunking();
+  ws->chunked = !sh.need_weights && sh.out_private && sh.S > chunking.chunk_keys &&
+                2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
+  ws->fused = !ws->chunked && sh.self_attention && w_packed.data != nullptr;
   if (ws->fused) {
     // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
     // positions fit after the real ones.
@@ -654,25 +753,40 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
     ws->qkv = off;
     off += Bytes(N * rows * ws->q_ld);
   } else {
+    // Q [tokens_q, E]; K and V [tokens_kv, kvE], or when chunked [N, chunk + extra, kvE]
+    // (batch-major, a chunk's key k0 + i at row i).
+    ws->chunk_keys = ws->chunked ? chunking.chunk_keys : 0;
+    const size_t kv_rows = ws->chunked ? ws->chunk_keys + Extra() : St;
     ws->q_ld = E;
     ws->kv_ld = kvE;
     ws->q_layout = BufferLayout(sh.q, N, L, E);
-    ws->kv_layout = BufferLayout(sh.k, N, St, kvE);
+    ws->kv_layout = ws->chunked ? TokenLayout{static_cast<ptrdiff_t>(kv_rows * kvE), kvE}
+                                : BufferLayout(sh.k, N, St, kvE);
     ws->q = off;
     off += Bytes(N * L * E);
     ws->k = off;
-    off += Bytes(N * St * kvE);
+    off += Bytes(N * kv_rows * kvE);
     ws->v = off;
-    off += Bytes(N * St * kvE);
+    off += Bytes(N * kv_rows * kvE);
   }
-  ws->concat_layout = BufferLayout(sh.q, N, L, E);
-  ws->concat = off;
-  off += Bytes(N * L * E);
+  if (ws->chunked) {
+    ws->row_max = off;
+    off += Bytes(N * H * L);
+    ws->row_sum = off;
+    off += Bytes(N * H * L);
+  } else {
+    ws->concat_layout = BufferLayout(sh.q, N, L, E);
+    ws->concat = off;
+    off += Bytes(N * L * E);
+  }
 
   // Masks are padded to S' columns (and causal folded into them) only when extra key positions
-  // exist, because the kernels read a mask value for every column they process.
-  ws->padded_masks = St > static_cast<size_t>(sh.S) &&
-                     (sh.attn.type != MaskType::kNone || sh.kpm.type != MaskType::kNone || sh.causal);
+  // exist, because the kernels read a mask value for every column they process. The chunked
+  // path reads the caller's masks as they are: it runs the extra positions as a block of their
+  // own without masks (it would not fit an [L, S'] copy either).
+  ws->padded_masks =
+      !ws->chunked && St > static_cast<size_t>(sh.S) &&
+      (sh.attn.type != MaskType::kNone || sh.kpm.type != MaskType::kNone || sh.causal);
   if (ws->padded_masks) {
     if (sh.attn.type != MaskType::kNone || sh.causal) {
       const size_t slices = sh.attn.per_head ? N * H : 1;
@@ -691,12 +805,19 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
     }
   }
 
-  size_t qb = kScoresBlockFloats / std::max<size_t>(St, 1);
+  ws->online = ws->chunked || (!sh.need_weights && St > kOnlineThreshold);
+  // The scores block [block, S'] (online: [block, kKeyBlock], 256 rows) within
+  // kScoresBlockFloats. Each K^T and V key block is packed once per query block, so the online
+  // path keeps all 256 rows: they measured ~10% less CPU time than 64 at (L, S) = (1024, 8192)
+  // chunked and at (2048, 2048) unchunked, and 16 rows (the old [block, S'] rule at S' = 8192)
+  // took ~40% more.
+  size_t qb = kScoresBlockFloats / std::max<size_t>(ws->online ? kKeyBlock : St, 1);
   qb = std::min(std::max(qb, kMinQueryBlock), kMaxQueryBlock) / 8 * 8;
-  ws->online = !sh.need_weights && St > kOnlineThreshold;
   // Causal blocks compute keys up to their last row only: smaller blocks skip more of the
   // masked upper triangle (64 rows: ~56% of the full product at L = S = 512, vs 75% at 256).
-  if (ws->online || sh.causal) qb = std::min<size_t>(qb, 64);
+  // The chunked path keeps 256: at the lengths it runs (thousands of queries) a causal diagonal
+  // block adds a few percent at most.
+  if (sh.causal && !ws->chunked) qb = std::min<size_t>(qb, 64);
   if (sh.need_weights && sh.average) {
     // Averaged weights run one task per (batch, query block) with all heads inside it: split
     // the queries so that there are at least kMinAverageTasks tasks when L allows.
@@ -706,12 +827,15 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // The partition depends only on shapes, never on the thread count (determinism).
   ws->query_block = std::min(qb, L);
   const size_t cols = ws->online ? kKeyBlock : St;
-  // Per worker: the GEMM packing buffer, scores [block, cols], and for the online path row max
-  // and sum [block].
+  // Per worker: the GEMM packing buffer, scores [block, cols], and for the unchunked online
+  // path row max and sum [block]; the chunked path's output projection uses the same space for
+  // a copy of kOutRows output rows [rows, E].
   ws->gemm_scratch = kernels::GemmScratchBytes();
   RoundUpToAlignment(ws->gemm_scratch, &ws->gemm_scratch);
-  ws->scratch_per_worker = ws->gemm_scratch + Bytes(ws->query_block * cols) +
-                           (ws->online ? 2 * Bytes(ws->query_block) : 0);
+  size_t per_worker = Bytes(ws->query_block * cols);
+  if (ws->online && !ws->chunked) per_worker += 2 * Bytes(ws->query_block);
+  if (ws->chunked) per_worker = std::max(per_worker, Bytes(std::min<size_t>(kOutRows, L) * E));
+  ws->scratch_per_worker = ws->gemm_scratch + per_worker;
   ws->scratch = off;
   off += ws->scratch_per_worker * threads;
   ws->total = off;
@@ -732,55 +856,73 @@ Status MultiheadAttention::Plan(const AttentionInputs& inputs, const AttentionOu
 // ---------------------------------------------------------------------------------------------
 // Execution.
 
-void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws,
-                                              uint8_t* base) const {
-  const size_t N = sh.N;
-  // One job per input: rows of all batches at once when the buffer is in the input's order with
-  // a uniform token stride, else one batch per GEMM call.
-  auto make_job = [&](const SeqInput& x, const WeightMatrix& w, const float* bias,
-                      size_t out_cols, float* dst, TokenLayout dst_layout, ptrdiff_t ld) {
-    GemmJob job;
-    job.SetWeights(w, out_cols, x.features);
-    job.bias = bias;
-    const bool seq_major_all = N > 1 && dst_layout.token == static_cast<ptrdiff_t>(N) * ld &&
-                               x.layout.token == static_cast<ptrdiff_t>(N) * x.layout.batch;
-    const bool batch_major_all = N == 1 || (x.layout.batch == static_cast<ptrdiff_t>(x.tokens) * x.layout.token &&
-                                            dst_layout.batch == static_cast<ptrdiff_t>(x.tokens) * dst_layout.token);
-    if (seq_major_all) {
-      job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
-               x.layout.batch, 1};
-      job.c = {dst, x.tokens * N, out_cols, ld, 1};
-    } else if (batch_major_all) {
-      job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
-               x.layout.token, 1};
-      job.c = {dst, x.tokens * N, out_cols, dst_layout.token, 1};
-    } else {
-      job.a = {const_cast<float*>(x.data), static_cast<size_t>(x.tokens),
-               static_cast<size_t>(x.features), x.layout.token, 1};
-      job.c = {dst, static_cast<size_t>(x.tokens), out_cols, dst_layout.token, 1};
-      job.batches = N;
-      job.a_batch_stride = x.layout.batch;
-      job.c_batch_stride = dst_layout.batch;
-    }
-    return job;
-  };
+namespace {
 
+// The projection of input x into dst (row stride ld, token layout dst_layout): rows of all N
+// batches at once when the buffer is in the input's order with a uniform token stride, else one
+// batch per GEMM call.
+GemmJob ProjectionJob(const SeqInput& x, size_t N, const WeightMatrix& w, const float* bias,
+                      size_t out_cols, float* dst, TokenLayout dst_layout, ptrdiff_t ld) {
+  GemmJob job;
+  job.SetWeights(w, out_cols, x.features);
+  job.bias = bias;
+  const bool seq_major_all = N > 1 && dst_layout.token == static_cast<ptrdiff_t>(N) * ld &&
+                             x.layout.token == static_cast<ptrdiff_t>(N) * x.layout.batch;
+  const bool batch_major_all =
+      N == 1 || (x.layout.batch == static_cast<ptrdiff_t>(x.tokens) * x.layout.token &&
+                 dst_layout.batch == static_cast<ptrdiff_t>(x.tokens) * dst_layout.token);
+  if (seq_major_all) {
+    job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+             x.layout.batch, 1};
+    job.c = {dst, x.tokens * N, out_cols, ld, 1};
+  } else if (batch_major_all) {
+    job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+             x.layout.token, 1};
+    job.c = {dst, x.tokens * N, out_cols, dst_layout.token, 1};
+  } else {
+    job.a = {const_cast<float*>(x.data), static_cast<size_t>(x.tokens),
+             static_cast<size_t>(x.features), x.layout.token, 1};
+    job.c = {dst, static_cast<size_t>(x.tokens), out_cols, dst_layout.token, 1};
+    job.batches = N;
+    job.a_batch_stride = x.layout.batch;
+    job.c_batch_stride = dst_layout.batch;
+  }
+  return job;
+}
+
+}  // namespace
+
+void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws,
+                                              uint8_t* base, const KeyChunk* keys) const {
+  const size_t N = sh.N;
   const QkvBuffers buf = Buffers(ws, base);
   float* k_buf = buf.k;
   float* v_buf = buf.v;
+  GemmJob jobs[3];
+  size_t num_jobs = 0;
+  // Buffer row of the first appended key/value position, when this call writes them.
+  int64_t pos = ws.chunked ? -1 : sh.S;
   if (ws.fused) {
-    GemmJob job = make_job(sh.q, w_packed, b_packed, E + 2 * kvE, buf.q, ws.q_layout, ws.q_ld);
-    ParallelGemm(ctx.pool(), &job, 1, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
-  } else {
-    GemmJob jobs[3] = {
-        make_job(sh.q, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld),
-        make_job(sh.k, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld),
-        make_job(sh.v, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld),
-    };
-    ParallelGemm(ctx.pool(), jobs, 3, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
+    jobs[num_jobs++] =
+        ProjectionJob(sh.q, N, w_packed, b_packed, E + 2 * kvE, buf.q, ws.q_layout, ws.q_ld);
+  } else if (keys == nullptr) {
+    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld);
   }
+  if (!ws.fused && (!ws.chunked || keys != nullptr)) {
+    // Chunked: the chunk's real keys [begin, min(end, S)) into buffer rows from 0.
+    SeqInput k = sh.k, v = sh.v;
+    if (keys != nullptr) {
+      k.tokens = v.tokens = std::min(keys->end, sh.S) - keys->begin;
+      k.data += keys->begin * k.layout.token;
+      v.data += keys->begin * v.layout.token;
+      if (keys->end > sh.S) pos = sh.S - keys->begin;
+    }
+    jobs[num_jobs++] = ProjectionJob(k, N, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld);
+    jobs[num_jobs++] = ProjectionJob(v, N, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld);
+  }
+  ParallelGemm(ctx.pool(), jobs, num_jobs, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
+  if (pos < 0) return;
   // Appended key/value positions: bias_k / bias_v at S, zeros at S (or S + 1) for add_zero_attn.
-  int64_t pos = sh.S;
   for (size_t n = 0; n < N; ++n) {
     int64_t p = pos;
     if (config.add_bias_kv) {
@@ -852,7 +994,7 @@ void MultiheadAttention::Impl::PrepareMasks(const Shapes& sh, const Workspace& w
 }
 
 void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws,
-                                            uint8_t* base) const {
+                                            uint8_t* base, const KeyChunk& keys) const {
   const int64_t N = sh.N, L = sh.L, St = sh.St;
   const size_t qb = ws.query_block;
   const int64_t q_blocks = (L + qb - 1) / qb;
@@ -866,7 +1008,9 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   float* const q_buf = buf.q;
   float* const k_buf = buf.k;
   float* const v_buf = buf.v;
-  float* concat = reinterpret_cast<float*>(base + ws.concat);
+  // Attention results [tokens_q, E]: concat, or when chunked the caller's output (running sums).
+  float* const concat = ws.chunked ? sh.out : reinterpret_cast<float*>(base + ws.concat);
+  const TokenLayout concat_layout = ws.chunked ? sh.out_layout : ws.concat_layout;
   uint8_t* scratch_base = base + ws.scratch;
   TraceRecorder* trace = ctx.trace();
 
@@ -906,18 +1050,20 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     return MatrixView{q_buf + n * ws.q_layout.batch + q0 * ws.q_layout.token + h * hd, rows,
                       static_cast<size_t>(hd), ws.q_layout.token, 1};
   };
-  // K_g^T for keys [k0, k0 + cols): [hd, cols].
+  // K_g^T for keys [k0, k0 + cols): [hd, cols]. Key k0 is buffer row k0 - keys.begin.
   auto kt_view = [&](int64_t n, int64_t g, int64_t k0, size_t cols) {
-    return MatrixView{k_buf + n * ws.kv_layout.batch + k0 * ws.kv_layout.token + g * hd,
-                      static_cast<size_t>(hd), cols, 1, ws.kv_layout.token};
+    return MatrixView{
+        k_buf + n * ws.kv_layout.batch + (k0 - keys.begin) * ws.kv_layout.token + g * hd,
+        static_cast<size_t>(hd), cols, 1, ws.kv_layout.token};
   };
   auto v_view = [&](int64_t n, int64_t g, int64_t k0, size_t rows) {
-    return MatrixView{v_buf + n * ws.kv_layout.batch + k0 * ws.kv_layout.token + g * hd, rows,
-                      static_cast<size_t>(hd), ws.kv_layout.token, 1};
+    return MatrixView{
+        v_buf + n * ws.kv_layout.batch + (k0 - keys.begin) * ws.kv_layout.token + g * hd, rows,
+        static_cast<size_t>(hd), ws.kv_layout.token, 1};
   };
   auto out_view = [&](int64_t n, int64_t h, int64_t q0, size_t rows) {
-    return MatrixView{concat + n * ws.concat_layout.batch + q0 * ws.concat_layout.token + h * hd,
-                      rows, static_cast<size_t>(hd), ws.concat_layout.token, 1};
+    return MatrixView{concat + n * concat_layout.batch + q0 * concat_layout.token + h * hd, rows,
+                      static_cast<size_t>(hd), concat_layout.token, 1};
   };
   // Keys a causal block needs: key j is used by some row iff j <= q0 + rows - 1.
   auto key_limit = [&](int64_t q0, size_t rows) {
@@ -993,34 +1139,99 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       full_rows(n, h, q0, rows, reinterpret_cast<float*>(scratch), St, worker, blk);
       return;
     }
-    // Online softmax over key blocks; the running output accumulates in place in concat.
+    // Online softmax over key blocks; the running output accumulates in place in concat (the
+    // caller's output when chunked). Row max and sum [rows] live in the worker's scratch, or when
+    // chunked in the workspace's [N, H, L] arrays, where they persist from chunk to chunk.
     const int64_t g = h / group;
     float* scores = reinterpret_cast<float*>(scratch);
     float* row_max = reinterpret_cast<float*>(scratch + Bytes(qb * kKeyBlock));
     float* row_sum = reinterpret_cast<float*>(scratch + Bytes(qb * kKeyBlock) + Bytes(qb));
-    const MatrixView acc = out_view(n, h, q0, rows);
-    for (size_t r = 0; r < rows; ++r) {
-      row_max[r] = kNegInf;
-      row_sum[r] = 0.0f;
-      std::memset(acc.data + r * acc.row_stride, 0, hd * sizeof(float));
+    if (ws.chunked) {
+      const int64_t state = (n * H + h) * L + q0;
+      row_max = reinterpret_cast<float*>(base + ws.row_max) + state;
+      row_sum = reinterpret_cast<float*>(base + ws.row_sum) + state;
     }
-    const int64_t kend = key_limit(q0, rows);
-    for (int64_t k0 = 0; k0 < kend; k0 += kKeyBlock) {
-      const size_t kc = std::min<int64_t>(kKeyBlock, kend - k0);
+    const MatrixView acc = out_view(n, h, q0, rows);
+    if (keys.first) {
+      for (size_t r = 0; r < rows; ++r) {
+        row_max[r] = kNegInf;
+        row_sum[r] = 0.0f;
+        std::memset(acc.data + r * acc.row_stride, 0, hd * sizeof(float));
+      }
+    }
+    auto update = [&](int64_t k0, size_t kc, const kernels::SoftmaxMasks& masks) {
       const MatrixView s_view{scores, rows, kc, static_cast<ptrdiff_t>(kKeyBlock), 1};
       int64_t t0 = now();
       kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, k0, kc), 0.0f, s_view,
                     gemm_scratch(worker));
       record(t0, worker, Stage::kScores, n, h, blk);
       t0 = now();
-      kernels::OnlineSoftmaxUpdate(scores, rows, kc, kKeyBlock, scale, masks_for(n, h, q0, k0),
-                                   row_max, row_sum, acc.data, hd, acc.row_stride);
+      kernels::OnlineSoftmaxUpdate(scores, rows, kc, kKeyBlock, scale, masks, row_max, row_sum,
+                                   acc.data, hd, acc.row_stride);
       record(t0, worker, Stage::kSoftmax, n, h, blk);
       t0 = now();
       kernels::Gemm(1.0f, s_view, v_view(n, g, k0, kc), 1.0f, acc, gemm_scratch(worker));
       record(t0, worker, Stage::kWeightedSum, n, h, blk);
+    };
+    // Keys below mask_end take the masks and the causal limit (a chunk past this block's
+    // diagonal has none left); the chunked path's unpadded masks end at S, and the appended
+    // positions [S, S') after them are never masked, so they form one block without masks.
+    const int64_t mask_end = ws.chunked ? sh.S : St;
+    const int64_t kend = std::min({keys.end, mask_end, key_limit(q0, rows)});
+    for (int64_t k0 = keys.begin; k0 < kend; k0 += kKeyBlock) {
+      update(k0, std::min<int64_t>(kKeyBlock, kend - k0), masks_for(n, h, q0, k0));
     }
-    kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
+    const int64_t tail = std::max(keys.begin, mask_end);
+    if (tail < keys.end) update(tail, keys.end - tail, kernels::SoftmaxMasks());
+    // The chunked path normalizes in its output projection, after the last chunk.
+    if (!ws.chunked) kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
+  });
+}
+
+void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const Workspace& ws,
+                                          uint8_t* base) const {
+  // Chunks of chunk_keys real keys; the last one also takes the appended positions [S, S').
+  for (int64_t k0 = 0; k0 < sh.S; k0 += ws.chunk_keys) {
+    KeyChunk keys;
+    keys.begin = k0;
+    keys.first = k0 == 0;
+    keys.last = k0 + ws.chunk_keys >= sh.S;
+    keys.end = keys.last ? sh.St : k0 + ws.chunk_keys;
+    RunProjections(ctx, sh, ws, base, &keys);
+    RunAttention(ctx, sh, ws, base, keys);
+  }
+
+  // Output projection in place, kOutRows rows of one batch per task: the rows' running sums are
+  // copied to the worker's scratch [rows, E] and normalized there by the row sums of each head
+  // (OnlineSoftmaxFinish), then out rows = scratch x W_o^T + b_o overwrite them. Every task reads
+  // and writes only its own rows, so the tasks are independent.
+  const int64_t N = sh.N, L = sh.L;
+  const int64_t blocks = (L + kOutRows - 1) / kOutRows;
+  const float* row_sum = reinterpret_cast<const float*>(base + ws.row_sum);
+  TraceRecorder* trace = ctx.trace();
+  ctx.pool().ParallelFor(N * blocks, [&](uint64_t task, size_t worker) {
+    const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
+    const int64_t n = task / blocks;
+    const int64_t r0 = (task % blocks) * kOutRows;
+    const size_t rows = std::min<int64_t>(kOutRows, L - r0);
+    uint8_t* gemm_scratch = base + ws.scratch + worker * ws.scratch_per_worker;
+    float* a = reinterpret_cast<float*>(gemm_scratch + ws.gemm_scratch);
+    float* out = sh.out + n * sh.out_layout.batch + r0 * sh.out_layout.token;
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(a + r * E, out + r * sh.out_layout.token, E * sizeof(float));
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
+    }
+    const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
+    GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), c,
+                gemm_scratch);
+    if (b_o != nullptr) kernels::AddBiasRows(out, rows, E, sh.out_layout.token, b_o);
+    if (trace) {
+      trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker),
+                     Stage::kOutProjection, static_cast<int32_t>(n), -1,
+                     static_cast<int32_t>(task)});
+    }
   });
 }
 
@@ -1041,8 +1252,12 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
   if (!s.ok()) return s;
   uint8_t* b = static_cast<uint8_t*>(base);
 
-  m.RunProjections(ctx, sh, ws, b);
-  m.RunAttention(ctx, sh, ws, b);
+  m.RunProjections(ctx, sh, ws, b, nullptr);
+  if (ws.chunked) {
+    m.RunChunked(ctx, sh, ws, b);
+    return Status::Ok();
+  }
+  m.RunAttention(ctx, sh, ws, b, KeyChunk{0, sh.St, true, true});
 
   // Output projection: concat [tokens, E] x W_o^T + b_o into the caller's output.
   float* concat = reinterpret_cast<float*>(b + ws.concat);

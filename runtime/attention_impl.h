@@ -4,6 +4,7 @@
 #ifndef MHA_RUNTIME_ATTENTION_IMPL_H_
 #define MHA_RUNTIME_ATTENTION_IMPL_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -40,6 +41,19 @@ struct LayerWeights {
 
 // The layer's resolved weights (defined in attention.cc, where Impl is complete).
 const LayerWeights& LayerWeightsOf(const MultiheadAttention& layer);
+
+// When Forward splits the keys into chunks (the chunked path of attention.cc): no attention
+// weights requested, more than `chunk_keys` keys, and K and V buffers of all keys (N x S' x kvE
+// f32 each) of at least `min_kv_bytes` together. The defaults are kChunkKeys and
+// kChunkMinKvBytes in attention.cc.
+struct KeyChunking {
+  size_t min_kv_bytes = 0;
+  int64_t chunk_keys = 0;
+};
+KeyChunking CurrentKeyChunking();
+// Testing hook: replaces the process-wide setting (so small shapes reach the chunked path) and
+// returns the previous one. Not for concurrent use with forwards or plans.
+KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
 
 }  // namespace mha
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <new>
 #include <random>
+#include <vector>
 
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
@@ -18,6 +19,36 @@ namespace {
 
 using testing_util::MaskChoice;
 using testing_util::Problem;
+
+// Fills each problem and counts the heap allocations of 20 forwards after a warm-up.
+void ExpectNoAllocations(std::vector<Problem>* problems, std::mt19937* rng) {
+  ContextOptions opts;
+  opts.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  for (Problem& p : *problems) {
+    testing_util::FillProblem(&p, rng);
+    std::unique_ptr<MultiheadAttention> mha;
+    ASSERT_TRUE(
+        MultiheadAttention::Create(p.config, testing_util::WeightsOf(p), WeightBinding::kView, &mha)
+            .ok());
+    testing_util::Views v;
+    testing_util::MakeViews(p, &v);
+    // Warm-up: the arena grows to the plan, BLIS fills its packing-buffer pools.
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(mha->Forward(*ctx, v.in, v.out).ok());
+    g_allocations = 0;
+    g_counting = true;
+    for (int i = 0; i < 20; ++i) {
+      Status s = mha->Forward(*ctx, v.in, v.out);
+      if (!s.ok()) {
+        g_counting = false;
+        FAIL() << s.ToString();
+      }
+    }
+    g_counting = false;
+    EXPECT_EQ(g_allocations.load(), 0) << p.Describe();
+  }
+}
 
 TEST(AllocTest, ForwardAllocatesNothingInSteadyState) {
 #ifdef MHA_SANITIZED
@@ -55,31 +86,36 @@ TEST(AllocTest, ForwardAllocatesNothingInSteadyState) {
   problems[3].config.add_bias_kv = true;
   problems[3].config.add_zero_attn = true;
 
-  ContextOptions opts;
-  opts.num_threads = 2;
-  std::unique_ptr<Context> ctx;
-  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
-  for (Problem& p : problems) {
-    testing_util::FillProblem(&p, &rng);
-    std::unique_ptr<MultiheadAttention> mha;
-    ASSERT_TRUE(MultiheadAttention::Create(p.config, testing_util::WeightsOf(p),
-                                           WeightBinding::kView, &mha).ok());
-    testing_util::Views v;
-    testing_util::MakeViews(p, &v);
-    // Warm-up: the arena grows to the plan, BLIS fills its packing-buffer pools.
-    for (int i = 0; i < 3; ++i) ASSERT_TRUE(mha->Forward(*ctx, v.in, v.out).ok());
-    g_allocations = 0;
-    g_counting = true;
-    for (int i = 0; i < 20; ++i) {
-      Status s = mha->Forward(*ctx, v.in, v.out);
-      if (!s.ok()) {
-        g_counting = false;
-        FAIL() << s.ToString();
-      }
-    }
-    g_counting = false;
-    EXPECT_EQ(g_allocations.load(), 0) << p.Describe();
-  }
+  ExpectNoAllocations(&problems, &rng);
+}
+
+TEST(AllocTest, ChunkedForwardAllocatesNothing) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  std::mt19937 rng(4);
+  // The chunked path (forced with chunks of 64 keys): causal self-attention with bias_kv, and
+  // cross-attention with masks and grouped-query heads.
+  std::vector<Problem> problems(2);
+  problems[0].config.embed_dim = 32;
+  problems[0].config.num_heads = 4;
+  problems[0].config.add_bias_kv = true;
+  problems[0].N = 2;
+  problems[0].L = problems[0].S = 300;
+  problems[0].self_attention = true;
+  problems[0].causal = true;
+  problems[1].config.embed_dim = 32;
+  problems[1].config.num_heads = 4;
+  problems[1].config.num_kv_heads = 2;
+  problems[1].config.kdim = 12;
+  problems[1].packed = false;
+  problems[1].N = 2;
+  problems[1].L = 40;
+  problems[1].S = 200;
+  problems[1].attn = MaskChoice::kFloat;
+  problems[1].kpm = MaskChoice::kBool;
+  testing_util::ScopedKeyChunking forced(64);
+  ExpectNoAllocations(&problems, &rng);
 }
 
 TEST(AllocTest, CounterSeesAllocations) {

@@ -2,9 +2,12 @@
 // plus bitwise determinism across thread counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
@@ -31,8 +34,9 @@ bool Close(double got, double want) {
   return std::abs(got - want) <= kAtol + kRtol * std::abs(want);
 }
 
-// Runs `p` on `threads` threads; returns the views with outputs filled.
-void RunMha(const Problem& p, size_t threads, Views* v) {
+// Runs `p` on `threads` threads; returns the views with outputs filled. in_place: the query is
+// read from the output's storage (dense, q_dim == E), which the forward then overwrites.
+void RunMha(const Problem& p, size_t threads, Views* v, bool in_place = false) {
   std::unique_ptr<MultiheadAttention> mha;
   Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
@@ -41,6 +45,11 @@ void RunMha(const Problem& p, size_t threads, Views* v) {
   std::unique_ptr<Context> ctx;
   ASSERT_TRUE(Context::Create(opts, &ctx).ok());
   MakeViews(p, v);
+  if (in_place) {
+    ASSERT_EQ(p.query.size(), v->output.size()) << p.Describe();
+    std::copy(p.query.begin(), p.query.end(), v->output.begin());
+    v->in.query.data = v->output.data();
+  }
   size_t bytes = 0;
   s = mha->Plan(v->in, v->out, threads, &bytes);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
@@ -77,6 +86,17 @@ void CheckAgainstReference(const Problem& p, const Views& v) {
                     << p.Describe();
     }
   }
+}
+
+// Runs `p` on 2 threads against the reference, and on 1 thread for the same bits.
+void CheckTwoThreadsAndOne(const Problem& p) {
+  Views v1, v2;
+  RunMha(p, 2, &v2);
+  RunMha(p, 1, &v1);
+  if (::testing::Test::HasFatalFailure()) return;
+  CheckAgainstReference(p, v2);
+  ASSERT_EQ(0, std::memcmp(v1.output.data(), v2.output.data(), v1.output.size() * 4))
+      << p.Describe();
 }
 
 TEST(AttentionRandomTest, MatchesDoubleReference) {
@@ -133,13 +153,8 @@ TEST(AttentionRandomTest, LongSequencesUseOnlineSoftmax) {
     p.kpm = variant == 2 ? testing_util::MaskChoice::kBool : testing_util::MaskChoice::kNone;
     p.attn = variant == 5 ? testing_util::MaskChoice::kFloat : testing_util::MaskChoice::kNone;
     testing_util::FillProblem(&p, &rng);
-    Views v1, v2;
-    RunMha(p, 2, &v2);
-    RunMha(p, 1, &v1);
-    if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v2);
-    ASSERT_EQ(0, std::memcmp(v1.output.data(), v2.output.data(), v1.output.size() * 4))
-        << p.Describe();
+    CheckTwoThreadsAndOne(p);
+    if (HasFailure()) return;
   }
 }
 
@@ -162,6 +177,174 @@ TEST(AttentionRandomTest, LongSequencesWithWeights) {
     RunMha(p, 2, &v);
     if (HasFatalFailure()) return;
     CheckAgainstReference(p, v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The chunked path (long keys without weights: K and V projected one chunk of keys at a time,
+// the running softmax state kept across chunks), reached with small shapes by lowering its
+// thresholds through ScopedKeyChunking.
+
+using testing_util::ScopedKeyChunking;
+
+// Plan's bytes for `p` with the current key chunking.
+size_t PlanBytes(const Problem& p, size_t threads) {
+  std::unique_ptr<MultiheadAttention> mha;
+  EXPECT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
+  Views v;
+  MakeViews(p, &v);
+  size_t bytes = 0;
+  EXPECT_TRUE(mha->Plan(v.in, v.out, threads, &bytes).ok()) << p.Describe();
+  return bytes;
+}
+
+// Plans differ between the paths (the chunked one has no concat buffer and K/V of one chunk),
+// so a different plan shows the forced chunking took effect.
+bool TakesChunkedPath(const Problem& p, int64_t chunk_keys) {
+  size_t chunked = 0, unchunked = 0;
+  {
+    ScopedKeyChunking forced(chunk_keys);
+    chunked = PlanBytes(p, 2);
+  }
+  {
+    ScopedKeyChunking never(0);
+    unchunked = PlanBytes(p, 2);
+  }
+  return chunked != unchunked;
+}
+
+// Random configurations (masks of every kind, causal, cross-attention with kdim/vdim, GQA,
+// bias_kv/zero_attn, batch_first, unbatched, strided inputs, fully masked rows) in chunks of 1
+// to 9 keys, so that chunks split key blocks, masks and the appended positions everywhere.
+TEST(AttentionChunkedTest, RandomConfigsMatchDoubleReference) {
+  std::mt19937 rng(8192);
+  int chunked = 0;
+  for (int i = 0; i < 200; ++i) {
+    Problem p = RandomProblem(&rng, 40);
+    p.need_weights = false;
+    const int64_t chunk_keys = 1 + i % 9;
+    ScopedKeyChunking forced(chunk_keys);
+    Views v;
+    RunMha(p, 1 + i % 4, &v);
+    if (HasFatalFailure()) return;
+    CheckAgainstReference(p, v);
+    if (HasFailure()) {
+      ADD_FAILURE() << "random problem #" << i << ", chunks of " << chunk_keys << " keys";
+      return;
+    }
+    chunked += p.S > chunk_keys;
+  }
+  EXPECT_GT(chunked, 120);  // the others have too few keys to split
+}
+
+TEST(AttentionChunkedTest, BitwiseIdenticalForAnyThreadCount) {
+  std::mt19937 rng(17);
+  for (int i = 0; i < 40; ++i) {
+    Problem p = RandomProblem(&rng, 70);
+    p.need_weights = false;
+    ScopedKeyChunking forced(3 + i % 13);
+    Views v1, v2, v3, v4;
+    RunMha(p, 1, &v1);
+    RunMha(p, 2, &v2);
+    RunMha(p, 3, &v3);
+    RunMha(p, 4, &v4);
+    if (HasFatalFailure()) return;
+    for (const Views* v : {&v2, &v3, &v4}) {
+      ASSERT_EQ(0, std::memcmp(v1.output.data(), v->output.data(), v1.output.size() * 4))
+          << p.Describe();
+    }
+  }
+}
+
+// Several query blocks and chunks: causal blocks skip the chunks past their diagonal, chunks of
+// 1024 keys hold two online-softmax key blocks (the default chunk size), chunks of 100 cut key
+// blocks short; masks, cross-attention with kdim/vdim, GQA and the appended positions.
+TEST(AttentionChunkedTest, LongSequencesMatchReferenceOnTwoThreads) {
+  std::mt19937 rng(2024);
+  for (int variant = 0; variant < 8; ++variant) {
+    Problem p;
+    p.config.embed_dim = 16;
+    p.config.num_heads = 4;
+    p.config.batch_first = variant % 2 == 0;
+    p.N = variant == 6 ? 1 : 2;
+    p.batched = variant != 6;
+    p.self_attention = variant < 4;
+    p.L = p.self_attention ? 600 : 130;
+    p.S = p.self_attention ? p.L : 2100;
+    if (!p.self_attention) {
+      p.packed = false;
+      p.config.num_kv_heads = variant == 5 ? 1 : 2;
+      p.config.kdim = 12;
+      p.config.vdim = 20;
+    }
+    p.causal = variant == 1 || variant == 2 || variant == 7;
+    p.config.add_bias_kv = variant == 2 || variant == 5;
+    p.config.add_zero_attn = variant == 3 || variant == 5;
+    p.attn = variant == 3   ? testing_util::MaskChoice::kFloat
+             : variant == 4 ? testing_util::MaskChoice::kBool
+                            : testing_util::MaskChoice::kNone;
+    p.attn_3d = variant == 4;
+    p.kpm = variant == 2   ? testing_util::MaskChoice::kBool
+            : variant == 7 ? testing_util::MaskChoice::kFloat
+                           : testing_util::MaskChoice::kNone;
+    testing_util::FillProblem(&p, &rng);
+    const int64_t chunk_keys = p.self_attention ? 100 : 1024;
+    ASSERT_TRUE(TakesChunkedPath(p, chunk_keys)) << p.Describe();
+    ScopedKeyChunking forced(chunk_keys);
+    CheckTwoThreadsAndOne(p);
+    if (HasFailure()) return;
+  }
+}
+
+// An output that shares memory with an input cannot hold the running sums while the chunks still
+// read the input: such a forward takes the unchunked path, and gives its result.
+TEST(AttentionChunkedTest, OutputAliasingTheQueryFallsBack) {
+  std::mt19937 rng(31);
+  Problem p;
+  p.config.embed_dim = 8;
+  p.config.num_heads = 2;
+  p.config.batch_first = true;
+  p.L = p.S = 50;
+  p.self_attention = true;
+  testing_util::FillProblem(&p, &rng);
+  Views want, got;
+  {
+    ScopedKeyChunking never(0);
+    RunMha(p, 2, &want);
+  }
+  ScopedKeyChunking forced(8);
+  ASSERT_TRUE(TakesChunkedPath(p, 8));
+  RunMha(p, 2, &got, /*in_place=*/true);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(0, std::memcmp(got.output.data(), want.output.data(), got.output.size() * 4));
+}
+
+// Issue 8's shape: (1, 8192, 1024, 16) self-attention plans at most 64 MiB (the unchunked plan
+// was 132 MiB). Plan reads no data, so the tensors are left uninitialized.
+TEST(AttentionChunkedTest, PlanOfLongSelfAttentionFitsIn64MiB) {
+  constexpr int64_t E = 1024, L = 8192;
+  AttentionConfig config;
+  config.embed_dim = E;
+  config.num_heads = 16;
+  std::unique_ptr<float[]> in_proj(new float[3 * E * E]), out_proj(new float[E * E]);
+  std::unique_ptr<float[]> in_proj_b(new float[3 * E]), out_proj_b(new float[E]);
+  AttentionWeights w;
+  w.in_proj_weight = in_proj.get();
+  w.in_proj_bias = in_proj_b.get();
+  w.out_proj_weight = out_proj.get();
+  w.out_proj_bias = out_proj_b.get();
+  std::unique_ptr<MultiheadAttention> mha;
+  ASSERT_TRUE(MultiheadAttention::Create(config, w, WeightBinding::kView, &mha).ok());
+  std::unique_ptr<float[]> query(new float[L * E]), output(new float[L * E]);
+  const int64_t shape[3] = {L, 1, E};
+  AttentionInputs in;
+  AttentionOutputs out;
+  ASSERT_TRUE(TensorView::Dense(query.get(), DType::kF32, 3, shape, &in.query).ok());
+  ASSERT_TRUE(TensorView::Dense(output.get(), DType::kF32, 3, shape, &out.output).ok());
+  for (size_t threads : {1, 2}) {
+    size_t bytes = 0;
+    ASSERT_TRUE(mha->Plan(in, out, threads, &bytes).ok());
+    EXPECT_LE(bytes, size_t{64} << 20) << threads << " threads";
   }
 }
 

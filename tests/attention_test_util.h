@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mha/mha.hpp"
+#include "runtime/attention_impl.h"
 #include "tests/reference/reference_attention.h"
 
 namespace mha {
@@ -69,6 +70,23 @@ void MakeViews(const Problem& p, Views* v);
 
 // Element (n, l, e) of an output stored in the problem's query layout.
 float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64_t l, int64_t e);
+
+// Sets the operator's key chunking (runtime/attention_impl.h) for one scope: chunks of
+// `chunk_keys` keys for K/V of any size, so small shapes take the chunked path; or, with
+// chunk_keys 0, never chunked.
+class ScopedKeyChunking {
+ public:
+  explicit ScopedKeyChunking(int64_t chunk_keys)
+      : previous_(SetKeyChunkingForTesting(
+            chunk_keys > 0 ? KeyChunking{0, chunk_keys}
+                           : KeyChunking{std::numeric_limits<size_t>::max(), 1})) {}
+  ~ScopedKeyChunking() { SetKeyChunkingForTesting(previous_); }
+  ScopedKeyChunking(const ScopedKeyChunking&) = delete;
+  ScopedKeyChunking& operator=(const ScopedKeyChunking&) = delete;
+
+ private:
+  KeyChunking previous_;
+};
 
 }  // namespace testing_util
 }  // namespace mha

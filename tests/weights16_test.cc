@@ -163,6 +163,21 @@ TEST(Weights16Test, BitwiseEqualToF32OnRoundedWeights) {
   }
 }
 
+// The long-sequence path (keys in chunks, output projection in place) with 16-bit weights: forced
+// with small chunks, as attention_random_test does for f32.
+TEST(Weights16Test, ChunkedLongSequencePath) {
+  testing_util::ScopedKeyChunking chunking(3);
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::mt19937 rng(31);
+    double worst = 0;
+    for (int i = 0; i < 40; ++i) {
+      Problem p = RandomProblem(&rng);
+      p.need_weights = false;  // the chunked path serves forwards without weights
+      CheckProblem(p, t, &worst);
+    }
+  }
+}
+
 TEST(Weights16Test, EverySimdTarget) {
   test::ForEachTarget([](const char*) {
     std::mt19937 rng(99);

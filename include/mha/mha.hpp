@@ -208,7 +208,9 @@ class MHA_API MultiheadAttention {
   // `num_threads` threads (workspace grows with threads, not with S^2 x heads x batch).
   Status Plan(const AttentionInputs& inputs, const AttentionOutputs& outputs, size_t num_threads,
               size_t* workspace_bytes) const;
-  // Runs one forward pass on the context's pool, with temporaries from its arena.
+  // Runs one forward pass on the context's pool, with temporaries from its arena. Long
+  // sequences without weights keep running sums in `output` until the pass ends (only when it
+  // shares no memory with an input; validation errors still leave it unwritten).
   Status Forward(Context& context, const AttentionInputs& inputs,
                  const AttentionOutputs& outputs) const;
 
