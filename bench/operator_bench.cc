@@ -1,6 +1,9 @@
-// Google Benchmark of MultiheadAttention::Forward at mha-bench's default-suite shapes, without
-// and with causal, on 1..hardware threads. The FLOPS counter uses mha-bench's formula
-// (tools/bench_workload.h: AttentionFlops), so "FLOPS=25G/s" here is mha-bench's 25 GFLOP/s.
+// Google Benchmark of MultiheadAttention::Forward at the shapes issue 8's targets name:
+// mha-bench's default suite without and with causal, on 1..hardware threads (efficiency, 1 -> 2
+// thread speed-up); the same shapes with S <= 1024 with need_weights (its cost ratio); and the
+// long-sequence shape (1, 8192, 1024, 16) (workspace and efficiency of the chunked path). The
+// FLOPS counter uses mha-bench's formula (tools/bench_workload.h: AttentionFlops), so
+// "FLOPS=25G/s" here is mha-bench's 25 GFLOP/s.
 //
 //   build/bench/operator_bench --benchmark_min_time=0.2 --benchmark_filter='/threads:1$'
 #include <benchmark/benchmark.h>
@@ -25,6 +28,7 @@ void BM_Forward(benchmark::State& state) {
   shape.heads = state.range(3);
   shape.causal = state.range(4) != 0;
   const size_t threads = static_cast<size_t>(state.range(5));
+  shape.need_weights = state.range(6) != 0;
 
   std::unique_ptr<Workload> workload;
   Status st = Workload::Create(shape, kDefaultSeed, &workload);
@@ -58,12 +62,18 @@ void BM_Forward(benchmark::State& state) {
 void SuiteArgs(benchmark::internal::Benchmark* b) {
   const unsigned hw = std::thread::hardware_concurrency();
   const int64_t max_threads = hw == 0 ? 1 : static_cast<int64_t>(hw);
-  b->ArgNames({"batch", "seq", "embed", "heads", "causal", "threads"});
+  b->ArgNames({"batch", "seq", "embed", "heads", "causal", "threads", "weights"});
   for (const Shape& s : DefaultSuite()) {
     for (int64_t t = 1; t <= max_threads; ++t) {
-      b->Args({s.batch, s.seq, s.embed, s.heads, s.causal ? 1 : 0, t});
+      b->Args({s.batch, s.seq, s.embed, s.heads, s.causal ? 1 : 0, t, 0});
     }
   }
+  // need_weights (averaged) for S <= 1024, all threads.
+  for (const Shape& s : DefaultSuite()) {
+    if (s.seq <= 1024 && !s.causal) b->Args({s.batch, s.seq, s.embed, s.heads, 0, max_threads, 1});
+  }
+  // The long-sequence target: chunked path, no weights.
+  b->Args({1, 8192, 1024, 16, 0, max_threads, 0});
 }
 
 // Real time: the work runs on the pool's threads, not only the benchmark's.
