@@ -12,14 +12,17 @@
 // cache rows of `hd` elements (row j at cache + j * cache_stride elements of `type`). Pointers
 // need no alignment.
 //
-// Numerics: each output element is computed by the same sequence of operations wherever it sits
-// in the block (any rows, any n), so results do not depend on how a caller splits rows or keys;
-// they may differ between SIMD targets (lane count changes the summation order).
+// Numerics: a score is computed by the same sequence of operations wherever it sits in the block
+// (any rows, any n), so scores do not depend on how a caller splits rows or keys; a weighted sum
+// depends on the rows and n of the call (its summation order below), never on anything else.
+// Both may differ between SIMD targets (lane count changes the summation order).
 // - QueryKeyScores: lane-wise multiply-adds (fused where the target has FMA) over hd in
 //   increasing order, then a sum over lanes, then the hd % lanes remaining products added in
 //   order. Error against the exact dot product of the f32 values:
 //   <= 2 * (hd + 4) * 2^-24 * sum_d |q_d k_d|.
-// - AccumulateWeightedValues: acc[d] + sum_j p_j v_jd by multiply-adds in increasing j.
+// - AccumulateWeightedValues: acc[d] + sum_j p_j v_jd by multiply-adds, one running sum, in an
+//   order fixed by n alone: with m = n / 4, rows i, m + i, 2m + i, 3m + i for i = 0 .. m - 1,
+//   then rows 4m .. n - 1 (the kernels read four streams of rows at once: memory bandwidth).
 //   Error <= 2 * (n + 1) * 2^-24 * (|acc_d| + sum_j |p_j v_jd|).
 // Tested on every target against a double reference in tests/decode_test.cc.
 #ifndef MHA_KERNELS_DECODE_H_

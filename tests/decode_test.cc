@@ -70,7 +70,7 @@ TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
     for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kF16}) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67}) {
-        for (size_t n : {1, 3, 4, 5, 13, 70}) {
+        for (size_t n : {1, 3, 4, 5, 13, 67, 70}) {
           for (size_t rows : {1, 3, 5}) {
             SCOPED_TRACE(::testing::Message()
                          << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
@@ -133,7 +133,7 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
     std::uniform_real_distribution<float> up(0.0f, 1.0f);
     for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kF16}) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67, 130}) {
-        for (size_t n : {1, 2, 5, 13, 70}) {
+        for (size_t n : {1, 2, 4, 5, 13, 67, 70, 256}) {
           for (size_t rows : {1, 4}) {
             SCOPED_TRACE(::testing::Message()
                          << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
