@@ -265,7 +265,8 @@ class Decode(unittest.TestCase):
     DECODE_FIELDS = {"context", "batch", "embed", "heads", "kv_heads", "cache_dtype", "threads",
                      "error", "runs", "median_ms", "p10_ms", "p90_ms", "tokens_per_s",
                      "cache_bytes", "weight_bytes", "cache_gbs", "total_gbs", "copy_gbs",
-                     "copy_ratio", "weights_dtype", "attn_ms", "attn_gbs", "attn_copy_ratio"}
+                     "copy_ratio", "total_copy_ratio", "weights_dtype", "attn_ms", "attn_gbs",
+                     "attn_copy_ratio"}
 
     def test_argument_errors(self):
         for args, text in [(["--decode", "--causal"], "--decode"),
@@ -298,6 +299,7 @@ class Decode(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("copy bandwidth", p.stdout)
             self.assertIn("tokens/s", p.stdout)
+            self.assertIn("+weights%", p.stdout)
             with open(jpath) as f:
                 doc = json.load(f)
             with open(cpath) as f:
@@ -323,6 +325,10 @@ class Decode(unittest.TestCase):
                              2 * r["batch"] * r["kv_heads"] * r["context"] * 64 * size)
             self.assertGreater(r["copy_gbs"], 0)
             self.assertGreater(r["total_gbs"], r["cache_gbs"])
+            self.assertAlmostEqual(r["total_copy_ratio"], r["total_gbs"] / r["copy_gbs"],
+                                   delta=1e-9 * r["total_copy_ratio"])
+            self.assertAlmostEqual(r["copy_ratio"], r["cache_gbs"] / r["copy_gbs"],
+                                   delta=1e-9 * r["copy_ratio"])
             self.assertEqual(r["weights_dtype"], "f32")
             self.assertEqual(r["weight_bytes"],
                              4 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))

@@ -387,7 +387,8 @@ Incremental decoding (--decode runs this suite instead of the one above):
   attention over the cache, output projection), tokens/s = batch / median, cache_MiB (K+V bytes
   read per step: batch * kv_heads * context * head_dim * 2 * dtype size), cache_GB/s = those
   bytes / median (1 GB = 1e9 bytes), +weights_GB/s = (cache bytes + the four E x E / kv x E
-  projection weights in their storage dtype) / median, copy% = cache_GB/s / copy bandwidth;
+  projection weights in their storage dtype) / median, copy% = cache_GB/s / copy bandwidth,
+  +weights% = +weights_GB/s / copy bandwidth (every byte a step must read);
   attn_ms = median time of the attention over the cache alone (first start to last end of its
   tasks, from trace events), attn_GB/s = cache bytes / attn_ms, attn% = attn_GB/s / copy
   bandwidth: how close reading the cache comes to the machine's bandwidth. The copy bandwidth

@@ -780,9 +780,10 @@ int RunDecode(const BenchOptions& o) {
                 copy_gbs[t]);
   }
   std::printf("weights: %s\n", DTypeName(o.decode_weights));
-  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %8s %9s %6s\n", "context",
-              "batch", "kvh", "cache", "threads", "median_ms", "p90_ms", "tokens/s", "cache_MiB",
-              "cache_GB/s", "+weights_GB/s", "copy%", "attn_ms", "attn_GB/s", "attn%");
+  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %9s %8s %9s %6s\n",
+              "context", "batch", "kvh", "cache", "threads", "median_ms", "p90_ms", "tokens/s",
+              "cache_MiB", "cache_GB/s", "+weights_GB/s", "copy%", "+weights%", "attn_ms",
+              "attn_GB/s", "attn%");
   std::fflush(stdout);
   const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
   const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
@@ -826,11 +827,12 @@ int RunDecode(const BenchOptions& o) {
             } else {
               std::printf(
                   "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f "
-                  "%8.3f %9.2f %6.1f\n",
+                  "%9.1f %8.3f %9.2f %6.1f\n",
                   static_cast<long long>(context), static_cast<long long>(batch),
                   static_cast<long long>(kvh), DTypeName(dtype), t, r.median_ms, r.p90_ms,
                   r.tokens_per_s, r.cache_bytes / (1024.0 * 1024.0), r.cache_gbs, r.total_gbs,
-                  r.copy_gbs > 0 ? 100.0 * r.cache_gbs / r.copy_gbs : NAN, r.attn_ms, r.attn_gbs,
+                  r.copy_gbs > 0 ? 100.0 * r.cache_gbs / r.copy_gbs : NAN,
+                  r.copy_gbs > 0 ? 100.0 * r.total_gbs / r.copy_gbs : NAN, r.attn_ms, r.attn_gbs,
                   r.copy_gbs > 0 ? 100.0 * r.attn_gbs / r.copy_gbs : NAN);
             }
             std::fflush(stdout);
@@ -863,6 +865,7 @@ int RunDecode(const BenchOptions& o) {
     j["total_gbs"] = r.total_gbs;
     j["copy_gbs"] = r.copy_gbs;
     j["copy_ratio"] = r.copy_gbs > 0 ? r.cache_gbs / r.copy_gbs : 0.0;
+    j["total_copy_ratio"] = r.copy_gbs > 0 ? r.total_gbs / r.copy_gbs : 0.0;
     j["attn_ms"] = r.attn_ms;
     j["attn_gbs"] = r.attn_gbs;
     j["attn_copy_ratio"] = r.copy_gbs > 0 ? r.attn_gbs / r.copy_gbs : 0.0;
