@@ -1210,8 +1210,8 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
   const float* row_sum = reinterpret_cast<const float*>(base + ws.row_sum);
   TraceRecorder* trace = ctx.trace();
   ctx.pool().ParallelFor(N * blocks, [&](uint64_t task, size_t worker) {
-    const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
     const int64_t n = task / blocks;
+    const TraceSpan span(trace, worker, Stage::kOutProjection, n, -1, static_cast<int64_t>(task));
     const int64_t r0 = (task % blocks) * kOutRows;
     const size_t rows = std::min<int64_t>(kOutRows, L - r0);
     uint8_t* gemm_scratch = base + ws.scratch + worker * ws.scratch_per_worker;
@@ -1227,11 +1227,6 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
     GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), c,
                 gemm_scratch);
     if (b_o != nullptr) kernels::AddBiasRows(out, rows, E, sh.out_layout.token, b_o);
-    if (trace) {
-      trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker),
-                     Stage::kOutProjection, static_cast<int32_t>(n), -1,
-                     static_cast<int32_t>(task)});
-    }
   });
 }
 

@@ -480,11 +480,6 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   const float scale = m.scale;
   // One trace event per attention task (mha-bench --decode times the attention from them).
   TraceRecorder* const trace = ctx.trace();
-  auto record = [trace](int64_t begin, size_t worker, int64_t n, int64_t head, int64_t block) {
-    trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker),
-                   Stage::kCacheAttention, static_cast<int32_t>(n), static_cast<int32_t>(head),
-                   static_cast<int32_t>(block)});
-  };
 
   if (split) {
     // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
@@ -493,10 +488,10 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
     float* stats_all = reinterpret_cast<float*>(base + stats_off);
     const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
     pool.ParallelFor(static_cast<uint64_t>(N * KVH * chunks), [&](uint64_t task, size_t worker) {
-      const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
       const int64_t c = static_cast<int64_t>(task) % chunks;
       const int64_t g = (static_cast<int64_t>(task) / chunks) % KVH;
       const int64_t n = static_cast<int64_t>(task) / (chunks * KVH);
+      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, g, c);
       float* acc = acc_all + task * slot_acc;
       float* row_max = stats_all + task * slot_stats;
       float* row_sum = row_max + R;
@@ -524,12 +519,11 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
         kernels::AccumulateWeightedValues(scores + i * G * kChunk, G, kChunk, cache_v(n, g, k0),
                                           ctype, hd, keys, hd, acc + i * G * hd, hd);
       }
-      if (trace) record(begin, worker, n, g, c);
     });
     // Merge the chunks of each (n, head) in increasing order.
     pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t worker) {
-      const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
       const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
+      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, h, -1);
       const int64_t g = h / G, hh = h % G;
       const int64_t used = (lengths_[static_cast<size_t>(n)] + kChunk - 1) / kChunk;
       for (int64_t i = 0; i < T; ++i) {
@@ -554,15 +548,14 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
         }
         kernels::Scale(dst, hd, 1.0f / sum);
       }
-      if (trace) record(begin, worker, n, h, -1);
     });
   } else {
     const int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
     pool.ParallelFor(static_cast<uint64_t>(N * H * blocks), [&](uint64_t task, size_t worker) {
-      const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
       const int64_t b = static_cast<int64_t>(task) % blocks;
       const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
       const int64_t n = static_cast<int64_t>(task) / (blocks * H);
+      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, h, b);
       const int64_t g = h / G;
       const int64_t q0 = b * kQueryBlock;
       const int64_t block_rows = std::min(kQueryBlock, T - q0);
@@ -592,7 +585,6 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                                           hd, acc, E);
       }
       kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
-      if (trace) record(begin, worker, n, h, b);
     });
   }
 

@@ -79,7 +79,8 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     const size_t r0 = rp * kPanelRows, c0 = cp * panel_cols;
     const size_t nr = std::min(kPanelRows, job.c.rows - r0);
     const size_t nc = std::min(panel_cols, job.c.cols - c0);
-    const int64_t begin = trace ? TraceRecorder::NowNs() : 0;
+    const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(batch), -1,
+                         static_cast<int64_t>(task));
 
     kernels::MatrixView a = job.a;
     a.data += static_cast<ptrdiff_t>(batch) * job.a_batch_stride;
@@ -96,10 +97,6 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     }
     if (job.bias != nullptr) {
       kernels::AddBiasRows(c_blk.data, nr, nc, c_blk.row_stride, job.bias + c0);
-    }
-    if (trace) {
-      trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker), job.stage,
-                     static_cast<int32_t>(batch), -1, static_cast<int32_t>(task)});
     }
   });
 }

@@ -37,8 +37,8 @@ struct WeightMatrix {
 
   // The matrix from row `row` on (rows of `in` elements).
   WeightMatrix Rows(int64_t row, int64_t in) const {
-    const size_t bytes = dtype == DType::kF32 ? 4 : 2;
-    return {static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * bytes, dtype};
+    return {static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * DTypeSize(dtype),
+            dtype};
   }
 };
 

@@ -70,6 +70,35 @@ struct TraceRecorder {
   }
 };
 
+// One event from construction to destruction, recorded when `trace` is non-null: a task body
+// opens with a TraceSpan and every way out of it (including early returns) records the event.
+class TraceSpan {
+ public:
+  TraceSpan(TraceRecorder* trace, size_t worker, Stage stage, int64_t batch, int64_t head,
+            int64_t block)
+      : trace_(trace),
+        begin_(trace != nullptr ? TraceRecorder::NowNs() : 0),
+        worker_(static_cast<uint32_t>(worker)),
+        stage_(stage),
+        batch_(static_cast<int32_t>(batch)),
+        head_(static_cast<int32_t>(head)),
+        block_(static_cast<int32_t>(block)) {}
+  ~TraceSpan() {
+    if (trace_ != nullptr) {
+      trace_->Record({begin_, TraceRecorder::NowNs(), worker_, stage_, batch_, head_, block_});
+    }
+  }
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+
+ private:
+  TraceRecorder* trace_;
+  int64_t begin_;
+  uint32_t worker_;
+  Stage stage_;
+  int32_t batch_, head_, block_;
+};
+
 }  // namespace mha
 
 #endif  // MHA_RUNTIME_TRACE_H_
