@@ -22,6 +22,13 @@ bool SpinFor(const Pred& done) {
   }
 }
 
+constexpr uint64_t kClosed = 1;
+constexpr uint64_t kOneWorker = 2;
+constexpr uint64_t kWorkerMask = 0xFFFFFFFEull;
+
+uint32_t EpochOf(uint64_t state) { return static_cast<uint32_t>(state >> 32); }
+uint64_t WorkersIn(uint64_t state) { return (state & kWorkerMask) >> 1; }
+
 }  // namespace
 
 ThreadPool::ThreadPool(size_t num_threads) {
@@ -37,8 +44,6 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_.store(true, std::memory_order_seq_cst);
   }
-  // Bump the epoch so spinning workers notice too.
-  epoch_.fetch_add(1, std::memory_order_seq_cst);
   wake_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
@@ -58,14 +63,16 @@ void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
     for (uint64_t t = 0; t < num_tasks; ++t) fn(closure, t, 0);
     return;
   }
+  // The previous dispatch is closed with no worker inside: the fields are ours to write.
   fn_ = fn;
   closure_ = closure;
   num_tasks_ = num_tasks;
   next_task_.store(0, std::memory_order_relaxed);
-  pending_workers_.store(workers_.size(), std::memory_order_relaxed);
+  ++epoch_;
+  const uint64_t open = static_cast<uint64_t>(epoch_) << 32;
   // seq_cst pairs with the sleeping_workers_ increment in WorkerLoop: either the worker sees the
   // new epoch before it sleeps, or we see it asleep and notify it.
-  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  state_.store(open, std::memory_order_seq_cst);
   if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     wake_cv_.notify_all();
@@ -73,34 +80,56 @@ void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
 
   RunTasks(0);
 
-  // seq_cst pairs with the worker's decrement and owner_sleeping_ check (see WorkerLoop).
-  auto all_done = [this] { return pending_workers_.load(std::memory_order_seq_cst) == 0; };
-  if (!SpinFor(all_done)) {
-    std::unique_lock<std::mutex> lock(mu_);
-    owner_sleeping_.store(true, std::memory_order_seq_cst);
-    done_cv_.wait(lock, all_done);
-    owner_sleeping_.store(false, std::memory_order_relaxed);
+  // Every task is claimed; wait for the workers that joined to finish theirs, then close.
+  // seq_cst pairs with the worker's leave and owner_sleeping_ check (see WorkerLoop).
+  auto none_inside = [this] {
+    return WorkersIn(state_.load(std::memory_order_seq_cst)) == 0;
+  };
+  for (;;) {
+    if (!SpinFor(none_inside)) {
+      std::unique_lock<std::mutex> lock(mu_);
+      owner_sleeping_.store(true, std::memory_order_seq_cst);
+      done_cv_.wait(lock, none_inside);
+      owner_sleeping_.store(false, std::memory_order_relaxed);
+    }
+    uint64_t expected = open;
+    // Fails only if a worker joined since the check; it finds no task and leaves at once.
+    if (state_.compare_exchange_strong(expected, open | kClosed, std::memory_order_seq_cst)) break;
   }
 }
 
 void ThreadPool::WorkerLoop(size_t worker) {
-  uint64_t seen_epoch = 0;
+  uint32_t seen_epoch = 0;
   for (;;) {
-    auto has_work = [&] { return epoch_.load(std::memory_order_acquire) != seen_epoch; };
+    auto has_work = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             EpochOf(state_.load(std::memory_order_seq_cst)) != seen_epoch;
+    };
     if (!SpinFor(has_work)) {
       std::unique_lock<std::mutex> lock(mu_);
       sleeping_workers_.fetch_add(1, std::memory_order_seq_cst);
-      wake_cv_.wait(lock, [&] { return stop_.load(std::memory_order_relaxed) || has_work(); });
+      wake_cv_.wait(lock, has_work);
       sleeping_workers_.fetch_sub(1, std::memory_order_relaxed);
     }
     if (stop_.load(std::memory_order_acquire)) return;
-    seen_epoch = epoch_.load(std::memory_order_acquire);
+    // Join the current dispatch if it is still open.
+    uint64_t state = state_.load(std::memory_order_acquire);
+    seen_epoch = EpochOf(state);
+    bool joined = false;
+    while ((state & kClosed) == 0 && EpochOf(state) == seen_epoch) {
+      if (state_.compare_exchange_weak(state, state + kOneWorker, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        joined = true;
+        break;
+      }
+    }
+    if (!joined) continue;
     RunTasks(worker);
     // The last worker out wakes the owner if it went to sleep. Both sides are seq_cst: either we
     // see owner_sleeping_ and notify under mu_ (the owner holds mu_ until it waits), or the
-    // owner's predicate sees pending == 0. The wake-up cannot be lost.
-    if (pending_workers_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-        owner_sleeping_.load(std::memory_order_seq_cst)) {
+    // owner's predicate sees no worker inside. The wake-up cannot be lost.
+    const uint64_t before = state_.fetch_sub(kOneWorker, std::memory_order_seq_cst);
+    if (WorkersIn(before) == 1 && owner_sleeping_.load(std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lock(mu_);
       done_cv_.notify_one();
     }

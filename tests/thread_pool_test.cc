@@ -55,6 +55,27 @@ TEST(ThreadPoolTest, TenThousandBackToBackDispatches) {
   EXPECT_EQ(total.load(), 10000u * (0 + 1 + 2 + 3 + 4));
 }
 
+// A dispatch ends when its tasks are done, so workers often wake up for a dispatch that has
+// already finished: they must skip it and never run a task of it (its closure is gone) or of
+// the next one with the old closure. Each dispatch's closure and counters live on the stack of
+// one loop iteration (a stale use is a use after scope under ASan, a race under TSan); task
+// counts vary so that a worker with a stale count would run a missing or extra task.
+TEST(ThreadPoolTest, LateWorkersNeverRunAFinishedDispatch) {
+  for (size_t threads : {2, 3, 4}) {
+    ThreadPool pool(threads);
+    for (int i = 0; i < 20000; ++i) {
+      const uint64_t n = 2 + static_cast<uint64_t>(i % 3);
+      std::atomic<int> counts[4] = {{0}, {0}, {0}, {0}};
+      pool.ParallelFor(n, [&counts](uint64_t task, size_t) {
+        counts[task].fetch_add(1, std::memory_order_relaxed);
+      });
+      for (uint64_t t = 0; t < 4; ++t) {
+        ASSERT_EQ(counts[t].load(), t < n ? 1 : 0) << "dispatch " << i << " task " << t;
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, WorkersSleepAndWakeUp) {
   ThreadPool pool(4);
   std::atomic<int> count{0};
