@@ -31,7 +31,7 @@ STAGES = {"qkv_projection", "scores", "softmax", "pv", "out_projection", "averag
 
 RESULT_FIELDS = {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights",
                  "threads", "median_ms", "p10_ms", "p90_ms", "runs", "gflops", "efficiency",
-                 "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err",
+                 "sgemm_gflops", "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err",
                  "rows_checked"}
 HEADER_FIELDS = {"cpu", "simd_target", "blas_arch", "threads", "mha_version", "sgemm_gflops",
                  "date"}
@@ -162,6 +162,9 @@ class Outputs(unittest.TestCase):
             self.assertGreaterEqual(r["runs"], 2)
             self.assertGreater(r["gflops"], 0)
             self.assertGreater(r["efficiency"], 0)
+            self.assertGreater(r["sgemm_gflops"], 0)
+            self.assertAlmostEqual(r["efficiency"], r["gflops"] / r["sgemm_gflops"],
+                                   delta=1e-3 * r["efficiency"])
             self.assertGreater(r["workspace_bytes"], 0)
             self.assertGreaterEqual(r["arena_high_water"], r["workspace_bytes"] // 2)
             self.assertGreater(r["peak_rss_mib"], 0)
@@ -239,6 +242,7 @@ class OtherShapes(unittest.TestCase):
         self.assertEqual((r["batch"], r["seq"], r["kv_seq"], r["causal"], r["need_weights"]),
                          (2, 5, 7, True, True))
         self.assertIsNone(r["efficiency"])  # no sgemm baseline
+        self.assertIsNone(r["sgemm_gflops"])
         self.assertEqual(doc["header"]["sgemm_gflops"], {})
         self.assertLess(r["max_abs_err"], 1e-3)
 

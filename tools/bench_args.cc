@@ -414,7 +414,11 @@ Columns:
                  flops = 2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)   projections
                        + 4*N*L*S*E, halved when causal                      attention core
                (q_dim = kdim = vdim = E here; softmax not counted; FlashAttention's convention)
-  eff%         GFLOP/s / BLIS sgemm GFLOP/s at the same thread count (header), in percent
+  eff%         GFLOP/s / sgemm, in percent
+  sgemm        BLIS sgemm GFLOP/s (--sgemm-size) with the same threads, measured again just
+               before each case (the header shows the run's first measurement): on a shared
+               machine the baseline drifts within minutes, and a ratio of two figures taken far
+               apart measures the drift
   wksp_MiB     workspace bytes returned by MultiheadAttention::Plan
   arena_MiB    the context arena's high-water mark
   rss_MiB      peak resident set size during the case's measured runs (Linux: VmHWM, reset per

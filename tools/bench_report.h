@@ -56,7 +56,11 @@ struct CaseResult {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
   int64_t runs = 0;
   double gflops = 0;
-  double efficiency = 0;  // gflops / sgemm gflops; NaN without a baseline
+  // The BLIS sgemm baseline measured just before this case with the same threads (GFLOP/s; 0
+  // without one), and gflops / that baseline (NaN without one). Measured per case, not once per
+  // run: on a shared machine the baseline drifts by tens of percent within minutes.
+  double sgemm_gflops = 0;
+  double efficiency = 0;
   uint64_t workspace_bytes = 0;
   uint64_t arena_high_water = 0;
   double peak_rss_mib = 0;

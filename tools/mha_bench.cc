@@ -311,7 +311,8 @@ struct TraceCapture {
   bool captured = false;
 };
 
-CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, const RunHeader& header,
+// `sgemm_gflops`: the baseline just measured with the same threads (0: none, no efficiency).
+CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, double sgemm_gflops,
                    PeakRss* rss, TraceCapture* capture) {
   CaseResult r;
   r.shape = w.shape();
@@ -409,9 +410,8 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, const Run
   r.p10_ms = Percentile(samples_ms, 0.1);
   r.p90_ms = Percentile(samples_ms, 0.9);
   r.gflops = AttentionFlops(r.shape) / (r.median_ms * 1e-3) * 1e-9;
-  const auto sgemm = header.sgemm_gflops.find(threads);
-  r.efficiency =
-      sgemm != header.sgemm_gflops.end() && sgemm->second > 0 ? r.gflops / sgemm->second : NAN;
+  r.sgemm_gflops = sgemm_gflops;
+  r.efficiency = sgemm_gflops > 0 ? r.gflops / sgemm_gflops : NAN;
   if (o.breakdown) {
     r.has_breakdown = true;
     const double per_run_ms = 1e-6 / static_cast<double>(r.runs) / static_cast<double>(threads);
@@ -516,7 +516,18 @@ int Run(const BenchOptions& o) {
         r.threads = t;
         r.error = "MultiheadAttention::Create: " + st.ToString();
       } else {
-        r = RunCase(*workload, t, o, header, &rss, &capture);
+        // The baseline right before the case, so that the two figures of its efficiency see the
+        // machine in the same state (a shared machine drifts between the run's start and end).
+        double sgemm = 0;
+        if (o.sgemm_size > 0) {
+          progress.Show("[" + std::to_string(results.size() + 1) + "/" + std::to_string(total) +
+                        "] " + ShapeLabel(shape) + ", " + std::to_string(t) +
+                        " thread(s): BLIS sgemm baseline");
+          sgemm = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
+          progress.Show("[" + std::to_string(results.size() + 1) + "/" + std::to_string(total) +
+                        "] " + ShapeLabel(shape) + ", " + std::to_string(t) + " thread(s)");
+        }
+        r = RunCase(*workload, t, o, sgemm, &rss, &capture);
       }
       const auto it =
           torch.median_ms.find(CaseKey(shape.batch, shape.seq, shape.kv_seq, shape.embed,
