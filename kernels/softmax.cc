@@ -13,9 +13,15 @@
 namespace mha {
 namespace kernels {
 
+HWY_EXPORT(ExpNonPositiveRow);
 HWY_EXPORT(SoftmaxRows);
 HWY_EXPORT(OnlineSoftmaxUpdate);
 HWY_EXPORT(OnlineSoftmaxFinish);
+
+void ExpNonPositiveRow(const float* x, float* y, size_t n) {
+  if (n == 0) return;
+  HWY_DYNAMIC_DISPATCH(ExpNonPositiveRow)(x, y, n);
+}
 
 void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
                  const SoftmaxMasks& masks) {

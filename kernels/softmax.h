@@ -18,7 +18,7 @@
 //   +inf at a bool-masked position is ignored. -inf behaves as a masked entry (p_j = 0).
 // - Columns j >= valid(r) are written as 0 and never read.
 //
-// Accuracy (SoftmaxRows): exp is Highway's hwy/contrib/math Exp (max error 1 ULP); the row sum
+// Accuracy (SoftmaxRows): exp is ExpNonPositiveRow's (max error 1 ULP, see below); the row sum
 // is accumulated in f32 partial sums of at most 16 terms folded into a double. Against the exact
 // softmax of the f32 y above, each output satisfies
 //   |p_j - exact_j| <= exact_j * (2e-6 + 2^-23 * (d_j + E[d])) + 1e-37,
@@ -50,6 +50,12 @@ struct SoftmaxMasks {
   bool causal = false;
   int64_t causal_offset = 0;
 };
+
+// y[i] = exp(x[i]) for n values x[i] <= 0: the exp of the softmax kernels, whose arguments are
+// always y - max <= 0. Max error 1 ULP against exp in double for x in [-87, 0]; x < -87 (exact
+// result below 1.7e-38) and -inf give 0; NaN gives 0 (the softmax kernels never pass NaN: they
+// handle NaN rows before). x > 0 is outside the contract. x and y may be the same array.
+void ExpNonPositiveRow(const float* x, float* y, size_t n);
 
 // In-place softmax of each row with scale and masks (see the file comment).
 void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
