@@ -8,7 +8,8 @@
 //      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN).
 //   2. e = exp(y - max), written in place, and its sum (f32 partial sums, double total); exp is
 //      ExpNonPositive below, since y - max <= 0 always.
-//   3. e *= 1 / sum (reciprocal in double, rounded once).
+//   3. e *= 1 / sum (reciprocal in double, rounded once); SoftmaxRowsUnnormalized stops before
+//      it and returns the sums instead.
 // y is rounded after each step (Mul, then each Add; no FMA), identically on every target, so a
 // test can reproduce it exactly. The last partial vector of a row goes through a small stack
 // buffer, so no load or store touches memory outside the row and no target needs masked loads
@@ -296,33 +297,61 @@ inline void ExpNonPositiveRow(const float* x, float* y, size_t n) {
   }
 }
 
+namespace softmax_detail {
+
+// Passes 1 and 2 of row r: x[0, valid) = exp(y - max), x[valid, cols) = 0. Returns the sum of
+// the exps; 0 for a row with no unmasked entry (x all 0), NaN for a NaN row (x NaN on
+// [0, valid)).
+template <class D>
+HWY_INLINE double ExpRow(D d, float* HWY_RESTRICT x, size_t r, size_t cols, float scale,
+                         const SoftmaxMasks& masks) {
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  const size_t valid = ValidColumns(masks, r, cols);
+  // Columns beyond the causal limit are never read, only zeroed.
+  FillRow(x + valid, cols - valid, 0.0f);
+  if (valid == 0) return 0.0;
+  const RowStats stats = ScaleMaskMax(d, x, valid, scale, MasksForRow(masks, r));
+  if (stats.has_nan || stats.max == kInf) {
+    // NaN anywhere, or +inf (exp(inf - inf) is NaN, as in PyTorch): the row is NaN.
+    FillRow(x, valid, kNaN);
+    return static_cast<double>(kNaN);
+  }
+  if (stats.max == -kInf) {
+    // Nothing unmasked: zeros, not 0/0.
+    FillRow(x, valid, 0.0f);
+    return 0.0;
+  }
+  // >= 1: the max element contributes exp(0) = 1.
+  return ExpSubtractSum(d, x, valid, stats.max);
+}
+
+}  // namespace softmax_detail
+
 // See kernels/softmax.h.
 inline void SoftmaxRows(float* HWY_RESTRICT scores, size_t rows, size_t cols,
                         ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks) {
   namespace sd = softmax_detail;
   const hwy::HWY_NAMESPACE::ScalableTag<float> d;
-  const float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const float kInf = std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
-    const size_t valid = sd::ValidColumns(masks, r, cols);
-    // Columns beyond the causal limit are never read, only zeroed.
-    sd::FillRow(x + valid, cols - valid, 0.0f);
-    if (valid == 0) continue;
-    const sd::RowStats stats = sd::ScaleMaskMax(d, x, valid, scale, sd::MasksForRow(masks, r));
-    if (stats.has_nan || stats.max == kInf) {
-      // NaN anywhere, or +inf (exp(inf - inf) is NaN, as in PyTorch): the row is NaN.
-      sd::FillRow(x, valid, kNaN);
-      continue;
+    const double sum = sd::ExpRow(d, x, r, cols, scale, masks);
+    // Zero and NaN rows are final already; otherwise one rounding for the reciprocal.
+    if (sum > 0.0) {
+      sd::MulRow(d, x, sd::ValidColumns(masks, r, cols), static_cast<float>(1.0 / sum));
     }
-    if (stats.max == -kInf) {
-      // Nothing unmasked: zeros, not 0/0.
-      sd::FillRow(x, valid, 0.0f);
-      continue;
-    }
-    const double sum = sd::ExpSubtractSum(d, x, valid, stats.max);
-    // sum >= 1 (the max element contributes exp(0) = 1); one rounding for the reciprocal.
-    sd::MulRow(d, x, valid, static_cast<float>(1.0 / sum));
+  }
+}
+
+// See kernels/softmax.h.
+inline void SoftmaxRowsUnnormalized(float* HWY_RESTRICT scores, size_t rows, size_t cols,
+                                    ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks,
+                                    float* HWY_RESTRICT row_sum) {
+  namespace sd = softmax_detail;
+  const hwy::HWY_NAMESPACE::ScalableTag<float> d;
+  for (size_t r = 0; r < rows; ++r) {
+    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
+    row_sum[r] = static_cast<float>(sd::ExpRow(d, x, r, cols, scale, masks));
   }
 }
 

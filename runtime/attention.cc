@@ -827,13 +827,13 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // The partition depends only on shapes, never on the thread count (determinism).
   ws->query_block = std::min(qb, L);
   const size_t cols = ws->online ? kKeyBlock : St;
-  // Per worker: the GEMM packing buffer, scores [block, cols], and for the unchunked online
-  // path row max and sum [block]; the chunked path's output projection uses the same space for
-  // a copy of kOutRows output rows [rows, E].
+  // Per worker: the GEMM packing buffer, scores [block, cols], and without weights (unchunked)
+  // row max and sum [block] (the full-row path uses the sums only); the chunked path's output
+  // projection uses the same space for a copy of kOutRows output rows [rows, E].
   ws->gemm_scratch = kernels::GemmScratchBytes();
   RoundUpToAlignment(ws->gemm_scratch, &ws->gemm_scratch);
   size_t per_worker = Bytes(ws->query_block * cols);
-  if (ws->online && !ws->chunked) per_worker += 2 * Bytes(ws->query_block);
+  if (!sh.need_weights && !ws->chunked) per_worker += 2 * Bytes(ws->query_block);
   if (ws->chunked) per_worker = std::max(per_worker, Bytes(std::min<size_t>(kOutRows, L) * E));
   ws->scratch_per_worker = ws->gemm_scratch + per_worker;
   ws->scratch = off;
@@ -1070,23 +1070,34 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     return causal ? std::min<int64_t>(St, q0 + static_cast<int64_t>(rows)) : St;
   };
 
-  // One (n, h, query block): full-row softmax, scores into `scores` (row stride ld).
+  // One (n, h, query block): full-row softmax, scores into `scores` (row stride ld). With
+  // `row_sum` (no weights returned), the probabilities stay unnormalized and the [rows, hd]
+  // result is divided by the row sums instead: hd rather than S' multiplies per row.
   auto gemm_scratch = [&](size_t worker) { return scratch_base + worker * ws.scratch_per_worker; };
   auto worker_scratch = [&](size_t worker) { return gemm_scratch(worker) + ws.gemm_scratch; };
   auto full_rows = [&](int64_t n, int64_t h, int64_t q0, size_t rows, float* scores,
-                       ptrdiff_t ld, size_t worker, int64_t blk) {
+                       ptrdiff_t ld, size_t worker, int64_t blk, float* row_sum) {
     const int64_t g = h / group;
     void* gs = gemm_scratch(worker);
     const size_t kl = static_cast<size_t>(key_limit(q0, rows));
     const MatrixView s_view{scores, rows, kl, ld, 1};
+    const MatrixView out = out_view(n, h, q0, rows);
     int64_t t0 = now();
     kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, 0, kl), 0.0f, s_view, gs);
     record(t0, worker, Stage::kScores, n, h, blk);
     t0 = now();
-    kernels::SoftmaxRows(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0));
+    if (row_sum != nullptr) {
+      kernels::SoftmaxRowsUnnormalized(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0),
+                                       row_sum);
+    } else {
+      kernels::SoftmaxRows(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0));
+    }
     record(t0, worker, Stage::kSoftmax, n, h, blk);
     t0 = now();
-    kernels::Gemm(1.0f, s_view, v_view(n, g, 0, kl), 0.0f, out_view(n, h, q0, rows), gs);
+    kernels::Gemm(1.0f, s_view, v_view(n, g, 0, kl), 0.0f, out, gs);
+    if (row_sum != nullptr) {
+      kernels::OnlineSoftmaxFinish(out.data, rows, hd, out.row_stride, row_sum);
+    }
     record(t0, worker, Stage::kWeightedSum, n, h, blk);
     // Columns past the causal limit are exactly zero in the returned weights.
     if (kl < static_cast<size_t>(St)) {
@@ -1105,7 +1116,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       float* scores = reinterpret_cast<float*>(worker_scratch(worker));
       float* wrow = sh.weights + n * sh.w_stride[0] + q0 * sh.w_stride[1];
       for (int64_t h = 0; h < H; ++h) {
-        full_rows(n, h, q0, rows, scores, St, worker, blk);
+        full_rows(n, h, q0, rows, scores, St, worker, blk, nullptr);
         const int64_t t0 = now();
         for (size_t r = 0; r < rows; ++r) {
           float* dst = wrow + r * sh.w_stride[1];
@@ -1132,11 +1143,12 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     if (sh.need_weights) {
       // Per-head weights: the scores block lives in the caller's weights tensor.
       float* w = sh.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
-      full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
+      full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk, nullptr);
       return;
     }
     if (!ws.online) {
-      full_rows(n, h, q0, rows, reinterpret_cast<float*>(scratch), St, worker, blk);
+      full_rows(n, h, q0, rows, reinterpret_cast<float*>(scratch), St, worker, blk,
+                reinterpret_cast<float*>(scratch + Bytes(qb * St)));
       return;
     }
     // Online softmax over key blocks; the running output accumulates in place in concat (the
