@@ -80,8 +80,12 @@ HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* HWY_RESTRI
 // The kRows x kCols tile of c at `c`: rows a + r * a_stride (r < kRows), weight rows
 // w + j * w_stride (j < kCols), k floats each. kRows in 1..4, kCols 1 or 4. Accumulators of
 // rows/columns outside the tile are never used (the compiler drops them).
+// Not inlined on purpose: inlined into Rows together with every other tile shape, GCC 12 kept
+// one of the eight AVX2 accumulators on the stack across the loop (a store and reload per
+// iteration, ~16 cycles per step instead of ~5); as a function of its own each tile gets all the
+// registers. The call costs nothing next to a tile's k / Lanes steps.
 template <class Row, size_t kRows, size_t kCols, class DF>
-HWY_INLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
+HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
                      const typename Row::T* HWY_RESTRICT w, ptrdiff_t w_stride, size_t k,
                      float alpha, float beta, float* HWY_RESTRICT c, ptrdiff_t c_rs,
                      ptrdiff_t c_cs) {
