@@ -207,12 +207,16 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
 // Pass 2 over columns [0, n): x = exp(x - max) in place; returns the sum. Requires max finite.
 // -inf entries give exactly 0 (ExpNonPositive returns 0 below -87).
 //
-// Summation error: four partial-sum vectors (also shorter dependency chains) are folded into a
-// double total every kChunkIters iterations, so each f32 partial sum adds at most 16 terms
-// before a reduction of depth 2 + log2(Lanes). For positive terms that bounds the relative error
-// of the sum by about (18 + log2(Lanes)) * 2^-24 (<= 1.3e-6 on 16 lanes) at any row length.
+// Summation error: each iteration adds its four exp vectors as a tree ((e0 + e1) + (e2 + e3))
+// to one partial-sum vector, which is folded into a double total every kChunkIters iterations,
+// so each f32 partial sum chains at most 16 additions of depth-2 trees before a reduction of
+// depth log2(Lanes). For positive terms that bounds the relative error of the sum by about
+// (18 + log2(Lanes)) * 2^-24 (<= 1.3e-6 on 16 lanes) at any row length. One loop-carried sum,
+// not four: with the exp's constants, four sums exceeded AVX2's 16 registers and GCC kept them
+// on the stack (a store and reload per iteration). Not inlined for the same reason: inlined
+// into the row loop, even one sum went to the stack on every iteration.
 template <class D>
-HWY_INLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float max) {
+HWY_NOINLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float max) {
   using V = hn::Vec<D>;
   constexpr size_t kChunkIters = 16;
   const size_t N = hn::Lanes(d);
@@ -220,10 +224,7 @@ HWY_INLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float max
   double total = 0.0;
   size_t i = 0;
   while (i + 4 * N <= n) {
-    V sum0 = hn::Zero(d);
-    V sum1 = hn::Zero(d);
-    V sum2 = hn::Zero(d);
-    V sum3 = hn::Zero(d);
+    V sum = hn::Zero(d);
     for (size_t it = 0; it < kChunkIters && i + 4 * N <= n; ++it, i += 4 * N) {
       const V e0 = ExpNonPositive(d, hn::Sub(hn::LoadU(d, x + i), vmax));
       const V e1 = ExpNonPositive(d, hn::Sub(hn::LoadU(d, x + i + N), vmax));
@@ -233,12 +234,8 @@ HWY_INLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float max
       hn::StoreU(e1, d, x + i + N);
       hn::StoreU(e2, d, x + i + 2 * N);
       hn::StoreU(e3, d, x + i + 3 * N);
-      sum0 = hn::Add(sum0, e0);
-      sum1 = hn::Add(sum1, e1);
-      sum2 = hn::Add(sum2, e2);
-      sum3 = hn::Add(sum3, e3);
+      sum = hn::Add(sum, hn::Add(hn::Add(e0, e1), hn::Add(e2, e3)));
     }
-    const V sum = hn::Add(hn::Add(sum0, sum1), hn::Add(sum2, sum3));
     total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, sum)));
   }
   // At most 3 full vectors and a partial one remain.
