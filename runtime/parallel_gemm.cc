@@ -47,12 +47,17 @@ void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size
   }
 }
 
-size_t PanelCols(const GemmJob& job) {
-  return job.c.rows <= kernels::kGemvMaxRows ? kFewRowsPanelCols : kPanelCols;
+PanelShape PanelsOf(const GemmJob& job) {
+  if (job.c.rows <= kernels::kGemvMaxRows) return {kPanelRows, kFewRowsPanelCols};
+  const uint64_t large_tasks = job.batches * CeilDiv(job.c.rows, kLargePanelRows) *
+                               CeilDiv(job.c.cols, kLargePanelCols);
+  if (large_tasks >= kMinLargePanelTasks) return {kLargePanelRows, kLargePanelCols};
+  return {kPanelRows, kPanelCols};
 }
 
 uint64_t NumPanelTasks(const GemmJob& job) {
-  return job.batches * CeilDiv(job.c.rows, kPanelRows) * CeilDiv(job.c.cols, PanelCols(job));
+  const PanelShape p = PanelsOf(job);
+  return job.batches * CeilDiv(job.c.rows, p.rows) * CeilDiv(job.c.cols, p.cols);
 }
 
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
@@ -69,16 +74,16 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     while (task >= first_task[j + 1]) ++j;
     const GemmJob& job = jobs[j];
     uint64_t t = task - first_task[j];
-    const size_t panel_cols = PanelCols(job);
-    const uint64_t col_panels = CeilDiv(job.c.cols, panel_cols);
-    const uint64_t row_panels = CeilDiv(job.c.rows, kPanelRows);
+    const PanelShape panel = PanelsOf(job);
+    const uint64_t col_panels = CeilDiv(job.c.cols, panel.cols);
+    const uint64_t row_panels = CeilDiv(job.c.rows, panel.rows);
     const uint64_t cp = t % col_panels;
     t /= col_panels;
     const uint64_t rp = t % row_panels;
     const uint64_t batch = t / row_panels;
-    const size_t r0 = rp * kPanelRows, c0 = cp * panel_cols;
-    const size_t nr = std::min(kPanelRows, job.c.rows - r0);
-    const size_t nc = std::min(panel_cols, job.c.cols - c0);
+    const size_t r0 = rp * panel.rows, c0 = cp * panel.cols;
+    const size_t nr = std::min(panel.rows, job.c.rows - r0);
+    const size_t nc = std::min(panel.cols, job.c.cols - c0);
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(batch), -1,
                          static_cast<int64_t>(task));
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/gemv.h"
 #include "runtime/arena.h"
 
 namespace mha {
@@ -47,10 +48,22 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a, const 
 TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> u(-1, 1);
-  // Shapes straddling the 128 x 256 panel size, with a batch dimension.
-  const Problem problems[] = {{1, 1, 1, 1, true},     {1, 130, 70, 300, true},
-                              {3, 129, 64, 257, false}, {2, 300, 33, 513, true},
-                              {1, 17, 512, 1536, true}};
+  // Shapes straddling the 128 x 256 panel size, with a batch dimension, and products large
+  // enough for 256 x 512 panels (with edge panels of 1..16 rows, which take the GEMV path).
+  const Problem problems[] = {{1, 1, 1, 1, true},        {1, 130, 70, 300, true},
+                              {3, 129, 64, 257, false},  {2, 300, 33, 513, true},
+                              {1, 17, 512, 1536, true},  {1, 1040, 40, 1100, true},
+                              {2, 513, 24, 1030, false}, {8, 257, 8, 520, true}};
+  for (const Problem& p : problems) {
+    GemmJob job;
+    job.c.rows = p.m;
+    job.c.cols = p.n;
+    job.batches = p.batches;
+    const bool large = p.m > kernels::kGemvMaxRows &&
+                       p.batches * ((p.m + 255) / 256) * ((p.n + 511) / 512) >= 8;
+    EXPECT_EQ(PanelsOf(job).rows, large ? kLargePanelRows : kPanelRows)
+        << "m " << p.m << " n " << p.n;
+  }
   for (const Problem& p : problems) {
     SCOPED_TRACE("batches " + std::to_string(p.batches) + " m " + std::to_string(p.m) + " k " +
                  std::to_string(p.k) + " n " + std::to_string(p.n));
