@@ -59,7 +59,7 @@ case " $libs " in *" -lmha "*) ;; *) fail "pkg-config --libs mha: expected -lmha
 cflags=$(pkg --cflags)
 case "$cflags" in *"$incdir"*) ;; *) fail "pkg-config --cflags mha: expected -I$incdir, got '$cflags'" ;; esac
 static_libs=$(pkg --static --libs)
-for want in -lhwy -lhwy_contrib -lblis; do
+for want in -lhwy -lblis; do
   case " $static_libs " in
     *" $want "*) ;;
     *) fail "pkg-config --static --libs mha: missing $want (Libs.private / Requires.private), got '$static_libs'" ;;
