@@ -62,8 +62,13 @@ constexpr size_t kMaxQueryBlock = 256;
 // attention weights are not requested.
 constexpr size_t kKeyBlock = 512;
 constexpr size_t kOnlineThreshold = 1024;
-// Tasks the averaged-weights path aims for (it has no head dimension to parallelize over).
+// Tasks the averaged-weights path aims for (it has no head dimension to parallelize over), and
+// the fewest query rows such a task takes: each task packs every head's K^T and V for its rows,
+// so 8-row tasks spent more time packing than multiplying (mha-bench (1, 128, 512, 8) with
+// weights, 2 threads: scores + weighted sums 0.65-0.76 ms per forward with 16 tasks of 8 rows,
+// 0.36-0.42 ms with 4 tasks of 32 rows).
 constexpr size_t kMinAverageTasks = 16;
+constexpr size_t kMinAverageRows = 32;
 // The chunked path (long sequences without weights, see PlanWorkspace): keys per chunk, and the
 // size of K + V for all keys (f32) from which it replaces the full K, V and concat buffers.
 // 1024 keys are two online-softmax key blocks, so inside a chunk the recurrence is the
@@ -820,9 +825,10 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   if (sh.causal && !ws->chunked) qb = std::min<size_t>(qb, 64);
   if (sh.need_weights && sh.average) {
     // Averaged weights run one task per (batch, query block) with all heads inside it: split
-    // the queries so that there are at least kMinAverageTasks tasks when L allows.
+    // the queries so that there are at least kMinAverageTasks tasks when L allows, with blocks of
+    // at least kMinAverageRows rows.
     const size_t blocks = (kMinAverageTasks + N - 1) / N;
-    qb = std::min(qb, std::max<size_t>(kMinQueryBlock, (L + blocks - 1) / blocks + 7) / 8 * 8);
+    qb = std::min(qb, std::max<size_t>(kMinAverageRows, (L + blocks - 1) / blocks + 7) / 8 * 8);
   }
   // The partition depends only on shapes, never on the thread count (determinism).
   ws->query_block = std::min(qb, L);
