@@ -102,9 +102,9 @@ HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* HWY_RESTRI
 // registers. The call costs nothing next to a tile's k / Lanes steps.
 template <class Row, size_t kRows, size_t kCols, class DF>
 HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
-                     const typename Row::T* HWY_RESTRICT w, ptrdiff_t w_stride, size_t k,
-                     float alpha, float beta, float* HWY_RESTRICT c, ptrdiff_t c_rs,
-                     ptrdiff_t c_cs) {
+                       const typename Row::T* HWY_RESTRICT w, ptrdiff_t w_stride, size_t k,
+                       float alpha, float beta, float* HWY_RESTRICT c, ptrdiff_t c_rs,
+                       ptrdiff_t c_cs) {
   static_assert(kRows >= 1 && kRows <= 4, "tile rows: 1..4");
   static_assert(kCols == 1 || kCols == 4, "tile columns: 1 or 4");
   const size_t N = hn::Lanes(df);
