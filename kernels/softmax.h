@@ -19,8 +19,8 @@
 // - Columns j >= valid(r) are written as 0 and never read.
 //
 // Accuracy (SoftmaxRows): exp is ExpNonPositiveRow's (max error 1 ULP, see below); the row sum
-// is accumulated in f32 partial sums of at most 16 terms folded into a double. Against the exact
-// softmax of the f32 y above, each output satisfies
+// is accumulated in f32 partial sums of at most 16 additions folded into a double. Against the
+// exact softmax of the f32 y above, each output satisfies
 //   |p_j - exact_j| <= exact_j * (2e-6 + 2^-23 * (d_j + E[d])) + 1e-37,
 // where d_j = max - y_j and E[d] = sum_k exact_k d_k: 2e-6 bounds the kernel's own roundings
 // (about 1.7e-6 worst case), and the 2^-23 term is the conditioning of rounding y_j - max to f32

@@ -7,7 +7,7 @@
 // Tolerance, per output: |got - want| <= kAbs + want * (kRel + 2^-23 * (d_j + E[d])), where
 // d_j = max - y_j and E[d] = sum_k p_k d_k.
 // - kRel = 2e-6 covers the kernel's own arithmetic: Exp (1 ULP = 2^-23), the sum (f32 partial
-//   sums of <= 16 terms folded into a double, <= (18 + log2(lanes)) * 2^-24 <= 1.3e-6 relative
+//   sums of <= 16 additions folded into a double, <= (17 + log2(lanes)) * 2^-24 <= 1.3e-6 relative
 //   for positive terms), the reciprocal and the final multiply (2^-24 each): about 1.7e-6.
 //   (exp is kernels::ExpNonPositiveRow's, tested alone below: 1 ULP.)
 // - 2^-23 * (d_j + E[d]) is the conditioning of the f32 input to exp: y_j - max is rounded to
