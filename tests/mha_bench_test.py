@@ -34,7 +34,8 @@ RESULT_FIELDS = {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_wei
                  "sgemm_gflops", "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err",
                  "rows_checked"}
 HEADER_FIELDS = {"cpu", "simd_target", "blas_arch", "threads", "mha_version", "sgemm_gflops",
-                 "date"}
+                 "date", "rounds"}
+ROUND_FIELDS = {"sgemm_gflops", "runs", "median_ms", "gflops", "efficiency"}
 
 
 def run(args, timeout=240):
@@ -60,6 +61,10 @@ class ArgumentErrors(unittest.TestCase):
         (["--min-time", "-1"], "--min-time"),
         (["--min-time", "nan"], "--min-time"),
         (["--min-runs", "0"], "--min-runs"),
+        (["--rounds", "0"], "--rounds"),
+        (["--rounds", "101"], "--rounds"),
+        (["--rounds", "two"], "--rounds"),
+        (["--decode", "--rounds", "2"], "--rounds"),
         (["--sgemm-size", "-1"], "--sgemm-size"),
         (["--tolerance", "x"], "--tolerance"),
         (["--seq"], "--seq: expected a value"),
@@ -99,7 +104,7 @@ class HelpAndVersion(unittest.TestCase):
         for flag in ["--batch", "--seq", "--kv-seq", "--embed", "--heads", "--causal",
                      "--need-weights", "--threads", "--min-time", "--min-runs", "--breakdown",
                      "--json", "--csv", "--trace", "--compare-torch", "--version",
-                     "--sgemm-size", "--tolerance", "--seed", "MHA_COMPARE_TORCH"]:
+                     "--sgemm-size", "--tolerance", "--seed", "--rounds", "MHA_COMPARE_TORCH"]:
             self.assertIn(flag, p.stdout)
         self.assertIn("2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)", p.stdout)
         self.assertIn("4*N*L*S*E, halved when causal", p.stdout)
@@ -120,8 +125,8 @@ class Outputs(unittest.TestCase):
         cls.json_path = os.path.join(d, "r.json")
         cls.csv_path = os.path.join(d, "r.csv")
         cls.trace_path = os.path.join(d, "t.json")
-        cls.proc = run(TINY + ["--threads", "1,2", "--breakdown", "--json", cls.json_path,
-                               "--csv", cls.csv_path, "--trace", cls.trace_path])
+        cls.proc = run(TINY + ["--threads", "1,2", "--rounds", "3", "--breakdown", "--json",
+                               cls.json_path, "--csv", cls.csv_path, "--trace", cls.trace_path])
 
     @classmethod
     def tearDownClass(cls):
@@ -163,10 +168,23 @@ class Outputs(unittest.TestCase):
             self.assertGreater(r["gflops"], 0)
             self.assertGreater(r["efficiency"], 0)
             self.assertGreater(r["sgemm_gflops"], 0)
-            # gflops and sgemm_gflops are rounded to 3 decimals and efficiency to 5: under an
-            # emulator both throughputs are small, so compare the product, not the quotient.
-            self.assertLessEqual(abs(r["efficiency"] * r["sgemm_gflops"] - r["gflops"]),
-                                 1e-3 * (1 + r["efficiency"]) + 1e-5 * r["sgemm_gflops"])
+            # Three rounds, each a baseline and at least ceil(2 / 3) = 1 run of mha; together
+            # they hold every run. The case's efficiency and sgemm are the rounds' medians.
+            rounds = r["rounds"]
+            self.assertEqual(len(rounds), 3)
+            self.assertEqual(sum(rr["runs"] for rr in rounds), r["runs"])
+            for rr in rounds:
+                self.assertEqual(set(rr), ROUND_FIELDS)
+                self.assertGreaterEqual(rr["runs"], 1)
+                self.assertGreater(rr["median_ms"], 0)
+                self.assertGreater(rr["sgemm_gflops"], 0)
+                # gflops and sgemm_gflops are rounded to 3 decimals and efficiency to 5: under
+                # an emulator both throughputs are small, so compare the product, not the
+                # quotient.
+                self.assertLessEqual(abs(rr["efficiency"] * rr["sgemm_gflops"] - rr["gflops"]),
+                                     1e-3 * (1 + rr["efficiency"]) + 1e-5 * rr["sgemm_gflops"])
+            self.assertEqual(r["efficiency"], sorted(rr["efficiency"] for rr in rounds)[1])
+            self.assertEqual(r["sgemm_gflops"], sorted(rr["sgemm_gflops"] for rr in rounds)[1])
             self.assertGreater(r["workspace_bytes"], 0)
             self.assertGreaterEqual(r["arena_high_water"], r["workspace_bytes"] // 2)
             self.assertGreater(r["peak_rss_mib"], 0)
@@ -245,6 +263,10 @@ class OtherShapes(unittest.TestCase):
                          (2, 5, 7, True, True))
         self.assertIsNone(r["efficiency"])  # no sgemm baseline
         self.assertIsNone(r["sgemm_gflops"])
+        self.assertEqual(len(r["rounds"]), 3)  # the default
+        for rr in r["rounds"]:
+            self.assertIsNone(rr["sgemm_gflops"])
+            self.assertIsNone(rr["efficiency"])
         self.assertEqual(doc["header"]["sgemm_gflops"], {})
         self.assertLess(r["max_abs_err"], 1e-3)
 
@@ -263,6 +285,67 @@ class OtherShapes(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("note", p.stderr)
         self.assertIn("torch_ms", p.stdout)
+
+
+FAKE_TORCH = r"""
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_TORCH_LOG"], "a") as f:
+    f.write(" ".join(args) + "\n")
+if os.environ.get("FAKE_TORCH_SKIP"):
+    print(json.dumps({"skipped": "torch is not importable (fake)"}))
+    sys.exit(0)
+b, s, kv, e, h, c, nw = (int(x) for x in args[args.index("--case") + 1].split(","))
+print(json.dumps({"batch": b, "seq": s, "kv_seq": kv, "embed": e, "heads": h, "causal": c,
+                  "need_weights": nw, "threads": int(args[args.index("--threads") + 1]),
+                  "median_ms": 5.0, "torch_version": "fake-1.0"}))
+"""
+
+
+class CompareTorch(unittest.TestCase):
+    """--compare-torch through a stand-in script (MHA_COMPARE_TORCH): one call per case and
+    thread count, right after that case, and the speedup it reports."""
+
+    def run_fake(self, extra_env):
+        with tempfile.TemporaryDirectory() as d:
+            script, log, path = (os.path.join(d, n) for n in ("fake.py", "log", "r.json"))
+            with open(script, "w") as f:
+                f.write(FAKE_TORCH)
+            env = dict(os.environ, MHA_COMPARE_TORCH=script, FAKE_TORCH_LOG=log, **extra_env)
+            p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1,2", "--compare-torch",
+                                                           "--json", path],
+                               capture_output=True, text=True, timeout=120, env=env)
+            calls, doc = [], None
+            if os.path.exists(log):
+                with open(log) as f:
+                    calls = f.read().splitlines()
+            if os.path.exists(path):
+                with open(path) as f:
+                    doc = json.load(f)
+        return p, calls, doc
+
+    def test_one_call_per_case_and_thread_count(self):
+        p, calls, doc = self.run_fake({})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(len(calls), 2, calls)
+        for call, threads in zip(calls, ["1", "2"]):
+            words = call.split()
+            self.assertEqual(words.count("--case"), 1, call)
+            self.assertEqual(words[words.index("--case") + 1], "1,8,8,16,2,0,0")
+            self.assertEqual(words[words.index("--threads") + 1], threads)
+        self.assertIn("torch fake-1.0", p.stdout)
+        self.assertEqual(doc["header"]["torch_version"], "fake-1.0")
+        for r in doc["results"]:
+            self.assertEqual(r["torch_median_ms"], 5.0)
+            self.assertAlmostEqual(r["speedup"], 5.0 / r["median_ms"], delta=1e-3 * r["speedup"])
+
+    def test_torch_missing_is_one_note(self):
+        p, calls, doc = self.run_fake({"FAKE_TORCH_SKIP": "1"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(len(calls), 1, calls)  # not tried again for the second thread count
+        self.assertEqual(p.stderr.count("note"), 1, p.stderr)
+        for r in doc["results"]:
+            self.assertIsNone(r["torch_median_ms"])
 
 
 class Decode(unittest.TestCase):

@@ -19,6 +19,7 @@ constexpr int64_t kMaxThreads = 1024;
 constexpr double kMaxTensorElements = 2147483648.0;  // 2^31
 constexpr double kMaxMinTime = 3600.0;               // seconds
 constexpr int64_t kMaxMinRuns = 1000000;
+constexpr int64_t kMaxRounds = 100;
 constexpr int64_t kMaxSgemmSize = 16384;
 
 // --decode bounds: a cache of 8 entries x 65536 positions x E 1024 in f32 is 4 GiB.
@@ -217,7 +218,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     static const char* const kValueFlags[] = {
         "--batch",    "--seq",      "--kv-seq",     "--embed",     "--heads",        "--threads",
         "--min-time", "--min-runs", "--sgemm-size", "--tolerance", "--seed",         "--json",
-        "--csv",      "--trace",    "--contexts",   "--batches",   "--weights-dtype"};
+        "--csv",      "--trace",    "--contexts",   "--batches",   "--weights-dtype", "--rounds"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -273,6 +274,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!ParseDouble(arg, value, 0.0, kMaxMinTime, "of seconds ", &o->min_time_s, &e)) return r;
     } else if (arg == "--min-runs") {
       if (!ParseInt(arg, value, 1, kMaxMinRuns, &o->min_runs, &e)) return r;
+    } else if (arg == "--rounds") {
+      if (!ParseInt(arg, value, 1, kMaxRounds, &o->rounds, &e)) return r;
+      o->rounds_given = true;
     } else if (arg == "--sgemm-size") {
       if (!ParseInt(arg, value, 0, kMaxSgemmSize, &o->sgemm_size, &e)) return r;
     } else if (arg == "--tolerance") {
@@ -298,11 +302,14 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                      {o->need_weights, "--need-weights"},
                      {o->breakdown, "--breakdown"},
                      {o->compare_torch, "--compare-torch"},
+                     {o->rounds_given, "--rounds"},
                      {!o->trace_path.empty(), "--trace"}};
     for (const auto& c : conflicts) {
       if (c.given) {
         r.error = std::string("--decode: expected no ") + c.flag +
-                  " (the decode suite has fixed shapes; see --help), got " + c.flag;
+                  " (the decode suite has fixed shapes and its own measurement; see --help), "
+                  "got " +
+                  c.flag;
         return r;
       }
     }
@@ -362,14 +369,18 @@ Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)
   --min-time SEC     measure each case for at least SEC seconds (default 0.5)
   --min-runs N       and at least N runs (default 5); one untimed warm-up run precedes them
-  --sgemm-size M     BLIS baseline: best of 3 M x M x M sgemm after a warm-up, per thread count
-                     (default 2048; 0 skips it and leaves efficiency empty)
+  --rounds N         measure each case in N rounds (default 3, at most 100): each round times
+                     the BLIS baseline, then mha for 1/N of --min-time and of --min-runs
+  --sgemm-size M     BLIS baseline: the fastest of 3 M x M x M sgemm products with the same
+                     threads, at the start of every round, and once at the start of the run for
+                     the header (default 2048; 0 skips it and leaves efficiency empty)
   --tolerance X      max absolute error accepted against the reference (default 1e-3)
   --seed N           random seed of weights and inputs (default 42)
   --breakdown        record per-task trace events and report time per stage (see below)
   --compare-torch    also time torch.nn.MultiheadAttention: runs /usr/bin/python3
                      tools/compare_torch.py (override the script path with the environment
-                     variable MHA_COMPARE_TORCH); adds torch_ms and speedup = torch_ms / mha_ms.
+                     variable MHA_COMPARE_TORCH) right after each case with the same threads,
+                     --min-time and --min-runs; adds torch_ms and speedup = torch_ms / mha_ms.
                      Without python3 or torch a note is printed and the run continues
 
 Incremental decoding (--decode runs this suite instead of the one above):
@@ -396,7 +407,7 @@ Incremental decoding (--decode runs this suite instead of the one above):
   split evenly over the same threads, best of 5 after a warm-up, counting bytes read + written
   (STREAM's convention). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed
   apply; --decode cannot be combined with shape flags, --causal, --need-weights, --breakdown,
-  --compare-torch or --trace.
+  --compare-torch, --rounds or --trace.
 
 Output (a table on stdout always; progress on stderr when it is a terminal):
   --json FILE        results as JSON: {"header": {...}, "results": [{...}, ...]}
@@ -414,11 +425,12 @@ Columns:
                  flops = 2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)   projections
                        + 4*N*L*S*E, halved when causal                      attention core
                (q_dim = kdim = vdim = E here; softmax not counted; FlashAttention's convention)
-  eff%         GFLOP/s / sgemm, in percent
-  sgemm        BLIS sgemm GFLOP/s (--sgemm-size) with the same threads, measured again just
-               before each case (the header shows the run's first measurement): on a shared
-               machine the baseline drifts within minutes, and a ratio of two figures taken far
-               apart measures the drift
+  eff%         efficiency in percent: the median over the case's rounds of (the round's mha
+               GFLOP/s, from the median of its runs) / (the sgemm measured at the round's
+               start). On a shared machine the speed drifts by tens of percent within seconds,
+               so each ratio divides two figures taken about a second apart
+  sgemm        BLIS sgemm GFLOP/s (--sgemm-size) with the same threads: the median of the
+               rounds' baselines (the header shows the run's first measurement)
   wksp_MiB     workspace bytes returned by MultiheadAttention::Plan
   arena_MiB    the context arena's high-water mark
   rss_MiB      peak resident set size during the case's measured runs (Linux: VmHWM, reset per

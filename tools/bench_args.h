@@ -23,6 +23,10 @@ struct BenchOptions {
   std::vector<size_t> threads;  // default: {hardware threads}
   double min_time_s = 0.5;      // measured time per case, seconds
   int64_t min_runs = 5;         // measured runs per case, at least
+  // Measurement rounds per case: each times the sgemm baseline, then mha for its share of
+  // min_time and min_runs; efficiency is the median of the rounds' ratios.
+  int64_t rounds = 3;
+  bool rounds_given = false;
   int64_t sgemm_size = 2048;    // BLIS baseline is an sgemm_size^3 product; 0 = no baseline
   double tolerance = 1e-3;      // max absolute error vs the double reference
   uint64_t seed = kDefaultSeed;

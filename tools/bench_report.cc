@@ -54,11 +54,11 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
   std::string threads;
   for (size_t t : h.threads) threads += (threads.empty() ? "" : ",") + std::to_string(t);
   std::fprintf(out,
-               "threads: %s (hardware: %zu)  |  min-time %g s, min-runs %lld  |  seed %llu"
-               "  |  tolerance %g\n",
+               "threads: %s (hardware: %zu)  |  min-time %g s, min-runs %lld in %lld rounds"
+               "  |  seed %llu  |  tolerance %g\n",
                threads.c_str(), h.hardware_threads, h.min_time_s,
-               static_cast<long long>(h.min_runs), static_cast<unsigned long long>(h.seed),
-               h.tolerance);
+               static_cast<long long>(h.min_runs), static_cast<long long>(h.rounds),
+               static_cast<unsigned long long>(h.seed), h.tolerance);
   std::fprintf(out, "peak RSS: %s", h.peak_rss_method.c_str());
   if (h.load_average >= 0) {
     std::fprintf(out, "  |  load average %.2f", h.load_average);
@@ -78,7 +78,9 @@ void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
       std::fprintf(out, "  %zu thread%s %.1f GFLOP/s", t, t == 1 ? "" : "s", g);
     }
     std::fprintf(out, "\n");
-    std::fprintf(out, "(eff%% divides by the baseline re-measured just before each case: sgemm)\n");
+    std::fprintf(out,
+                 "(eff%% = median over each case's rounds of mha GFLOP/s / the sgemm measured "
+                 "right before it in the same round; sgemm = the rounds' median)\n");
   } else {
     std::fprintf(out, "BLIS sgemm baseline: skipped (--sgemm-size 0), no efficiency column\n");
   }
@@ -168,6 +170,7 @@ json HeaderJson(const RunHeader& h) {
             {"date", h.date},
             {"min_time_s", h.min_time_s},
             {"min_runs", h.min_runs},
+            {"rounds", h.rounds},
             {"tolerance", h.tolerance},
             {"seed", h.seed},
             {"peak_rss_method", h.peak_rss_method},
@@ -206,6 +209,15 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
   j["gflops"] = Rounded(r.gflops, 3);
   j["efficiency"] = Rounded(r.efficiency, 5);
   j["sgemm_gflops"] = r.sgemm_gflops > 0 ? Rounded(r.sgemm_gflops, 3) : json(nullptr);
+  j["rounds"] = json::array();
+  for (const RoundResult& rr : r.rounds) {
+    j["rounds"].push_back(
+        {{"sgemm_gflops", rr.sgemm_gflops > 0 ? Rounded(rr.sgemm_gflops, 3) : json(nullptr)},
+         {"runs", rr.runs},
+         {"median_ms", Rounded(rr.median_ms, kMsDecimals)},
+         {"gflops", Rounded(rr.gflops, 3)},
+         {"efficiency", Rounded(rr.efficiency, 5)}});
+  }
   j["workspace_bytes"] = r.workspace_bytes;
   j["arena_high_water"] = r.arena_high_water;
   j["peak_rss_mib"] = Rounded(r.peak_rss_mib, 3);

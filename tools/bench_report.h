@@ -32,6 +32,7 @@ struct RunHeader {
   std::map<size_t, double> sgemm_gflops;  // by thread count
   double min_time_s = 0;
   int64_t min_runs = 0;
+  int64_t rounds = 0;  // measurement rounds per case (each: baseline, then mha runs)
   double tolerance = 0;
   uint64_t seed = 0;
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
@@ -49,6 +50,15 @@ struct Breakdown {
   uint64_t dropped_events = 0;
 };
 
+// One round of a case's measurement (mha-bench --rounds): the BLIS baseline, then mha's runs.
+struct RoundResult {
+  double sgemm_gflops = 0;  // best of 3 products at the round's start; 0 without a baseline
+  int64_t runs = 0;
+  double median_ms = 0;     // of this round's runs
+  double gflops = 0;        // flops / median_ms
+  double efficiency = 0;    // gflops / sgemm_gflops; NaN without a baseline
+};
+
 struct CaseResult {
   Shape shape;
   size_t threads = 1;
@@ -56,11 +66,13 @@ struct CaseResult {
   double median_ms = 0, p10_ms = 0, p90_ms = 0;
   int64_t runs = 0;
   double gflops = 0;
-  // The BLIS sgemm baseline measured just before this case with the same threads (GFLOP/s; 0
-  // without one), and gflops / that baseline (NaN without one). Measured per case, not once per
-  // run: on a shared machine the baseline drifts by tens of percent within minutes.
+  // The median over rounds of the BLIS sgemm baseline (GFLOP/s with the same threads; 0 without
+  // one) and of the rounds' efficiencies (NaN without a baseline). Each round pairs a baseline
+  // with the mha runs right after it: on a shared machine the speed drifts by tens of percent
+  // within seconds, so only figures taken close together make a meaningful ratio.
   double sgemm_gflops = 0;
   double efficiency = 0;
+  std::vector<RoundResult> rounds;
   uint64_t workspace_bytes = 0;
   uint64_t arena_high_water = 0;
   double peak_rss_mib = 0;

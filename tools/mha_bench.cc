@@ -107,15 +107,19 @@ class Progress {
   bool shown_ = false;
 };
 
-// GFLOP/s of the best of 3 n x n x n BLIS sgemm products on `threads` threads, after one
-// warm-up product (which also initializes BLIS and faults the pages in).
+// The BLIS sgemm baseline: GFLOP/s of the fastest of kSgemmReps n x n x n products on `threads`
+// threads (BLIS's own threading, one rntm_t per call). The buffers are filled first, which
+// faults their pages in, and freed on return, so that the mha runs measured after it are not
+// charged for them (peak RSS); BLIS initializes itself in the first call of the process.
+constexpr int kSgemmReps = 3;
+
 double MeasureSgemmGflops(size_t n, size_t threads) {
   std::vector<float> a(n * n), b(n * n), c(n * n, 0.0f);
   Random rng(1);
   rng.Fill(&a, 1.0f);
   rng.Fill(&b, 1.0f);
   double best_s = 0;
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < kSgemmReps; ++rep) {
     // rntm_t per call: BLIS writes its partitioning into it.
     rntm_t rntm;
     bli_rntm_init(&rntm);
@@ -127,7 +131,7 @@ double MeasureSgemmGflops(size_t n, size_t threads) {
                  static_cast<dim_t>(n), &alpha, a.data(), ld, 1, b.data(), ld, 1, &beta, c.data(),
                  ld, 1, /*cntx=*/nullptr, &rntm);
     const double s = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
-    if (rep > 0 && (best_s == 0 || s < best_s)) best_s = s;
+    if (best_s == 0 || s < best_s) best_s = s;
   }
   const double flops =
       2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
@@ -205,6 +209,8 @@ std::string ShellQuote(const std::string& s) {
 struct TorchResults {
   std::map<std::string, double> median_ms;  // by CaseKey
   std::string version;
+  // Set when python3, the script or torch is missing (after one note): no further attempts.
+  bool unavailable = false;
 };
 
 int64_t JsonInt(const nlohmann::json& j, const char* key) {
@@ -215,11 +221,13 @@ int64_t JsonInt(const nlohmann::json& j, const char* key) {
   return -1;
 }
 
-// Runs compare_torch.py once per thread count over all cases; notes go to stderr, and nothing
+// Times torch.nn.MultiheadAttention on `shape` with `threads` threads (compare_torch.py) and
+// adds the result to *results. mha-bench calls it right after measuring the same case, so that
+// the two times of a speedup see the machine in the same state. Notes go to stderr, and nothing
 // here is fatal: the mha measurements stand on their own.
-TorchResults RunTorchComparison(const std::vector<Shape>& cases, const BenchOptions& o,
-                                Progress* progress) {
-  TorchResults results;
+void RunTorchComparison(const Shape& shape, size_t threads, const BenchOptions& o,
+                        Progress* progress, TorchResults* results) {
+  if (results->unavailable) return;
   const char* env = std::getenv("MHA_COMPARE_TORCH");
   const std::string script = env != nullptr && *env != '\0'
                                  ? env
@@ -228,77 +236,76 @@ TorchResults RunTorchComparison(const std::vector<Shape>& cases, const BenchOpti
     std::fprintf(stderr,
                  "mha-bench: note: --compare-torch: %s not found; continuing without torch\n",
                  kPython);
-    return results;
+    results->unavailable = true;
+    return;
   }
   if (access(script.c_str(), R_OK) != 0) {
     std::fprintf(stderr,
                  "mha-bench: note: --compare-torch: script %s not found (set MHA_COMPARE_TORCH); "
                  "continuing without torch\n",
                  script.c_str());
-    return results;
+    results->unavailable = true;
+    return;
   }
   char min_time[32];
   std::snprintf(min_time, sizeof(min_time), "%g", o.min_time_s);
-  for (size_t threads : o.threads) {
-    std::string cmd = std::string(kPython) + " " + ShellQuote(script);
-    for (const Shape& s : cases) {
-      cmd += " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) + "," +
-             std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," +
-             std::to_string(s.heads) + "," + (s.causal ? "1" : "0") + "," +
-             (s.need_weights ? "1" : "0");
-    }
-    cmd += " --threads " + std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
-           std::to_string(o.min_runs);
-    progress->Show("timing torch.nn.MultiheadAttention on " + std::to_string(threads) +
-                   " thread(s)...");
-    std::FILE* pipe = popen(cmd.c_str(), "r");
-    if (pipe == nullptr) {
-      progress->Clear();
-      std::fprintf(stderr, "mha-bench: note: --compare-torch: cannot run %s: %s\n", kPython,
-                   std::strerror(errno));
-      return results;
-    }
-    std::string line;
-    char buf[4096];
-    std::vector<std::string> lines;
-    while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
-      line += buf;
-      if (!line.empty() && line.back() == '\n') {
-        lines.push_back(line);
-        line.clear();
-      }
-    }
-    if (!line.empty()) lines.push_back(line);
-    const int status = pclose(pipe);
+  const std::string cmd =
+      std::string(kPython) + " " + ShellQuote(script) + " --case " + std::to_string(shape.batch) +
+      "," + std::to_string(shape.seq) + "," + std::to_string(shape.kv_seq) + "," +
+      std::to_string(shape.embed) + "," + std::to_string(shape.heads) + "," +
+      (shape.causal ? "1" : "0") + "," + (shape.need_weights ? "1" : "0") + " --threads " +
+      std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
+      std::to_string(o.min_runs);
+  progress->Show(ShapeLabel(shape) + ", " + std::to_string(threads) +
+                 " thread(s): timing torch.nn.MultiheadAttention...");
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) {
     progress->Clear();
-    for (const std::string& l : lines) {
-      const nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-      if (!j.is_object()) continue;  // not a result line (e.g. a stray print)
-      if (j.contains("skipped")) {
-        std::fprintf(stderr, "mha-bench: note: --compare-torch skipped: %s\n",
-                     j["skipped"].is_string() ? j["skipped"].get<std::string>().c_str()
-                                              : j["skipped"].dump().c_str());
-        continue;
-      }
-      const auto median = j.find("median_ms");
-      if (median == j.end() || !median->is_number()) continue;
-      if (j.contains("torch_version") && j["torch_version"].is_string()) {
-        results.version = j["torch_version"].get<std::string>();
-      }
-      const int64_t t = JsonInt(j, "threads");
-      results.median_ms[CaseKey(JsonInt(j, "batch"), JsonInt(j, "seq"), JsonInt(j, "kv_seq"),
-                                JsonInt(j, "embed"), JsonInt(j, "heads"), JsonInt(j, "causal") == 1,
-                                JsonInt(j, "need_weights") == 1,
-                                t > 0 ? static_cast<size_t>(t) : threads)] = median->get<double>();
-    }
-    if (status != 0) {
-      std::fprintf(stderr,
-                   "mha-bench: note: --compare-torch: %s exited with status %d; torch columns "
-                   "may be incomplete\n",
-                   script.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : status);
+    std::fprintf(stderr, "mha-bench: note: --compare-torch: cannot run %s: %s\n", kPython,
+                 std::strerror(errno));
+    results->unavailable = true;
+    return;
+  }
+  std::string line;
+  char buf[4096];
+  std::vector<std::string> lines;
+  while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
+    line += buf;
+    if (!line.empty() && line.back() == '\n') {
+      lines.push_back(line);
+      line.clear();
     }
   }
-  return results;
+  if (!line.empty()) lines.push_back(line);
+  const int status = pclose(pipe);
+  progress->Clear();
+  for (const std::string& l : lines) {
+    const nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) continue;  // not a result line (e.g. a stray print)
+    if (j.contains("skipped")) {
+      std::fprintf(stderr, "mha-bench: note: --compare-torch skipped: %s\n",
+                   j["skipped"].is_string() ? j["skipped"].get<std::string>().c_str()
+                                            : j["skipped"].dump().c_str());
+      results->unavailable = true;
+      continue;
+    }
+    const auto median = j.find("median_ms");
+    if (median == j.end() || !median->is_number()) continue;
+    if (j.contains("torch_version") && j["torch_version"].is_string()) {
+      results->version = j["torch_version"].get<std::string>();
+    }
+    const int64_t t = JsonInt(j, "threads");
+    results->median_ms[CaseKey(JsonInt(j, "batch"), JsonInt(j, "seq"), JsonInt(j, "kv_seq"),
+                               JsonInt(j, "embed"), JsonInt(j, "heads"), JsonInt(j, "causal") == 1,
+                               JsonInt(j, "need_weights") == 1,
+                               t > 0 ? static_cast<size_t>(t) : threads)] = median->get<double>();
+  }
+  if (status != 0) {
+    std::fprintf(stderr,
+                 "mha-bench: note: --compare-torch: %s exited with status %d; torch columns "
+                 "may be incomplete\n",
+                 script.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : status);
+  }
 }
 
 // ---- one case ------------------------------------------------------------------------------
@@ -311,9 +318,15 @@ struct TraceCapture {
   bool captured = false;
 };
 
-// `sgemm_gflops`: the baseline just measured with the same threads (0: none, no efficiency).
-CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, double sgemm_gflops,
-                   PeakRss* rss, TraceCapture* capture) {
+// Measures one case in o.rounds rounds. Each round times the BLIS baseline (o.sgemm_size, with
+// the same threads; 0: none, no efficiency) and then mha's forward for its share of
+// --min-time and --min-runs, so each round's efficiency divides two figures taken within about
+// a second of each other; the case's efficiency is the median over rounds. On the shared VMs
+// this runs on the machine's speed moves by tens of percent within seconds (the baseline read
+// 90 and 155 GFLOP/s for two consecutive cases of one run), which a single baseline per case
+// turned straight into the efficiency.
+CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, PeakRss* rss,
+                   TraceCapture* capture) {
   CaseResult r;
   r.shape = w.shape();
   r.threads = threads;
@@ -359,47 +372,68 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, double sg
   double stage_ns[kNumStages] = {};
   uint64_t dropped = 0;
 
-  std::vector<double> samples_ms;
+  const double flops = AttentionFlops(r.shape);
+  const int64_t rounds = o.rounds;
+  // Each round's share of the case's minimum runs and time.
+  const int64_t round_min_runs = (o.min_runs + rounds - 1) / rounds;
+  const int64_t round_min_ns = static_cast<int64_t>(o.min_time_s * 1e9 / static_cast<double>(rounds));
+  const int64_t round_max_runs = std::max<int64_t>(kMaxRuns / rounds, 1);
+  std::vector<double> samples_ms, round_ms;
   samples_ms.reserve(static_cast<size_t>(o.min_runs));
-  rss->Reset();
-  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
-  const int64_t start_ns = TraceRecorder::NowNs();
-  for (;;) {
-    const bool record_this = o.breakdown || (capture->wanted && !capture->captured);
-    if (record_this) {
-      recorder->Clear();
-      context->set_trace(recorder.get());
+  for (int64_t round = 0; round < rounds; ++round) {
+    RoundResult rr;
+    if (o.sgemm_size > 0) {
+      rr.sgemm_gflops = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), threads);
     }
-    const int64_t t0 = TraceRecorder::NowNs();
-    st = w.layer().Forward(*context, w.inputs(), w.outputs());
-    const int64_t t1 = TraceRecorder::NowNs();
-    if (!st.ok()) {
-      context->set_trace(nullptr);
-      r.error =
-          "Forward (measured run " + std::to_string(samples_ms.size() + 1) + "): " + st.ToString();
-      return r;
-    }
-    samples_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
-    if (record_this) {
-      context->set_trace(nullptr);
-      const size_t n = recorder->size();
-      dropped += recorder->dropped.load();
-      for (size_t i = 0; i < n; ++i) {
-        const TraceEvent& e = recorder->events[i];
-        const int s = static_cast<int>(e.stage);
-        if (s >= 0 && s < kNumStages) stage_ns[s] += static_cast<double>(e.end_ns - e.begin_ns);
+    rss->Reset();
+    round_ms.clear();
+    const int64_t start_ns = TraceRecorder::NowNs();
+    for (;;) {
+      const bool record_this = o.breakdown || (capture->wanted && !capture->captured);
+      if (record_this) {
+        recorder->Clear();
+        context->set_trace(recorder.get());
       }
-      if (capture->wanted && !capture->captured) {
-        capture->events.assign(recorder->events.begin(), recorder->events.begin() + n);
-        capture->origin_ns = t0;
-        capture->wall_ns = t1 - t0;
-        capture->captured = true;
+      const int64_t t0 = TraceRecorder::NowNs();
+      st = w.layer().Forward(*context, w.inputs(), w.outputs());
+      const int64_t t1 = TraceRecorder::NowNs();
+      if (!st.ok()) {
+        context->set_trace(nullptr);
+        r.error = "Forward (measured run " + std::to_string(samples_ms.size() + 1) +
+                  "): " + st.ToString();
+        return r;
+      }
+      round_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
+      samples_ms.push_back(round_ms.back());
+      if (record_this) {
+        context->set_trace(nullptr);
+        const size_t n = recorder->size();
+        dropped += recorder->dropped.load();
+        for (size_t i = 0; i < n; ++i) {
+          const TraceEvent& e = recorder->events[i];
+          const int s = static_cast<int>(e.stage);
+          if (s >= 0 && s < kNumStages) stage_ns[s] += static_cast<double>(e.end_ns - e.begin_ns);
+        }
+        if (capture->wanted && !capture->captured) {
+          capture->events.assign(recorder->events.begin(), recorder->events.begin() + n);
+          capture->origin_ns = t0;
+          capture->wall_ns = t1 - t0;
+          capture->captured = true;
+        }
+      }
+      const int64_t runs = static_cast<int64_t>(round_ms.size());
+      if ((runs >= round_min_runs && t1 - start_ns >= round_min_ns) || runs >= round_max_runs) {
+        break;
       }
     }
-    const int64_t runs = static_cast<int64_t>(samples_ms.size());
-    if ((runs >= o.min_runs && t1 - start_ns >= min_time_ns) || runs >= kMaxRuns) break;
+    std::sort(round_ms.begin(), round_ms.end());
+    rr.runs = static_cast<int64_t>(round_ms.size());
+    rr.median_ms = Percentile(round_ms, 0.5);
+    rr.gflops = flops / (rr.median_ms * 1e-3) * 1e-9;
+    rr.efficiency = rr.sgemm_gflops > 0 ? rr.gflops / rr.sgemm_gflops : NAN;
+    r.rounds.push_back(rr);
+    r.peak_rss_mib = std::max(r.peak_rss_mib, rss->PeakMib());
   }
-  r.peak_rss_mib = rss->PeakMib();
   r.arena_high_water = context->arena_high_water();
 
   r.runs = static_cast<int64_t>(samples_ms.size());
@@ -409,9 +443,20 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, double sg
   r.median_ms = Percentile(samples_ms, 0.5);
   r.p10_ms = Percentile(samples_ms, 0.1);
   r.p90_ms = Percentile(samples_ms, 0.9);
-  r.gflops = AttentionFlops(r.shape) / (r.median_ms * 1e-3) * 1e-9;
-  r.sgemm_gflops = sgemm_gflops;
-  r.efficiency = sgemm_gflops > 0 ? r.gflops / sgemm_gflops : NAN;
+  r.gflops = flops / (r.median_ms * 1e-3) * 1e-9;
+  if (o.sgemm_size > 0) {
+    std::vector<double> sgemm, eff;
+    for (const RoundResult& rr : r.rounds) {
+      sgemm.push_back(rr.sgemm_gflops);
+      eff.push_back(rr.efficiency);
+    }
+    std::sort(sgemm.begin(), sgemm.end());
+    std::sort(eff.begin(), eff.end());
+    r.sgemm_gflops = Percentile(sgemm, 0.5);
+    r.efficiency = Percentile(eff, 0.5);
+  } else {
+    r.efficiency = NAN;
+  }
   if (o.breakdown) {
     r.has_breakdown = true;
     const double per_run_ms = 1e-6 / static_cast<double>(r.runs) / static_cast<double>(threads);
@@ -470,6 +515,7 @@ int Run(const BenchOptions& o) {
   header.sgemm_size = o.sgemm_size;
   header.min_time_s = o.min_time_s;
   header.min_runs = o.min_runs;
+  header.rounds = o.rounds;
   header.tolerance = o.tolerance;
   header.seed = o.seed;
   header.peak_rss_method = rss.method();
@@ -483,18 +529,16 @@ int Run(const BenchOptions& o) {
     for (size_t t : o.threads) {
       progress.Show("measuring the BLIS sgemm baseline (" + std::to_string(o.sgemm_size) + "^3, " +
                     std::to_string(t) + " thread(s))...");
+      // Twice: the first call of the process also initializes BLIS and its packing buffers.
+      MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
       header.sgemm_gflops[t] = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
     }
     progress.Clear();
   }
   TorchResults torch;
-  if (o.compare_torch) {
-    torch = RunTorchComparison(cases, o, &progress);
-    header.torch_version = torch.version;
-  }
-
-  PrintColumnTitles(stdout, header);
-  std::fflush(stdout);
+  // The column titles name the torch version, known after the first comparison: printed right
+  // before the first row.
+  bool titles_printed = false;
 
   std::vector<CaseResult> results;
   bool failed = false, inaccurate = false;
@@ -516,18 +560,11 @@ int Run(const BenchOptions& o) {
         r.threads = t;
         r.error = "MultiheadAttention::Create: " + st.ToString();
       } else {
-        // The baseline right before the case, so that the two figures of its efficiency see the
-        // machine in the same state (a shared machine drifts between the run's start and end).
-        double sgemm = 0;
-        if (o.sgemm_size > 0) {
-          progress.Show("[" + std::to_string(results.size() + 1) + "/" + std::to_string(total) +
-                        "] " + ShapeLabel(shape) + ", " + std::to_string(t) +
-                        " thread(s): BLIS sgemm baseline");
-          sgemm = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
-          progress.Show("[" + std::to_string(results.size() + 1) + "/" + std::to_string(total) +
-                        "] " + ShapeLabel(shape) + ", " + std::to_string(t) + " thread(s)");
+        r = RunCase(*workload, t, o, &rss, &capture);
+        if (o.compare_torch) {
+          RunTorchComparison(shape, t, o, &progress, &torch);
+          if (header.torch_version.empty()) header.torch_version = torch.version;
         }
-        r = RunCase(*workload, t, o, sgemm, &rss, &capture);
       }
       const auto it =
           torch.median_ms.find(CaseKey(shape.batch, shape.seq, shape.kv_seq, shape.embed,
@@ -537,6 +574,10 @@ int Run(const BenchOptions& o) {
         r.torch_median_ms = it->second;
       }
       progress.Clear();
+      if (!titles_printed) {
+        PrintColumnTitles(stdout, header);
+        titles_printed = true;
+      }
       PrintRow(stdout, header, r);
       std::fflush(stdout);
       if (!r.error.empty()) {
