@@ -27,8 +27,8 @@ struct BenchOptions {
   // min_time and min_runs; efficiency is the median of the rounds' ratios.
   int64_t rounds = 3;
   bool rounds_given = false;
-  int64_t sgemm_size = 2048;    // BLIS baseline is an sgemm_size^3 product; 0 = no baseline
-  double tolerance = 1e-3;      // max absolute error vs the double reference
+  int64_t sgemm_size = 2048;  // BLIS baseline is an sgemm_size^3 product; 0 = no baseline
+  double tolerance = 1e-3;    // max absolute error vs the double reference
   uint64_t seed = kDefaultSeed;
 
   // --decode: the incremental-decoding suite (KvCache::Step of one token per entry over a cache

@@ -54,9 +54,9 @@ struct Breakdown {
 struct RoundResult {
   double sgemm_gflops = 0;  // best of 3 products at the round's start; 0 without a baseline
   int64_t runs = 0;
-  double median_ms = 0;     // of this round's runs
-  double gflops = 0;        // flops / median_ms
-  double efficiency = 0;    // gflops / sgemm_gflops; NaN without a baseline
+  double median_ms = 0;   // of this round's runs
+  double gflops = 0;      // flops / median_ms
+  double efficiency = 0;  // gflops / sgemm_gflops; NaN without a baseline
 };
 
 struct CaseResult {

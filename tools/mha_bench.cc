@@ -249,13 +249,13 @@ void RunTorchComparison(const Shape& shape, size_t threads, const BenchOptions& 
   }
   char min_time[32];
   std::snprintf(min_time, sizeof(min_time), "%g", o.min_time_s);
-  const std::string cmd =
-      std::string(kPython) + " " + ShellQuote(script) + " --case " + std::to_string(shape.batch) +
-      "," + std::to_string(shape.seq) + "," + std::to_string(shape.kv_seq) + "," +
-      std::to_string(shape.embed) + "," + std::to_string(shape.heads) + "," +
-      (shape.causal ? "1" : "0") + "," + (shape.need_weights ? "1" : "0") + " --threads " +
-      std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
-      std::to_string(o.min_runs);
+  const std::string cmd = std::string(kPython) + " " + ShellQuote(script) + " --case " +
+                          std::to_string(shape.batch) + "," + std::to_string(shape.seq) + "," +
+                          std::to_string(shape.kv_seq) + "," + std::to_string(shape.embed) + "," +
+                          std::to_string(shape.heads) + "," + (shape.causal ? "1" : "0") + "," +
+                          (shape.need_weights ? "1" : "0") + " --threads " +
+                          std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
+                          std::to_string(o.min_runs);
   progress->Show(ShapeLabel(shape) + ", " + std::to_string(threads) +
                  " thread(s): timing torch.nn.MultiheadAttention...");
   std::FILE* pipe = popen(cmd.c_str(), "r");
@@ -376,7 +376,8 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, PeakRss* 
   const int64_t rounds = o.rounds;
   // Each round's share of the case's minimum runs and time.
   const int64_t round_min_runs = (o.min_runs + rounds - 1) / rounds;
-  const int64_t round_min_ns = static_cast<int64_t>(o.min_time_s * 1e9 / static_cast<double>(rounds));
+  const int64_t round_min_ns =
+      static_cast<int64_t>(o.min_time_s * 1e9 / static_cast<double>(rounds));
   const int64_t round_max_runs = std::max<int64_t>(kMaxRuns / rounds, 1);
   std::vector<double> samples_ms, round_ms;
   samples_ms.reserve(static_cast<size_t>(o.min_runs));
