@@ -33,6 +33,7 @@ uint64_t WorkersIn(uint64_t state) { return (state & kWorkerMask) >> 1; }
 
 ThreadPool::ThreadPool(size_t num_threads) {
   if (num_threads == 0) num_threads = 1;
+  ranges_ = std::make_unique<Range[]>(num_threads);
   workers_.reserve(num_threads - 1);
   for (size_t w = 1; w < num_threads; ++w) {
     workers_.emplace_back([this, w] { WorkerLoop(w); });
@@ -49,11 +50,16 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunTasks(size_t worker) {
-  const uint64_t n = num_tasks_;
-  for (;;) {
-    const uint64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= n) break;
-    fn_(closure_, task, worker);
+  // The worker's own range first, then the others' in turn: a claim past a range's end means
+  // that range is exhausted (counters only grow within a dispatch).
+  const size_t threads = NumThreads();
+  for (size_t i = 0; i < threads; ++i) {
+    Range& range = ranges_[(worker + i) % threads];
+    for (;;) {
+      const uint64_t task = range.next.fetch_add(1, std::memory_order_relaxed);
+      if (task >= range.end) break;
+      fn_(closure_, task, worker);
+    }
   }
 }
 
@@ -66,8 +72,16 @@ void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
   // The previous dispatch is closed with no worker inside: the fields are ours to write.
   fn_ = fn;
   closure_ = closure;
-  num_tasks_ = num_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
+  // Range w: q or q + 1 tasks (the first n % threads ranges take one more), without overflow
+  // for any num_tasks.
+  const uint64_t threads = NumThreads();
+  const uint64_t q = num_tasks / threads, extra = num_tasks % threads;
+  uint64_t begin = 0;
+  for (uint64_t w = 0; w < threads; ++w) {
+    ranges_[w].next.store(begin, std::memory_order_relaxed);
+    begin += q + (w < extra ? 1 : 0);
+    ranges_[w].end = begin;
+  }
   ++epoch_;
   const uint64_t open = static_cast<uint64_t>(epoch_) << 32;
   // seq_cst pairs with the sleeping_workers_ increment in WorkerLoop: either the worker sees the
