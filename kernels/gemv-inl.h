@@ -1,10 +1,10 @@
 // Per-target GEMV kernel; the contract is in kernels/gemv.h. Included once per Highway target by
 // kernels/gemv.cc (foreach_target).
 //
-// Loop order: for each group of four weight rows (columns of b), for each tile of a few rows of
-// a: a register tile of rows x 4 accumulators over k. The group's weight rows come from memory
-// for the first tile of rows and from L1 for the others (4 rows of k <= 2048 floats = 32 KiB),
-// so w is read from memory once per call. Every accumulator holds exactly one output element,
+// Loop order: for each group of a few weight rows (columns of b), for each tile of a few rows of
+// a: a register tile of rows x columns accumulators over k. The group's weight rows come from
+// memory for the first tile of rows and from L1 for the others (4 rows of k <= 2048 floats = 32
+// KiB), so w is read from memory once per call. Every accumulator holds exactly one output element,
 // with the same sequence of operations whatever the tile shape: that is what makes results
 // independent of how rows and columns are grouped.
 
@@ -30,16 +30,25 @@ namespace gemv_detail {
 
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Rows of a per register tile. A tile needs rows x 4 accumulators, 4 weight vectors and one
-// row vector: 21 registers for 4 rows, which spills on x86 below AVX-512 (16 vector registers),
-// so those targets take 2 rows (13 registers). Other targets have 32.
+// Register tiles (rows of a x weight rows). A tile needs rows x columns accumulators, the
+// columns' weight vectors and one row vector. Four weight rows per group give four independent
+// accumulator chains per row of a, which hides the multiply-add latency even for one row.
+// x86 below AVX-512 has 16 vector registers: 4 rows x 4 columns (21 registers) would spill, so
+// those targets take 2 x 4 (13) when a has fewer than kWideRows rows, and 6 x 2 (15: twelve
+// accumulator chains instead of eight) otherwise. Eight chains of 4-cycle multiply-adds at two
+// per cycle leave no slack, so any stall idles an FMA unit: a 16 x 256 x 768 GEMV (one thread,
+// AVX2, Zen 3, weights in L2, best of six alternated runs) went from 67 to 77 GFLOP/s with the
+// 6 x 2 tiles, and mha-bench (1, 16, 256, 4) on 2 threads from 0.077 to 0.067 ms in three of
+// four alternated pairs. Other targets have 32 registers and take 4 x 4.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr size_t kTileRows = 2;
+constexpr size_t kWideRows = 6;  // 0: no wide tiles
+constexpr size_t kWideCols = 2;
 #else
 constexpr size_t kTileRows = 4;
+constexpr size_t kWideRows = 0;
+constexpr size_t kWideCols = 4;  // unused
 #endif
-// Weight rows per group (columns of c per tile): four independent accumulator chains per row of
-// a hide the multiply-add latency even for one row.
 constexpr size_t kTileCols = 4;
 
 // Makes the compiler materialize v in a register here. The weight vectors of a tile are used
@@ -58,12 +67,15 @@ HWY_INLINE void KeepInRegister(V& v) {
 #endif
 }
 
-// One step of row r of a tile: s_c += x * v_c for the first kCols columns.
+// One step of row r of a tile: s_c += x * v_c for the first kCols columns. x is pinned to a
+// register like the weights (see KeepInRegister): GCC otherwise re-loads it from memory as an
+// operand of each multiply-add.
 template <size_t kCols, class V>
 HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3) {
+  if constexpr (kCols > 1) KeepInRegister(x);
   s0 = hn::MulAdd(x, v0, s0);
-  if constexpr (kCols > 1) {
-    s1 = hn::MulAdd(x, v1, s1);
+  if constexpr (kCols > 1) s1 = hn::MulAdd(x, v1, s1);
+  if constexpr (kCols > 2) {
     s2 = hn::MulAdd(x, v2, s2);
     s3 = hn::MulAdd(x, v3, s3);
   }
@@ -86,15 +98,15 @@ HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* HWY_RESTRI
                           const typename Row::T* const* w, size_t kv, size_t k, float alpha,
                           float beta, float* HWY_RESTRICT c_row, ptrdiff_t c_cs) {
   Finish<Row>(df, s0, a_row, w[0], kv, k, alpha, beta, c_row);
-  if constexpr (kCols > 1) {
-    Finish<Row>(df, s1, a_row, w[1], kv, k, alpha, beta, c_row + c_cs);
+  if constexpr (kCols > 1) Finish<Row>(df, s1, a_row, w[1], kv, k, alpha, beta, c_row + c_cs);
+  if constexpr (kCols > 2) {
     Finish<Row>(df, s2, a_row, w[2], kv, k, alpha, beta, c_row + 2 * c_cs);
     Finish<Row>(df, s3, a_row, w[3], kv, k, alpha, beta, c_row + 3 * c_cs);
   }
 }
 
 // The kRows x kCols tile of c at `c`: rows a + r * a_stride (r < kRows), weight rows
-// w + j * w_stride (j < kCols), k floats each. kRows in 1..4, kCols 1 or 4. Accumulators of
+// w + j * w_stride (j < kCols), k floats each. kRows in 1..6, kCols 1, 2 or 4. Accumulators of
 // rows/columns outside the tile are never used (the compiler drops them).
 // Not inlined on purpose: inlined into Rows together with every other tile shape, GCC 12 kept
 // one of the eight AVX2 accumulators on the stack across the loop (a store and reload per
@@ -105,8 +117,8 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
                        const typename Row::T* HWY_RESTRICT w, ptrdiff_t w_stride, size_t k,
                        float alpha, float beta, float* HWY_RESTRICT c, ptrdiff_t c_rs,
                        ptrdiff_t c_cs) {
-  static_assert(kRows >= 1 && kRows <= 4, "tile rows: 1..4");
-  static_assert(kCols == 1 || kCols == 4, "tile columns: 1 or 4");
+  static_assert(kRows >= 1 && kRows <= 6, "tile rows: 1..6");
+  static_assert(kCols == 1 || kCols == 2 || kCols == 4, "tile columns: 1, 2 or 4");
   const size_t N = hn::Lanes(df);
   const size_t kv = k / N * N;
   // Rows and weight rows beyond the tile alias the first one and are never read.
@@ -114,9 +126,11 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
   const float* a1 = kRows > 1 ? a0 + a_stride : a0;
   const float* a2 = kRows > 2 ? a1 + a_stride : a0;
   const float* a3 = kRows > 3 ? a2 + a_stride : a0;
+  const float* a4 = kRows > 4 ? a3 + a_stride : a0;
+  const float* a5 = kRows > 5 ? a4 + a_stride : a0;
   using T = typename Row::T;
-  const T* const wr[4] = {w, kCols > 1 ? w + w_stride : w, kCols > 1 ? w + 2 * w_stride : w,
-                          kCols > 1 ? w + 3 * w_stride : w};
+  const T* const wr[4] = {w, kCols > 1 ? w + w_stride : w, kCols > 2 ? w + 2 * w_stride : w,
+                          kCols > 2 ? w + 3 * w_stride : w};
   const T* HWY_RESTRICT w0 = wr[0];
   const T* HWY_RESTRICT w1 = wr[1];
   const T* HWY_RESTRICT w2 = wr[2];
@@ -125,19 +139,23 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
   auto s10 = s00, s11 = s00, s12 = s00, s13 = s00;
   auto s20 = s00, s21 = s00, s22 = s00, s23 = s00;
   auto s30 = s00, s31 = s00, s32 = s00, s33 = s00;
+  auto s40 = s00, s41 = s00, s42 = s00, s43 = s00;
+  auto s50 = s00, s51 = s00, s52 = s00, s53 = s00;
   for (size_t d = 0; d < kv; d += N) {
     auto v0 = Row::Load(df, w0 + d);
     auto v1 = v0, v2 = v0, v3 = v0;
-    if constexpr (kCols > 1) {
-      v1 = Row::Load(df, w1 + d);
+    if constexpr (kCols > 1) v1 = Row::Load(df, w1 + d);
+    if constexpr (kCols > 2) {
       v2 = Row::Load(df, w2 + d);
       v3 = Row::Load(df, w3 + d);
     }
     if constexpr (kRows > 1) {
       KeepInRegister(v0);
-      KeepInRegister(v1);
-      KeepInRegister(v2);
-      KeepInRegister(v3);
+      if constexpr (kCols > 1) KeepInRegister(v1);
+      if constexpr (kCols > 2) {
+        KeepInRegister(v2);
+        KeepInRegister(v3);
+      }
     }
     RowStep<kCols>(hn::LoadU(df, a0 + d), v0, v1, v2, v3, s00, s01, s02, s03);
     if constexpr (kRows > 1) {
@@ -148,6 +166,12 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
     }
     if constexpr (kRows > 3) {
       RowStep<kCols>(hn::LoadU(df, a3 + d), v0, v1, v2, v3, s30, s31, s32, s33);
+    }
+    if constexpr (kRows > 4) {
+      RowStep<kCols>(hn::LoadU(df, a4 + d), v0, v1, v2, v3, s40, s41, s42, s43);
+    }
+    if constexpr (kRows > 5) {
+      RowStep<kCols>(hn::LoadU(df, a5 + d), v0, v1, v2, v3, s50, s51, s52, s53);
     }
   }
   FinishRow<Row, kCols>(df, s00, s01, s02, s03, a0, wr, kv, k, alpha, beta, c, c_cs);
@@ -160,33 +184,53 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride,
   if constexpr (kRows > 3) {
     FinishRow<Row, kCols>(df, s30, s31, s32, s33, a3, wr, kv, k, alpha, beta, c + 3 * c_rs, c_cs);
   }
+  if constexpr (kRows > 4) {
+    FinishRow<Row, kCols>(df, s40, s41, s42, s43, a4, wr, kv, k, alpha, beta, c + 4 * c_rs, c_cs);
+  }
+  if constexpr (kRows > 5) {
+    FinishRow<Row, kCols>(df, s50, s51, s52, s53, a5, wr, kv, k, alpha, beta, c + 5 * c_rs, c_cs);
+  }
 }
 
-// All m rows against kCols weight rows: full tiles of kTileRows, then one smaller tile.
+// The tile of `rows` (< 6) rows and kCols columns at a, c.
 template <class Row, size_t kCols, class DF>
-HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride,
-                        const typename Row::T* w, ptrdiff_t w_stride, size_t k, float alpha,
-                        float beta, float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
-  size_t i = 0;
-  for (; i + kTileRows <= m; i += kTileRows) {
-    Tile<Row, kTileRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, w_stride,
-                                k, alpha, beta, c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
-  }
-  const float* a_i = a + static_cast<ptrdiff_t>(i) * a_stride;
-  float* c_i = c + static_cast<ptrdiff_t>(i) * c_rs;
-  switch (m - i) {
+HWY_INLINE void PartialTile(DF df, size_t rows, const float* a, ptrdiff_t a_stride,
+                            const typename Row::T* w, ptrdiff_t w_stride, size_t k, float alpha,
+                            float beta, float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  switch (rows) {
     case 1:
-      Tile<Row, 1, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
+      Tile<Row, 1, kCols>(df, a, a_stride, w, w_stride, k, alpha, beta, c, c_rs, c_cs);
       break;
     case 2:
-      Tile<Row, 2, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
+      Tile<Row, 2, kCols>(df, a, a_stride, w, w_stride, k, alpha, beta, c, c_rs, c_cs);
       break;
     case 3:
-      Tile<Row, 3, kCols>(df, a_i, a_stride, w, w_stride, k, alpha, beta, c_i, c_rs, c_cs);
+      Tile<Row, 3, kCols>(df, a, a_stride, w, w_stride, k, alpha, beta, c, c_rs, c_cs);
+      break;
+    case 4:
+      Tile<Row, 4, kCols>(df, a, a_stride, w, w_stride, k, alpha, beta, c, c_rs, c_cs);
+      break;
+    case 5:
+      Tile<Row, 5, kCols>(df, a, a_stride, w, w_stride, k, alpha, beta, c, c_rs, c_cs);
       break;
     default:
       break;
   }
+}
+
+// All m rows against kCols weight rows: full tiles of kRows, then one smaller tile.
+template <class Row, size_t kRows, size_t kCols, class DF>
+HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride,
+                        const typename Row::T* w, ptrdiff_t w_stride, size_t k, float alpha,
+                        float beta, float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  size_t i = 0;
+  for (; i + kRows <= m; i += kRows) {
+    Tile<Row, kRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, w_stride,
+                            k, alpha, beta, c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
+  }
+  PartialTile<Row, kCols>(df, m - i, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w,
+                          w_stride, k, alpha, beta, c + static_cast<ptrdiff_t>(i) * c_rs, c_rs,
+                          c_cs);
 }
 
 // c[i * c_rs + j * c_cs] = alpha * sum_{p < k} a[i * a_stride + p] * w[j * w_stride + p]
@@ -198,13 +242,28 @@ HWY_INLINE void Rows(size_t m, size_t n, size_t k, float alpha, const float* a, 
                      ptrdiff_t c_rs, ptrdiff_t c_cs) {
   const hn::ScalableTag<float> df;
   size_t j = 0;
-  for (; j + kTileCols <= n; j += kTileCols) {
-    Columns<Row, kTileCols>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride, w_stride,
-                            k, alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
+  bool wide = false;
+  if constexpr (kWideRows != 0) {
+    wide = m >= kWideRows;
+    for (; wide && j + kWideCols <= n; j += kWideCols) {
+      Columns<Row, kWideRows, kWideCols>(df, m, a, a_stride,
+                                         w + static_cast<ptrdiff_t>(j) * w_stride, w_stride, k,
+                                         alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs,
+                                         c_cs);
+    }
+  }
+  if (!wide) {
+    for (; j + kTileCols <= n; j += kTileCols) {
+      Columns<Row, kTileRows, kTileCols>(df, m, a, a_stride,
+                                         w + static_cast<ptrdiff_t>(j) * w_stride, w_stride, k,
+                                         alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs,
+                                         c_cs);
+    }
   }
   for (; j < n; ++j) {
-    Columns<Row, 1>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride, w_stride, k,
-                    alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
+    Columns<Row, kTileRows, 1>(df, m, a, a_stride, w + static_cast<ptrdiff_t>(j) * w_stride,
+                               w_stride, k, alpha, beta, c + static_cast<ptrdiff_t>(j) * c_cs,
+                               c_rs, c_cs);
   }
 }
 
