@@ -15,7 +15,6 @@
 #define MHA_KERNELS_DECODE_INL_H_
 #endif
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
