@@ -271,6 +271,52 @@ bool IsUnit(ptrdiff_t stride) { return stride == 1 || stride == -1; }
 
 size_t GemmScratchBytes() { return GetConfig().scratch_bytes; }
 
+// The two inner loops (BLIS's macro-kernel) over one packed A block [mc, kc] and one packed B
+// block [kc, nc]: MR x NR tiles of c, whose (0, 0) is c (strides rs, cs), B panel by B panel.
+// before_panel(j, b1) runs before the first tile of B panel j (the driver packs it there, so it
+// is still in L1 when the kernel first reads it).
+template <class BeforePanel>
+void MacroKernel(const Config& cfg, float* a_pack, size_t mc, float* b_pack, size_t nc, size_t kc,
+                 float* alpha, float* beta, float* c, ptrdiff_t rs, ptrdiff_t cs,
+                 const BeforePanel& before_panel) {
+  const size_t mr = cfg.mr, nr = cfg.nr;
+  const ptrdiff_t ps_a = static_cast<ptrdiff_t>(cfg.packmr * kc);
+  const ptrdiff_t ps_b = static_cast<ptrdiff_t>(cfg.packnr * kc);
+  // Kernel hints, as BLIS's own macro-kernel fills them: panel layouts and strides, and the
+  // next micro-panels to prefetch.
+  auxinfo_t aux{};
+  bli_auxinfo_set_schema_a(BLIS_PACKED_ROW_PANELS, &aux);
+  bli_auxinfo_set_schema_b(BLIS_PACKED_COL_PANELS, &aux);
+  bli_auxinfo_set_is_a(1, &aux);
+  bli_auxinfo_set_is_b(1, &aux);
+  bli_auxinfo_set_ps_a(ps_a, &aux);
+  bli_auxinfo_set_ps_b(ps_b, &aux);
+  const size_t n_iter = (nc + nr - 1) / nr;
+  const size_t m_iter = (mc + mr - 1) / mr;
+  for (size_t j = 0; j < n_iter; ++j) {
+    float* const b1 = b_pack + static_cast<ptrdiff_t>(j) * ps_b;
+    float* const c_col = c + static_cast<ptrdiff_t>(j * nr) * cs;
+    const dim_t n_cur = static_cast<dim_t>(std::min(nr, nc - j * nr));
+    before_panel(j, b1);
+    for (size_t i = 0; i < m_iter; ++i) {
+      float* const a1 = a_pack + static_cast<ptrdiff_t>(i) * ps_a;
+      // Prefetch hints: the next A panel, or at the end of the column of tiles the first A
+      // panel again with the next B panel.
+      float* a_next = a1 + ps_a;
+      float* b_next = b1;
+      if (i + 1 == m_iter) {
+        a_next = a_pack;
+        b_next = j + 1 == n_iter ? b_pack : b1 + ps_b;
+      }
+      bli_auxinfo_set_next_a(a_next, &aux);
+      bli_auxinfo_set_next_b(b_next, &aux);
+      const dim_t m_cur = static_cast<dim_t>(std::min(mr, mc - i * mr));
+      cfg.kernel(m_cur, n_cur, static_cast<dim_t>(kc), alpha, a1, b1, beta,
+                 c_col + static_cast<ptrdiff_t>(i * mr) * rs, rs, cs, &aux, cfg.cntx);
+    }
+  }
+}
+
 // The five loops (see gemm.h) for c [m, n] = alpha * a [m, k] * b [k, n] + beta * c, with
 // m, n, k > 0 and alpha != 0.
 void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float beta,
@@ -295,16 +341,6 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
   float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
   float* const widen =
       reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.widen_offset_bytes);
-  const size_t mr = cfg.mr, nr = cfg.nr;
-
-  // Kernel hints, as BLIS's own macro-kernel fills them: panel layouts and strides, and the
-  // next micro-panels to prefetch.
-  auxinfo_t aux{};
-  bli_auxinfo_set_schema_a(BLIS_PACKED_ROW_PANELS, &aux);
-  bli_auxinfo_set_schema_b(BLIS_PACKED_COL_PANELS, &aux);
-  bli_auxinfo_set_is_a(1, &aux);
-  bli_auxinfo_set_is_b(1, &aux);
-
   float alpha_v = alpha;
   float one = 1.0f;
   for (size_t jc = 0; jc < n; jc += cfg.nc) {
@@ -315,49 +351,88 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
       // ic block, each panel right before the kernel first reads it (so it is still in L1),
       // and reused by the later ic blocks.
       const Operand b_t = op_b.At(pc, jc).Transposed();
-      const ptrdiff_t ps_a = static_cast<ptrdiff_t>(cfg.packmr * kc);
-      const ptrdiff_t ps_b = static_cast<ptrdiff_t>(cfg.packnr * kc);
-      bli_auxinfo_set_ps_a(ps_a, &aux);
-      bli_auxinfo_set_ps_b(ps_b, &aux);
       // Later k blocks accumulate onto the first block's result.
       float* beta_p = pc == 0 ? &beta : &one;
-
       for (size_t ic = 0; ic < m; ic += cfg.mc) {
         const size_t mc = std::min(cfg.mc, m - ic);
-        PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, mr, cfg.packmr, widen, a_pack);
-
-        const size_t n_iter = (nc + nr - 1) / nr;
-        const size_t m_iter = (mc + mr - 1) / mr;
+        PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, widen, a_pack);
         float* const c_blk = op_c.data + static_cast<ptrdiff_t>(ic) * op_c.row_stride +
                              static_cast<ptrdiff_t>(jc) * op_c.col_stride;
-        for (size_t j = 0; j < n_iter; ++j) {
-          float* const b1 = b_pack + static_cast<ptrdiff_t>(j) * ps_b;
-          float* const c_col = c_blk + static_cast<ptrdiff_t>(j * nr) * op_c.col_stride;
-          const dim_t n_cur = static_cast<dim_t>(std::min(nr, nc - j * nr));
-          if (ic == 0) {
-            PackOperandPanel(cfg.pack_b, b_t.At(j * nr, 0), static_cast<size_t>(n_cur), kc,
-                             cfg.packnr, widen, b1);
-          }
-          for (size_t i = 0; i < m_iter; ++i) {
-            float* const a1 = a_pack + static_cast<ptrdiff_t>(i) * ps_a;
-            // Prefetch hints: the next A panel, or at the end of the column of tiles the
-            // first A panel again with the next B panel.
-            float* a_next = a1 + ps_a;
-            float* b_next = b1;
-            if (i + 1 == m_iter) {
-              a_next = a_pack;
-              b_next = j + 1 == n_iter ? b_pack : b1 + ps_b;
-            }
-            bli_auxinfo_set_next_a(a_next, &aux);
-            bli_auxinfo_set_next_b(b_next, &aux);
-            const dim_t m_cur = static_cast<dim_t>(std::min(mr, mc - i * mr));
-            cfg.kernel(m_cur, n_cur, static_cast<dim_t>(kc), &alpha_v, a1, b1, beta_p,
-                       c_col + static_cast<ptrdiff_t>(i * mr) * op_c.row_stride, op_c.row_stride,
-                       op_c.col_stride, &aux, cfg.cntx);
-          }
-        }
+        MacroKernel(cfg, a_pack, mc, b_pack, nc, kc, &alpha_v, beta_p, c_blk, op_c.row_stride,
+                    op_c.col_stride, [&](size_t jp, float* b1) {
+                      if (ic == 0) {
+                        const size_t cols = std::min(cfg.nr, nc - jp * cfg.nr);
+                        PackOperandPanel(cfg.pack_b, b_t.At(jp * cfg.nr, 0), cols, kc,
+                                         cfg.packnr, widen, b1);
+                      }
+                    });
       }
     }
+  }
+}
+
+namespace {
+
+// Floats of one packed KC-deep block of a [k, n] operand (all of its NR-wide micro-panels).
+size_t PackedBlockFloats(const Config& cfg, size_t kc, size_t n) {
+  return (n + cfg.nr - 1) / cfg.nr * cfg.packnr * kc;
+}
+
+}  // namespace
+
+size_t PackedBFloats(size_t k, size_t n) {
+  const Config& cfg = GetConfig();
+  return RoundUp(PackedBlockFloats(cfg, k, n) + kPanelTailBytes / sizeof(float),
+                 kGemmScratchAlignment / sizeof(float));
+}
+
+PackedB PackB(const MatrixView& b, float* dst) {
+  assert(reinterpret_cast<uintptr_t>(dst) % kGemmScratchAlignment == 0 &&
+         "PackB: dst must be 64-byte aligned");
+  const Config& cfg = GetConfig();
+  const Operand op{b.data, nullptr, HalfType::kBF16, b.row_stride, b.col_stride};
+  float* block = dst;
+  for (size_t pc = 0; pc < b.rows; pc += cfg.kc) {
+    const size_t kc = std::min(cfg.kc, b.rows - pc);
+    // NR-wide panels of B[pc:pc+kc, :] are rows of its transpose.
+    PackBlock(cfg.pack_b, op.At(pc, 0).Transposed(), b.cols, kc, cfg.nr, cfg.packnr, nullptr,
+              block);
+    block += PackedBlockFloats(cfg, kc, b.cols);
+  }
+  return {dst, b.rows, b.cols};
+}
+
+void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
+                 const MatrixView& c, void* scratch) {
+  assert(a.rows == c.rows && "GemmPackedB: a.rows must equal c.rows");
+  assert(b.n == c.cols && "GemmPackedB: b.n must equal c.cols");
+  assert(a.cols == b.k && "GemmPackedB: a.cols must equal b.k");
+  assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
+         "GemmPackedB: scratch must be 64-byte aligned");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (b.k == 0 || alpha == 0.0f) {
+    ScaleC(beta, c);
+    return;
+  }
+  const Config& cfg = GetConfig();
+  const Operand op_a{a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride};
+  float* const a_pack = static_cast<float*>(scratch);
+  float alpha_v = alpha;
+  float one = 1.0f;
+  const float* b_block = b.data;
+  for (size_t pc = 0; pc < b.k; pc += cfg.kc) {
+    const size_t kc = std::min(cfg.kc, b.k - pc);
+    float* beta_p = pc == 0 ? &beta : &one;
+    // The micro-kernel only reads the packed panels; BLIS's signature takes them non-const.
+    float* const b_pack = const_cast<float*>(b_block);
+    for (size_t ic = 0; ic < c.rows; ic += cfg.mc) {
+      const size_t mc = std::min(cfg.mc, c.rows - ic);
+      PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, nullptr, a_pack);
+      MacroKernel(cfg, a_pack, mc, b_pack, c.cols, kc, &alpha_v, beta_p,
+                  c.data + static_cast<ptrdiff_t>(ic) * c.row_stride, c.row_stride, c.col_stride,
+                  [](size_t, float*) {});
+    }
+    b_block += PackedBlockFloats(cfg, kc, c.cols);
   }
 }
 

@@ -115,6 +115,34 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
 void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
                const MatrixView& c, void* scratch);
 
+// A b [k, n] operand packed once and multiplied by many a's (GemmPackedB): attention packs each
+// key block's K^T and V once and runs a few query rows at a time against them, so that each
+// strip's scores and probabilities stay in L1/L2 between the two products (runtime/attention.cc).
+// Layout: the packing of Gemm's driver for all n at once: k in blocks of the configuration's KC,
+// each block holding ceil(n / NR) NR-wide micro-panels, zero-padded to full panels.
+struct PackedB {
+  const float* data = nullptr;
+  size_t k = 0;
+  size_t n = 0;
+};
+
+// Floats PackB writes for a [k, n] b (a multiple of 16, so consecutive packed operands keep the
+// 64-byte alignment of the first).
+size_t PackedBFloats(size_t k, size_t n);
+
+// Packs b [k, n] (any strides) into dst: PackedBFloats(b.rows, b.cols) floats,
+// kGemmScratchAlignment-aligned. Returns the packed operand (pointing at dst).
+PackedB PackB(const MatrixView& b, float* dst);
+
+// c = alpha * a * b + beta * c for a packed b, with Gemm's contract (beta == 0 does not read c;
+// scratch: GemmScratchBytes(), which this call uses for packing a). Shapes: a [m, b.k],
+// c [m, b.n]. Always runs the blocked driver (never the GEMV path) with the micro-kernel storing
+// c as it lies: the result is bitwise the one Gemm gives when it takes its driver without
+// swapping operands (c stored the way the micro-kernel prefers), and each row of c depends
+// only on the same row of a, so splitting a and c into row strips gives the same bits.
+void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
+                 const MatrixView& c, void* scratch);
+
 // Initializes BLIS and reads the micro-kernel and block sizes (once, thread-safe); cheap after
 // the first call. Called by contexts before a first parallel run so timing starts warm.
 void GemmInit();

@@ -53,6 +53,10 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+struct OnlineScratch {
+  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, total = 0;
+};
+
 // Query rows per attention task: the scores block [block, S'] stays within ~512 KiB (L2), and
 // small enough blocks leave several tasks per thread. Multiple of 8 for the GEMM micro-tiles.
 constexpr size_t kScoresBlockFloats = 128 * 1024;
@@ -62,6 +66,9 @@ constexpr size_t kMaxQueryBlock = 256;
 // attention weights are not requested.
 constexpr size_t kKeyBlock = 512;
 constexpr size_t kOnlineThreshold = 1024;
+// Query rows per strip of the online path (a multiple of the micro-kernel's 6 or 8 rows on
+// x86-64 and arm64): a strip's scores [kStripRows, kKeyBlock] are 48 KiB.
+constexpr size_t kStripRows = 24;
 // Tasks the averaged-weights path aims for (it has no head dimension to parallelize over), and
 // the fewest query rows such a task takes: each task packs every head's K^T and V for its rows,
 // so 8-row tasks spent more time packing than multiplying (mha-bench (1, 128, 512, 8) with
@@ -734,6 +741,24 @@ size_t Bytes(size_t floats) {
   return r;
 }
 
+// The online path's per-worker scratch (after the GEMM packing buffer), byte offsets: scores
+// [kStripRows, kKeyBlock], row max and sum [query_block] (unused when chunked: the state lives in
+// the workspace), K^T of one key block packed [hd, kKeyBlock], and V packed [kKeyBlock, hd].
+OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
+  OnlineScratch l;
+  size_t off = Bytes(kStripRows * kKeyBlock);
+  l.row_max = off;
+  off += Bytes(ws.query_block);
+  l.row_sum = off;
+  off += Bytes(ws.query_block);
+  l.packed_k = off;
+  off += Bytes(kernels::PackedBFloats(hd, kKeyBlock));
+  l.packed_v = off;
+  off += Bytes(kernels::PackedBFloats(kKeyBlock, hd));
+  l.total = off;
+  return l;
+}
+
 }  // namespace
 
 void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
@@ -838,8 +863,9 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // projection uses the same space for a copy of kOutRows output rows [rows, E].
   ws->gemm_scratch = kernels::GemmScratchBytes();
   RoundUpToAlignment(ws->gemm_scratch, &ws->gemm_scratch);
-  size_t per_worker = Bytes(ws->query_block * cols);
-  if (!sh.need_weights && !ws->chunked) per_worker += 2 * Bytes(ws->query_block);
+  size_t per_worker = ws->online ? OnlineScratchLayout(*ws, hd).total
+                                  : Bytes(ws->query_block * cols);
+  if (!sh.need_weights && !ws->online) per_worker += 2 * Bytes(ws->query_block);
   if (ws->chunked) per_worker = std::max(per_worker, Bytes(std::min<size_t>(kOutRows, L) * E));
   ws->scratch_per_worker = ws->gemm_scratch + per_worker;
   ws->scratch = off;
@@ -1160,10 +1186,17 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     // Online softmax over key blocks; the running output accumulates in place in concat (the
     // caller's output when chunked). Row max and sum [rows] live in the worker's scratch, or when
     // chunked in the workspace's [N, H, L] arrays, where they persist from chunk to chunk.
+    // Each key block's K^T [hd, kc] and V [kc, hd] are packed once, then the block's rows run in
+    // strips of kStripRows: scores [strip, kc], the online update, and P [strip, kc] times V, so
+    // a strip's scores stay in L1/L2 between the three steps instead of a [rows, kc] block
+    // round-tripping through L3.
     const int64_t g = h / group;
     float* scores = reinterpret_cast<float*>(scratch);
-    float* row_max = reinterpret_cast<float*>(scratch + Bytes(qb * kKeyBlock));
-    float* row_sum = reinterpret_cast<float*>(scratch + Bytes(qb * kKeyBlock) + Bytes(qb));
+    const OnlineScratch os = OnlineScratchLayout(ws, hd);
+    float* row_max = reinterpret_cast<float*>(scratch + os.row_max);
+    float* row_sum = reinterpret_cast<float*>(scratch + os.row_sum);
+    float* const packed_k = reinterpret_cast<float*>(scratch + os.packed_k);
+    float* const packed_v = reinterpret_cast<float*>(scratch + os.packed_v);
     if (ws.chunked) {
       const int64_t state = (n * H + h) * L + q0;
       row_max = reinterpret_cast<float*>(base + ws.row_max) + state;
@@ -1177,19 +1210,34 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         std::memset(acc.data + r * acc.row_stride, 0, hd * sizeof(float));
       }
     }
-    auto update = [&](int64_t k0, size_t kc, const kernels::SoftmaxMasks& masks) {
-      const MatrixView s_view{scores, rows, kc, static_cast<ptrdiff_t>(kKeyBlock), 1};
+    void* const gs = gemm_scratch(worker);
+    auto update = [&](int64_t k0, size_t kc, bool masked) {
+      // The trace counts packing K^T as scores time and packing V as weighted-sum time.
       int64_t t0 = now();
-      kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, k0, kc), 0.0f, s_view,
-                    gemm_scratch(worker));
+      const kernels::PackedB kp = kernels::PackB(kt_view(n, g, k0, kc), packed_k);
       record(t0, worker, Stage::kScores, n, h, blk);
       t0 = now();
-      kernels::OnlineSoftmaxUpdate(scores, rows, kc, kKeyBlock, scale, masks, row_max, row_sum,
-                                   acc.data, hd, acc.row_stride);
-      record(t0, worker, Stage::kSoftmax, n, h, blk);
-      t0 = now();
-      kernels::Gemm(1.0f, s_view, v_view(n, g, k0, kc), 1.0f, acc, gemm_scratch(worker));
+      const kernels::PackedB vp = kernels::PackB(v_view(n, g, k0, kc), packed_v);
       record(t0, worker, Stage::kWeightedSum, n, h, blk);
+      for (size_t r0 = 0; r0 < rows; r0 += kStripRows) {
+        const size_t sr = std::min(kStripRows, rows - r0);
+        const MatrixView s_view{scores, sr, kc, static_cast<ptrdiff_t>(kKeyBlock), 1};
+        const MatrixView a_view = acc.Block(r0, 0, sr, hd);
+        t0 = now();
+        // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
+        // without masks the softmax's first pass only reads the scores.
+        kernels::GemmPackedB(scale, q_view(n, h, q0 + r0, sr), kp, 0.0f, s_view, gs);
+        record(t0, worker, Stage::kScores, n, h, blk);
+        t0 = now();
+        kernels::OnlineSoftmaxUpdate(
+            scores, sr, kc, kKeyBlock, 1.0f,
+            masked ? masks_for(n, h, q0 + r0, k0) : kernels::SoftmaxMasks(), row_max + r0,
+            row_sum + r0, a_view.data, hd, a_view.row_stride);
+        record(t0, worker, Stage::kSoftmax, n, h, blk);
+        t0 = now();
+        kernels::GemmPackedB(1.0f, s_view, vp, 1.0f, a_view, gs);
+        record(t0, worker, Stage::kWeightedSum, n, h, blk);
+      }
     };
     // Keys below mask_end take the masks and the causal limit (a chunk past this block's
     // diagonal has none left); the chunked path's unpadded masks end at S, and the appended
@@ -1197,10 +1245,10 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     const int64_t mask_end = ws.chunked ? sh.S : St;
     const int64_t kend = std::min({keys.end, mask_end, key_limit(q0, rows)});
     for (int64_t k0 = keys.begin; k0 < kend; k0 += kKeyBlock) {
-      update(k0, std::min<int64_t>(kKeyBlock, kend - k0), masks_for(n, h, q0, k0));
+      update(k0, std::min<int64_t>(kKeyBlock, kend - k0), true);
     }
     const int64_t tail = std::max(keys.begin, mask_end);
-    if (tail < keys.end) update(tail, keys.end - tail, kernels::SoftmaxMasks());
+    if (tail < keys.end) update(tail, keys.end - tail, false);
     // The chunked path normalizes in its output projection, after the last chunk.
     if (!ws.chunked) kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
   });

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -554,6 +555,17 @@ TEST(GemmTest, SubBlockCallsMatchOneCall) {
   EXPECT_GE(bitwise_checks, 10);
 }
 
+// A 64-byte-aligned float buffer for a packed operand.
+struct PackedBuffer {
+  explicit PackedBuffer(size_t floats) : storage(floats + kGemmScratchAlignment / sizeof(float)) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(storage.data());
+    data = storage.data() + (kGemmScratchAlignment - p % kGemmScratchAlignment) %
+                                kGemmScratchAlignment / sizeof(float);
+  }
+  std::vector<float> storage;
+  float* data;
+};
+
 TEST(GemmTest, NoHeapAllocationPerCall) {
 #ifdef MHA_SANITIZED
   GTEST_SKIP() << "allocation counting needs the interposed malloc (not with sanitizers)";
@@ -563,15 +575,125 @@ TEST(GemmTest, NoHeapAllocationPerCall) {
   for (Problem& p : problems) {
     Gemm(p.alpha, p.a.view, p.b.view, p.beta, p.c.view, scratch.get());  // warm-up
   }
+  Problem& p0 = problems[0];
+  PackedBuffer packed(PackedBFloats(p0.b.view.rows, p0.b.view.cols));
   g_allocations.store(0);
   g_counting.store(true);
   for (int i = 0; i < 100; ++i) {
     Problem& p = problems[static_cast<size_t>(i) % problems.size()];
     Gemm(p.alpha, p.a.view, p.b.view, p.beta, p.c.view, scratch.get());
   }
+  // The packed-operand pair, as attention uses it.
+  for (int i = 0; i < 10; ++i) {
+    const PackedB pb = PackB(p0.b.view, packed.data);
+    GemmPackedB(p0.alpha, p0.a.view, pb, p0.beta, p0.c.view, scratch.get());
+  }
   g_counting.store(false);
-  EXPECT_EQ(g_allocations.load(), 0) << "heap allocations in 100 Gemm calls";
+  EXPECT_EQ(g_allocations.load(), 0) << "heap allocations in 100 Gemm and 10 PackB/GemmPackedB calls";
 #endif
+}
+
+// GemmPackedB against the double reference: every layout of a, b and c, misaligned views, k
+// across several KC blocks, n not a multiple of NR, m across MC blocks, alpha/beta (beta 0 from
+// a NaN-filled c); the same packed b reused by several products.
+TEST(GemmPackedBTest, MatchesReference) {
+  std::mt19937 rng(31);
+  Scratch scratch;
+  const size_t shapes[][3] = {{1, 1, 1},    {6, 16, 64},  {24, 512, 64}, {24, 64, 512},
+                              {7, 33, 300}, {5, 17, 1},   {200, 3, 700}, {13, 100, 257},
+                              {37, 48, 9},  {190, 70, 70}};
+  for (const auto& s : shapes) {
+    const size_t m = s[0], n = s[1], k = s[2];
+    for (const Layout lb : kLayouts) {
+      Buffer b = MakeBuffer(k, n, lb, rng() % 3, rng() % 4);
+      FillUniform(b, rng);
+      PackedBuffer packed(PackedBFloats(k, n));
+      const PackedB pb = PackB(b.view, packed.data);
+      ASSERT_EQ(pb.data, packed.data);
+      ASSERT_EQ(pb.k, k);
+      ASSERT_EQ(pb.n, n);
+      for (const Layout la : kLayouts) {
+        for (const Layout lc : kLayouts) {
+          const float alpha = (rng() % 2) ? 1.0f : 0.125f;
+          const float beta = static_cast<float>(rng() % 3) * 0.5f;  // 0, 0.5 or 1
+          Buffer a = MakeBuffer(m, k, la, rng() % 3, rng() % 4);
+          Buffer c = MakeBuffer(m, n, lc, rng() % 3, rng() % 4);
+          FillUniform(a, rng);
+          FillUniform(c, rng);
+          if (beta == 0.0f) {
+            std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+          }
+          Buffer c_out = c;
+          GemmPackedB(alpha, a.view, pb, beta, c_out.view, scratch.get());
+          ExpectGemmMatches(alpha, a, b, beta, c, c_out,
+                            "GemmPackedB m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                " k=" + std::to_string(k) + " a " + LayoutName(la) + ", b " +
+                                LayoutName(lb) + ", c " + LayoutName(lc));
+        }
+      }
+    }
+  }
+}
+
+// Row strips of one product (as attention runs them) give the bits of the whole product, and,
+// where the micro-kernel prefers row-stored tiles and the product is not a GEMV (so Gemm takes
+// its driver without swapping operands), the bits of Gemm too. k = 0 and alpha = 0 scale c.
+TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
+  std::mt19937 rng(32);
+  Scratch scratch;
+  for (const auto& s : {std::array<size_t, 3>{96, 512, 64}, std::array<size_t, 3>{50, 64, 600},
+                        std::array<size_t, 3>{31, 45, 260}}) {
+    const size_t m = s[0], n = s[1], k = s[2];
+    Buffer a = MakeBuffer(m, k, Layout::kRowMajor, 1, 3);
+    Buffer b = MakeBuffer(k, n, Layout::kColMajor, 2, 1);  // K^T of a row-major K
+    Buffer c = MakeBuffer(m, n, Layout::kRowMajor, 0, 5);
+    FillUniform(a, rng);
+    FillUniform(b, rng);
+    FillUniform(c, rng);
+    PackedBuffer packed(PackedBFloats(k, n));
+    const PackedB pb = PackB(b.view, packed.data);
+    for (const float beta : {0.0f, 1.0f}) {
+      Buffer whole = c, strips = c, gemm = c;
+      GemmPackedB(0.125f, a.view, pb, beta, whole.view, scratch.get());
+      for (size_t r0 = 0; r0 < m; r0 += 24) {
+        const size_t rows = std::min<size_t>(24, m - r0);
+        GemmPackedB(0.125f, a.view.Block(r0, 0, rows, k), pb, beta,
+                    strips.view.Block(r0, 0, rows, n), scratch.get());
+      }
+      EXPECT_EQ(std::memcmp(whole.storage.data(), strips.storage.data(),
+                            whole.storage.size() * sizeof(float)),
+                0)
+          << "m=" << m << " beta=" << beta;
+      if (bli_cntx_l3_nat_ukr_prefers_rows_dt(BLIS_FLOAT, BLIS_GEMM_UKR,
+                                              bli_gks_query_cntx())) {
+        Gemm(0.125f, a.view, b.view, beta, gemm.view, scratch.get());
+        EXPECT_EQ(std::memcmp(whole.storage.data(), gemm.storage.data(),
+                              whole.storage.size() * sizeof(float)),
+                  0)
+            << "m=" << m << " beta=" << beta;
+      }
+    }
+  }
+  // k = 0 and alpha = 0: c = beta * c without reading a or b.
+  Buffer c = MakeBuffer(5, 7, Layout::kRowMajor, 0, 0);
+  FillUniform(c, rng);
+  Buffer a = MakeBuffer(5, 3, Layout::kRowMajor, 0, 0);
+  Buffer b = MakeBuffer(3, 7, Layout::kRowMajor, 0, 0);
+  FillUniform(b, rng);
+  PackedBuffer packed(PackedBFloats(3, 7));
+  const PackedB pb = PackB(b.view, packed.data);
+  Buffer out = c;
+  GemmPackedB(0.0f, a.view, pb, 0.5f, out.view, scratch.get());
+  for (size_t i = 0; i < 5; ++i) {
+    for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
+  }
+  PackedBuffer empty(PackedBFloats(0, 7));
+  const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 7, 7, 1}, empty.data);
+  out = c;
+  GemmPackedB(1.0f, MatrixView{a.view.data, 5, 0, 3, 1}, pb0, 0.0f, out.view, scratch.get());
+  for (size_t i = 0; i < 5; ++i) {
+    for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.0f);
+  }
 }
 
 double ThreadCpuSeconds() {

@@ -6,10 +6,10 @@
 //
 // Tolerance, per output: |got - want| <= kAbs + want * (kRel + 2^-23 * (d_j + E[d])), where
 // d_j = max - y_j and E[d] = sum_k p_k d_k.
-// - kRel = 2e-6 covers the kernel's own arithmetic: Exp (1 ULP = 2^-23), the sum (f32 partial
+// - kRel = 2e-6 covers the kernel's own arithmetic: Exp (2 ULP = 2^-22), the sum (f32 partial
 //   sums of <= 16 additions folded into a double, <= (17 + log2(lanes)) * 2^-24 <= 1.3e-6 relative
-//   for positive terms), the reciprocal and the final multiply (2^-24 each): about 1.7e-6.
-//   (exp is kernels::ExpNonPositiveRow's, tested alone below: 1 ULP.)
+//   for positive terms), the reciprocal and the final multiply (2^-24 each): about 1.8e-6.
+//   (exp is kernels::ExpNonPositiveRow's, tested alone below: 2 ULP.)
 // - 2^-23 * (d_j + E[d]) is the conditioning of the f32 input to exp: y_j - max is rounded to
 //   f32 (relative 2^-24, i.e. absolute 2^-24 * d_j in the exponent), which perturbs p_j by that
 //   much relatively and the sum by 2^-24 * E[d]; the factor 2 is margin. It only matters for
@@ -383,6 +383,10 @@ TEST(SoftmaxRowsTest, InfAndNaN) {
       masks.masked[0] = m.data();
       masks.masked_row_stride[0] = n;
       RunAndCheck(x, rows, n, 1.0f, masks, 1, 2, std::string(target) + " n=" + std::to_string(n));
+      // Scale 1 without masks takes the first pass's read-only loop (y = x): rows 1, 2, 4 and 6
+      // are NaN rows there, row 5 keeps p_j = 0.
+      RunAndCheck(x, rows, n, 1.0f, SoftmaxMasks(), 1, 2,
+                  std::string(target) + " unmasked n=" + std::to_string(n));
       // Spot-check the documented outcomes directly (the reference encodes the same rules).
       Block b(rows, n, 0, 0);
       std::copy(x.begin(), x.end(), b.data());
@@ -607,12 +611,12 @@ TEST(OnlineSoftmaxTest, Finish) {
   });
 }
 
-// The softmax exp alone against exp in double, correctly rounded to f32: at most 1 ULP on a
+// The softmax exp alone against exp in double, correctly rounded to f32: at most 2 ULP on a
 // sample of every 4099th f32 bit pattern in [-87, 0] (273k values, every binade) plus the
 // boundaries; below -87 and -inf give 0, 0 and -0 give exactly 1. Misaligned starts and every
-// tail length up to two vectors. (Run over all 1.1e9 values in [-87, 0] on AVX2, SSE4, SSSE3
-// and SCALAR, the maximum was also 1 ULP.)
-TEST(ExpNonPositiveTest, WithinOneUlp) {
+// tail length up to two vectors. (Run over every 7th f32 in [-87, 0], 159 million values, on
+// AVX2, SSE4, SSSE3 and SCALAR, the maximum was also 2 ULP; 0.7% of values are 2 ULP off.)
+TEST(ExpNonPositiveTest, WithinTwoUlp) {
   test::ForEachTarget([](const char* target) {
     auto bits_of = [](float f) {
       uint32_t u;
@@ -646,8 +650,8 @@ TEST(ExpNonPositiveTest, WithinOneUlp) {
         const float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
         const int64_t ulps = std::abs(static_cast<int64_t>(bits_of(got)) -
                                       static_cast<int64_t>(bits_of(want)));
-        if (ulps > 1) ++failures;
-        EXPECT_LE(ulps, 1) << target << " x=" << x[i] << " got " << got << " want " << want;
+        if (ulps > 2) ++failures;
+        EXPECT_LE(ulps, 2) << target << " x=" << x[i] << " got " << got << " want " << want;
       }
       EXPECT_EQ(out[offset + x.size()], kSentinel) << target << ": wrote past the end";
       EXPECT_EQ(out[offset + 0], 1.0f) << target;  // exp(-0) (the sample starts at -0.0)
@@ -659,7 +663,7 @@ TEST(ExpNonPositiveTest, WithinOneUlp) {
       kernels::ExpNonPositiveRow(v.data(), v.data(), n);
       for (size_t i = 0; i < n; ++i) {
         const float want = static_cast<float>(std::exp(-0.25 * static_cast<double>(i)));
-        EXPECT_NEAR(v[i], want, want * 1.2e-7f) << target << " n=" << n << " i=" << i;
+        EXPECT_NEAR(v[i], want, want * 2.4e-7f) << target << " n=" << n << " i=" << i;  // 2 ULP
       }
       EXPECT_EQ(v[n], kSentinel) << target << " n=" << n;
     }
