@@ -8,10 +8,13 @@
 //      [tokens, E + 2 kvE] buffer. Buffers keep the token order of their input (batch-major or
 //      sequence-major), so dense inputs of either layout project with one GEMM; per-head views
 //      are strided views of these buffers (no permute copies).
-//   2. Attention tasks over (batch, head, query block): scores = Q_blk K_h^T (BLIS), masked
-//      softmax (Highway), Q_blk's rows of concat[:, h*hd:(h+1)*hd] = P V_h (BLIS). Long key
-//      sequences without weights use the online-softmax recurrence over key blocks, so scratch
-//      is threads x block x key-block floats, never S^2 x heads x batch.
+//   2. Attention tasks over (batch, head, query block). Without weights (the online path): for
+//      each key block of up to kKeyBlock keys, K_h^T and V_h are packed once, then the query
+//      block runs in strips of kStripRows rows: scores = Q_strip K_h^T (BLIS micro-kernel), the
+//      online-softmax update (Highway), Q_strip's rows of concat[:, h*hd:(h+1)*hd] += P V_h, so
+//      a strip's scores stay in L1/L2 and scratch is threads x (strip x key block + packed K, V)
+//      floats, never S^2 x heads x batch. With weights (the full-row path): scores = Q_blk K_h^T
+//      into the weights (or scratch), masked softmax over whole rows, P V_h.
 //   3. Output projection (ParallelGemm) from concat [tokens_q, E] into the caller's output.
 // Chunked path (no weights, S > kChunkKeys and K + V of all keys >= kChunkMinKvBytes, e.g.
 // (1, 8192, 1024, 16): 46 MiB planned instead of 132): full K, V and concat would dominate the
@@ -62,10 +65,8 @@ struct OnlineScratch {
 constexpr size_t kScoresBlockFloats = 128 * 1024;
 constexpr size_t kMinQueryBlock = 8;
 constexpr size_t kMaxQueryBlock = 256;
-// Keys per block of the online-softmax path, used when S' exceeds kOnlineThreshold and the
-// attention weights are not requested.
+// Keys per block of the online-softmax path (every forward without attention weights).
 constexpr size_t kKeyBlock = 512;
-constexpr size_t kOnlineThreshold = 1024;
 // Query rows per strip of the online path (a multiple of the micro-kernel's 6 or 8 rows on
 // x86-64 and arm64): a strip's scores [kStripRows, kKeyBlock] are 48 KiB.
 constexpr size_t kStripRows = 24;
@@ -178,7 +179,9 @@ struct Workspace {
   bool fused = false;
   bool padded_masks = false;
   size_t query_block = 0;
+  // Online path (no weights): keys per block, min(kKeyBlock, S').
   bool online = false;
+  size_t key_block = 0;
   // Chunked path: K and V hold one chunk of chunk_keys keys (plus the appended positions).
   bool chunked = false;
   int64_t chunk_keys = 0;
@@ -742,19 +745,19 @@ size_t Bytes(size_t floats) {
 }
 
 // The online path's per-worker scratch (after the GEMM packing buffer), byte offsets: scores
-// [kStripRows, kKeyBlock], row max and sum [query_block] (unused when chunked: the state lives in
-// the workspace), K^T of one key block packed [hd, kKeyBlock], and V packed [kKeyBlock, hd].
+// [kStripRows, key_block], row max and sum [query_block] (unused when chunked: the state lives in
+// the workspace), K^T of one key block packed [hd, key_block], and V packed [key_block, hd].
 OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   OnlineScratch l;
-  size_t off = Bytes(kStripRows * kKeyBlock);
+  size_t off = Bytes(kStripRows * ws.key_block);
   l.row_max = off;
   off += Bytes(ws.query_block);
   l.row_sum = off;
   off += Bytes(ws.query_block);
   l.packed_k = off;
-  off += Bytes(kernels::PackedBFloats(hd, kKeyBlock));
+  off += Bytes(kernels::PackedBFloats(hd, ws.key_block));
   l.packed_v = off;
-  off += Bytes(kernels::PackedBFloats(kKeyBlock, hd));
+  off += Bytes(kernels::PackedBFloats(ws.key_block, hd));
   l.total = off;
   return l;
 }
@@ -835,12 +838,17 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
     }
   }
 
-  ws->online = ws->chunked || (!sh.need_weights && St > kOnlineThreshold);
-  // The scores block [block, S'] (online: [block, kKeyBlock], 256 rows) within
-  // kScoresBlockFloats. Each K^T and V key block is packed once per query block, so the online
-  // path keeps all 256 rows: they measured ~10% less CPU time than 64 at (L, S) = (1024, 8192)
-  // chunked and at (2048, 2048) unchunked, and 16 rows (the old [block, S'] rule at S' = 8192)
-  // took ~40% more.
+  // Without weights, the online path at every length: its strips measured faster than the
+  // full-row path (scores [block, S'] in scratch) at S' <= 1024 too (mha-bench, 2 threads,
+  // alternated runs: (8, 512, 768, 12) 168 / 167 -> 161 / 161 ms, (4, 1024, 512, 8) 119 / 122
+  // -> 116 / 114 ms, the small shapes within noise).
+  ws->online = !sh.need_weights;
+  ws->key_block = std::max<size_t>(std::min(kKeyBlock, St), 1);
+  // Query rows per task: the full-row path's scores block [block, S'] within
+  // kScoresBlockFloats; the online path takes 256 rows (the bound at kKeyBlock columns). Each
+  // K^T and V key block is packed once per query block, so the online path keeps all 256 rows:
+  // they measured ~10% less CPU time than 64 at (L, S) = (1024, 8192) chunked and at (2048,
+  // 2048) unchunked, and 16 rows (the old [block, S'] rule at S' = 8192) took ~40% more.
   size_t qb = kScoresBlockFloats / std::max<size_t>(ws->online ? kKeyBlock : St, 1);
   qb = std::min(std::max(qb, kMinQueryBlock), kMaxQueryBlock) / 8 * 8;
   // Causal blocks compute keys up to their last row only: smaller blocks skip more of the
@@ -857,15 +865,14 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   }
   // The partition depends only on shapes, never on the thread count (determinism).
   ws->query_block = std::min(qb, L);
-  const size_t cols = ws->online ? kKeyBlock : St;
-  // Per worker: the GEMM packing buffer, scores [block, cols], and without weights (unchunked)
-  // row max and sum [block] (the full-row path uses the sums only); the chunked path's output
-  // projection uses the same space for a copy of kOutRows output rows [rows, E].
+  // Per worker: the GEMM packing buffer, then the online path's strip scores, row state and
+  // packed K^T and V (OnlineScratchLayout), or the full-row path's scores [block, S'] (unused
+  // when the per-head weights are the scores); the chunked path's output projection uses the
+  // same space for a copy of kOutRows output rows [rows, E].
   ws->gemm_scratch = kernels::GemmScratchBytes();
   RoundUpToAlignment(ws->gemm_scratch, &ws->gemm_scratch);
   size_t per_worker = ws->online ? OnlineScratchLayout(*ws, hd).total
-                                  : Bytes(ws->query_block * cols);
-  if (!sh.need_weights && !ws->online) per_worker += 2 * Bytes(ws->query_block);
+                                  : Bytes(ws->query_block * St);
   if (ws->chunked) per_worker = std::max(per_worker, Bytes(std::min<size_t>(kOutRows, L) * E));
   ws->scratch_per_worker = ws->gemm_scratch + per_worker;
   ws->scratch = off;
@@ -1102,34 +1109,26 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     return causal ? std::min<int64_t>(St, q0 + static_cast<int64_t>(rows)) : St;
   };
 
-  // One (n, h, query block): full-row softmax, scores into `scores` (row stride ld). With
-  // `row_sum` (no weights returned), the probabilities stay unnormalized and the [rows, hd]
-  // result is divided by the row sums instead: hd rather than S' multiplies per row.
+  // One (n, h, query block) with attention weights: full-row softmax, scores into `scores` (row
+  // stride ld).
   auto gemm_scratch = [&](size_t worker) { return scratch_base + worker * ws.scratch_per_worker; };
   auto worker_scratch = [&](size_t worker) { return gemm_scratch(worker) + ws.gemm_scratch; };
   auto full_rows = [&](int64_t n, int64_t h, int64_t q0, size_t rows, float* scores,
-                       ptrdiff_t ld, size_t worker, int64_t blk, float* row_sum) {
+                       ptrdiff_t ld, size_t worker, int64_t blk) {
     const int64_t g = h / group;
     void* gs = gemm_scratch(worker);
     const size_t kl = static_cast<size_t>(key_limit(q0, rows));
     const MatrixView s_view{scores, rows, kl, ld, 1};
     const MatrixView out = out_view(n, h, q0, rows);
     int64_t t0 = now();
-    kernels::Gemm(1.0f, q_view(n, h, q0, rows), kt_view(n, g, 0, kl), 0.0f, s_view, gs);
+    // The scale is the product's alpha (the softmax's own multiply by it would round alike).
+    kernels::Gemm(scale, q_view(n, h, q0, rows), kt_view(n, g, 0, kl), 0.0f, s_view, gs);
     record(t0, worker, Stage::kScores, n, h, blk);
     t0 = now();
-    if (row_sum != nullptr) {
-      kernels::SoftmaxRowsUnnormalized(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0),
-                                       row_sum);
-    } else {
-      kernels::SoftmaxRows(scores, rows, kl, ld, scale, masks_for(n, h, q0, 0));
-    }
+    kernels::SoftmaxRows(scores, rows, kl, ld, 1.0f, masks_for(n, h, q0, 0));
     record(t0, worker, Stage::kSoftmax, n, h, blk);
     t0 = now();
     kernels::Gemm(1.0f, s_view, v_view(n, g, 0, kl), 0.0f, out, gs);
-    if (row_sum != nullptr) {
-      kernels::OnlineSoftmaxFinish(out.data, rows, hd, out.row_stride, row_sum);
-    }
     record(t0, worker, Stage::kWeightedSum, n, h, blk);
     // Columns past the causal limit are exactly zero in the returned weights.
     if (kl < static_cast<size_t>(St)) {
@@ -1148,7 +1147,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       float* scores = reinterpret_cast<float*>(worker_scratch(worker));
       float* wrow = sh.weights + n * sh.w_stride[0] + q0 * sh.w_stride[1];
       for (int64_t h = 0; h < H; ++h) {
-        full_rows(n, h, q0, rows, scores, St, worker, blk, nullptr);
+        full_rows(n, h, q0, rows, scores, St, worker, blk);
         const int64_t t0 = now();
         for (size_t r = 0; r < rows; ++r) {
           float* dst = wrow + r * sh.w_stride[1];
@@ -1175,12 +1174,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     if (sh.need_weights) {
       // Per-head weights: the scores block lives in the caller's weights tensor.
       float* w = sh.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
-      full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk, nullptr);
-      return;
-    }
-    if (!ws.online) {
-      full_rows(n, h, q0, rows, reinterpret_cast<float*>(scratch), St, worker, blk,
-                reinterpret_cast<float*>(scratch + Bytes(qb * St)));
+      full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
       return;
     }
     // Online softmax over key blocks; the running output accumulates in place in concat (the
@@ -1221,7 +1215,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       record(t0, worker, Stage::kWeightedSum, n, h, blk);
       for (size_t r0 = 0; r0 < rows; r0 += kStripRows) {
         const size_t sr = std::min(kStripRows, rows - r0);
-        const MatrixView s_view{scores, sr, kc, static_cast<ptrdiff_t>(kKeyBlock), 1};
+        const MatrixView s_view{scores, sr, kc, static_cast<ptrdiff_t>(ws.key_block), 1};
         const MatrixView a_view = acc.Block(r0, 0, sr, hd);
         t0 = now();
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
@@ -1230,7 +1224,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         record(t0, worker, Stage::kScores, n, h, blk);
         t0 = now();
         kernels::OnlineSoftmaxUpdate(
-            scores, sr, kc, kKeyBlock, 1.0f,
+            scores, sr, kc, ws.key_block, 1.0f,
             masked ? masks_for(n, h, q0 + r0, k0) : kernels::SoftmaxMasks(), row_max + r0,
             row_sum + r0, a_view.data, hd, a_view.row_stride);
         record(t0, worker, Stage::kSoftmax, n, h, blk);
@@ -1244,8 +1238,9 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     // positions [S, S') after them are never masked, so they form one block without masks.
     const int64_t mask_end = ws.chunked ? sh.S : St;
     const int64_t kend = std::min({keys.end, mask_end, key_limit(q0, rows)});
-    for (int64_t k0 = keys.begin; k0 < kend; k0 += kKeyBlock) {
-      update(k0, std::min<int64_t>(kKeyBlock, kend - k0), true);
+    const int64_t kb = static_cast<int64_t>(ws.key_block);
+    for (int64_t k0 = keys.begin; k0 < kend; k0 += kb) {
+      update(k0, std::min<int64_t>(kb, kend - k0), true);
     }
     const int64_t tail = std::max(keys.begin, mask_end);
     if (tail < keys.end) update(tail, keys.end - tail, false);
