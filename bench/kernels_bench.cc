@@ -222,6 +222,45 @@ void BM_GemmPV(benchmark::State& state) {
 }
 BENCHMARK(BM_GemmPV)->RangeMultiplier(2)->Range(128, 1024);
 
+// The online attention path's two products for one strip of 24 query rows against a key block
+// of 512 keys packed once (PackB outside the timed loop, as the operator amortizes it over its
+// strips): scores [24, 512] = Q_strip [24, 64] K^T (range(0) = 0) and acc [24, 64] += P [24,
+// 512] V [512, 64] (range(0) = 1). Q and P are read through a 1024-float row stride, as the
+// strips of the operator's [tokens, E] buffers.
+void BM_GemmPackedStrip(benchmark::State& state) {
+  const bool pv = state.range(0) == 1;
+  const size_t rows = 24, keys = 512, ld = 1024;
+  kernels::GemmInit();
+  const auto scratch = GemmScratch();
+  std::vector<float> a_buf = RandomFloats(rows * ld, -1.0f, 1.0f, 14);
+  std::vector<float> kv = RandomFloats(keys * kHeadDim, -1.0f, 1.0f, 15);
+  std::vector<float> c_buf(rows * ld);
+  const size_t k = pv ? keys : kHeadDim, n = pv ? kHeadDim : keys;
+  const MatrixView b =
+      pv ? RowMajor(kv, keys, kHeadDim) : RowMajor(kv, keys, kHeadDim).Transposed();
+  const size_t a_align = kernels::kGemmScratchAlignment;
+  const size_t packed_bytes =
+      (kernels::PackedBFloats(k, n) * sizeof(float) + a_align - 1) / a_align * a_align;
+  std::unique_ptr<void, FreeDeleter> packed(std::aligned_alloc(a_align, packed_bytes));
+  if (!scratch || !packed) {
+    state.SkipWithError("cannot allocate GEMM scratch");
+    return;
+  }
+  const kernels::PackedB pb = kernels::PackB(b, static_cast<float*>(packed.get()));
+  const MatrixView a{a_buf.data(), rows, k, static_cast<ptrdiff_t>(ld), 1};
+  const MatrixView c{c_buf.data(), rows, n, static_cast<ptrdiff_t>(ld), 1};
+  for (auto _ : state) {
+    kernels::GemmPackedB(pv ? 1.0f : 0.125f, a, pb, pv ? 1.0f : 0.0f, c, scratch.get());
+    benchmark::DoNotOptimize(c.data);
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(rows * n * k);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+  state.SetLabel(pv ? "P V" : "Q K^T");
+}
+BENCHMARK(BM_GemmPackedStrip)->Arg(0)->Arg(1);
+
 // Packed input projection: X [512 tokens, E = 512] x W^T [512, 3 E = 1536] (W stored
 // [1536, 512] as nn.Linear, read through a transposed view).
 void BM_GemmProjection(benchmark::State& state) {

@@ -57,16 +57,25 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct OnlineScratch {
-  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, total = 0;
+  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, q_rows = 0, acc_rows = 0;
+  size_t total = 0;
 };
 
-// Query rows per attention task: the scores block [block, S'] stays within ~512 KiB (L2), and
-// small enough blocks leave several tasks per thread. Multiple of 8 for the GEMM micro-tiles.
+// Query rows per task of the full-row path (with weights): the scores block [block, S'] stays
+// within ~512 KiB (L2), and small enough blocks leave several tasks per thread. Multiple of 8
+// for the GEMM micro-tiles.
 constexpr size_t kScoresBlockFloats = 128 * 1024;
 constexpr size_t kMinQueryBlock = 8;
 constexpr size_t kMaxQueryBlock = 256;
 // Keys per block of the online-softmax path (every forward without attention weights).
 constexpr size_t kKeyBlock = 512;
+// Query rows per task of the online path. Each task packs K^T and V of every key block once, so
+// larger blocks pack less often; the strips keep the scores small at any block size.
+// 512 rows measured ~2% less time than 256 at (1, 2048, 1024, 16) and (1, 8192, 1024, 16)
+// (mha-bench, 2 threads, alternated runs: 2578 / 2419 -> 2552 / 2365 ms at 8192); 256 rows had
+// measured ~10% less CPU time than 64 before the strips existed. Causal blocks keep 64 rows (see
+// PlanWorkspace), except on the chunked path.
+constexpr size_t kOnlineQueryBlock = 512;
 // Query rows per strip of the online path (a multiple of the micro-kernel's 6 or 8 rows on
 // x86-64 and arm64): a strip's scores [kStripRows, kKeyBlock] are 48 KiB.
 constexpr size_t kStripRows = 24;
@@ -746,7 +755,8 @@ size_t Bytes(size_t floats) {
 
 // The online path's per-worker scratch (after the GEMM packing buffer), byte offsets: scores
 // [kStripRows, key_block], row max and sum [query_block] (unused when chunked: the state lives in
-// the workspace), K^T of one key block packed [hd, key_block], and V packed [key_block, hd].
+// the workspace), K^T of one key block packed [hd, key_block], V packed [key_block, hd], and the
+// query block's Q rows and running output [query_block, hd] each.
 OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   OnlineScratch l;
   size_t off = Bytes(kStripRows * ws.key_block);
@@ -758,6 +768,10 @@ OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   off += Bytes(kernels::PackedBFloats(hd, ws.key_block));
   l.packed_v = off;
   off += Bytes(kernels::PackedBFloats(ws.key_block, hd));
+  l.q_rows = off;
+  off += Bytes(ws.query_block * hd);
+  l.acc_rows = off;
+  off += Bytes(ws.query_block * hd);
   l.total = off;
   return l;
 }
@@ -845,16 +859,17 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   ws->online = !sh.need_weights;
   ws->key_block = std::max<size_t>(std::min(kKeyBlock, St), 1);
   // Query rows per task: the full-row path's scores block [block, S'] within
-  // kScoresBlockFloats; the online path takes 256 rows (the bound at kKeyBlock columns). Each
-  // K^T and V key block is packed once per query block, so the online path keeps all 256 rows:
-  // they measured ~10% less CPU time than 64 at (L, S) = (1024, 8192) chunked and at (2048,
-  // 2048) unchunked, and 16 rows (the old [block, S'] rule at S' = 8192) took ~40% more.
-  size_t qb = kScoresBlockFloats / std::max<size_t>(ws->online ? kKeyBlock : St, 1);
-  qb = std::min(std::max(qb, kMinQueryBlock), kMaxQueryBlock) / 8 * 8;
+  // kScoresBlockFloats; the online path takes kOnlineQueryBlock rows.
+  size_t qb = kOnlineQueryBlock;
+  if (!ws->online) {
+    qb = std::min(std::max(kScoresBlockFloats / std::max<size_t>(St, 1), kMinQueryBlock),
+                  kMaxQueryBlock) /
+         8 * 8;
+  }
   // Causal blocks compute keys up to their last row only: smaller blocks skip more of the
   // masked upper triangle (64 rows: ~56% of the full product at L = S = 512, vs 75% at 256).
-  // The chunked path keeps 256: at the lengths it runs (thousands of queries) a causal diagonal
-  // block adds a few percent at most.
+  // The chunked path keeps its full blocks: at the lengths it runs (thousands of queries) a causal
+  // diagonal block adds a few percent at most.
   if (sh.causal && !ws->chunked) qb = std::min<size_t>(qb, 64);
   if (sh.need_weights && sh.average) {
     // Averaged weights run one task per (batch, query block) with all heads inside it: split
@@ -1177,9 +1192,13 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
       return;
     }
-    // Online softmax over key blocks; the running output accumulates in place in concat (the
-    // caller's output when chunked). Row max and sum [rows] live in the worker's scratch, or when
-    // chunked in the workspace's [N, H, L] arrays, where they persist from chunk to chunk.
+    // Online softmax over key blocks. The block's Q rows and its running output are copied into
+    // contiguous [rows, hd] buffers in the worker's scratch for the task: the strips then read
+    // and accumulate rows at a stride of hd floats in L2 instead of rows of the [tokens, E]
+    // buffers (a multiple of 4 KiB apart, L3 or memory at long lengths) once per key block.
+    // The running output lives in concat between tasks only on the chunked path (the caller's
+    // output, unnormalized); row max and sum [rows] live in the worker's scratch, or when chunked
+    // in the workspace's [N, H, L] arrays, where they persist from chunk to chunk.
     // Each key block's K^T [hd, kc] and V [kc, hd] are packed once, then the block's rows run in
     // strips of kStripRows: scores [strip, kc], the online update, and P [strip, kc] times V, so
     // a strip's scores stay in L1/L2 between the three steps instead of a [rows, kc] block
@@ -1191,23 +1210,44 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     float* row_sum = reinterpret_cast<float*>(scratch + os.row_sum);
     float* const packed_k = reinterpret_cast<float*>(scratch + os.packed_k);
     float* const packed_v = reinterpret_cast<float*>(scratch + os.packed_v);
+    float* const q_rows = reinterpret_cast<float*>(scratch + os.q_rows);
     if (ws.chunked) {
       const int64_t state = (n * H + h) * L + q0;
       row_max = reinterpret_cast<float*>(base + ws.row_max) + state;
       row_sum = reinterpret_cast<float*>(base + ws.row_sum) + state;
     }
-    const MatrixView acc = out_view(n, h, q0, rows);
-    if (keys.first) {
-      for (size_t r = 0; r < rows; ++r) {
+    // Keys below mask_end take the masks and the causal limit (a chunk past this block's
+    // diagonal has none left); the chunked path's unpadded masks end at S, and the appended
+    // positions [S, S') after them are never masked, so they form one block without masks.
+    const int64_t mask_end = ws.chunked ? sh.S : St;
+    const int64_t kend = std::min({keys.end, mask_end, key_limit(q0, rows)});
+    const int64_t tail = std::max(keys.begin, mask_end);
+    // A later chunk past this block's causal diagonal leaves its state as it is.
+    if (!keys.first && kend <= keys.begin && tail >= keys.end) return;
+    const MatrixView out = out_view(n, h, q0, rows);
+    const MatrixView acc{reinterpret_cast<float*>(scratch + os.acc_rows), rows,
+                         static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
+    int64_t t0 = now();
+    const MatrixView q = q_view(n, h, q0, rows);
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(q_rows + r * hd, q.data + r * q.row_stride, hd * sizeof(float));
+    }
+    record(t0, worker, Stage::kScores, n, h, blk);
+    t0 = now();
+    for (size_t r = 0; r < rows; ++r) {
+      if (keys.first) {
         row_max[r] = kNegInf;
         row_sum[r] = 0.0f;
-        std::memset(acc.data + r * acc.row_stride, 0, hd * sizeof(float));
+        std::memset(acc.data + r * hd, 0, hd * sizeof(float));
+      } else {
+        std::memcpy(acc.data + r * hd, out.data + r * out.row_stride, hd * sizeof(float));
       }
     }
+    record(t0, worker, Stage::kWeightedSum, n, h, blk);
     void* const gs = gemm_scratch(worker);
     auto update = [&](int64_t k0, size_t kc, bool masked) {
       // The trace counts packing K^T as scores time and packing V as weighted-sum time.
-      int64_t t0 = now();
+      t0 = now();
       const kernels::PackedB kp = kernels::PackB(kt_view(n, g, k0, kc), packed_k);
       record(t0, worker, Stage::kScores, n, h, blk);
       t0 = now();
@@ -1220,7 +1260,9 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         t0 = now();
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
-        kernels::GemmPackedB(scale, q_view(n, h, q0 + r0, sr), kp, 0.0f, s_view, gs);
+        const MatrixView q_strip{q_rows + r0 * hd, sr, static_cast<size_t>(hd),
+                                 static_cast<ptrdiff_t>(hd), 1};
+        kernels::GemmPackedB(scale, q_strip, kp, 0.0f, s_view, gs);
         record(t0, worker, Stage::kScores, n, h, blk);
         t0 = now();
         kernels::OnlineSoftmaxUpdate(
@@ -1233,19 +1275,18 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         record(t0, worker, Stage::kWeightedSum, n, h, blk);
       }
     };
-    // Keys below mask_end take the masks and the causal limit (a chunk past this block's
-    // diagonal has none left); the chunked path's unpadded masks end at S, and the appended
-    // positions [S, S') after them are never masked, so they form one block without masks.
-    const int64_t mask_end = ws.chunked ? sh.S : St;
-    const int64_t kend = std::min({keys.end, mask_end, key_limit(q0, rows)});
     const int64_t kb = static_cast<int64_t>(ws.key_block);
     for (int64_t k0 = keys.begin; k0 < kend; k0 += kb) {
       update(k0, std::min<int64_t>(kb, kend - k0), true);
     }
-    const int64_t tail = std::max(keys.begin, mask_end);
     if (tail < keys.end) update(tail, keys.end - tail, false);
     // The chunked path normalizes in its output projection, after the last chunk.
+    t0 = now();
     if (!ws.chunked) kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(out.data + r * out.row_stride, acc.data + r * hd, hd * sizeof(float));
+    }
+    record(t0, worker, Stage::kWeightedSum, n, h, blk);
   });
 }
 
