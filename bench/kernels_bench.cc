@@ -2,7 +2,8 @@
 // - softmax rows (kernels/softmax.h) for row lengths 16..8192, plain, masked and online, on
 //   the best target and (one length) on every target this CPU supports;
 // - the 16-bit conversions (kernels/elementwise.h);
-// - GEMM (kernels/gemm.h) for the scores Q K^T, the weighted sum P V and an input projection.
+// - GEMM (kernels/gemm.h) for the scores Q K^T, the weighted sum P V and an input projection,
+//   and a projection split into ParallelGemm's panels with and without the weights packed once.
 //
 // Units: items/s counts elements (softmax: scores; conversions: values); bytes/s counts one read
 // and one write of each element (the kernel's minimum traffic; softmax actually makes three
@@ -22,6 +23,8 @@
 #include "kernels/gemm.h"
 #include "kernels/softmax.h"
 #include "kernels/targets.h"
+#include "runtime/parallel_gemm.h"
+#include "runtime/thread_pool.h"
 
 namespace mha {
 namespace {
@@ -272,6 +275,49 @@ void BM_GemmProjection(benchmark::State& state) {
           RowMajor(y, tokens, out));
 }
 BENCHMARK(BM_GemmProjection);
+
+// A larger projection, X [4096 tokens, 512] x W^T [512, 1536] (the Q/K/V projection of
+// (4, 1024, 512, 8)), as ParallelGemm runs it on a pool of one thread: 0 = panels that each
+// pack their own columns of W (no packing buffer), 1 = W packed once for all panels (the
+// operator's path), 2 = one kernels::Gemm call for the whole product (the ceiling).
+void BM_ProjectionPanels(benchmark::State& state) {
+  const int mode = static_cast<int>(state.range(0));
+  const size_t tokens = 4096, e = 512, out = 1536;
+  std::vector<float> x = RandomFloats(tokens * e, -1.0f, 1.0f, 16);
+  std::vector<float> w = RandomFloats(out * e, -0.05f, 0.05f, 17);
+  std::vector<float> y(tokens * out);
+  kernels::GemmInit();
+  const size_t align = kernels::kGemmScratchAlignment;
+  const size_t stride = (kernels::GemmScratchBytes() + align - 1) / align * align;
+  const size_t packed_bytes = PackedJobBytes(e, out);
+  std::unique_ptr<void, FreeDeleter> scratch(std::aligned_alloc(align, stride));
+  std::unique_ptr<void, FreeDeleter> packed(std::aligned_alloc(align, packed_bytes));
+  if (!scratch || !packed) {
+    state.SkipWithError("cannot allocate GEMM scratch");
+    return;
+  }
+  ThreadPool pool(1);
+  GemmJob job;
+  job.a = RowMajor(x, tokens, e);
+  job.b = RowMajor(w, out, e).Transposed();
+  job.c = RowMajor(y, tokens, out);
+  for (auto _ : state) {
+    if (mode == 2) {
+      kernels::Gemm(1.0f, job.a, job.b, 0.0f, job.c, scratch.get());
+    } else {
+      ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch.get()), stride, nullptr,
+                   mode == 1 ? static_cast<uint8_t*>(packed.get()) : nullptr,
+                   mode == 1 ? packed_bytes : 0);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(tokens * e * out);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+  state.SetLabel(mode == 0 ? "own packing per panel" : mode == 1 ? "weights packed once" : "one call");
+}
+BENCHMARK(BM_ProjectionPanels)->DenseRange(0, 2)->UseRealTime();
 
 }  // namespace
 }  // namespace mha

@@ -386,20 +386,32 @@ size_t PackedBFloats(size_t k, size_t n) {
                  kGemmScratchAlignment / sizeof(float));
 }
 
-PackedB PackB(const MatrixView& b, float* dst) {
+PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst) {
   assert(reinterpret_cast<uintptr_t>(dst) % kGemmScratchAlignment == 0 &&
-         "PackB: dst must be 64-byte aligned");
+         "PackBColumns: dst must be 64-byte aligned");
   const Config& cfg = GetConfig();
+  assert(c0 % cfg.nr == 0 && "PackBColumns: c0 must be a multiple of NR");
+  assert(c0 + nc <= b.cols && "PackBColumns: columns out of range");
   const Operand op{b.data, nullptr, HalfType::kBF16, b.row_stride, b.col_stride};
   float* block = dst;
   for (size_t pc = 0; pc < b.rows; pc += cfg.kc) {
     const size_t kc = std::min(cfg.kc, b.rows - pc);
-    // NR-wide panels of B[pc:pc+kc, :] are rows of its transpose.
-    PackBlock(cfg.pack_b, op.At(pc, 0).Transposed(), b.cols, kc, cfg.nr, cfg.packnr, nullptr,
-              block);
+    // NR-wide panels of B[pc:pc+kc, c0:c0+nc] are rows of its transpose.
+    PackBlock(cfg.pack_b, op.At(pc, c0).Transposed(), nc, kc, cfg.nr, cfg.packnr, nullptr,
+              block + c0 / cfg.nr * cfg.packnr * kc);
     block += PackedBlockFloats(cfg, kc, b.cols);
   }
-  return {dst, b.rows, b.cols};
+  return {dst, b.rows, nc, b.cols, c0};
+}
+
+PackedB PackB(const MatrixView& b, float* dst) { return PackBColumns(b, 0, b.cols, dst); }
+
+const GemmBlocks& GemmBlocking() {
+  static const GemmBlocks blocks = [] {
+    const Config& cfg = GetConfig();
+    return GemmBlocks{cfg.mr, cfg.nr, cfg.mc, cfg.kc, cfg.prefers_rows};
+  }();
+  return blocks;
 }
 
 void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
@@ -407,6 +419,7 @@ void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
   assert(a.rows == c.rows && "GemmPackedB: a.rows must equal c.rows");
   assert(b.n == c.cols && "GemmPackedB: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmPackedB: a.cols must equal b.k");
+  assert(b.col0 + b.n <= b.packed_n && "GemmPackedB: columns past the packing");
   assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
          "GemmPackedB: scratch must be 64-byte aligned");
   if (c.rows == 0 || c.cols == 0) return;
@@ -415,6 +428,7 @@ void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
     return;
   }
   const Config& cfg = GetConfig();
+  assert(b.col0 % cfg.nr == 0 && "GemmPackedB: col0 must be a multiple of NR");
   const Operand op_a{a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride};
   float* const a_pack = static_cast<float*>(scratch);
   float alpha_v = alpha;
@@ -424,7 +438,7 @@ void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
     const size_t kc = std::min(cfg.kc, b.k - pc);
     float* beta_p = pc == 0 ? &beta : &one;
     // The micro-kernel only reads the packed panels; BLIS's signature takes them non-const.
-    float* const b_pack = const_cast<float*>(b_block);
+    float* const b_pack = const_cast<float*>(b_block) + b.col0 / cfg.nr * cfg.packnr * kc;
     for (size_t ic = 0; ic < c.rows; ic += cfg.mc) {
       const size_t mc = std::min(cfg.mc, c.rows - ic);
       PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, nullptr, a_pack);
@@ -432,7 +446,7 @@ void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
                   c.data + static_cast<ptrdiff_t>(ic) * c.row_stride, c.row_stride, c.col_stride,
                   [](size_t, float*) {});
     }
-    b_block += PackedBlockFloats(cfg, kc, c.cols);
+    b_block += PackedBlockFloats(cfg, kc, b.packed_n);
   }
 }
 

@@ -117,14 +117,33 @@ void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float 
 
 // A b [k, n] operand packed once and multiplied by many a's (GemmPackedB): attention packs each
 // key block's K^T and V once and runs a few query rows at a time against them, so that each
-// strip's scores and probabilities stay in L1/L2 between the two products (runtime/attention.cc).
-// Layout: the packing of Gemm's driver for all n at once: k in blocks of the configuration's KC,
-// each block holding ceil(n / NR) NR-wide micro-panels, zero-padded to full panels.
+// strip's scores and probabilities stay in L1/L2 between the two products (runtime/attention.cc),
+// and ParallelGemm packs a projection's weights once for all of its row panels.
+// Layout: the packing of Gemm's driver for all columns at once: k in blocks of the
+// configuration's KC, each block holding ceil(packed_n / NR) NR-wide micro-panels, zero-padded
+// to full panels. A PackedB may be a column range of a larger packing (Columns): it then starts
+// at micro-panel col0 / NR of each block of a packing packed_n columns wide.
 struct PackedB {
   const float* data = nullptr;
   size_t k = 0;
   size_t n = 0;
+  size_t packed_n = 0;  // columns of the whole packing (each KC block's width); >= col0 + n
+  size_t col0 = 0;      // first column of this operand in the packing, a multiple of NR
+
+  // Columns [c0, c0 + nc) of this operand; c0 must be a multiple of GemmBlocking().nr.
+  PackedB Columns(size_t c0, size_t nc) const { return {data, k, nc, packed_n, col0 + c0}; }
 };
+
+// The register and cache blocks of the BLIS configuration selected at run time: callers that
+// split a product into pieces (ParallelGemm) align the pieces to them.
+struct GemmBlocks {
+  size_t mr = 0;              // rows of the micro-kernel's C tile
+  size_t nr = 0;              // columns of the micro-kernel's C tile (PackedB column alignment)
+  size_t mc = 0;              // rows of A packed per block
+  size_t kc = 0;              // depth of a packed block
+  bool prefers_rows = true;   // the micro-kernel stores row-major C tiles fastest
+};
+const GemmBlocks& GemmBlocking();
 
 // Floats PackB writes for a [k, n] b (a multiple of 16, so consecutive packed operands keep the
 // 64-byte alignment of the first).
@@ -133,6 +152,11 @@ size_t PackedBFloats(size_t k, size_t n);
 // Packs b [k, n] (any strides) into dst: PackedBFloats(b.rows, b.cols) floats,
 // kGemmScratchAlignment-aligned. Returns the packed operand (pointing at dst).
 PackedB PackB(const MatrixView& b, float* dst);
+
+// Packs only columns [c0, c0 + nc) of b into dst, where they lie in PackB(b, dst)'s layout
+// (c0 a multiple of GemmBlocking().nr): disjoint column ranges can be packed by different
+// threads into one packing. Returns the packed operand of those columns.
+PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst);
 
 // c = alpha * a * b + beta * c for a packed b, with Gemm's contract (beta == 0 does not read c;
 // scratch: GemmScratchBytes(), which this call uses for packing a). Shapes: a [m, b.k],

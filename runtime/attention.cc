@@ -39,6 +39,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemv.h"
 #include "kernels/softmax.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
@@ -69,13 +70,20 @@ constexpr size_t kMinQueryBlock = 8;
 constexpr size_t kMaxQueryBlock = 256;
 // Keys per block of the online-softmax path (every forward without attention weights).
 constexpr size_t kKeyBlock = 512;
-// Query rows per task of the online path. Each task packs K^T and V of every key block once, so
-// larger blocks pack less often; the strips keep the scores small at any block size.
-// 512 rows measured ~2% less time than 256 at (1, 2048, 1024, 16) and (1, 8192, 1024, 16)
-// (mha-bench, 2 threads, alternated runs: 2578 / 2419 -> 2552 / 2365 ms at 8192); 256 rows had
-// measured ~10% less CPU time than 64 before the strips existed. Causal blocks keep 64 rows (see
-// PlanWorkspace), except on the chunked path.
-constexpr size_t kOnlineQueryBlock = 512;
+// Query rows per task of the online path: each task packs K^T and V of every key block once,
+// so without a causal mask it takes as many rows as leave kMinOnlineTasksPerThread tasks per
+// thread over the N x H heads, at most kMaxOnlineQueryBlock (its Q and output rows are copied
+// to scratch, 2 x 512 KiB per worker at head_dim 64). At (1, 2048, 1024, 16) on 2 threads a
+// task is a whole head, where 512-row blocks packed every key block four times (PackB: ~3% of
+// the forward's CPU time in a perf profile). Without a causal mask every row runs the same key
+// blocks and rows are independent (GemmPackedB's rows, per-row softmax), so this split may
+// follow the thread count without changing any result. Causal blocks run the key blocks up to
+// their last row, so their split must not: kCausalQueryBlock rows on the chunked path, 64 rows
+// otherwise (see PlanWorkspace). 512 rows measured ~2% less time than 256 at (1, 8192, 1024,
+// 16) (mha-bench, 2 threads, alternated runs: 2578 / 2419 -> 2552 / 2365 ms).
+constexpr size_t kMinOnlineTasksPerThread = 4;
+constexpr size_t kMaxOnlineQueryBlock = 2048;
+constexpr size_t kCausalQueryBlock = 512;
 // Query rows per strip of the online path (a multiple of the micro-kernel's 6 or 8 rows on
 // x86-64 and arm64): a strip's scores [kStripRows, kKeyBlock] are 48 KiB.
 constexpr size_t kStripRows = 24;
@@ -184,6 +192,8 @@ struct Workspace {
   size_t row_max = 0, row_sum = 0;  // chunked: [N, H, L] each
   size_t scratch = 0, scratch_per_worker = 0;
   size_t gemm_scratch = 0;  // bytes at the start of each worker's scratch
+  // Projection weights packed once per ParallelGemm call (0 bytes when none is packed).
+  size_t packed_w = 0, packed_w_bytes = 0;
   size_t total = 0;
   bool fused = false;
   bool padded_masks = false;
@@ -786,7 +796,8 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // whole (the chunks reread it), K and V [N, chunk + extra, kvE] hold one chunk of keys at a
   // time, and the running softmax state of every query row stays between chunks: row max and
   // sum [N, H, L] here, the unnormalized output in the caller's output rows (out_private), which
-  // replaces concat. At (1, 8192, 1024, 16): 32 + 2 x 4 + 1 MiB instead of 4 x 32 MiB.
+  // replaces concat. At (1, 8192, 1024, 16): 32 + 2 x 4 + 1 MiB instead of 4 x 32 MiB (plus
+  // 8 MiB for the K and V weights packed once, and per-worker scratch: 56 MiB on 2 threads).
   const KeyChunking chunking = CurrentKeyChunking();
   ws->chunked = !sh.need_weights && sh.out_private && sh.S > chunking.chunk_keys &&
                 2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
@@ -859,9 +870,16 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   ws->online = !sh.need_weights;
   ws->key_block = std::max<size_t>(std::min(kKeyBlock, St), 1);
   // Query rows per task: the full-row path's scores block [block, S'] within
-  // kScoresBlockFloats; the online path takes kOnlineQueryBlock rows.
-  size_t qb = kOnlineQueryBlock;
-  if (!ws->online) {
+  // kScoresBlockFloats; the online path's as kMinOnlineTasksPerThread says.
+  size_t qb = kCausalQueryBlock;
+  if (ws->online && !sh.causal) {
+    const size_t heads = std::max<size_t>(N * H, 1);
+    const size_t blocks =
+        std::max<size_t>((kMinOnlineTasksPerThread * threads + heads - 1) / heads, 1);
+    qb = std::min(kMaxOnlineQueryBlock,
+                  ((L + blocks - 1) / blocks + kStripRows - 1) / kStripRows * kStripRows);
+    qb = std::max(qb, kStripRows);
+  } else if (!ws->online) {
     qb = std::min(std::max(kScoresBlockFloats / std::max<size_t>(St, 1), kMinQueryBlock),
                   kMaxQueryBlock) /
          8 * 8;
@@ -878,7 +896,8 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
     const size_t blocks = (kMinAverageTasks + N - 1) / N;
     qb = std::min(qb, std::max<size_t>(kMinAverageRows, (L + blocks - 1) / blocks + 7) / 8 * 8);
   }
-  // The partition depends only on shapes, never on the thread count (determinism).
+  // The full-row path's partition depends only on shapes; the online path's follows the thread
+  // count too, which its results do not depend on (see kMinOnlineTasksPerThread).
   ws->query_block = std::min(qb, L);
   // Per worker: the GEMM packing buffer, then the online path's strip scores, row state and
   // packed K^T and V (OnlineScratchLayout), or the full-row path's scores [block, S'] (unused
@@ -892,6 +911,32 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   ws->scratch_per_worker = ws->gemm_scratch + per_worker;
   ws->scratch = off;
   off += ws->scratch_per_worker * threads;
+  // f32 projection weights packed once per projection (see ParallelGemm) when the product has
+  // rows for several row panels: room for the largest of the projections that run (q, k, v
+  // together or fused; when chunked q alone, then k and v per chunk; the output projection).
+  // The chunked path's output projection runs its own panels (RunChunked).
+  if (config.weight_dtype == DType::kF32) {
+    const size_t panel_rows = PackedPanelsOf().rows;
+    auto packs = [&](size_t len) {
+      return N * len > kernels::kGemvMaxRows && (N > 1 || len > panel_rows);
+    };
+    const bool q_packs = packs(L);
+    const bool kv_packs = packs(ws->chunked ? ws->chunk_keys : St);
+    const size_t wq = q_packs ? PackedJobBytes(qd, E) : 0;
+    const size_t wkv = kv_packs ? PackedJobBytes(kd, kvE) + PackedJobBytes(vd, kvE) : 0;
+    size_t bytes = 0;
+    if (ws->fused) {
+      bytes = q_packs ? PackedJobBytes(qd, E + 2 * kvE) : 0;
+    } else if (ws->chunked) {
+      bytes = std::max(wq, wkv);
+    } else {
+      bytes = wq + wkv;
+    }
+    if (!ws->chunked && q_packs) bytes = std::max(bytes, PackedJobBytes(E, E));
+    ws->packed_w = off;
+    ws->packed_w_bytes = bytes;
+    off += bytes;
+  }
   ws->total = off;
 }
 
@@ -974,7 +1019,8 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
     jobs[num_jobs++] = ProjectionJob(k, N, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld);
     jobs[num_jobs++] = ProjectionJob(v, N, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld);
   }
-  ParallelGemm(ctx.pool(), jobs, num_jobs, base + ws.scratch, ws.scratch_per_worker, ctx.trace());
+  ParallelGemm(ctx.pool(), jobs, num_jobs, base + ws.scratch, ws.scratch_per_worker, ctx.trace(),
+               base + ws.packed_w, ws.packed_w_bytes);
   if (pos < 0) return;
   // Appended key/value positions: bias_k / bias_v at S, zeros at S (or S + 1) for add_zero_attn.
   for (size_t n = 0; n < N; ++n) {
@@ -1379,7 +1425,8 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
     job.a_batch_stride = ws.concat_layout.batch;
     job.c_batch_stride = sh.out_layout.batch;
   }
-  ParallelGemm(ctx.pool(), &job, 1, b + ws.scratch, ws.scratch_per_worker, ctx.trace());
+  ParallelGemm(ctx.pool(), &job, 1, b + ws.scratch, ws.scratch_per_worker, ctx.trace(),
+               b + ws.packed_w, ws.packed_w_bytes);
   return Status::Ok();
 }
 

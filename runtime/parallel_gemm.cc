@@ -60,48 +60,115 @@ uint64_t NumPanelTasks(const GemmJob& job) {
   return job.batches * CeilDiv(job.c.rows, p.rows) * CeilDiv(job.c.cols, p.cols);
 }
 
-void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
-                  size_t scratch_stride, TraceRecorder* trace) {
-  // Prefix sums of task counts, on the stack: at most a handful of jobs (q, k, v).
-  constexpr size_t kMaxJobs = 8;
-  uint64_t first_task[kMaxJobs + 1] = {0};
-  for (size_t j = 0; j < num_jobs && j < kMaxJobs; ++j) {
-    first_task[j + 1] = first_task[j] + NumPanelTasks(jobs[j]);
+PanelShape PackedPanelsOf() {
+  const kernels::GemmBlocks& blk = kernels::GemmBlocking();
+  return {blk.mc, std::max(blk.nr, kLargePanelCols / blk.nr * blk.nr)};
+}
+
+size_t PackedJobBytes(size_t k, size_t n) { return kernels::PackedBFloats(k, n) * sizeof(float); }
+
+namespace {
+
+// Whether ParallelGemm packs this job's weights once (given room): f32 weights, more rows than
+// the GEMV path takes, at least two row panels to share the packing, and a micro-kernel that
+// stores row-major C tiles itself (GemmPackedB never swaps operands).
+bool SharesPacking(const GemmJob& job) {
+  if (job.b_half.data != nullptr || job.c.rows <= kernels::kGemvMaxRows || job.c.cols == 0 ||
+      job.b.rows == 0 || !kernels::GemmBlocking().prefers_rows) {
+    return false;
   }
+  return job.batches * CeilDiv(job.c.rows, PackedPanelsOf().rows) >= 2;
+}
+
+// The panel task `t` of a job (tasks ordered batch, row panel, column panel).
+struct PanelTask {
+  size_t batch, r0, c0, nr, nc;
+};
+PanelTask PanelTaskOf(const GemmJob& job, const PanelShape& panel, uint64_t t) {
+  const uint64_t col_panels = CeilDiv(job.c.cols, panel.cols);
+  const uint64_t row_panels = CeilDiv(job.c.rows, panel.rows);
+  const uint64_t cp = t % col_panels;
+  t /= col_panels;
+  const uint64_t rp = t % row_panels;
+  PanelTask p;
+  p.batch = t / row_panels;
+  p.r0 = rp * panel.rows;
+  p.c0 = cp * panel.cols;
+  p.nr = std::min(panel.rows, job.c.rows - p.r0);
+  p.nc = std::min(panel.cols, job.c.cols - p.c0);
+  return p;
+}
+
+}  // namespace
+
+void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
+                  size_t scratch_stride, TraceRecorder* trace, uint8_t* packed,
+                  size_t packed_bytes) {
+  // Per job, on the stack (at most a handful of jobs: q, k, v): whether its weights are packed
+  // once and where, and prefix sums of its packing tasks (column panels) and panel tasks.
+  constexpr size_t kMaxJobs = 8;
   const size_t n_jobs = std::min(num_jobs, kMaxJobs);
+  kernels::PackedB packing[kMaxJobs] = {};
+  bool shared[kMaxJobs] = {false};
+  uint64_t first_pack[kMaxJobs + 1] = {0};
+  uint64_t first_task[kMaxJobs + 1] = {0};
+  const PanelShape packed_panel = PackedPanelsOf();
+  size_t used = 0;
+  for (size_t j = 0; j < n_jobs; ++j) {
+    const GemmJob& job = jobs[j];
+    const size_t bytes = PackedJobBytes(job.b.rows, job.b.cols);
+    shared[j] = packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes;
+    uint64_t packs = 0, tasks = NumPanelTasks(job);
+    if (shared[j]) {
+      packing[j] = {reinterpret_cast<const float*>(packed + used), job.b.rows, job.b.cols,
+                    job.b.cols, 0};
+      used += bytes;
+      packs = CeilDiv(job.c.cols, packed_panel.cols);
+      tasks = job.batches * CeilDiv(job.c.rows, packed_panel.rows) * packs;
+    }
+    first_pack[j + 1] = first_pack[j] + packs;
+    first_task[j + 1] = first_task[j] + tasks;
+  }
+  if (first_pack[n_jobs] > 0) {
+    // Step 1: the shared packings, by column panels (each task writes its own micro-panels).
+    pool.ParallelFor(first_pack[n_jobs], [&](uint64_t task, size_t worker) {
+      size_t j = 0;
+      while (task >= first_pack[j + 1]) ++j;
+      const GemmJob& job = jobs[j];
+      const size_t c0 = (task - first_pack[j]) * packed_panel.cols;
+      const TraceSpan span(trace, worker, job.stage, -1, -1, static_cast<int64_t>(task));
+      kernels::PackBColumns(job.b, c0, std::min(packed_panel.cols, job.b.cols - c0),
+                            const_cast<float*>(packing[j].data));
+    });
+  }
   pool.ParallelFor(first_task[n_jobs], [&](uint64_t task, size_t worker) {
     size_t j = 0;
     while (task >= first_task[j + 1]) ++j;
     const GemmJob& job = jobs[j];
-    uint64_t t = task - first_task[j];
-    const PanelShape panel = PanelsOf(job);
-    const uint64_t col_panels = CeilDiv(job.c.cols, panel.cols);
-    const uint64_t row_panels = CeilDiv(job.c.rows, panel.rows);
-    const uint64_t cp = t % col_panels;
-    t /= col_panels;
-    const uint64_t rp = t % row_panels;
-    const uint64_t batch = t / row_panels;
-    const size_t r0 = rp * panel.rows, c0 = cp * panel.cols;
-    const size_t nr = std::min(panel.rows, job.c.rows - r0);
-    const size_t nc = std::min(panel.cols, job.c.cols - c0);
-    const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(batch), -1,
+    const PanelTask p =
+        PanelTaskOf(job, shared[j] ? packed_panel : PanelsOf(job), task - first_task[j]);
+    const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));
 
     kernels::MatrixView a = job.a;
-    a.data += static_cast<ptrdiff_t>(batch) * job.a_batch_stride;
+    a.data += static_cast<ptrdiff_t>(p.batch) * job.a_batch_stride;
     kernels::MatrixView c = job.c;
-    c.data += static_cast<ptrdiff_t>(batch) * job.c_batch_stride;
-    const kernels::MatrixView c_blk = c.Block(r0, c0, nr, nc);
+    c.data += static_cast<ptrdiff_t>(p.batch) * job.c_batch_stride;
+    const kernels::MatrixView a_blk = a.Block(p.r0, 0, p.nr, a.cols);
+    const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
-    if (job.b_half.data != nullptr) {
-      kernels::GemmHalfB(1.0f, a.Block(r0, 0, nr, a.cols),
-                         job.b_half.Block(0, c0, job.b_half.rows, nc), 0.0f, c_blk, own_scratch);
+    if (shared[j]) {
+      kernels::GemmPackedB(1.0f, a_blk, packing[j].Columns(p.c0, p.nc), 0.0f, c_blk,
+                           own_scratch);
+    } else if (job.b_half.data != nullptr) {
+      kernels::GemmHalfB(1.0f, a_blk, job.b_half.Block(0, p.c0, job.b_half.rows, p.nc), 0.0f,
+                         c_blk, own_scratch);
     } else {
-      kernels::Gemm(1.0f, a.Block(r0, 0, nr, a.cols), job.b.Block(0, c0, job.b.rows, nc), 0.0f,
-                    c_blk, own_scratch);
+      kernels::Gemm(1.0f, a_blk, job.b.Block(0, p.c0, job.b.rows, p.nc), 0.0f, c_blk,
+                    own_scratch);
     }
     if (job.bias != nullptr) {
-      kernels::AddBiasRows(c_blk.data, nr, nc, c_blk.row_stride, job.bias + c0);
+      kernels::AddBiasRows(c_blk.data, p.nr, p.nc, c_blk.row_stride, job.bias + p.c0);
     }
   });
 }

@@ -73,8 +73,24 @@ struct GemmJob {
 // Runs every job (all panels of all jobs form one flat task range) on the pool. `scratch` holds
 // one GEMM packing buffer per worker: worker w uses scratch + w * scratch_stride
 // (kernels::GemmScratchBytes() bytes each, 64-byte aligned).
+//
+// `packed` (optional, 64-byte aligned, `packed_bytes` long): room to pack f32 weights once per
+// call. A job whose product has rows for two or more row panels (PackedPanelsOf) and whose
+// weights are f32 then runs in two steps: its b is packed by column panels in parallel
+// (kernels::PackBColumns), then each panel task packs only its rows of a and multiplies them by
+// the shared packing (kernels::GemmPackedB), instead of every panel task packing its own
+// columns of b: a 2048-row projection packed each weight eight times. Jobs are packed into
+// `packed` in order while they fit (PackedJobBytes each); the rest, 16-bit weights and few-row
+// products run as above. The results are bitwise the same either way on row-preferring
+// micro-kernels (kernels::GemmPackedB), except where the unpacked partition has an edge panel
+// of kernels::kGemvMaxRows rows or fewer (the GEMV path sums in another order); in any case
+// they do not depend on the thread count.
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
-                  size_t scratch_stride, TraceRecorder* trace = nullptr);
+                  size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
+                  size_t packed_bytes = 0);
+
+// Bytes `packed` needs to pack the weights b [k, n] of one job (a multiple of 64).
+size_t PackedJobBytes(size_t k, size_t n);
 
 // Rows x columns of C per panel task of `job` (depends on its shape only).
 struct PanelShape {
@@ -83,7 +99,18 @@ struct PanelShape {
 };
 PanelShape PanelsOf(const GemmJob& job);
 
-// Number of panel tasks ParallelGemm creates for one job.
+// Panels of a job whose weights ParallelGemm packs once: kernels::GemmBlocking().mc rows (the
+// rows GemmPackedB packs per block, so no panel ends in a short block except the last) by
+// kLargePanelCols columns rounded down to a multiple of the micro-kernel's NR (the column
+// ranges of a packing must start on a micro-panel). Measured on this machine (AMD EPYC Zen 3
+// class, BLIS zen3, MC 168, noisy): in a perf profile of (1, 2048, 1024, 16) on 2 threads the
+// packing routines fell from 10.6% to 5.8% of CPU samples (the weights' from 2.5% to 0.6%), and
+// instructions per forward of (2, 512, 512, 8) by 2.5% (callgrind); single-threaded products
+// (bench/kernels_bench BM_ProjectionPanels, 4096 x 512 x 1536) measured alike within the noise
+// (81.7 / 74.5 GFLOP/s per-panel packing, 80.2 / 78.1 packed once, 85.1 / 87.2 one call).
+PanelShape PackedPanelsOf();
+
+// Number of panel tasks ParallelGemm creates for one job (without a packed buffer).
 uint64_t NumPanelTasks(const GemmJob& job);
 
 }  // namespace mha

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <random>
@@ -693,6 +694,60 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
   GemmPackedB(1.0f, MatrixView{a.view.data, 5, 0, 3, 1}, pb0, 0.0f, out.view, scratch.get());
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.0f);
+  }
+}
+
+// One packing written by parts (PackBColumns over disjoint NR-aligned column ranges, as
+// ParallelGemm's threads write a projection's weights) and read by parts (PackedB::Columns):
+// every column range gives the bits of the same columns of the whole product, and the whole
+// product matches the reference. The buffer starts NaN-filled, so a panel left unwritten by
+// the parts would show. k spans several KC blocks, n ends in a partial micro-panel.
+TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
+  std::mt19937 rng(33);
+  Scratch scratch;
+  const size_t nr = GemmBlocking().nr;
+  ASSERT_GT(nr, 0u);
+  ASSERT_GT(GemmBlocking().mc, 0u);
+  ASSERT_GT(GemmBlocking().kc, 0u);
+  const size_t m = 40, n = 7 * nr + 5, k = 2 * GemmBlocking().kc + 9;
+  for (const Layout lb : kLayouts) {
+    Buffer a = MakeBuffer(m, k, Layout::kRowMajor, 1, 2);
+    Buffer b = MakeBuffer(k, n, lb, 1, 3);
+    Buffer c = MakeBuffer(m, n, Layout::kRowMajor, 0, 1);
+    FillUniform(a, rng);
+    FillUniform(b, rng);
+    std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+    const size_t floats = PackedBFloats(k, n);
+    PackedBuffer parts(floats);
+    std::fill(parts.data, parts.data + floats, std::numeric_limits<float>::quiet_NaN());
+    const size_t cuts[] = {0, 2 * nr, 3 * nr, 6 * nr, n};
+    PackedB whole;
+    for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+      const PackedB part = PackBColumns(b.view, cuts[i], cuts[i + 1] - cuts[i], parts.data);
+      EXPECT_EQ(part.col0, cuts[i]);
+      EXPECT_EQ(part.n, cuts[i + 1] - cuts[i]);
+      EXPECT_EQ(part.packed_n, n);
+      whole = {part.data, part.k, n, n, 0};
+    }
+    PackedBuffer once(floats);
+    const PackedB pb = PackB(b.view, once.data);
+    EXPECT_EQ(pb.packed_n, n);
+    EXPECT_EQ(pb.col0, 0u);
+    Buffer c_whole = c, c_parts = c;
+    GemmPackedB(1.0f, a.view, pb, 0.0f, c_whole.view, scratch.get());
+    ExpectGemmMatches(1.0f, a, b, 0.0f, c, c_whole,
+                      std::string("PackB whole, b ") + LayoutName(lb));
+    // Column ranges that differ from the packing's parts, read from the parts' packing.
+    const size_t reads[] = {0, nr, 4 * nr, 5 * nr, n};
+    for (size_t i = 0; i + 1 < std::size(reads); ++i) {
+      const size_t c0 = reads[i], nc = reads[i + 1] - reads[i];
+      GemmPackedB(1.0f, a.view, whole.Columns(c0, nc), 0.0f, c_parts.view.Block(0, c0, m, nc),
+                  scratch.get());
+    }
+    EXPECT_EQ(std::memcmp(c_whole.storage.data(), c_parts.storage.data(),
+                          c_whole.storage.size() * sizeof(float)),
+              0)
+        << "b " << LayoutName(lb);
   }
 }
 

@@ -1,5 +1,6 @@
 // The partitioned projection GEMM: panels over the pool with the bias fused, against a naive
-// loop, and bitwise identical for 1..4 threads (the partition depends only on shapes).
+// loop, and bitwise identical for 1..4 threads (the partition depends only on shapes), with and
+// without a buffer to pack the weights once.
 #include "runtime/parallel_gemm.h"
 
 #include <gtest/gtest.h>
@@ -22,8 +23,10 @@ struct Problem {
 
 // Runs c[b] = a[b] * w^T + bias for every batch with `threads` threads; a [batches, m, k]
 // (row stride k + 3: padded rows), w [n, k] (nn.Linear layout), c [batches, m, n].
+// packed_bytes: room ParallelGemm may use to pack w once (0: none; each job's weights need
+// PackedJobBytes(k, n)).
 std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a, const std::vector<float>& w,
-                       const std::vector<float>& bias, size_t threads) {
+                       const std::vector<float>& bias, size_t threads, size_t packed_bytes = 0) {
   ThreadPool pool(threads);
   const size_t lda = p.k + 3;
   std::vector<float> c(p.batches * p.m * p.n, std::nanf(""));
@@ -38,10 +41,17 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a, const 
   size_t stride = 0;
   RoundUpToAlignment(kernels::GemmScratchBytes(), &stride);
   Arena arena;
-  EXPECT_TRUE(arena.Init(stride * threads).ok());
+  EXPECT_TRUE(arena.Init(stride * threads + packed_bytes + 64).ok());
   void* scratch = nullptr;
   EXPECT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
-  ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch), stride);
+  void* packed = nullptr;
+  if (packed_bytes > 0) {
+    EXPECT_TRUE(arena.Allocate(packed_bytes, &packed).ok());
+    // NaN, so that a product reading a panel nobody packed would show.
+    std::fill_n(static_cast<float*>(packed), packed_bytes / sizeof(float), std::nanf(""));
+  }
+  ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch), stride, nullptr,
+               static_cast<uint8_t*>(packed), packed_bytes);
   return c;
 }
 
@@ -53,7 +63,8 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
   const Problem problems[] = {{1, 1, 1, 1, true},        {1, 130, 70, 300, true},
                               {3, 129, 64, 257, false},  {2, 300, 33, 513, true},
                               {1, 17, 512, 1536, true},  {1, 1040, 40, 1100, true},
-                              {2, 513, 24, 1030, false}, {8, 257, 8, 520, true}};
+                              {2, 513, 24, 1030, false}, {8, 257, 8, 520, true},
+                              {1, 400, 300, 700, true},  {3, 40, 20, 50, false}};
   for (const Problem& p : problems) {
     GemmJob job;
     job.c.rows = p.m;
@@ -91,7 +102,47 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
       ASSERT_EQ(0, std::memcmp(c1.data(), ct.data(), c1.size() * sizeof(float)))
           << threads << " threads";
     }
+    // With room to pack the weights once (products of two or more row panels then take the
+    // shared packing): the same bits on row-preferring micro-kernels, where GemmPackedB and
+    // Gemm agree (on others the rows may round differently; the partition still depends only on
+    // shapes), for any thread count; too little room packs nothing.
+    // (Unless the unpacked partition has an edge panel of 16 rows or fewer: that one takes the
+    // GEMV path, which sums in another order.)
+    GemmJob shape;
+    shape.c.rows = p.m;
+    shape.c.cols = p.n;
+    shape.batches = p.batches;
+    const size_t edge_rows = p.m % PanelsOf(shape).rows;
+    const bool same_bits = kernels::GemmBlocking().prefers_rows &&
+                           (edge_rows == 0 || edge_rows > kernels::kGemvMaxRows);
+    const size_t room = PackedJobBytes(p.k, p.n);
+    const std::vector<float> p1 = RunGemm(p, a, w, bias, 1, room);
+    if (same_bits) {
+      ASSERT_EQ(0, std::memcmp(c1.data(), p1.data(), c1.size() * sizeof(float)));
+    } else {
+      for (size_t i = 0; i < c1.size(); ++i) ASSERT_NEAR(p1[i], c1[i], 1e-5 * (1 + std::abs(c1[i])));
+    }
+    for (size_t threads = 2; threads <= 4; ++threads) {
+      const std::vector<float> pt = RunGemm(p, a, w, bias, threads, room);
+      ASSERT_EQ(0, std::memcmp(p1.data(), pt.data(), p1.size() * sizeof(float)))
+          << threads << " threads, packed once";
+    }
+    const std::vector<float> small = RunGemm(p, a, w, bias, 2, room - 64);
+    ASSERT_EQ(0, std::memcmp(c1.data(), small.data(), c1.size() * sizeof(float)));
   }
+}
+
+// Which products pack their weights once: f32 weights, more rows than the GEMV path, and two
+// or more row panels (of GemmBlocking().mc rows) over all batches; panel columns are a multiple
+// of NR.
+TEST(ParallelGemmTest, PackedPanels) {
+  const PanelShape panel = PackedPanelsOf();
+  EXPECT_EQ(panel.rows, kernels::GemmBlocking().mc);
+  EXPECT_EQ(panel.cols % kernels::GemmBlocking().nr, 0u);
+  EXPECT_GT(panel.cols, 0u);
+  EXPECT_LE(panel.cols, kLargePanelCols);
+  EXPECT_EQ(PackedJobBytes(100, 300) % 64, 0u);
+  EXPECT_GE(PackedJobBytes(100, 300), 100u * 300u * sizeof(float));
 }
 
 }  // namespace
