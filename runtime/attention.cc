@@ -39,7 +39,6 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
-#include "kernels/gemv.h"
 #include "kernels/softmax.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
@@ -916,9 +915,9 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // together or fused; when chunked q alone, then k and v per chunk; the output projection).
   // The chunked path's output projection runs its own panels (RunChunked).
   if (config.weight_dtype == DType::kF32) {
-    const size_t panel_rows = PackedPanelsOf().rows;
+    // ProjectionJob makes one product of N x len rows or N products of len rows.
     auto packs = [&](size_t len) {
-      return N * len > kernels::kGemvMaxRows && (N > 1 || len > panel_rows);
+      return PacksWeightsOnce(1, N * len) || PacksWeightsOnce(N, len);
     };
     const bool q_packs = packs(L);
     const bool kv_packs = packs(ws->chunked ? ws->chunk_keys : St);

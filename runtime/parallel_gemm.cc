@@ -55,10 +55,16 @@ PanelShape PanelsOf(const GemmJob& job) {
   return {kPanelRows, kPanelCols};
 }
 
-uint64_t NumPanelTasks(const GemmJob& job) {
-  const PanelShape p = PanelsOf(job);
-  return job.batches * CeilDiv(job.c.rows, p.rows) * CeilDiv(job.c.cols, p.cols);
+namespace {
+
+// Tasks of `job` split into `panel`-sized pieces of C (batch x row panels x column panels).
+uint64_t PanelTasks(const GemmJob& job, const PanelShape& panel) {
+  return job.batches * CeilDiv(job.c.rows, panel.rows) * CeilDiv(job.c.cols, panel.cols);
 }
+
+}  // namespace
+
+uint64_t NumPanelTasks(const GemmJob& job) { return PanelTasks(job, PanelsOf(job)); }
 
 PanelShape PackedPanelsOf() {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
@@ -67,17 +73,18 @@ PanelShape PackedPanelsOf() {
 
 size_t PackedJobBytes(size_t k, size_t n) { return kernels::PackedBFloats(k, n) * sizeof(float); }
 
+bool PacksWeightsOnce(size_t batches, size_t rows) {
+  return rows > kernels::kGemvMaxRows && kernels::GemmBlocking().prefers_rows &&
+         batches * CeilDiv(rows, PackedPanelsOf().rows) >= 2;
+}
+
 namespace {
 
-// Whether ParallelGemm packs this job's weights once (given room): f32 weights, more rows than
-// the GEMV path takes, at least two row panels to share the packing, and a micro-kernel that
-// stores row-major C tiles itself (GemmPackedB never swaps operands).
+// Whether ParallelGemm packs this job's weights once (given room): f32 weights, a non-empty
+// product, and PacksWeightsOnce for its rows.
 bool SharesPacking(const GemmJob& job) {
-  if (job.b_half.data != nullptr || job.c.rows <= kernels::kGemvMaxRows || job.c.cols == 0 ||
-      job.b.rows == 0 || !kernels::GemmBlocking().prefers_rows) {
-    return false;
-  }
-  return job.batches * CeilDiv(job.c.rows, PackedPanelsOf().rows) >= 2;
+  return job.b_half.data == nullptr && job.c.cols != 0 && job.b.rows != 0 &&
+         PacksWeightsOnce(job.batches, job.c.rows);
 }
 
 // The panel task `t` of a job (tasks ordered batch, row panel, column panel).
@@ -124,7 +131,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
                     job.b.cols, 0};
       used += bytes;
       packs = CeilDiv(job.c.cols, packed_panel.cols);
-      tasks = job.batches * CeilDiv(job.c.rows, packed_panel.rows) * packs;
+      tasks = PanelTasks(job, packed_panel);
     }
     first_pack[j + 1] = first_pack[j] + packs;
     first_task[j + 1] = first_task[j] + tasks;

@@ -110,6 +110,12 @@ PanelShape PanelsOf(const GemmJob& job);
 // (81.7 / 74.5 GFLOP/s per-panel packing, 80.2 / 78.1 packed once, 85.1 / 87.2 one call).
 PanelShape PackedPanelsOf();
 
+// Whether a job with f32 weights and `batches` products of `rows` rows each has its weights
+// packed once by ParallelGemm (given room in `packed`): more rows than the GEMV path takes, at
+// least two PackedPanelsOf row panels to share the packing, and a micro-kernel that stores
+// row-major C tiles itself (GemmPackedB never swaps operands). Planners size `packed` by it.
+bool PacksWeightsOnce(size_t batches, size_t rows);
+
 // Number of panel tasks ParallelGemm creates for one job (without a packed buffer).
 uint64_t NumPanelTasks(const GemmJob& job);
 
