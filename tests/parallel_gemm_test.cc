@@ -143,6 +143,15 @@ TEST(ParallelGemmTest, PackedPanels) {
   EXPECT_LE(panel.cols, kLargePanelCols);
   EXPECT_EQ(PackedJobBytes(100, 300) % 64, 0u);
   EXPECT_GE(PackedJobBytes(100, 300), 100u * 300u * sizeof(float));
+  // The rule (shared with the operator's workspace planner); column-preferring micro-kernels
+  // never pack once.
+  const bool rows_pref = kernels::GemmBlocking().prefers_rows;
+  const size_t gemv = kernels::kGemvMaxRows;
+  EXPECT_FALSE(PacksWeightsOnce(1, panel.rows));          // one row panel
+  EXPECT_EQ(PacksWeightsOnce(1, panel.rows + 1), rows_pref);
+  EXPECT_FALSE(PacksWeightsOnce(8, gemv));                // GEMV rows, however many batches
+  EXPECT_EQ(PacksWeightsOnce(2, gemv + 1), rows_pref);    // two batches of one panel each
+  EXPECT_FALSE(PacksWeightsOnce(0, 4 * panel.rows));      // no product
 }
 
 }  // namespace
