@@ -12,9 +12,12 @@
 //   build-kernels/bench/kernels_bench --benchmark_min_time=0.1
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -89,22 +92,36 @@ void BM_SoftmaxRowsMasked(benchmark::State& state) {
 }
 BENCHMARK(BM_SoftmaxRowsMasked)->RangeMultiplier(4)->Range(64, 8192);
 
-// One online-softmax step over a key block: 64 query rows x `cols` keys, head_dim 64 acc.
+// One online-softmax step as the attention's online path takes it: a strip of 24 query rows x
+// 512 keys (kStripRows x kKeyBlock in runtime/attention.cc), scale 1 (applied by the scores
+// product), no masks, head_dim 64 acc. Argument: 0 = a row's first key block (row_max -inf:
+// passes 1 and 2); 1 = a later block within kOnlineSoftmaxHeadroom of the reference (the fused
+// pass); 2 = a later block above it (the fused pass stops at once: passes 1 and 2 and the
+// rescale). The scores are restored before every step, untimed (manual time), since the step
+// overwrites them with p.
 void BM_OnlineSoftmaxUpdate(benchmark::State& state) {
-  const size_t rows = 64, cols = static_cast<size_t>(state.range(0)), hd = 64;
-  std::vector<float> scores = RandomFloats(rows * cols, -4.0f, 4.0f, 4);
+  const size_t rows = 24, cols = 512, hd = 64;
+  const std::vector<float> pristine = RandomFloats(rows * cols, -4.0f, 4.0f, 4);
+  std::vector<float> scores(rows * cols);
   std::vector<float> acc = RandomFloats(rows * hd, -1.0f, 1.0f, 5);
-  std::vector<float> row_max(rows, 0.0f), row_sum(rows, 1.0f);
+  const float start_max[3] = {-std::numeric_limits<float>::infinity(), 3.9f, -10.0f};
+  std::vector<float> row_max(rows), row_sum(rows);
   for (auto _ : state) {
-    kernels::OnlineSoftmaxUpdate(scores.data(), rows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+    scores = pristine;
+    std::fill(row_max.begin(), row_max.end(), start_max[state.range(0)]);
+    std::fill(row_sum.begin(), row_sum.end(), 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    kernels::OnlineSoftmaxUpdate(scores.data(), rows, cols, static_cast<ptrdiff_t>(cols), 1.0f,
                                  SoftmaxMasks(), row_max.data(), row_sum.data(), acc.data(), hd,
                                  static_cast<ptrdiff_t>(hd));
+    const auto t1 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(scores.data());
     benchmark::ClobberMemory();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
   }
   SetSoftmaxCounters(state, rows, cols);
 }
-BENCHMARK(BM_OnlineSoftmaxUpdate)->Arg(64)->Arg(256)->Arg(1024);
+BENCHMARK(BM_OnlineSoftmaxUpdate)->DenseRange(0, 2)->UseManualTime();
 
 // Softmax of 16 x 1024 on each target this CPU supports (argument = index into the list).
 void BM_SoftmaxRowsPerTarget(benchmark::State& state) {
@@ -193,11 +210,11 @@ void RunGemm(benchmark::State& state, const MatrixView& a, const MatrixView& b,
     benchmark::DoNotOptimize(c.data);
     benchmark::ClobberMemory();
   }
-  const double flops = 2.0 * static_cast<double>(a.rows) * static_cast<double>(b.cols) *
-                       static_cast<double>(a.cols);
+  const double flops =
+      2.0 * static_cast<double>(a.rows) * static_cast<double>(b.cols) * static_cast<double>(a.cols);
   // Printed as FLOPS=<n>G/s (rate over CPU time, base 1000).
-  state.counters["FLOPS"] = benchmark::Counter(
-      flops, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
   state.SetLabel(kernels::GemmArchName());
 }
 
@@ -315,7 +332,9 @@ void BM_ProjectionPanels(benchmark::State& state) {
   const double flops = 2.0 * static_cast<double>(tokens * e * out);
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
                                                benchmark::Counter::kIs1000);
-  state.SetLabel(mode == 0 ? "own packing per panel" : mode == 1 ? "weights packed once" : "one call");
+  state.SetLabel(mode == 0   ? "own packing per panel"
+                 : mode == 1 ? "weights packed once"
+                             : "one call");
 }
 BENCHMARK(BM_ProjectionPanels)->DenseRange(0, 2)->UseRealTime();
 

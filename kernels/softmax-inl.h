@@ -10,6 +10,8 @@
 //      ExpNonPositive below, since y - max <= 0 always.
 //   3. e *= 1 / sum (reciprocal in double, rounded once); SoftmaxRowsUnnormalized stops before
 //      it and returns the sums instead.
+// OnlineSoftmaxUpdate fuses passes 1 and 2 (ExpBoundedSum) for rows whose reference from earlier
+// blocks bounds the block's y (see kernels/softmax.h), and falls back to them where it does not.
 // y is rounded after each step (Mul, then each Add; no FMA), identically on every target, so a
 // test can reproduce it exactly. The last partial vector of a row goes through a small stack
 // buffer, so no load or store touches memory outside the row and no target needs masked loads
@@ -61,6 +63,12 @@ inline RowMasks MasksForRow(const SoftmaxMasks& m, size_t r) {
   return rm;
 }
 
+// The masks of columns [i, ...) of a row.
+inline RowMasks FromColumn(const RowMasks& rm, size_t i) {
+  return {rm.add0 ? rm.add0 + i : nullptr, rm.add1 ? rm.add1 + i : nullptr,
+          rm.masked0 ? rm.masked0 + i : nullptr, rm.masked1 ? rm.masked1 + i : nullptr};
+}
+
 // Number of leading columns of row r that survive the causal limit: clamp(offset + r + 1, 0,
 // cols), computed without int64 overflow for any offset.
 inline size_t ValidColumns(const SoftmaxMasks& m, size_t r, size_t cols) {
@@ -90,6 +98,28 @@ HWY_INLINE V ScaledMaskedScores(D d, const float* HWY_RESTRICT x, const RowMasks
   }
   return y;
 }
+
+// The last len (< one vector) columns of a row from column i, and of its masks, copied into
+// zero-padded vector-sized buffers, so that a full-vector pass over them touches no memory
+// outside the row (masks pad with 0: unmasked).
+struct RowTail {
+  HWY_ALIGN float x[kMaxLanesF32] = {};
+  HWY_ALIGN float add0[kMaxLanesF32] = {};
+  HWY_ALIGN float add1[kMaxLanesF32] = {};
+  HWY_ALIGN uint8_t masked0[kMaxLanesF32] = {};
+  HWY_ALIGN uint8_t masked1[kMaxLanesF32] = {};
+  RowMasks masks = {nullptr, nullptr, nullptr, nullptr};
+
+  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len) {
+    std::memcpy(x, src + i, len * sizeof(float));
+    if (rm.add0) masks.add0 = static_cast<float*>(std::memcpy(add0, rm.add0 + i, len * 4));
+    if (rm.add1) masks.add1 = static_cast<float*>(std::memcpy(add1, rm.add1 + i, len * 4));
+    if (rm.masked0)
+      masks.masked0 = static_cast<uint8_t*>(std::memcpy(masked0, rm.masked0 + i, len));
+    if (rm.masked1)
+      masks.masked1 = static_cast<uint8_t*>(std::memcpy(masked1, rm.masked1 + i, len));
+  }
+};
 
 // Result of pass 1 over a row.
 struct RowStats {
@@ -141,36 +171,14 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
     nan0 = hn::Or(nan0, hn::IsNaN(y));
   }
   if (i < n) {
-    // Tail: copy the remaining columns (and their masks) into zero-padded buffers, process one
-    // full vector, force the padding lanes to -inf, and copy back only the real columns.
+    // Tail: process one full vector from zero-padded copies of the remaining columns (and their
+    // masks), force the padding lanes to -inf, and copy back only the real columns.
     const size_t rem = n - i;
-    HWY_ALIGN float bx[kMaxLanesF32] = {};
-    HWY_ALIGN float ba0[kMaxLanesF32] = {};
-    HWY_ALIGN float ba1[kMaxLanesF32] = {};
-    HWY_ALIGN uint8_t bm0[kMaxLanesF32] = {};
-    HWY_ALIGN uint8_t bm1[kMaxLanesF32] = {};
-    std::memcpy(bx, x + i, rem * sizeof(float));
-    RowMasks tail = {nullptr, nullptr, nullptr, nullptr};
-    if (rm.add0) {
-      std::memcpy(ba0, rm.add0 + i, rem * sizeof(float));
-      tail.add0 = ba0;
-    }
-    if (rm.add1) {
-      std::memcpy(ba1, rm.add1 + i, rem * sizeof(float));
-      tail.add1 = ba1;
-    }
-    if (rm.masked0) {
-      std::memcpy(bm0, rm.masked0 + i, rem);
-      tail.masked0 = bm0;
-    }
-    if (rm.masked1) {
-      std::memcpy(bm1, rm.masked1 + i, rem);
-      tail.masked1 = bm1;
-    }
-    V y = ScaledMaskedScores(d, bx, tail, 0, vscale, neg_inf);
+    RowTail tail(x, rm, i, rem);
+    V y = ScaledMaskedScores(d, tail.x, tail.masks, 0, vscale, neg_inf);
     y = hn::IfThenElse(hn::FirstN(d, rem), y, neg_inf);
-    hn::Store(y, d, bx);
-    std::memcpy(x + i, bx, rem * sizeof(float));
+    hn::Store(y, d, tail.x);
+    std::memcpy(x + i, tail.x, rem * sizeof(float));
     vmax0 = hn::Max(vmax0, y);
     nan0 = hn::Or(nan0, hn::IsNaN(y));
   }
@@ -180,8 +188,9 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
   return stats;
 }
 
-// exp(x) for x <= 0 (or -inf), the only arguments the softmax passes take: about 15 operations
-// against ~28 for hwy::Exp, which must handle either sign and the whole f32 range.
+// exp(x) for x <= 8 (or -inf), the only arguments the softmax passes take (x <= 0 but in
+// OnlineSoftmaxUpdate's fused pass): about 15 operations against ~28 for hwy::Exp, which must
+// handle the whole f32 range.
 // - n = round(x / ln2) by adding 1.5 * 2^23 (round to nearest even in the FMA's rounding), so
 //   the low bits of t = x * log2(e) + 1.5 * 2^23 hold n: no saturating float -> int conversion;
 //   r = x - n ln2 in two steps (ln2 split in a 12-bit high part and the rest).
@@ -194,8 +203,9 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
 //   is normal, which holds for x >= -87 (n >= -126 and exp(r) > 1 at the boundary);
 // - x < -87 (exact result < 1.7e-38) and -inf give 0, as does NaN (callers exclude NaN rows).
 // Max error 2 ULP against exp in double: measured over every 7th f32 in [-87, 0] (159 million
-// values) on AVX2, SSE4, SSSE3 and SCALAR (95.1% exact, 4.4% at 1 ULP, 0.7% at 2), and checked on
-// a sample on every target (tests/softmax_test.cc, ExpNonPositiveTest).
+// values) on AVX2, SSE4, SSSE3 and SCALAR (95.1% exact, 4.4% at 1 ULP, 0.7% at 2), and over
+// every 7th f32 in [0, 88] (AVX2; the same range reduction and polynomial; 88 keeps 2^n finite),
+// and checked on a sample on every target (tests/softmax_test.cc, ExpNonPositiveTest).
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V ExpNonPositive(D d, V x) {
   const hn::RebindToUnsigned<D> du;
@@ -275,6 +285,65 @@ HWY_NOINLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float m
   return total;
 }
 
+// The online update's fused pass over columns [0, n) of one row, for a row with a finite running
+// reference ref (see OnlineSoftmaxUpdate): while every y (pass 1's scaled, masked scores) is at
+// most limit = ref + kOnlineHeadroom, x = exp(y - ref) in place and *sum accumulates it (as
+// ExpSubtractSum sums). Stops at the first pair of vectors holding a y above limit or a NaN (the
+// comparison is false for NaN) and returns the columns done; [done, n) are untouched raw x. One
+// pass instead of pass 1 (max) plus pass 2 (exp): without a new max the block's max is not
+// needed, since exp(y - ref) <= exp(kOnlineHeadroom) cannot overflow.
+// kPlain: scale 1 and no masks (y = x: the pass only loads).
+template <bool kPlain, class D>
+HWY_NOINLINE size_t ExpBoundedSum(D d, float* HWY_RESTRICT x, size_t n, float scale,
+                                  const RowMasks& rm, float ref, float limit, double* sum) {
+  using V = hn::Vec<D>;
+  constexpr size_t kChunkIters = 16;
+  const size_t N = hn::Lanes(d);
+  const V vref = hn::Set(d, ref);
+  const V vlimit = hn::Set(d, limit);
+  const V vscale = hn::Set(d, scale);
+  const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto y_at = [&](const float* HWY_RESTRICT src, const RowMasks& masks, size_t i) {
+    return kPlain ? hn::LoadU(d, src + i) : ScaledMaskedScores(d, src, masks, i, vscale, neg_inf);
+  };
+  double total = 0.0;
+  size_t i = 0;
+  bool stopped = false;
+  while (!stopped && i + 2 * N <= n) {
+    V part = hn::Zero(d);
+    for (size_t it = 0; it < kChunkIters && i + 2 * N <= n; ++it, i += 2 * N) {
+      const V y0 = y_at(x, rm, i);
+      const V y1 = y_at(x, rm, i + N);
+      if (!hn::AllTrue(d, hn::And(hn::Le(y0, vlimit), hn::Le(y1, vlimit)))) {
+        stopped = true;
+        break;
+      }
+      const V e0 = ExpNonPositive(d, hn::Sub(y0, vref));
+      const V e1 = ExpNonPositive(d, hn::Sub(y1, vref));
+      hn::StoreU(e0, d, x + i);
+      hn::StoreU(e1, d, x + i + N);
+      part = hn::Add(part, hn::Add(e0, e1));
+    }
+    total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, part)));
+  }
+  // The last columns (fewer than two vectors) one vector at a time through RowTail, whose
+  // padding lanes are set to -inf (exp 0).
+  while (!stopped && i < n) {
+    const size_t len = std::min(N, n - i);
+    RowTail tail(x, rm, i, len);
+    V y = y_at(tail.x, tail.masks, 0);
+    y = hn::IfThenElse(hn::FirstN(d, len), y, neg_inf);
+    if (!hn::AllTrue(d, hn::Le(y, vlimit))) break;
+    const V e = ExpNonPositive(d, hn::Sub(y, vref));
+    hn::Store(e, d, tail.x);
+    std::memcpy(x + i, tail.x, len * sizeof(float));
+    total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, e)));
+    i += len;
+  }
+  *sum = total;
+  return i;
+}
+
 // x[i] *= s for i < n (also pass 3). The scalar tail rounds exactly as the vector lanes do.
 template <class D>
 HWY_INLINE void MulRow(D d, float* HWY_RESTRICT x, size_t n, float s) {
@@ -337,8 +406,8 @@ inline void ExpNonPositiveRow(const float* x, float* y, size_t n) {
 }
 
 // See kernels/softmax.h.
-inline void SoftmaxRows(float* HWY_RESTRICT scores, size_t rows, size_t cols,
-                        ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks) {
+inline void SoftmaxRows(float* HWY_RESTRICT scores, size_t rows, size_t cols, ptrdiff_t row_stride,
+                        float scale, const SoftmaxMasks& masks) {
   namespace sd = softmax_detail;
   const hwy::HWY_NAMESPACE::ScalableTag<float> d;
   for (size_t r = 0; r < rows; ++r) {
@@ -373,14 +442,33 @@ inline void OnlineSoftmaxUpdate(float* HWY_RESTRICT scores, size_t rows, size_t 
   const hwy::HWY_NAMESPACE::ScalableTag<float> d;
   const float kNaN = std::numeric_limits<float>::quiet_NaN();
   const float kInf = std::numeric_limits<float>::infinity();
+  const bool plain =
+      scale == 1.0f && !masks.add[0] && !masks.add[1] && !masks.masked[0] && !masks.masked[1];
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
     float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
     const size_t valid = sd::ValidColumns(masks, r, cols);
     sd::FillRow(x + valid, cols - valid, 0.0f);
     if (valid == 0) continue;  // no key of this block is visible: state unchanged
-    const sd::RowStats stats = sd::ScaleMaskMax(d, x, valid, scale, sd::MasksForRow(masks, r));
+    const sd::RowMasks rm = sd::MasksForRow(masks, r);
     const float m_old = row_max[r];
+    // A finite reference from earlier blocks: one fused pass while the block stays within the
+    // headroom (the common case after the first block), the remaining columns otherwise.
+    size_t done = 0;
+    double done_sum = 0.0;
+    // m_old is -inf (no visible key yet), NaN, or finite, and a finite m_old + 8 stays finite.
+    const float limit = m_old + kOnlineSoftmaxHeadroom;
+    if (m_old > -kInf) {
+      done = plain ? sd::ExpBoundedSum<true>(d, x, valid, scale, rm, m_old, limit, &done_sum)
+                   : sd::ExpBoundedSum<false>(d, x, valid, scale, rm, m_old, limit, &done_sum);
+      if (done == valid) {
+        row_sum[r] += static_cast<float>(done_sum);
+        continue;
+      }
+    }
+    // Passes 1 and 2 over [done, valid): columns [0, done) already hold exp(y - m_old).
+    const sd::RowStats stats =
+        sd::ScaleMaskMax(d, x + done, valid - done, scale, sd::FromColumn(rm, done));
     if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
       // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
       // OnlineSoftmaxFinish keep it NaN.
@@ -396,18 +484,21 @@ inline void OnlineSoftmaxUpdate(float* HWY_RESTRICT scores, size_t rows, size_t 
       sd::FillRow(x, valid, 0.0f);
       continue;
     }
-    const float block_sum = static_cast<float>(sd::ExpSubtractSum(d, x, valid, m_new));
+    const float block_sum =
+        static_cast<float>(sd::ExpSubtractSum(d, x + done, valid - done, m_new));
     if (m_old == -kInf) {
       // First visible keys: nothing accumulated yet (acc is overwritten, not scaled, so it
       // need not be initialized before the first block that has a visible key).
       sd::FillRow(acc_row, acc_cols, 0.0f);
       row_sum[r] = block_sum;
     } else if (m_new > m_old) {
+      // The fused pass stopped at a y above the headroom: rescale what it did with the state.
       const float alpha = std::exp(m_old - m_new);  // in [0, 1)
       sd::MulRow(d, acc_row, acc_cols, alpha);
-      row_sum[r] = row_sum[r] * alpha + block_sum;
+      sd::MulRow(d, x, done, alpha);
+      row_sum[r] = (row_sum[r] + static_cast<float>(done_sum)) * alpha + block_sum;
     } else {
-      row_sum[r] += block_sum;
+      row_sum[r] += static_cast<float>(done_sum) + block_sum;
     }
     row_max[r] = m_new;
   }

@@ -51,10 +51,15 @@ struct SoftmaxMasks {
   int64_t causal_offset = 0;
 };
 
-// y[i] = exp(x[i]) for n values x[i] <= 0: the exp of the softmax kernels, whose arguments are
-// always y - max <= 0. Max error 2 ULP against exp in double for x in [-87, 0]; x < -87 (exact
-// result below 1.7e-38) and -inf give 0; NaN gives 0 (the softmax kernels never pass NaN: they
-// handle NaN rows before). x > 0 is outside the contract. x and y may be the same array.
+// Headroom of the online softmax's reference over the scores it exponentiates (see
+// OnlineSoftmaxUpdate): p_j <= exp(kOnlineSoftmaxHeadroom) ~= 2981.
+constexpr float kOnlineSoftmaxHeadroom = 8.0f;
+
+// y[i] = exp(x[i]) for n values x[i] <= kOnlineSoftmaxHeadroom (8): the exp of the softmax
+// kernels, whose arguments are y - max <= 0, or y - reference <= 8 in OnlineSoftmaxUpdate. Max
+// error 2 ULP against exp in double for x in [-87, 8]; x < -87 (exact result below 1.7e-38) and
+// -inf give 0; NaN gives 0 (the softmax kernels never pass NaN: they handle NaN rows before).
+// x > 8 is outside the contract. x and y may be the same array.
 void ExpNonPositiveRow(const float* x, float* y, size_t n);
 
 // In-place softmax of each row with scale and masks (see the file comment).
@@ -76,15 +81,21 @@ void SoftmaxRowsUnnormalized(float* scores, size_t rows, size_t cols, ptrdiff_t 
 // In: scores [rows, cols] for keys [k0, k0 + cols) (raw x, scaled and masked here exactly as
 // SoftmaxRows does); row_max[rows], row_sum[rows] from the previous blocks (start with -inf and
 // 0); acc [rows, acc_cols] (row stride acc_row_stride), the running unnormalized output.
-// Out: scores hold p_j = exp(y_j - m_new) (0 where masked); row_max = m_new =
-// max(m_old, max_j y_j); row_sum = row_sum * exp(m_old - m_new) + sum_j p_j; acc rows are
-// multiplied by exp(m_old - m_new). The caller then adds p · V_block to acc, and after the last
-// block calls OnlineSoftmaxFinish. Columns beyond the causal limit are set to 0; a row whose
-// keys so far are all masked keeps (-inf, 0) and gets p = 0; NaN or +inf (see above) sets the
-// row's p, acc, row_max and row_sum to NaN, so its final output is NaN.
-void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride,
-                         float scale, const SoftmaxMasks& masks, float* row_max, float* row_sum,
-                         float* acc, size_t acc_cols, ptrdiff_t acc_row_stride);
+// Out: scores hold p_j = exp(y_j - m_new) (0 where masked); row_sum = row_sum * exp(m_old -
+// m_new) + sum_j p_j; acc rows are multiplied by exp(m_old - m_new). The caller then adds
+// p · V_block to acc, and after the last block calls OnlineSoftmaxFinish.
+// row_max holds a reference m, not always the running max: a row whose m_old is finite keeps
+// m_new = m_old while every y_j <= m_old + kOnlineSoftmaxHeadroom (then p_j <= e^8 and nothing
+// is rescaled), computed in one fused pass that both checks and exponentiates; otherwise (and on
+// the row's first visible keys) m_new = max(m_old, max_j y_j). Either way y_j <= m_new + 8 for
+// every key seen, so p, row_sum and acc stay within a factor e^8 of the max-referenced ones; the
+// division by row_sum at the end makes the reference cancel (its rounding: one more f32 multiply
+// of the p_j done before a late rescale). Columns beyond the causal limit are set to 0; a row
+// whose keys so far are all masked keeps (-inf, 0) and gets p = 0; NaN or +inf (see above) sets
+// the row's p, acc, row_max and row_sum to NaN, so its final output is NaN.
+void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
+                         const SoftmaxMasks& masks, float* row_max, float* row_sum, float* acc,
+                         size_t acc_cols, ptrdiff_t acc_row_stride);
 
 // acc[r, :] /= row_sum[r]; rows whose sum is 0 (fully masked) become zeros.
 void OnlineSoftmaxFinish(float* acc, size_t rows, size_t acc_cols, ptrdiff_t acc_row_stride,

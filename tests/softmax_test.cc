@@ -16,6 +16,8 @@
 //   large |y| (e.g. the +-1e4 cases), where it is inherent to f32 scores.
 // - kAbs = 1e-37 admits flushed / gradually underflowed outputs below FLT_MIN (Exp of arguments
 //   below -87 is zero).
+#include "kernels/softmax.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "kernels/softmax.h"
 #include "tests/kernel_test_util.h"
 
 namespace mha {
@@ -124,7 +125,7 @@ std::string Num(double v) {
 // Compares one output row with the reference; reports at most a few mismatches per call.
 void ExpectRow(const RefRow& ref, const float* got, size_t cols, const std::string& what,
                int* budget) {
-  for (size_t j = 0; j < cols && *budget > 0; ++j) {
+  for (size_t j = 0; j<cols&& * budget> 0; ++j) {
     const double g = got[j];
     bool ok = true;
     std::string want;
@@ -157,15 +158,17 @@ struct Block {
   std::vector<float> storage;
 
   Block(size_t rows_in, size_t cols_in, size_t pad, size_t offset_in)
-      : rows(rows_in), cols(cols_in), stride(cols_in + pad), offset(offset_in),
+      : rows(rows_in),
+        cols(cols_in),
+        stride(cols_in + pad),
+        offset(offset_in),
         storage(offset_in + rows_in * (cols_in + pad) + 8, kSentinel) {}
   float* row(size_t r) { return storage.data() + offset + r * stride; }
   float* data() { return row(0); }
 
   void CheckSentinels(const std::string& what) const {
     for (size_t i = 0; i < storage.size(); ++i) {
-      const bool inside = i >= offset && i < offset + rows * stride &&
-                          (i - offset) % stride < cols;
+      const bool inside = i >= offset && i < offset + rows * stride && (i - offset) % stride < cols;
       if (!inside && storage[i] != kSentinel) {
         ADD_FAILURE() << what << ": wrote outside the rows at storage index " << i;
         return;
@@ -240,9 +243,9 @@ TEST(SoftmaxRowsTest, LengthsAndAlignments) {
       for (size_t offset = 0; offset < 4; ++offset) {
         const size_t rows = n > 300 ? 2 : 1;
         const std::vector<float> x = RandomFloats(rng, rows * n, -8.0f, 8.0f);
-        RunAndCheck(x, rows, n, 0.125f, SoftmaxMasks(), /*pad=*/offset, offset,
-                    std::string(target) + " n=" + std::to_string(n) + " offset=" +
-                        std::to_string(offset));
+        RunAndCheck(
+            x, rows, n, 0.125f, SoftmaxMasks(), /*pad=*/offset, offset,
+            std::string(target) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
       }
     }
     ReportWorst(target, "LengthsAndAlignments");
@@ -286,9 +289,9 @@ TEST(SoftmaxRowsTest, CausalOffsets) {
     for (const size_t n : {1, 5, 6, 17, 40, 300}) {
       const std::vector<float> x = RandomFloats(rng, rows * n, -5.0f, 5.0f);
       const std::vector<uint8_t> m0 = RandomBytes(rng, n, 0.25);
-      for (const int64_t offset : std::vector<int64_t>{
-               -1000, -7, -3, -1, 0, 1, 2, 5, 1000, std::numeric_limits<int64_t>::min(),
-               std::numeric_limits<int64_t>::max()}) {
+      for (const int64_t offset : std::vector<int64_t>{-1000, -7, -3, -1, 0, 1, 2, 5, 1000,
+                                                       std::numeric_limits<int64_t>::min(),
+                                                       std::numeric_limits<int64_t>::max()}) {
         for (int with_mask = 0; with_mask < 2; ++with_mask) {
           SoftmaxMasks masks;
           masks.causal = true;
@@ -369,13 +372,13 @@ TEST(SoftmaxRowsTest, InfAndNaN) {
       std::vector<float> add(rows * n, 0.0f);
       std::vector<uint8_t> m(rows * n, 0);
       const size_t j = n / 2;
-      x[1 * n + j] = kInf;                    // row 1: NaN row
-      x[2 * n + j] = kNaN;                    // row 2: NaN row
-      add[3 * n + j] = kNaN;                  // row 3: NaN row
-      x[4 * n + j] = kNaN;                    // row 4: masked NaN, normal row
+      x[1 * n + j] = kInf;    // row 1: NaN row
+      x[2 * n + j] = kNaN;    // row 2: NaN row
+      add[3 * n + j] = kNaN;  // row 3: NaN row
+      x[4 * n + j] = kNaN;    // row 4: masked NaN, normal row
       m[4 * n + j] = 1;
-      x[5 * n + j] = -kInf;                   // row 5: p_j = 0
-      x[6 * n + j] = kInf;                    // row 6: masked +inf, normal row
+      x[5 * n + j] = -kInf;  // row 5: p_j = 0
+      x[6 * n + j] = kInf;   // row 6: masked +inf, normal row
       m[6 * n + j] = 1;
       SoftmaxMasks masks;
       masks.add[0] = add.data();
@@ -417,9 +420,9 @@ TEST(SoftmaxRowsTest, HugeMagnitudes) {
         for (size_t j = 0; j < n; ++j) {
           x[2 * n + j] = (scale == 1e4f ? 1.0f : 1e4f) + 0.001f * static_cast<float>(j % 7);
         }
-        RunAndCheck(x, rows, n, scale, SoftmaxMasks(), 0, 1,
-                    std::string(target) + " n=" + std::to_string(n) + " scale=" +
-                        std::to_string(scale));
+        RunAndCheck(
+            x, rows, n, scale, SoftmaxMasks(), 0, 1,
+            std::string(target) + " n=" + std::to_string(n) + " scale=" + std::to_string(scale));
       }
       // Overflow of x * scale: -inf entries are masked; a +inf entry makes the row NaN.
       std::vector<float> x = RandomFloats(rng, 2 * n, -1.0f, 1.0f);
@@ -449,24 +452,32 @@ TEST(OnlineSoftmaxTest, MatchesOneShot) {
       for (const size_t num_blocks : {1, 2, 3, 7}) {
         if (num_blocks > total) continue;
         for (const size_t hd : {1, 3, 16, 37}) {
-          for (int variant = 0; variant < 4; ++variant) {
+          for (int variant = 0; variant < 6; ++variant) {
             // variant 0: no masks; 1: bool + additive masks; 2: causal (offset 2) + bool;
-            // 3: causal with a negative offset (some rows fully masked).
+            // 3: causal with a negative offset (some rows fully masked); 4 and 5: variants 0
+            // and 1 on scores rising along the row by 300 after the scale, so later blocks rise
+            // above the reference by more than kOnlineSoftmaxHeadroom (the fused pass stops
+            // inside a block and the rest of the block takes passes 1 and 2).
             std::vector<float> x = RandomFloats(rng, rows * total, -6.0f, 6.0f);
+            if (variant >= 4) {
+              for (size_t i = 0; i < x.size(); ++i) {
+                x[i] += 1000.0f * static_cast<float>(i % total) / static_cast<float>(total);
+              }
+            }
             const std::vector<float> v = RandomFloats(rng, total * hd, -1.0f, 1.0f);
             const std::vector<float> add = RandomFloats(rng, rows * total, -2.0f, 2.0f);
             std::vector<uint8_t> m = RandomBytes(rng, rows * total, 0.3);
             std::fill(m.begin() + 4 * total, m.end(), 1);  // row 4 fully masked
             SoftmaxMasks full;
-            if (variant == 1 || variant == 2) {
+            if (variant == 1 || variant == 2 || variant == 5) {
               full.masked[0] = m.data();
               full.masked_row_stride[0] = total;
             }
-            if (variant == 1) {
+            if (variant == 1 || variant == 5) {
               full.add[0] = add.data();
               full.add_row_stride[0] = total;
             }
-            if (variant >= 2) {
+            if (variant == 2 || variant == 3) {
               full.causal = true;
               full.causal_offset = variant == 2 ? 2 : -3;
             }
@@ -488,8 +499,7 @@ TEST(OnlineSoftmaxTest, MatchesOneShot) {
               Block scores(rows, cols, 1, b % 4);
               for (size_t r = 0; r < rows; ++r) {
                 std::copy(x.begin() + static_cast<ptrdiff_t>(r * total + k0),
-                          x.begin() + static_cast<ptrdiff_t>(r * total + k0 + cols),
-                          scores.row(r));
+                          x.begin() + static_cast<ptrdiff_t>(r * total + k0 + cols), scores.row(r));
               }
               SoftmaxMasks bm = full;
               for (int k = 0; k < 2; ++k) {
@@ -526,21 +536,21 @@ TEST(OnlineSoftmaxTest, MatchesOneShot) {
                     const double pv = ref.p[j] * v[j * hd + c];
                     want += pv;
                     if (std::isinf(ref.d[j])) continue;  // masked: p = 0
-                    tol += std::fabs(pv) * (kOnlineRel + (num_blocks + 1) * kCond *
-                                                             (ref.d[j] + ref.mean_d));
+                    tol += std::fabs(pv) *
+                           (kOnlineRel + (num_blocks + 1) * kCond * (ref.d[j] + ref.mean_d));
                   }
                 }
-                const bool ok = ref.kind == RefRow::kNaNRow ? std::isnan(g)
-                                                            : std::fabs(g - want) <= tol;
+                const bool ok =
+                    ref.kind == RefRow::kNaNRow ? std::isnan(g) : std::fabs(g - want) <= tol;
                 if (ref.kind != RefRow::kNaNRow) {
                   g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - want) / tol);
                 }
                 if (!ok) {
                   --budget;
                   ADD_FAILURE() << target << " total=" << total << " blocks=" << num_blocks
-                                << " hd=" << hd << " variant=" << variant << " row " << r
-                                << " col " << c << ": got " << Num(g) << ", want " << Num(want)
-                                << " +- " << Num(tol);
+                                << " hd=" << hd << " variant=" << variant << " row " << r << " col "
+                                << c << ": got " << Num(g) << ", want " << Num(want) << " +- "
+                                << Num(tol);
                 }
               }
             }
@@ -552,20 +562,25 @@ TEST(OnlineSoftmaxTest, MatchesOneShot) {
   });
 }
 
-// NaN or +inf in any block makes the row's output NaN; fully masked rows finish as zeros.
+// NaN or +inf in any block makes the row's output NaN, in the first block (passes 1 and 2) and
+// in a later one (the fused pass, in its two-vector loop and in its tail); NaN at a bool-masked
+// position is ignored; fully masked rows finish as zeros.
 TEST(OnlineSoftmaxTest, SpecialValues) {
   test::ForEachTarget([](const char* target) {
-    const size_t rows = 3, cols = 6, hd = 4;
+    const size_t rows = 5, cols = 19, hd = 4;
     std::vector<float> row_max(rows, -kInf), row_sum(rows, 0.0f), acc(rows * hd, 0.0f);
     std::vector<uint8_t> m(rows * cols, 0);
-    std::fill(m.begin() + 2 * cols, m.end(), 1);  // row 2 fully masked
+    std::fill(m.begin() + 2 * cols, m.begin() + 3 * cols, 1);  // row 2 fully masked
+    m[4 * cols + 10] = 1;
     SoftmaxMasks masks;
     masks.masked[0] = m.data();
     masks.masked_row_stride[0] = cols;
     for (int block = 0; block < 2; ++block) {
       std::vector<float> s(rows * cols, 1.0f);
-      if (block == 1) s[0 * cols + 3] = kNaN;  // row 0: NaN in the second block
-      if (block == 0) s[1 * cols + 2] = kInf;  // row 1: +inf in the first block
+      if (block == 1) s[0 * cols + 3] = kNaN;   // row 0: NaN in the second block
+      if (block == 0) s[1 * cols + 2] = kInf;   // row 1: +inf in the first block
+      if (block == 1) s[3 * cols + 17] = kInf;  // row 3: +inf in the second block's last columns
+      if (block == 1) s[4 * cols + 10] = kNaN;  // row 4: NaN where the bool mask is set
       kernels::OnlineSoftmaxUpdate(s.data(), rows, cols, cols, 1.0f, masks, row_max.data(),
                                    row_sum.data(), acc.data(), hd, hd);
       for (size_t j = 0; j < cols; ++j) EXPECT_EQ(s[2 * cols + j], 0.0f) << target;
@@ -582,6 +597,8 @@ TEST(OnlineSoftmaxTest, SpecialValues) {
       EXPECT_TRUE(std::isnan(acc[0 * hd + c])) << target;
       EXPECT_TRUE(std::isnan(acc[1 * hd + c])) << target;
       EXPECT_EQ(acc[2 * hd + c], 0.0f) << target;
+      EXPECT_TRUE(std::isnan(acc[3 * hd + c])) << target;
+      EXPECT_NEAR(acc[4 * hd + c], 0.5f, 1e-6f) << target;
     }
     EXPECT_EQ(row_sum[2], 0.0f) << target;
     EXPECT_EQ(row_max[2], -kInf) << target;
@@ -601,7 +618,7 @@ TEST(OnlineSoftmaxTest, Finish) {
       kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, stride, sums.data());
       for (size_t r = 0; r < rows; ++r) {
         for (size_t c = 0; c < stride; ++c) {
-          const float want = c >= hd       ? kSentinel
+          const float want = c >= hd        ? kSentinel
                              : sums[r] == 0 ? 0.0f
                                             : (static_cast<float>(c) - 2.5f) * (1.0f / sums[r]);
           EXPECT_EQ(acc[r * stride + c], want) << target << " hd=" << hd << " row " << r;
@@ -612,7 +629,7 @@ TEST(OnlineSoftmaxTest, Finish) {
 }
 
 // The softmax exp alone against exp in double, correctly rounded to f32: at most 2 ULP on a
-// sample of every 4099th f32 bit pattern in [-87, 0] (273k values, every binade) plus the
+// sample of every 4099th f32 bit pattern in [-87, 0] and in (0, 8] (every binade) plus the
 // boundaries; below -87 and -inf give 0, 0 and -0 give exactly 1. Misaligned starts and every
 // tail length up to two vectors. (Run over every 7th f32 in [-87, 0], 159 million values, on
 // AVX2, SSE4, SSSE3 and SCALAR, the maximum was also 2 ULP; 0.7% of values are 2 ULP off.)
@@ -625,6 +642,12 @@ TEST(ExpNonPositiveTest, WithinTwoUlp) {
     };
     std::vector<float> x;
     for (uint32_t b = bits_of(-0.0f); b <= bits_of(-87.0f); b += 4099) {
+      float f;
+      std::memcpy(&f, &b, sizeof(f));
+      x.push_back(f);
+    }
+    // (0, kOnlineSoftmaxHeadroom]: the online softmax's fused pass exponentiates up to there.
+    for (uint32_t b = bits_of(1e-45f); b <= bits_of(kernels::kOnlineSoftmaxHeadroom); b += 4099) {
       float f;
       std::memcpy(&f, &b, sizeof(f));
       x.push_back(f);
@@ -648,8 +671,8 @@ TEST(ExpNonPositiveTest, WithinTwoUlp) {
           continue;
         }
         const float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
-        const int64_t ulps = std::abs(static_cast<int64_t>(bits_of(got)) -
-                                      static_cast<int64_t>(bits_of(want)));
+        const int64_t ulps =
+            std::abs(static_cast<int64_t>(bits_of(got)) - static_cast<int64_t>(bits_of(want)));
         if (ulps > 2) ++failures;
         EXPECT_LE(ulps, 2) << target << " x=" << x[i] << " got " << got << " want " << want;
       }
