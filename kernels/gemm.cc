@@ -362,8 +362,8 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
                     op_c.col_stride, [&](size_t jp, float* b1) {
                       if (ic == 0) {
                         const size_t cols = std::min(cfg.nr, nc - jp * cfg.nr);
-                        PackOperandPanel(cfg.pack_b, b_t.At(jp * cfg.nr, 0), cols, kc,
-                                         cfg.packnr, widen, b1);
+                        PackOperandPanel(cfg.pack_b, b_t.At(jp * cfg.nr, 0), cols, kc, cfg.packnr,
+                                         widen, b1);
                       }
                     });
       }
@@ -414,6 +414,41 @@ const GemmBlocks& GemmBlocking() {
   return blocks;
 }
 
+namespace {
+
+// Floats of one packed KC-deep block of an [m, k] a operand (all of its MR-tall micro-panels).
+size_t PackedABlockFloats(const Config& cfg, size_t kc, size_t m) {
+  return (m + cfg.mr - 1) / cfg.mr * cfg.packmr * kc;
+}
+
+// The k-block and row-block loops of GemmPackedB and GemmPacked over a packed b, for
+// c.rows, c.cols, b.k > 0 and alpha != 0: a_block(pc, kc, ic, mc) returns a's packed block
+// [ic, ic + mc) x [pc, pc + kc) (MR-tall micro-panels).
+template <class ABlock>
+void PackedBDriver(const Config& cfg, float alpha, const PackedB& b, float beta,
+                   const MatrixView& c, const ABlock& a_block) {
+  assert(b.col0 % cfg.nr == 0 && "packed b: col0 must be a multiple of NR");
+  float alpha_v = alpha;
+  float one = 1.0f;
+  const float* b_block = b.data;
+  for (size_t pc = 0; pc < b.k; pc += cfg.kc) {
+    const size_t kc = std::min(cfg.kc, b.k - pc);
+    float* beta_p = pc == 0 ? &beta : &one;
+    // The micro-kernel only reads the packed panels; BLIS's signature takes them non-const.
+    float* const b_pack = const_cast<float*>(b_block) + b.col0 / cfg.nr * cfg.packnr * kc;
+    // Row blocks of MC, so each packed A block stays in L2 across the B panels.
+    for (size_t ic = 0; ic < c.rows; ic += cfg.mc) {
+      const size_t mc = std::min(cfg.mc, c.rows - ic);
+      MacroKernel(cfg, a_block(pc, kc, ic, mc), mc, b_pack, c.cols, kc, &alpha_v, beta_p,
+                  c.data + static_cast<ptrdiff_t>(ic) * c.row_stride, c.row_stride, c.col_stride,
+                  [](size_t, float*) {});
+    }
+    b_block += PackedBlockFloats(cfg, kc, b.packed_n);
+  }
+}
+
+}  // namespace
+
 void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
                  const MatrixView& c, void* scratch) {
   assert(a.rows == c.rows && "GemmPackedB: a.rows must equal c.rows");
@@ -428,26 +463,56 @@ void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
     return;
   }
   const Config& cfg = GetConfig();
-  assert(b.col0 % cfg.nr == 0 && "GemmPackedB: col0 must be a multiple of NR");
   const Operand op_a{a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride};
   float* const a_pack = static_cast<float*>(scratch);
-  float alpha_v = alpha;
-  float one = 1.0f;
-  const float* b_block = b.data;
-  for (size_t pc = 0; pc < b.k; pc += cfg.kc) {
-    const size_t kc = std::min(cfg.kc, b.k - pc);
-    float* beta_p = pc == 0 ? &beta : &one;
-    // The micro-kernel only reads the packed panels; BLIS's signature takes them non-const.
-    float* const b_pack = const_cast<float*>(b_block) + b.col0 / cfg.nr * cfg.packnr * kc;
-    for (size_t ic = 0; ic < c.rows; ic += cfg.mc) {
-      const size_t mc = std::min(cfg.mc, c.rows - ic);
-      PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, nullptr, a_pack);
-      MacroKernel(cfg, a_pack, mc, b_pack, c.cols, kc, &alpha_v, beta_p,
-                  c.data + static_cast<ptrdiff_t>(ic) * c.row_stride, c.row_stride, c.col_stride,
-                  [](size_t, float*) {});
-    }
-    b_block += PackedBlockFloats(cfg, kc, b.packed_n);
+  PackedBDriver(cfg, alpha, b, beta, c, [&](size_t pc, size_t kc, size_t ic, size_t mc) {
+    PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, nullptr, a_pack);
+    return a_pack;
+  });
+}
+
+size_t PackedAFloats(size_t m, size_t k) {
+  const Config& cfg = GetConfig();
+  size_t floats = 0;
+  for (size_t pc = 0; pc < k; pc += cfg.kc) {
+    floats += PackedABlockFloats(cfg, std::min(cfg.kc, k - pc), m);
   }
+  return RoundUp(floats + kPanelTailBytes / sizeof(float), kGemmScratchAlignment / sizeof(float));
+}
+
+PackedA PackA(const MatrixView& a, float* dst) {
+  assert(reinterpret_cast<uintptr_t>(dst) % kGemmScratchAlignment == 0 &&
+         "PackA: dst must be 64-byte aligned");
+  const Config& cfg = GetConfig();
+  const Operand op{a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride};
+  float* block = dst;
+  for (size_t pc = 0; pc < a.cols; pc += cfg.kc) {
+    const size_t kc = std::min(cfg.kc, a.cols - pc);
+    PackBlock(cfg.pack_a, op.At(0, pc), a.rows, kc, cfg.mr, cfg.packmr, nullptr, block);
+    block += PackedABlockFloats(cfg, kc, a.rows);
+  }
+  return {dst, a.rows, a.cols, a.rows, 0};
+}
+
+void GemmPacked(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c) {
+  assert(a.m == c.rows && "GemmPacked: a.m must equal c.rows");
+  assert(b.n == c.cols && "GemmPacked: b.n must equal c.cols");
+  assert(a.k == b.k && "GemmPacked: a.k must equal b.k");
+  assert(a.row0 + a.m <= a.packed_m && "GemmPacked: rows past the packing");
+  assert(b.col0 + b.n <= b.packed_n && "GemmPacked: columns past the packing");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (b.k == 0 || alpha == 0.0f) {
+    ScaleC(beta, c);
+    return;
+  }
+  const Config& cfg = GetConfig();
+  assert(a.row0 % cfg.mr == 0 && "GemmPacked: row0 must be a multiple of MR");
+  // Every k block but the last is KC deep, so block pc / KC starts after pc / KC full blocks.
+  const size_t full_block = PackedABlockFloats(cfg, cfg.kc, a.packed_m);
+  PackedBDriver(cfg, alpha, b, beta, c, [&](size_t pc, size_t kc, size_t ic, size_t) {
+    return const_cast<float*>(a.data) + pc / cfg.kc * full_block +
+           (a.row0 + ic) / cfg.mr * cfg.packmr * kc;
+  });
 }
 
 void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,

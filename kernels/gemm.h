@@ -137,11 +137,11 @@ struct PackedB {
 // The register and cache blocks of the BLIS configuration selected at run time: callers that
 // split a product into pieces (ParallelGemm) align the pieces to them.
 struct GemmBlocks {
-  size_t mr = 0;              // rows of the micro-kernel's C tile
-  size_t nr = 0;              // columns of the micro-kernel's C tile (PackedB column alignment)
-  size_t mc = 0;              // rows of A packed per block
-  size_t kc = 0;              // depth of a packed block
-  bool prefers_rows = true;   // the micro-kernel stores row-major C tiles fastest
+  size_t mr = 0;             // rows of the micro-kernel's C tile
+  size_t nr = 0;             // columns of the micro-kernel's C tile (PackedB column alignment)
+  size_t mc = 0;             // rows of A packed per block
+  size_t kc = 0;             // depth of a packed block
+  bool prefers_rows = true;  // the micro-kernel stores row-major C tiles fastest
 };
 const GemmBlocks& GemmBlocking();
 
@@ -166,6 +166,36 @@ PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst);
 // only on the same row of a, so splitting a and c into row strips gives the same bits.
 void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
                  const MatrixView& c, void* scratch);
+
+// An a [m, k] operand packed once and multiplied by many b's (GemmPacked): attention packs a
+// task's Q rows once for all of its key blocks (runtime/attention.cc). Layout: the packing of
+// Gemm's driver for all rows at once: k in blocks of the configuration's KC, each block holding
+// ceil(packed_m / MR) MR-tall micro-panels, zero-padded to full panels. A PackedA may be a row
+// range of a larger packing (Rows): it then starts at micro-panel row0 / MR of each block.
+struct PackedA {
+  const float* data = nullptr;
+  size_t m = 0;
+  size_t k = 0;
+  size_t packed_m = 0;  // rows of the whole packing (each KC block's height); >= row0 + m
+  size_t row0 = 0;      // first row of this operand in the packing, a multiple of MR
+
+  // Rows [r0, r0 + nr) of this operand; r0 must be a multiple of GemmBlocking().mr.
+  PackedA Rows(size_t r0, size_t nr) const { return {data, nr, k, packed_m, row0 + r0}; }
+};
+
+// Floats PackA writes for an [m, k] a (a multiple of 16, like PackedBFloats).
+size_t PackedAFloats(size_t m, size_t k);
+
+// Packs a [m, k] (any strides) into dst: PackedAFloats(a.rows, a.cols) floats,
+// kGemmScratchAlignment-aligned. Returns the packed operand (pointing at dst).
+PackedA PackA(const MatrixView& a, float* dst);
+
+// c = alpha * a * b + beta * c for a packed a and a packed b (Gemm's contract for beta; no
+// scratch: nothing is packed). Shapes: a [m, k], b [k, n], c [m, n]. The result is bitwise the
+// one GemmPackedB gives for the unpacked a (the same micro-kernel calls on the same packed
+// values, k blocks in the same order), so a row range of a packed a gives the same bits as the
+// same rows through GemmPackedB.
+void GemmPacked(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c);
 
 // Initializes BLIS and reads the micro-kernel and block sizes (once, thread-safe); cheap after
 // the first call. Called by contexts before a first parallel run so timing starts warm.

@@ -57,7 +57,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct OnlineScratch {
-  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, q_rows = 0, acc_rows = 0;
+  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, packed_q = 0, acc_rows = 0;
   size_t total = 0;
 };
 
@@ -160,8 +160,8 @@ enum class MaskType { kNone, kBool, kFloat };
 struct MaskInput {
   MaskType type = MaskType::kNone;
   const void* data = nullptr;
-  bool per_head = false;   // attn_mask [N*H, L, S]
-  ptrdiff_t stride0 = 0;   // elements between [N*H] slices (3-D) or between batches (kpm)
+  bool per_head = false;     // attn_mask [N*H, L, S]
+  ptrdiff_t stride0 = 0;     // elements between [N*H] slices (3-D) or between batches (kpm)
   ptrdiff_t row_stride = 0;  // elements between query rows (attn_mask)
 };
 
@@ -270,8 +270,8 @@ struct MultiheadAttention::Impl : LayerWeights {
   // Q, K and V (chunked path: Q alone when keys is null, else the keys of one chunk).
   void RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
                       const KeyChunk* keys) const;
-  void PrepareMasks(const Shapes& sh, const Workspace& ws, uint8_t* base,
-                    MaskInput* attn, MaskInput* kpm) const;
+  void PrepareMasks(const Shapes& sh, const Workspace& ws, uint8_t* base, MaskInput* attn,
+                    MaskInput* kpm) const;
   // The attention tasks over `keys` (all of them unless chunked).
   void RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
                     const KeyChunk& keys) const;
@@ -314,8 +314,10 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   m.config = config;
   m.E = config.embed_dim;
   m.H = config.num_heads;
-  if (m.E <= 0) return InvalidArgument(std::string(op) + "embed_dim: expected > 0, got " + Str(m.E));
-  if (m.H <= 0) return InvalidArgument(std::string(op) + "num_heads: expected > 0, got " + Str(m.H));
+  if (m.E <= 0)
+    return InvalidArgument(std::string(op) + "embed_dim: expected > 0, got " + Str(m.E));
+  if (m.H <= 0)
+    return InvalidArgument(std::string(op) + "num_heads: expected > 0, got " + Str(m.H));
   if (m.E % m.H != 0) {
     return InvalidArgument(std::string(op) + "embed_dim: expected a multiple of num_heads (" +
                            Str(m.H) + "), got " + Str(m.E));
@@ -332,8 +334,10 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   m.vd = config.vdim == 0 ? m.E : config.vdim;
   // Dimensions are bounded so that every size product below fits comfortably in 64 bits.
   constexpr int64_t kMaxDim = int64_t{1} << 24;
-  const struct { const char* name; int64_t v; } dims[] = {
-      {"embed_dim", m.E}, {"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}};
+  const struct {
+    const char* name;
+    int64_t v;
+  } dims[] = {{"embed_dim", m.E}, {"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}};
   for (const auto& d : dims) {
     if (d.v <= 0 || d.v > kMaxDim) {
       return InvalidArgument(std::string(op) + d.name + ": expected 1.." + Str(kMaxDim) +
@@ -341,7 +345,8 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
     }
   }
   if (!(config.scale >= 0.0f) || std::isinf(config.scale)) {
-    return InvalidArgument(std::string(op) + "scale: expected a finite value >= 0 (0 = default), got " +
+    return InvalidArgument(std::string(op) +
+                           "scale: expected a finite value >= 0 (0 = default), got " +
                            std::to_string(config.scale));
   }
   m.scale = config.scale > 0 ? config.scale : 1.0f / std::sqrt(static_cast<float>(m.hd));
@@ -350,8 +355,10 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   m.config.kdim = m.kd;
   m.config.vdim = m.vd;
 
-  const struct { const char* name; DType v; } dtypes[] = {{"config.weight_dtype", config.weight_dtype},
-                                                         {"weights.dtype", w.dtype}};
+  const struct {
+    const char* name;
+    DType v;
+  } dtypes[] = {{"config.weight_dtype", config.weight_dtype}, {"weights.dtype", w.dtype}};
   for (const auto& d : dtypes) {
     if (d.v != DType::kF32 && d.v != DType::kBF16 && d.v != DType::kF16) {
       return InvalidArgument(std::string(op) + d.name + ": expected F32, BF16 or F16, got " +
@@ -362,8 +369,8 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   const bool packed = w.in_proj_weight != nullptr;
   const bool separate = w.q_proj_weight || w.k_proj_weight || w.v_proj_weight;
   if (packed && separate) {
-    return InvalidArgument(std::string(op) +
-                           "weights: expected either in_proj_weight or q/k/v_proj_weight, got both");
+    return InvalidArgument(
+        std::string(op) + "weights: expected either in_proj_weight or q/k/v_proj_weight, got both");
   }
   if (!packed && !(w.q_proj_weight && w.k_proj_weight && w.v_proj_weight)) {
     return InvalidArgument(std::string(op) +
@@ -371,13 +378,15 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
                            "k_proj_weight and v_proj_weight");
   }
   if (packed && (m.qd != m.kd || m.qd != m.vd || m.kvE != m.E)) {
-    return InvalidArgument(std::string(op) + "in_proj_weight: a packed [3E, in] weight needs "
+    return InvalidArgument(std::string(op) +
+                           "in_proj_weight: a packed [3E, in] weight needs "
                            "q_dim == kdim == vdim and num_kv_heads == num_heads, got q_dim " +
                            Str(m.qd) + ", kdim " + Str(m.kd) + ", vdim " + Str(m.vd) +
                            ", num_kv_heads " + Str(m.KVH));
   }
   if (w.qkv_layout != QkvLayout::kPyTorch && w.qkv_layout != QkvLayout::kPerHead) {
-    return InvalidArgument(std::string(op) + "qkv_layout: expected kPyTorch (0) or kPerHead (1), got " +
+    return InvalidArgument(std::string(op) +
+                           "qkv_layout: expected kPyTorch (0) or kPerHead (1), got " +
                            Str(static_cast<int>(w.qkv_layout)));
   }
   if (!packed && w.qkv_layout == QkvLayout::kPerHead) {
@@ -388,12 +397,16 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
     return InvalidArgument(std::string(op) + "out_proj_weight: expected [E, E] weights, got null");
   }
   if (config.bias && (w.in_proj_bias == nullptr || w.out_proj_bias == nullptr)) {
-    return InvalidArgument(std::string(op) + "bias is true: expected in_proj_bias [E + 2 kvE] and "
+    return InvalidArgument(std::string(op) +
+                           "bias is true: expected in_proj_bias [E + 2 kvE] and "
                            "out_proj_bias [E], got " +
-                           (w.in_proj_bias ? "in_proj_bias only" : w.out_proj_bias ? "out_proj_bias only" : "neither"));
+                           (w.in_proj_bias    ? "in_proj_bias only"
+                            : w.out_proj_bias ? "out_proj_bias only"
+                                              : "neither"));
   }
   if (!config.bias && (w.in_proj_bias != nullptr || w.out_proj_bias != nullptr)) {
-    return InvalidArgument(std::string(op) + "bias is false: expected no in_proj_bias/out_proj_bias");
+    return InvalidArgument(std::string(op) +
+                           "bias is false: expected no in_proj_bias/out_proj_bias");
   }
   if (config.add_bias_kv && (w.bias_k == nullptr || w.bias_v == nullptr)) {
     return InvalidArgument(std::string(op) + "add_bias_kv: expected bias_k and bias_v [kvE]");
@@ -406,11 +419,14 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   const DType st = config.weight_dtype;
   // Copies are made when asked for, and always for the per-head packed layout, which is
   // reordered into PyTorch's (q, k, v) row order once here so every later path is the same.
-  const bool copy = binding == WeightBinding::kCopy || (packed && w.qkv_layout == QkvLayout::kPerHead);
+  const bool copy =
+      binding == WeightBinding::kCopy || (packed && w.qkv_layout == QkvLayout::kPerHead);
   if (!copy && w.dtype != st) {
-    return InvalidArgument(std::string(op) + "weights.dtype: a view binding uses the arrays as "
-                           "they are, so it must equal config.weight_dtype (" + DTypeName(st) +
-                           "), got " + DTypeName(w.dtype) + " (use WeightBinding::kCopy to convert)");
+    return InvalidArgument(std::string(op) +
+                           "weights.dtype: a view binding uses the arrays as "
+                           "they are, so it must equal config.weight_dtype (" +
+                           DTypeName(st) + "), got " + DTypeName(w.dtype) +
+                           " (use WeightBinding::kCopy to convert)");
   }
   if (!copy) {
     if (packed) {
@@ -512,7 +528,7 @@ Status MultiheadAttention::Impl::ValidateSeq(const TensorView& t, const char* na
                                              int64_t features, bool batched, int64_t expect_batch,
                                              SeqInput* seq) const {
   const int rank = batched ? 3 : 2;
-  const char* layout = !batched ? "[tokens, features]"
+  const char* layout = !batched             ? "[tokens, features]"
                        : config.batch_first ? "[N, tokens, features]"
                                             : "[tokens, N, features]";
   if (t.rank != rank) {
@@ -527,8 +543,10 @@ Status MultiheadAttention::Impl::ValidateSeq(const TensorView& t, const char* na
                            ", got " + Dims(t));
   }
   if (t.strides[rank - 1] != 1 && features > 1) {
-    return InvalidArgument(std::string(name) + ": expected a contiguous last dimension (stride 1), "
-                           "got stride " + Str(t.strides[rank - 1]));
+    return InvalidArgument(std::string(name) +
+                           ": expected a contiguous last dimension (stride 1), "
+                           "got stride " +
+                           Str(t.strides[rank - 1]));
   }
   for (int i = 0; i < rank; ++i) {
     if (t.shape[i] <= 0) {
@@ -558,8 +576,9 @@ Status MultiheadAttention::Impl::ValidateMasks(const AttentionInputs& in, Shapes
   if (in.attn_mask.present()) {
     const TensorView& m = in.attn_mask;
     MaskInput& a = sh->attn;
-    a.type = IsBoolMask(m.dtype) ? MaskType::kBool : IsFloatMask(m.dtype) ? MaskType::kFloat
-                                                                          : MaskType::kNone;
+    a.type = IsBoolMask(m.dtype)    ? MaskType::kBool
+             : IsFloatMask(m.dtype) ? MaskType::kFloat
+                                    : MaskType::kNone;
     if (a.type == MaskType::kNone) {
       return InvalidArgument("attn_mask: expected dtype bool, u8 or f32, got " +
                              std::string(DTypeName(m.dtype)));
@@ -586,8 +605,9 @@ Status MultiheadAttention::Impl::ValidateMasks(const AttentionInputs& in, Shapes
   if (in.key_padding_mask.present()) {
     const TensorView& m = in.key_padding_mask;
     MaskInput& k = sh->kpm;
-    k.type = IsBoolMask(m.dtype) ? MaskType::kBool : IsFloatMask(m.dtype) ? MaskType::kFloat
-                                                                          : MaskType::kNone;
+    k.type = IsBoolMask(m.dtype)    ? MaskType::kBool
+             : IsFloatMask(m.dtype) ? MaskType::kFloat
+                                    : MaskType::kNone;
     if (k.type == MaskType::kNone) {
       return InvalidArgument("key_padding_mask: expected dtype bool, u8 or f32, got " +
                              std::string(DTypeName(m.dtype)));
@@ -641,8 +661,8 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
   s = ValidateSeq(vt, "value", vd, sh->batched, sh->N, &sh->v);
   if (!s.ok()) return s;
   if (sh->k.tokens != sh->v.tokens) {
-    return InvalidArgument("value: expected the same sequence length as key (" +
-                           Str(sh->k.tokens) + "), got " + Dims(vt));
+    return InvalidArgument("value: expected the same sequence length as key (" + Str(sh->k.tokens) +
+                           "), got " + Dims(vt));
   }
   sh->S = sh->k.tokens;
   sh->St = sh->S + Extra();
@@ -659,8 +679,8 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
   constexpr double kMaxElements = 9.0e18;
   if (static_cast<double>(sh->N) * sh->L * sh->St * H > kMaxElements ||
       static_cast<double>(sh->N) * std::max(sh->L, sh->St) * (E + 2 * kvE) > kMaxElements) {
-    return InvalidArgument("query/key: sizes overflow 64-bit arithmetic (N " + Str(sh->N) +
-                           ", L " + Str(sh->L) + ", S " + Str(sh->S) + ")");
+    return InvalidArgument("query/key: sizes overflow 64-bit arithmetic (N " + Str(sh->N) + ", L " +
+                           Str(sh->L) + ", S " + Str(sh->S) + ")");
   }
 
   s = ValidateMasks(in, sh);
@@ -678,8 +698,8 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
   const bool shape_ok = o.rank == q.rank && o.shape[0] == q.shape[0] &&
                         (q.rank == 2 || o.shape[1] == q.shape[1]) && o.shape[o.rank - 1] == E;
   if (!shape_ok) {
-    std::string want = "[" + Str(q.shape[0]) + ", " + (q.rank == 3 ? Str(q.shape[1]) + ", " : "") +
-                       Str(E) + "]";
+    std::string want =
+        "[" + Str(q.shape[0]) + ", " + (q.rank == 3 ? Str(q.shape[1]) + ", " : "") + Str(E) + "]";
     return InvalidArgument("output: expected shape " + want + " f32, got " + Dims(o));
   }
   if (o.strides[o.rank - 1] != 1) {
@@ -712,7 +732,8 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
     return Status::Ok();
   }
   if (!wt.present()) {
-    return InvalidArgument("attn_weights: need_weights is true, expected an output tensor, got absent");
+    return InvalidArgument(
+        "attn_weights: need_weights is true, expected an output tensor, got absent");
   }
   // Expected [N, L, S'] / [N, H, L, S'], without the leading N when unbatched.
   int64_t want[4];
@@ -726,9 +747,9 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
   if (!ok) {
     std::string ws = "[";
     for (int i = 0; i < rank; ++i) ws += (i ? ", " : "") + Str(want[i]);
-    return InvalidArgument("attn_weights: expected shape " + ws +
-                           "] f32 with a contiguous last dimension, got " + Dims(wt) +
-                           (wt.strides[wt.rank > 0 ? wt.rank - 1 : 0] != 1 ? " (last stride != 1)" : ""));
+    return InvalidArgument(
+        "attn_weights: expected shape " + ws + "] f32 with a contiguous last dimension, got " +
+        Dims(wt) + (wt.strides[wt.rank > 0 ? wt.rank - 1 : 0] != 1 ? " (last stride != 1)" : ""));
   }
   sh->weights = wt.As<float>();
   int d = 0;
@@ -762,13 +783,21 @@ size_t Bytes(size_t floats) {
   return r;
 }
 
+// Query rows per strip of the online path: kStripRows rounded down to a multiple of the
+// micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
+size_t OnlineStripRows() {
+  const size_t mr = kernels::GemmBlocking().mr;
+  return std::max(kStripRows / mr, size_t{1}) * mr;
+}
+
 // The online path's per-worker scratch (after the GEMM packing buffer), byte offsets: scores
-// [kStripRows, key_block], row max and sum [query_block] (unused when chunked: the state lives in
-// the workspace), K^T of one key block packed [hd, key_block], V packed [key_block, hd], and the
-// query block's Q rows and running output [query_block, hd] each.
+// [OnlineStripRows(), key_block], row max and sum [query_block] (unused when chunked: the state
+// lives in the workspace), K^T of one key block packed [hd, key_block], V packed [key_block, hd],
+// the query block's Q rows packed (PackA of [query_block, hd]) and its running output [query_block,
+// hd].
 OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   OnlineScratch l;
-  size_t off = Bytes(kStripRows * ws.key_block);
+  size_t off = Bytes(OnlineStripRows() * ws.key_block);
   l.row_max = off;
   off += Bytes(ws.query_block);
   l.row_sum = off;
@@ -777,8 +806,8 @@ OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   off += Bytes(kernels::PackedBFloats(hd, ws.key_block));
   l.packed_v = off;
   off += Bytes(kernels::PackedBFloats(ws.key_block, hd));
-  l.q_rows = off;
-  off += Bytes(ws.query_block * hd);
+  l.packed_q = off;
+  off += Bytes(kernels::PackedAFloats(ws.query_block, hd));
   l.acc_rows = off;
   off += Bytes(ws.query_block * hd);
   l.total = off;
@@ -904,8 +933,7 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // same space for a copy of kOutRows output rows [rows, E].
   ws->gemm_scratch = kernels::GemmScratchBytes();
   RoundUpToAlignment(ws->gemm_scratch, &ws->gemm_scratch);
-  size_t per_worker = ws->online ? OnlineScratchLayout(*ws, hd).total
-                                  : Bytes(ws->query_block * St);
+  size_t per_worker = ws->online ? OnlineScratchLayout(*ws, hd).total : Bytes(ws->query_block * St);
   if (ws->chunked) per_worker = std::max(per_worker, Bytes(std::min<size_t>(kOutRows, L) * E));
   ws->scratch_per_worker = ws->gemm_scratch + per_worker;
   ws->scratch = off;
@@ -1025,8 +1053,10 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
   for (size_t n = 0; n < N; ++n) {
     int64_t p = pos;
     if (config.add_bias_kv) {
-      std::memcpy(k_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, bias_k, kvE * sizeof(float));
-      std::memcpy(v_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, bias_v, kvE * sizeof(float));
+      std::memcpy(k_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, bias_k,
+                  kvE * sizeof(float));
+      std::memcpy(v_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, bias_v,
+                  kvE * sizeof(float));
       ++p;
     }
     if (config.add_zero_attn) {
@@ -1173,8 +1203,8 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   // stride ld).
   auto gemm_scratch = [&](size_t worker) { return scratch_base + worker * ws.scratch_per_worker; };
   auto worker_scratch = [&](size_t worker) { return gemm_scratch(worker) + ws.gemm_scratch; };
-  auto full_rows = [&](int64_t n, int64_t h, int64_t q0, size_t rows, float* scores,
-                       ptrdiff_t ld, size_t worker, int64_t blk) {
+  auto full_rows = [&](int64_t n, int64_t h, int64_t q0, size_t rows, float* scores, ptrdiff_t ld,
+                       size_t worker, int64_t blk) {
     const int64_t g = h / group;
     void* gs = gemm_scratch(worker);
     const size_t kl = static_cast<size_t>(key_limit(q0, rows));
@@ -1237,15 +1267,18 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
       return;
     }
-    // Online softmax over key blocks. The block's Q rows and its running output are copied into
-    // contiguous [rows, hd] buffers in the worker's scratch for the task: the strips then read
-    // and accumulate rows at a stride of hd floats in L2 instead of rows of the [tokens, E]
-    // buffers (a multiple of 4 KiB apart, L3 or memory at long lengths) once per key block.
+    // Online softmax over key blocks. The block's Q rows are packed once for the task as the
+    // scores product's a operand (PackA: MR-row micro-panels, which its strips read by row
+    // range), instead of once per key block and strip; its running output is copied into a
+    // contiguous [rows, hd] buffer in the worker's scratch: the strips then read, scale and
+    // accumulate rows at a stride of hd floats in L2 instead of rows of the [tokens, E] buffers
+    // (a multiple of 4 KiB apart, L3 or memory at long lengths) once per key block.
     // The running output lives in concat between tasks only on the chunked path (the caller's
     // output, unnormalized); row max and sum [rows] live in the worker's scratch, or when chunked
     // in the workspace's [N, H, L] arrays, where they persist from chunk to chunk.
     // Each key block's K^T [hd, kc] and V [kc, hd] are packed once, then the block's rows run in
-    // strips of kStripRows: scores [strip, kc], the online update, and P [strip, kc] times V, so
+    // strips of kStripRows (rounded down to the micro-kernel's MR, the packed Q's row ranges):
+    // scores [strip, kc], the online update, and P [strip, kc] times V, so
     // a strip's scores stay in L1/L2 between the three steps instead of a [rows, kc] block
     // round-tripping through L3.
     const int64_t g = h / group;
@@ -1255,7 +1288,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     float* row_sum = reinterpret_cast<float*>(scratch + os.row_sum);
     float* const packed_k = reinterpret_cast<float*>(scratch + os.packed_k);
     float* const packed_v = reinterpret_cast<float*>(scratch + os.packed_v);
-    float* const q_rows = reinterpret_cast<float*>(scratch + os.q_rows);
+    float* const packed_q = reinterpret_cast<float*>(scratch + os.packed_q);
     if (ws.chunked) {
       const int64_t state = (n * H + h) * L + q0;
       row_max = reinterpret_cast<float*>(base + ws.row_max) + state;
@@ -1273,10 +1306,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     const MatrixView acc{reinterpret_cast<float*>(scratch + os.acc_rows), rows,
                          static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
     int64_t t0 = now();
-    const MatrixView q = q_view(n, h, q0, rows);
-    for (size_t r = 0; r < rows; ++r) {
-      std::memcpy(q_rows + r * hd, q.data + r * q.row_stride, hd * sizeof(float));
-    }
+    const kernels::PackedA qp = kernels::PackA(q_view(n, h, q0, rows), packed_q);
     record(t0, worker, Stage::kScores, n, h, blk);
     t0 = now();
     for (size_t r = 0; r < rows; ++r) {
@@ -1290,6 +1320,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     }
     record(t0, worker, Stage::kWeightedSum, n, h, blk);
     void* const gs = gemm_scratch(worker);
+    const size_t strip_rows = OnlineStripRows();
     auto update = [&](int64_t k0, size_t kc, bool masked) {
       // The trace counts packing K^T as scores time and packing V as weighted-sum time.
       t0 = now();
@@ -1298,16 +1329,14 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       t0 = now();
       const kernels::PackedB vp = kernels::PackB(v_view(n, g, k0, kc), packed_v);
       record(t0, worker, Stage::kWeightedSum, n, h, blk);
-      for (size_t r0 = 0; r0 < rows; r0 += kStripRows) {
-        const size_t sr = std::min(kStripRows, rows - r0);
+      for (size_t r0 = 0; r0 < rows; r0 += strip_rows) {
+        const size_t sr = std::min(strip_rows, rows - r0);
         const MatrixView s_view{scores, sr, kc, static_cast<ptrdiff_t>(ws.key_block), 1};
         const MatrixView a_view = acc.Block(r0, 0, sr, hd);
         t0 = now();
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
-        const MatrixView q_strip{q_rows + r0 * hd, sr, static_cast<size_t>(hd),
-                                 static_cast<ptrdiff_t>(hd), 1};
-        kernels::GemmPackedB(scale, q_strip, kp, 0.0f, s_view, gs);
+        kernels::GemmPacked(scale, qp.Rows(r0, sr), kp, 0.0f, s_view);
         record(t0, worker, Stage::kScores, n, h, blk);
         t0 = now();
         kernels::OnlineSoftmaxUpdate(
@@ -1409,8 +1438,10 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
   job.stage = Stage::kOutProjection;
   const size_t N = sh.N, L = sh.L;
   const bool concat_seq_major = N > 1 && ws.concat_layout.token == static_cast<ptrdiff_t>(N * m.E);
-  const bool out_seq_major = N > 1 && sh.out_layout.token == static_cast<ptrdiff_t>(N) * sh.out_layout.batch;
-  const bool out_batch_major = N == 1 || sh.out_layout.batch == static_cast<ptrdiff_t>(L) * sh.out_layout.token;
+  const bool out_seq_major =
+      N > 1 && sh.out_layout.token == static_cast<ptrdiff_t>(N) * sh.out_layout.batch;
+  const bool out_batch_major =
+      N == 1 || sh.out_layout.batch == static_cast<ptrdiff_t>(L) * sh.out_layout.token;
   if (concat_seq_major && out_seq_major) {
     job.a = {concat, N * L, static_cast<size_t>(m.E), static_cast<ptrdiff_t>(m.E), 1};
     job.c = {sh.out, N * L, static_cast<size_t>(m.E), sh.out_layout.batch, 1};
@@ -1541,8 +1572,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
 // Loading from a safetensors file (the operator's entry; the parsing is runtime/weights.cc, which
 // the fuzzer builds on its own).
 
-Status MultiheadAttention::CreateFromSafeTensors(const std::string& path,
-                                                 const std::string& prefix,
+Status MultiheadAttention::CreateFromSafeTensors(const std::string& path, const std::string& prefix,
                                                  const LoadOptions& options,
                                                  std::unique_ptr<MultiheadAttention>* out) {
   if (out == nullptr) return InvalidArgument("CreateFromSafeTensors: out is null");

@@ -590,7 +590,8 @@ TEST(GemmTest, NoHeapAllocationPerCall) {
     GemmPackedB(p0.alpha, p0.a.view, pb, p0.beta, p0.c.view, scratch.get());
   }
   g_counting.store(false);
-  EXPECT_EQ(g_allocations.load(), 0) << "heap allocations in 100 Gemm and 10 PackB/GemmPackedB calls";
+  EXPECT_EQ(g_allocations.load(), 0)
+      << "heap allocations in 100 Gemm and 10 PackB/GemmPackedB calls";
 #endif
 }
 
@@ -665,8 +666,7 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
                             whole.storage.size() * sizeof(float)),
                 0)
           << "m=" << m << " beta=" << beta;
-      if (bli_cntx_l3_nat_ukr_prefers_rows_dt(BLIS_FLOAT, BLIS_GEMM_UKR,
-                                              bli_gks_query_cntx())) {
+      if (bli_cntx_l3_nat_ukr_prefers_rows_dt(BLIS_FLOAT, BLIS_GEMM_UKR, bli_gks_query_cntx())) {
         Gemm(0.125f, a.view, b.view, beta, gemm.view, scratch.get());
         EXPECT_EQ(std::memcmp(whole.storage.data(), gemm.storage.data(),
                               whole.storage.size() * sizeof(float)),
@@ -748,6 +748,80 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
                           c_whole.storage.size() * sizeof(float)),
               0)
         << "b " << LayoutName(lb);
+  }
+}
+
+// GemmPacked (a packed once, PackA) gives the bits of GemmPackedB on the unpacked a, for the
+// whole a and for MR-aligned row ranges of its packing (PackedA::Rows, as attention's strips
+// read a task's packed Q rows), with every layout of a (misaligned views), k across KC blocks,
+// m across MC blocks and ending in a partial micro-panel, beta 0 (NaN-filled c) and 1; the
+// whole product matches the double reference. The packing starts NaN-filled, so a panel PackA
+// left unwritten would show. alpha = 0 scales c.
+TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
+  std::mt19937 rng(34);
+  Scratch scratch;
+  const size_t mr = GemmBlocking().mr;
+  ASSERT_GT(mr, 0u);
+  const size_t shapes[][3] = {{1, 1, 1},
+                              {24, 512, 64},
+                              {7, 33, 300},
+                              {GemmBlocking().mc + 2 * mr + 5, 70, 2 * GemmBlocking().kc + 9},
+                              {5 * mr + 3, 16, 64}};
+  for (const auto& s : shapes) {
+    const size_t m = s[0], n = s[1], k = s[2];
+    Buffer b = MakeBuffer(k, n, Layout::kColMajor, 1, 2);
+    FillUniform(b, rng);
+    PackedBuffer packed_b(PackedBFloats(k, n));
+    const PackedB pb = PackB(b.view, packed_b.data);
+    for (const Layout la : kLayouts) {
+      Buffer a = MakeBuffer(m, k, la, rng() % 3, rng() % 4);
+      FillUniform(a, rng);
+      const size_t floats = PackedAFloats(m, k);
+      PackedBuffer packed_a(floats);
+      std::fill(packed_a.data, packed_a.data + floats, std::numeric_limits<float>::quiet_NaN());
+      const PackedA pa = PackA(a.view, packed_a.data);
+      EXPECT_EQ(pa.m, m);
+      EXPECT_EQ(pa.k, k);
+      EXPECT_EQ(pa.packed_m, m);
+      EXPECT_EQ(pa.row0, 0u);
+      for (const float beta : {0.0f, 1.0f}) {
+        Buffer c = MakeBuffer(m, n, Layout::kRowMajor, 0, 3);
+        FillUniform(c, rng);
+        if (beta == 0.0f) {
+          std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+        }
+        Buffer want = c, whole = c, parts = c;
+        GemmPackedB(0.125f, a.view, pb, beta, want.view, scratch.get());
+        GemmPacked(0.125f, pa, pb, beta, whole.view);
+        const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                 " k=" + std::to_string(k) + " a " + LayoutName(la) +
+                                 " beta=" + std::to_string(beta);
+        EXPECT_EQ(std::memcmp(want.storage.data(), whole.storage.data(),
+                              want.storage.size() * sizeof(float)),
+                  0)
+            << what;
+        ExpectGemmMatches(0.125f, a, b, beta, c, whole, "GemmPacked " + what);
+        // Strips of 2 MR rows (the last one shorter), each from the whole packing.
+        for (size_t r0 = 0; r0 < m; r0 += 2 * mr) {
+          const size_t rows = std::min(2 * mr, m - r0);
+          GemmPacked(0.125f, pa.Rows(r0, rows), pb, beta, parts.view.Block(r0, 0, rows, n));
+        }
+        EXPECT_EQ(std::memcmp(want.storage.data(), parts.storage.data(),
+                              want.storage.size() * sizeof(float)),
+                  0)
+            << what << " (row ranges)";
+      }
+    }
+  }
+  // alpha = 0: c = beta * c without reading the packings.
+  Buffer c = MakeBuffer(5, 7, Layout::kRowMajor, 0, 0);
+  FillUniform(c, rng);
+  Buffer out = c;
+  const PackedA pa{nullptr, 5, 3, 5, 0};
+  const PackedB pb{nullptr, 3, 7, 7, 0};
+  GemmPacked(0.0f, pa, pb, 0.5f, out.view);
+  for (size_t i = 0; i < 5; ++i) {
+    for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
   }
 }
 
