@@ -491,14 +491,13 @@ inline void OnlineSoftmaxUpdate(float* HWY_RESTRICT scores, size_t rows, size_t 
       // need not be initialized before the first block that has a visible key).
       sd::FillRow(acc_row, acc_cols, 0.0f);
       row_sum[r] = block_sum;
-    } else if (m_new > m_old) {
-      // The fused pass stopped at a y above the headroom: rescale what it did with the state.
+    } else {
+      // m_old is finite, so the fused pass ran and stopped at a y above m_old + headroom (NaN and
+      // +inf left above): m_new > m_old. Rescale what it did, acc and the sum to m_new.
       const float alpha = std::exp(m_old - m_new);  // in [0, 1)
       sd::MulRow(d, acc_row, acc_cols, alpha);
       sd::MulRow(d, x, done, alpha);
       row_sum[r] = (row_sum[r] + static_cast<float>(done_sum)) * alpha + block_sum;
-    } else {
-      row_sum[r] += static_cast<float>(done_sum) + block_sum;
     }
     row_max[r] = m_new;
   }
