@@ -5,9 +5,10 @@
 // Data flow of Forward (E = embed_dim, hd = head_dim, S' = S + add_bias_kv + add_zero_attn):
 //   1. Input projections (ParallelGemm, bias fused): Q [tokens_q, E], K and V [tokens_kv, kvE]
 //      in the arena. Self-attention with packed weights does one fused GEMM into a
-//      [tokens, E + 2 kvE] buffer. Buffers keep the token order of their input (batch-major or
-//      sequence-major), so dense inputs of either layout project with one GEMM; per-head views
-//      are strided views of these buffers (no permute copies).
+//      [tokens, E + 2 kvE] buffer (three products into its column ranges when the layer's
+//      weights are prepacked: AttentionConfig::prepack). Buffers keep the token order of their
+//      input (batch-major or sequence-major), so dense inputs of either layout project with one
+//      GEMM; per-head views are strided views of these buffers (no permute copies).
 //   2. Attention tasks over (batch, head, query block). Without weights (the online path): for
 //      each key block of up to kKeyBlock keys, K_h^T and V_h are packed once, then the query
 //      block runs in strips of kStripRows rows: scores = Q_strip K_h^T (BLIS micro-kernel), the
@@ -366,6 +367,11 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
     }
   }
 
+  if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff) {
+    return InvalidArgument(std::string(op) + "prepack: expected kOn (0) or kOff (1), got " +
+                           Str(static_cast<int>(config.prepack)));
+  }
+
   const bool packed = w.in_proj_weight != nullptr;
   const bool separate = w.q_proj_weight || w.k_proj_weight || w.v_proj_weight;
   if (packed && separate) {
@@ -517,8 +523,33 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
     m.b_o = config.bias ? bo : nullptr;
   }
   if (!config.bias) m.b_packed = nullptr;
+  m.Prepack();
   out->reset(new MultiheadAttention(std::move(impl)));
   return Status::Ok();
+}
+
+void LayerWeights::Prepack() {
+  if (config.prepack != WeightPrepack::kOn || config.weight_dtype != DType::kF32 ||
+      !kernels::GemmBlocking().prefers_rows) {
+    return;
+  }
+  // w^T [in, out] of each matrix, one after the other (PackedBFloats keeps each 64-byte aligned).
+  WeightMatrix* const mats[4] = {&w_q, &w_k, &w_v, &w_o};
+  const int64_t ins[4] = {qd, kd, vd, E}, outs[4] = {E, kvE, kvE, E};
+  size_t floats = 0;
+  for (int i = 0; i < 4; ++i) floats += kernels::PackedBFloats(ins[i], outs[i]);
+  constexpr size_t kAlignFloats = kernels::kGemmScratchAlignment / sizeof(float);
+  prepacked.assign(floats + kAlignFloats, 0.0f);
+  float* dst = prepacked.data();
+  dst += (kAlignFloats - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % kAlignFloats) %
+         kAlignFloats;
+  for (int i = 0; i < 4; ++i) {
+    const kernels::MatrixView wt{const_cast<float*>(static_cast<const float*>(mats[i]->data)),
+                                 static_cast<size_t>(ins[i]), static_cast<size_t>(outs[i]), 1,
+                                 static_cast<ptrdiff_t>(ins[i])};
+    mats[i]->packed = kernels::PackB(wt, dst);
+    dst += kernels::PackedBFloats(ins[i], outs[i]);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -942,7 +973,9 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // rows for several row panels: room for the largest of the projections that run (q, k, v
   // together or fused; when chunked q alone, then k and v per chunk; the output projection).
   // The chunked path's output projection runs its own panels (RunChunked).
-  if (config.weight_dtype == DType::kF32) {
+  // Prepacked weights (LayerWeights::Prepack) need no room: every product that would pack
+  // here has more than kPrepackedMinRows rows.
+  if (config.weight_dtype == DType::kF32 && w_q.packed.data == nullptr) {
     // ProjectionJob makes one product of N x len rows or N products of len rows.
     auto packs = [&](size_t len) {
       return PacksWeightsOnce(1, N * len) || PacksWeightsOnce(N, len);
@@ -1028,7 +1061,12 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
   size_t num_jobs = 0;
   // Buffer row of the first appended key/value position, when this call writes them.
   int64_t pos = ws.chunked ? -1 : sh.S;
-  if (ws.fused) {
+  if (ws.fused && w_q.packed.data != nullptr) {
+    // Prepacked weights are packed per matrix: three products into the fused buffer's columns.
+    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld);
+    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_k, b_k, kvE, buf.k, ws.q_layout, ws.q_ld);
+    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_v, b_v, kvE, buf.v, ws.q_layout, ws.q_ld);
+  } else if (ws.fused) {
     jobs[num_jobs++] =
         ProjectionJob(sh.q, N, w_packed, b_packed, E + 2 * kvE, buf.q, ws.q_layout, ws.q_ld);
   } else if (keys == nullptr) {
@@ -1627,6 +1665,7 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path, const 
   c.batch_first = options.batch_first;
   c.scale = options.scale;
   c.weight_dtype = st;
+  c.prepack = options.prepack;
 
   // Every weight matrix in the storage dtype: those the loader kept 16-bit are used as they
   // are; the others (f32, or the other 16-bit type) are converted here.

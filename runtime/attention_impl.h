@@ -37,6 +37,14 @@ struct LayerWeights {
   const float* bias_v = nullptr;
   WeightMatrix w_o;            // [E, E]
   const float* b_o = nullptr;  // [E] or null
+  // config.prepack: the packings of w_q, w_k, w_v and w_o (their `packed` members point here;
+  // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
+  // fused projection runs as three products into the column ranges of its buffer.
+  std::vector<float> prepacked;
+
+  // Fills `prepacked` and the matrices' `packed` when config.prepack applies (f32 weights, a
+  // micro-kernel that prefers row-major C). Called once by Create after the weights are bound.
+  void Prepack();
 };
 
 // The layer's resolved weights (defined in attention.cc, where Impl is complete).

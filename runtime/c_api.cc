@@ -142,6 +142,16 @@ Status CheckBool(int32_t v, const char* name) {
   return Status::Ok();
 }
 
+Status CheckPrepack(int32_t v, const char* name) {
+  if (v != MHA_PREPACK_ON && v != MHA_PREPACK_OFF) {
+    return InvalidArgument(std::string(name) +
+                           ": expected MHA_PREPACK_ON (0) or "
+                           "MHA_PREPACK_OFF (1), got " +
+                           std::to_string(v));
+  }
+  return Status::Ok();
+}
+
 Status CheckWeightDtype(int32_t v, const char* name) {
   if (v != MHA_DTYPE_F32 && v != MHA_DTYPE_BF16 && v != MHA_DTYPE_F16) {
     return InvalidArgument(std::string(name) + ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) "
@@ -184,6 +194,9 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   Status s = CheckWeightDtype(c.weight_dtype, "config->weight_dtype");
   if (!s.ok()) return s;
   out->weight_dtype = static_cast<DType>(c.weight_dtype);
+  s = CheckPrepack(c.prepack, "config->prepack");
+  if (!s.ok()) return s;
+  out->prepack = static_cast<WeightPrepack>(c.prepack);
   return Status::Ok();
 }
 
@@ -316,6 +329,7 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     if (s.ok()) s = mha::CheckBool(options->batch_first, "options->batch_first");
     if (s.ok()) s = mha::CheckLayout(options->qkv_layout, "options->qkv_layout");
     if (s.ok()) s = mha::CheckWeightDtype(options->weight_dtype, "options->weight_dtype");
+    if (s.ok()) s = mha::CheckPrepack(options->prepack, "options->prepack");
     if (s.ok() && options->num_kv_heads < 0) {
       s = mha::InvalidArgument("options->num_kv_heads: expected >= 0 (0 = from the file), got " +
                                std::to_string(options->num_kv_heads));
@@ -329,6 +343,7 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     lo.qkv_layout = static_cast<mha::QkvLayout>(options->qkv_layout);
     lo.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
     lo.num_kv_heads = options->num_kv_heads;
+    lo.prepack = static_cast<mha::WeightPrepack>(options->prepack);
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::CreateFromSafeTensors(path, prefix == nullptr ? "" : prefix, lo,
                                                        &handle->impl);
@@ -359,6 +374,7 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.batch_first = c.batch_first ? 1 : 0;
     r.scale = c.scale;
     r.weight_dtype = static_cast<int32_t>(c.weight_dtype);
+    r.prepack = static_cast<int32_t>(c.prepack);
     *config = r;
     return Status::Ok();
   });

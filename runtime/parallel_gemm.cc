@@ -29,6 +29,8 @@ kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in
 }  // namespace
 
 void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
+  b_packed = w.packed.data != nullptr && w.packed.k == in && w.packed.n == out ? w.packed
+                                                                               : kernels::PackedB{};
   if (w.dtype == DType::kF32) {
     b = WeightT(w, out, in);
     b_half = {};
@@ -40,7 +42,9 @@ void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
 
 void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
                  const kernels::MatrixView& c, void* scratch) {
-  if (weights.dtype == DType::kF32) {
+  if (UsesPrepacked(weights, a.rows, a.cols, out)) {
+    kernels::GemmPackedB(1.0f, a, weights.packed, 0.0f, c, scratch);
+  } else if (weights.dtype == DType::kF32) {
     kernels::Gemm(1.0f, a, WeightT(weights, out, a.cols), 0.0f, c, scratch);
   } else {
     kernels::GemmHalfB(1.0f, a, HalfWeightT(weights, out, a.cols), 0.0f, c, scratch);
@@ -65,6 +69,17 @@ uint64_t PanelTasks(const GemmJob& job, const PanelShape& panel) {
 }  // namespace
 
 uint64_t NumPanelTasks(const GemmJob& job) { return PanelTasks(job, PanelsOf(job)); }
+
+PanelShape PrepackedPanelsOf(const GemmJob& job) {
+  const kernels::GemmBlocks& blk = kernels::GemmBlocking();
+  const size_t widths[] = {kLargePanelCols, 256, 128, kMinPrepackedPanelCols};
+  PanelShape panel{blk.mc, 0};
+  for (size_t w : widths) {
+    panel.cols = std::max(blk.nr, w / blk.nr * blk.nr);
+    if (PanelTasks(job, panel) >= kMinPrepackedTasks) break;
+  }
+  return panel;
+}
 
 PanelShape PackedPanelsOf() {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
@@ -116,7 +131,8 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
   constexpr size_t kMaxJobs = 8;
   const size_t n_jobs = std::min(num_jobs, kMaxJobs);
   kernels::PackedB packing[kMaxJobs] = {};
-  bool shared[kMaxJobs] = {false};
+  bool shared[kMaxJobs] = {false};  // packed once here or prepacked: runs GemmPackedB
+  PanelShape panels[kMaxJobs] = {};
   uint64_t first_pack[kMaxJobs + 1] = {0};
   uint64_t first_task[kMaxJobs + 1] = {0};
   const PanelShape packed_panel = PackedPanelsOf();
@@ -124,17 +140,22 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
   for (size_t j = 0; j < n_jobs; ++j) {
     const GemmJob& job = jobs[j];
     const size_t bytes = PackedJobBytes(job.b.rows, job.b.cols);
-    shared[j] = packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes;
-    uint64_t packs = 0, tasks = NumPanelTasks(job);
-    if (shared[j]) {
+    panels[j] = PanelsOf(job);
+    uint64_t packs = 0;
+    if (job.b_packed.data != nullptr && job.c.rows >= kPrepackedMinRows) {
+      shared[j] = true;
+      packing[j] = job.b_packed;
+      panels[j] = PrepackedPanelsOf(job);
+    } else if (packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes) {
+      shared[j] = true;
       packing[j] = {reinterpret_cast<const float*>(packed + used), job.b.rows, job.b.cols,
                     job.b.cols, 0};
       used += bytes;
       packs = CeilDiv(job.c.cols, packed_panel.cols);
-      tasks = PanelTasks(job, packed_panel);
+      panels[j] = packed_panel;
     }
     first_pack[j + 1] = first_pack[j] + packs;
-    first_task[j + 1] = first_task[j] + tasks;
+    first_task[j + 1] = first_task[j] + PanelTasks(job, panels[j]);
   }
   if (first_pack[n_jobs] > 0) {
     // Step 1: the shared packings, by column panels (each task writes its own micro-panels).
@@ -152,8 +173,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     size_t j = 0;
     while (task >= first_task[j + 1]) ++j;
     const GemmJob& job = jobs[j];
-    const PanelTask p =
-        PanelTaskOf(job, shared[j] ? packed_panel : PanelsOf(job), task - first_task[j]);
+    const PanelTask p = PanelTaskOf(job, panels[j], task - first_task[j]);
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));
 

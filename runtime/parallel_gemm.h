@@ -37,19 +37,46 @@ inline constexpr size_t kFewRowsPanelCols = 64;
 // A weight matrix in nn.Linear layout [out, in], row-major (row stride = in), stored in f32,
 // bf16 or f16 (a layer's weight_dtype). 16-bit weights are widened exactly to f32 inside the
 // products (kernels::GemmHalfB), so the arithmetic is f32 either way.
+//
+// `packed` (optional, f32 weights only): the whole matrix's w^T [in, out] packed once in the
+// GEMM micro-kernel's layout (kernels::PackB), made when the layer was created (its `prepack`
+// option). Products of kPrepackedMinRows rows or more then multiply it directly
+// (kernels::GemmPackedB): no packing of the weights per call, and no GEMV path.
 struct WeightMatrix {
+  WeightMatrix() = default;
+  WeightMatrix(const void* data_in, DType dtype_in) : data(data_in), dtype(dtype_in) {}
+
   const void* data = nullptr;
   DType dtype = DType::kF32;  // kF32, kBF16 or kF16
+  kernels::PackedB packed;    // data null when the weights are not prepacked
 
-  // The matrix from row `row` on (rows of `in` elements).
+  // The matrix from row `row` on (rows of `in` elements), without the packing (a row range of
+  // w is not a packing of its own).
   WeightMatrix Rows(int64_t row, int64_t in) const {
     return {static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * DTypeSize(dtype),
             dtype};
   }
 };
 
-// c = a * w^T for w = rows [0, out) of `weights` with `in` = a.cols columns: kernels::Gemm, or
-// kernels::GemmHalfB for 16-bit weights. Single-threaded; scratch as kernels::Gemm's.
+// Rows of a product from which prepacked weights are used. Below it the GEMV path (one stream
+// of w, dot products) is faster than the micro-kernel, whose MR-row tiles would be mostly
+// padding. One thread, AVX2, Zen 3 class, a [rows, 256] x [256, 384] product with the weights
+// in cache, best of two runs of a throwaway loop over kernels::Gemv and kernels::GemmPackedB
+// (not kept in bench/): 1 row 19 / 11 GFLOP/s GEMV / prepacked, 2 rows 42 / 25, 4 rows 33 / 42,
+// 6 rows 53 / 72, 16 rows 59 / 72; with [1024, 1024] weights from L3: 1 row 9.7 / 4.5, 4 rows
+// 19.5 / 22.9, 16 rows 29.8 / 48.1.
+inline constexpr size_t kPrepackedMinRows = 4;
+
+// Whether a product of `rows` rows by `weights` (rows [0, out) of them) multiplies its prepacked
+// weights.
+inline bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
+  return weights.packed.data != nullptr && rows >= kPrepackedMinRows && weights.packed.k == in &&
+         weights.packed.n == out;
+}
+
+// c = a * w^T for w = rows [0, out) of `weights` with `in` = a.cols columns: the prepacked
+// weights (UsesPrepacked), kernels::Gemm, or kernels::GemmHalfB for 16-bit weights.
+// Single-threaded; scratch as kernels::Gemm's.
 void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
                  const kernels::MatrixView& c, void* scratch);
 
@@ -59,6 +86,7 @@ struct GemmJob {
   kernels::MatrixView a;           // [m, k] for batch 0
   kernels::MatrixView b;           // [k, n] f32; ignored when b_half.data is set
   kernels::HalfMatrixView b_half;  // [k, n] 16-bit (weights stored in bf16/f16)
+  kernels::PackedB b_packed;       // b prepacked (data null if not): used from kPrepackedMinRows
   kernels::MatrixView c;           // [m, n] for batch 0, col_stride must be 1 when bias is set
   const float* bias = nullptr;     // [n] or null
   size_t batches = 1;
@@ -66,7 +94,8 @@ struct GemmJob {
   ptrdiff_t c_batch_stride = 0;
   Stage stage = Stage::kQkvProjection;  // for the trace
 
-  // b = w^T for the weight rows [0, out) of `w`, `in` columns, in whichever storage w has.
+  // b = w^T for the weight rows [0, out) of `w`, `in` columns, in whichever storage w has,
+  // and its prepacking when w has one of exactly that shape.
   void SetWeights(const WeightMatrix& w, size_t out, size_t in);
 };
 
@@ -85,6 +114,11 @@ struct GemmJob {
 // micro-kernels (kernels::GemmPackedB), except where the unpacked partition has an edge panel
 // of kernels::kGemvMaxRows rows or fewer (the GEMV path sums in another order); in any case
 // they do not depend on the thread count.
+//
+// A job with prepacked weights (b_packed, and kPrepackedMinRows rows or more per product) needs
+// neither step nor room in `packed`: each panel task (PrepackedPanelsOf) multiplies its rows of
+// a by a column range of b_packed (kernels::GemmPackedB). Its results are bitwise those of one
+// GemmPackedB call over the whole product, whatever the panels and the thread count.
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
                   size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
                   size_t packed_bytes = 0);
@@ -109,6 +143,16 @@ PanelShape PanelsOf(const GemmJob& job);
 // (bench/kernels_bench BM_ProjectionPanels, 4096 x 512 x 1536) measured alike within the noise
 // (81.7 / 74.5 GFLOP/s per-panel packing, 80.2 / 78.1 packed once, 85.1 / 87.2 one call).
 PanelShape PackedPanelsOf();
+
+// Panels of a job with prepacked weights: kernels::GemmBlocking().mc rows by the widest of
+// kLargePanelCols, 256, 128 or kMinPrepackedPanelCols columns (multiples of NR) that still gives
+// kMinPrepackedTasks tasks, else the narrowest. Each task packs its rows of a again, so wide
+// panels pack a least (two tasks: a 16-token projection of E = 256 packs its a twice, not four
+// times); several jobs in one call add up their tasks (q, k, v: six at that shape). The partition
+// does not change the results (GemmPackedB's rows and columns are independent).
+inline constexpr size_t kMinPrepackedPanelCols = 64;
+inline constexpr uint64_t kMinPrepackedTasks = 2;
+PanelShape PrepackedPanelsOf(const GemmJob& job);
 
 // Whether a job with f32 weights and `batches` products of `rows` rows each has its weights
 // packed once by ParallelGemm (given room in `packed`): more rows than the GEMV path takes, at

@@ -74,7 +74,8 @@ std::string Problem::Describe() const {
      << " self=" << self_attention << " N=" << N << " L=" << L << " S=" << S
      << " attn=" << static_cast<int>(attn) << (attn_3d ? "(3d)" : "")
      << " kpm=" << static_cast<int>(kpm) << " causal=" << causal << " weights=" << need_weights
-     << " avg=" << average << " pad=" << row_pad;
+     << " avg=" << average << " pad=" << row_pad
+     << " prepack=" << (config.prepack == WeightPrepack::kOn);
   return os.str();
 }
 
@@ -175,6 +176,8 @@ Problem RandomProblem(std::mt19937* rng, int64_t max_len) {
   p.average = Coin(rng);
   p.row_pad = Coin(rng, 0.2) ? Pick(rng, 1, 3) : 0;
   FillProblem(&p, rng);
+  // Drawn last so that the problems above stay those of the earlier suites.
+  c.prepack = Coin(rng, 0.3) ? WeightPrepack::kOff : WeightPrepack::kOn;
   return p;
 }
 

@@ -58,6 +58,8 @@ mha_layer_config ConfigOf(const AttentionConfig& c) {
   r.add_zero_attn = c.add_zero_attn;
   r.batch_first = c.batch_first;
   r.scale = c.scale;
+  r.weight_dtype = static_cast<int32_t>(c.weight_dtype);
+  r.prepack = static_cast<int32_t>(c.prepack);
   return r;
 }
 
@@ -277,6 +279,17 @@ TEST(CApiTest, InvalidConfigs) {
   c.batch_first = 2;
   EXPECT_INVALID(create(c), "config->batch_first: expected 0 or 1, got 2");
   c.batch_first = 0;
+  c.prepack = 2;
+  EXPECT_INVALID(create(c),
+                 "config->prepack: expected MHA_PREPACK_ON (0) or MHA_PREPACK_OFF (1), got 2");
+  c.prepack = MHA_PREPACK_OFF;
+  ASSERT_EQ(create(c), MHA_STATUS_OK) << mha_last_error_message();
+  mha_layer_config got;
+  ASSERT_EQ(mha_layer_get_config(layer, &got), MHA_STATUS_OK);
+  EXPECT_EQ(got.prepack, MHA_PREPACK_OFF);
+  mha_layer_destroy(layer);
+  layer = nullptr;
+  c.prepack = MHA_PREPACK_ON;
   c.scale = -1.0f;
   EXPECT_INVALID(create(c), "scale");
   c.scale = 0.0f;
@@ -607,6 +620,8 @@ TEST(CApiTest, SixteenBitWeights) {
   std::vector<float> in_r = round(s.w_in, &in_bits), out_r = round(s.w_out, &out_bits);
   mha_layer_config c32 = c;
   c32.weight_dtype = MHA_DTYPE_F32;
+  // 16-bit layers are never prepacked: the bitwise twin is the f32 layer without prepacking.
+  c32.prepack = MHA_PREPACK_OFF;
   mha_layer_weights w32 = w;
   w32.in_proj_weight = in_r.data();
   w32.out_proj_weight = out_r.data();
@@ -652,6 +667,10 @@ TEST(CApiTest, SixteenBitWeights) {
   EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
                  "options->weight_dtype");
   load.weight_dtype = 0;
+  load.prepack = -1;
+  EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
+                 "options->prepack: expected MHA_PREPACK_ON (0) or MHA_PREPACK_OFF (1), got -1");
+  load.prepack = 0;
   load.num_kv_heads = -1;
   EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
                  "options->num_kv_heads");

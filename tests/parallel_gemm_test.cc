@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/gemv.h"
 #include "runtime/arena.h"
 
@@ -24,9 +25,12 @@ struct Problem {
 // Runs c[b] = a[b] * w^T + bias for every batch with `threads` threads; a [batches, m, k]
 // (row stride k + 3: padded rows), w [n, k] (nn.Linear layout), c [batches, m, n].
 // packed_bytes: room ParallelGemm may use to pack w once (0: none; each job's weights need
-// PackedJobBytes(k, n)).
-std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a, const std::vector<float>& w,
-                       const std::vector<float>& bias, size_t threads, size_t packed_bytes = 0) {
+// PackedJobBytes(k, n)). prepacked: w^T packed beforehand (GemmJob::b_packed), as a layer with
+// AttentionConfig::prepack holds it.
+std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a,
+                           const std::vector<float>& w, const std::vector<float>& bias,
+                           size_t threads, size_t packed_bytes = 0,
+                           const kernels::PackedB& prepacked = {}) {
   ThreadPool pool(threads);
   const size_t lda = p.k + 3;
   std::vector<float> c(p.batches * p.m * p.n, std::nanf(""));
@@ -34,6 +38,7 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a, const 
   job.a = {const_cast<float*>(a.data()), p.m, p.k, static_cast<ptrdiff_t>(lda), 1};
   job.b = {const_cast<float*>(w.data()), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)};
   job.c = {c.data(), p.m, p.n, static_cast<ptrdiff_t>(p.n), 1};
+  job.b_packed = prepacked;
   job.bias = p.bias ? bias.data() : nullptr;
   job.batches = p.batches;
   job.a_batch_stride = static_cast<ptrdiff_t>(p.m * lda);
@@ -55,9 +60,25 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a, const 
   return c;
 }
 
+std::string Describe(const Problem& p) {
+  return "batches " + std::to_string(p.batches) + " m " + std::to_string(p.m) + " k " +
+         std::to_string(p.k) + " n " + std::to_string(p.n);
+}
+
+// Random a [batches, m, k + 3] (padded rows, as RunGemm reads them), w [n, k] and bias [n].
+void FillOperands(const Problem& p, std::mt19937* rng, std::vector<float>* a, std::vector<float>* w,
+                  std::vector<float>* bias) {
+  std::uniform_real_distribution<float> u(-1, 1);
+  a->resize(p.batches * p.m * (p.k + 3));
+  w->resize(p.n * p.k);
+  bias->resize(p.n);
+  for (std::vector<float>* v : {a, w, bias}) {
+    for (float& x : *v) x = u(*rng);
+  }
+}
+
 TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
   std::mt19937 rng(17);
-  std::uniform_real_distribution<float> u(-1, 1);
   // Shapes straddling the 128 x 256 panel size, with a batch dimension, and products large
   // enough for 256 x 512 panels (with edge panels of 1..16 rows, which take the GEMV path).
   const Problem problems[] = {{1, 1, 1, 1, true},        {1, 130, 70, 300, true},
@@ -70,18 +91,15 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
     job.c.rows = p.m;
     job.c.cols = p.n;
     job.batches = p.batches;
-    const bool large = p.m > kernels::kGemvMaxRows &&
-                       p.batches * ((p.m + 255) / 256) * ((p.n + 511) / 512) >= 8;
+    const bool large =
+        p.m > kernels::kGemvMaxRows && p.batches * ((p.m + 255) / 256) * ((p.n + 511) / 512) >= 8;
     EXPECT_EQ(PanelsOf(job).rows, large ? kLargePanelRows : kPanelRows)
         << "m " << p.m << " n " << p.n;
   }
   for (const Problem& p : problems) {
-    SCOPED_TRACE("batches " + std::to_string(p.batches) + " m " + std::to_string(p.m) + " k " +
-                 std::to_string(p.k) + " n " + std::to_string(p.n));
-    std::vector<float> a(p.batches * p.m * (p.k + 3)), w(p.n * p.k), bias(p.n);
-    for (float& x : a) x = u(rng);
-    for (float& x : w) x = u(rng);
-    for (float& x : bias) x = u(rng);
+    SCOPED_TRACE(Describe(p));
+    std::vector<float> a, w, bias;
+    FillOperands(p, &rng, &a, &w, &bias);
     const std::vector<float> c1 = RunGemm(p, a, w, bias, 1);
     for (size_t b = 0; b < p.batches; ++b) {
       for (size_t i = 0; i < p.m; ++i) {
@@ -120,7 +138,8 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
     if (same_bits) {
       ASSERT_EQ(0, std::memcmp(c1.data(), p1.data(), c1.size() * sizeof(float)));
     } else {
-      for (size_t i = 0; i < c1.size(); ++i) ASSERT_NEAR(p1[i], c1[i], 1e-5 * (1 + std::abs(c1[i])));
+      for (size_t i = 0; i < c1.size(); ++i)
+        ASSERT_NEAR(p1[i], c1[i], 1e-5 * (1 + std::abs(c1[i])));
     }
     for (size_t threads = 2; threads <= 4; ++threads) {
       const std::vector<float> pt = RunGemm(p, a, w, bias, threads, room);
@@ -129,6 +148,99 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
     }
     const std::vector<float> small = RunGemm(p, a, w, bias, 2, room - 64);
     ASSERT_EQ(0, std::memcmp(c1.data(), small.data(), c1.size() * sizeof(float)));
+  }
+}
+
+// w^T [k, n] of w [n, k] packed by kernels::PackB into 64-byte aligned storage.
+struct Prepacked {
+  std::vector<float> storage;
+  kernels::PackedB packed;
+};
+Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
+  Prepacked r;
+  r.storage.assign(kernels::PackedBFloats(k, n) + 16, std::nanf(""));
+  float* dst = r.storage.data();
+  dst += (16 - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % 16) % 16;
+  r.packed =
+      kernels::PackB({const_cast<float*>(w.data()), k, n, 1, static_cast<ptrdiff_t>(k)}, dst);
+  return r;
+}
+
+// Prepacked weights (GemmJob::b_packed): from kPrepackedMinRows rows per product, every panel
+// multiplies the packing, so the result is bitwise one GemmPackedB call over each whole product
+// (plus the bias), for any thread count and whether or not there is room to pack; fewer rows
+// take the unpacked path (GEMV) and give its bits.
+TEST(ParallelGemmTest, PrepackedWeights) {
+  std::mt19937 rng(23);
+  const Problem problems[] = {
+      {1, 1, 7, 5, true},       {2, 3, 64, 100, true},    {1, 4, 33, 20, true},
+      {3, 5, 16, 256, false},   {1, 16, 256, 768, true},  {2, 17, 40, 130, true},
+      {1, 128, 96, 1536, true}, {1, 400, 70, 520, false}, {4, 200, 24, 48, true}};
+  size_t scratch_bytes = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &scratch_bytes);
+  std::vector<uint8_t> scratch_buf(scratch_bytes + 64);
+  void* scratch =
+      scratch_buf.data() + (64 - reinterpret_cast<uintptr_t>(scratch_buf.data()) % 64) % 64;
+  for (const Problem& p : problems) {
+    SCOPED_TRACE(Describe(p));
+    std::vector<float> a, w, bias;
+    FillOperands(p, &rng, &a, &w, &bias);
+    const Prepacked pw = Prepack(w, p.k, p.n);
+    std::vector<float> want(p.batches * p.m * p.n);
+    if (p.m >= kPrepackedMinRows) {
+      for (size_t b = 0; b < p.batches; ++b) {
+        const size_t lda = p.k + 3;
+        const kernels::MatrixView av{a.data() + b * p.m * lda, p.m, p.k,
+                                     static_cast<ptrdiff_t>(lda), 1};
+        float* c = want.data() + b * p.m * p.n;
+        kernels::GemmPackedB(1.0f, av, pw.packed, 0.0f,
+                             {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
+        if (p.bias) kernels::AddBiasRows(c, p.m, p.n, static_cast<ptrdiff_t>(p.n), bias.data());
+      }
+    } else {
+      want = RunGemm(p, a, w, bias, 1);
+    }
+    for (size_t threads = 1; threads <= 4; ++threads) {
+      for (size_t room : {size_t{0}, PackedJobBytes(p.k, p.n)}) {
+        const std::vector<float> got = RunGemm(p, a, w, bias, threads, room, pw.packed);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+            << threads << " threads, room " << room;
+      }
+    }
+    // And the values: against the unpacked path to rounding.
+    const std::vector<float> ref = RunGemm(p, a, w, bias, 1);
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_NEAR(want[i], ref[i], 1e-5 * (1 + std::abs(ref[i]))) << "element " << i;
+    }
+  }
+}
+
+// Panels of prepacked jobs: mc rows; the widest column width (a multiple of NR) that gives
+// kMinPrepackedTasks tasks, else the narrowest.
+TEST(ParallelGemmTest, PrepackedPanels) {
+  const kernels::GemmBlocks& blk = kernels::GemmBlocking();
+  auto panels = [](size_t batches, size_t m, size_t n) {
+    GemmJob job;
+    job.c.rows = m;
+    job.c.cols = n;
+    job.batches = batches;
+    return PrepackedPanelsOf(job);
+  };
+  const size_t widest = std::max(blk.nr, kLargePanelCols / blk.nr * blk.nr);
+  const size_t narrowest = std::max(blk.nr, kMinPrepackedPanelCols / blk.nr * blk.nr);
+  EXPECT_EQ(panels(1, 4096, 4096).rows, blk.mc);
+  EXPECT_EQ(panels(1, 4096, 4096).cols, widest);               // many row panels
+  EXPECT_EQ(panels(1, 16, 32).cols, narrowest);                // one task however narrow
+  EXPECT_EQ(panels(kMinPrepackedTasks, 16, 32).cols, widest);  // the batches make the tasks
+  for (size_t n : {size_t{100}, size_t{256}, size_t{768}, size_t{1000}}) {
+    const PanelShape ps = panels(1, 16, n);
+    EXPECT_EQ(ps.cols % blk.nr, 0u) << n;
+    const uint64_t tasks = (n + ps.cols - 1) / ps.cols;
+    EXPECT_TRUE(tasks >= kMinPrepackedTasks || ps.cols == narrowest) << n;
+    if (ps.cols < widest) {
+      // A wider standard width would have given too few tasks.
+      EXPECT_LT((n + 2 * ps.cols - 1) / (2 * ps.cols), kMinPrepackedTasks) << n;
+    }
   }
 }
 
@@ -147,11 +259,11 @@ TEST(ParallelGemmTest, PackedPanels) {
   // never pack once.
   const bool rows_pref = kernels::GemmBlocking().prefers_rows;
   const size_t gemv = kernels::kGemvMaxRows;
-  EXPECT_FALSE(PacksWeightsOnce(1, panel.rows));          // one row panel
+  EXPECT_FALSE(PacksWeightsOnce(1, panel.rows));  // one row panel
   EXPECT_EQ(PacksWeightsOnce(1, panel.rows + 1), rows_pref);
-  EXPECT_FALSE(PacksWeightsOnce(8, gemv));                // GEMV rows, however many batches
-  EXPECT_EQ(PacksWeightsOnce(2, gemv + 1), rows_pref);    // two batches of one panel each
-  EXPECT_FALSE(PacksWeightsOnce(0, 4 * panel.rows));      // no product
+  EXPECT_FALSE(PacksWeightsOnce(8, gemv));              // GEMV rows, however many batches
+  EXPECT_EQ(PacksWeightsOnce(2, gemv + 1), rows_pref);  // two batches of one panel each
+  EXPECT_FALSE(PacksWeightsOnce(0, 4 * panel.rows));    // no product
 }
 
 }  // namespace

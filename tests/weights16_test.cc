@@ -107,8 +107,8 @@ void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want
   }
 }
 
-// 16-bit layer == f32 layer on the rounded weights, bitwise; and close to the f32 layer on the
-// original weights.
+// 16-bit layer == f32 layer (without prepacking) on the rounded weights, bitwise; and close to
+// the f32 layer (prepacked, the default) on the original weights.
 void CheckProblem(Problem p, DType t, double* worst) {
   SCOPED_TRACE(p.Describe() + " weight_dtype " + DTypeName(t));
   Views exact;  // the f32 layer on the original weights
@@ -116,6 +116,9 @@ void CheckProblem(Problem p, DType t, double* worst) {
 
   Problem rounded = p;
   const HalfWeights h = RoundWeights(&rounded, t, /*round_problem=*/true);
+  // 16-bit weights are never prepacked (AttentionConfig::prepack): the bitwise twin is the f32
+  // layer without prepacking. (`exact` keeps the default: it is compared within a bound.)
+  rounded.config.prepack = WeightPrepack::kOff;
   Views ref;  // the f32 layer on the rounded weights
   Run(rounded.config, WeightsOf(rounded), rounded.binding, rounded, &ref);
 
@@ -203,6 +206,12 @@ TEST(Weights16Test, InvalidDtypes) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("config.weight_dtype: expected F32, BF16 or F16, got u8"),
             std::string::npos)
+      << s.message();
+  AttentionConfig bad_prepack = p.config;
+  bad_prepack.prepack = static_cast<WeightPrepack>(3);
+  s = MultiheadAttention::Create(bad_prepack, WeightsOf(p), WeightBinding::kCopy, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("prepack: expected kOn (0) or kOff (1), got 3"), std::string::npos)
       << s.message();
   AttentionWeights w = WeightsOf(p);
   w.dtype = DType::kBool;

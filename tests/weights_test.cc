@@ -578,7 +578,8 @@ TEST(WeightsTest, CreateLayerFromSafeTensors) {
 }
 
 // A bf16/f16 file loaded as a 16-bit layer computes bitwise what the same file loaded as an f32
-// layer computes (the 16-bit values widen exactly, and the products widen them exactly).
+// layer without prepacked weights computes (the 16-bit values widen exactly, and the products
+// widen them exactly); the prepacked f32 layer agrees to rounding.
 TEST(WeightsTest, CreateSixteenBitLayerFromSafeTensors) {
   const int64_t E = 8;
   for (DType storage : {DType::kBF16, DType::kF16}) {
@@ -591,8 +592,14 @@ TEST(WeightsTest, CreateSixteenBitLayerFromSafeTensors) {
     const TempModelFile file(m, "half");
     const std::string& path = file.path;
     LoadOptions options = BatchFirst(2);
-    std::unique_ptr<MultiheadAttention> f32_layer, half_layer, other_layer;
+    std::unique_ptr<MultiheadAttention> f32_layer, prepacked_layer, half_layer, other_layer;
+    ASSERT_TRUE(
+        MultiheadAttention::CreateFromSafeTensors(path, "", options, &prepacked_layer).ok());
+    EXPECT_EQ(prepacked_layer->config().prepack, WeightPrepack::kOn);
+    options.prepack = WeightPrepack::kOff;
     ASSERT_TRUE(MultiheadAttention::CreateFromSafeTensors(path, "", options, &f32_layer).ok());
+    EXPECT_EQ(f32_layer->config().prepack, WeightPrepack::kOff);
+    options.prepack = WeightPrepack::kOn;  // ignored for 16-bit storage
     options.weight_dtype = storage;
     Status s = MultiheadAttention::CreateFromSafeTensors(path, "", options, &half_layer);
     ASSERT_TRUE(s.ok()) << s.ToString();
@@ -604,6 +611,11 @@ TEST(WeightsTest, CreateSixteenBitLayerFromSafeTensors) {
     const std::vector<float> ref = RunLayer(*f32_layer, E);
     EXPECT_EQ(RunLayer(*half_layer, E), ref);
     EXPECT_EQ(RunLayer(*other_layer, E), ref);
+    const std::vector<float> prepacked = RunLayer(*prepacked_layer, E);
+    ASSERT_EQ(prepacked.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      EXPECT_NEAR(prepacked[i], ref[i], 1e-5 * std::fabs(ref[i]) + 1e-6) << "element " << i;
+    }
   }
 }
 

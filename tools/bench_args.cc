@@ -195,7 +195,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
         arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch" ||
-        arg == "--decode") {
+        arg == "--decode" || arg == "--no-prepack") {
       if (has_inline_value) {
         r.error = arg + ": expected no value, got " + Quoted(value);
         return r;
@@ -213,6 +213,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--breakdown") o->breakdown = true;
       if (arg == "--compare-torch") o->compare_torch = true;
       if (arg == "--decode") o->decode = true;
+      if (arg == "--no-prepack") o->no_prepack = true;
       continue;
     }
     static const char* const kValueFlags[] = {
@@ -300,6 +301,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     } conflicts[] = {{o->custom_shape, "--batch/--seq/--kv-seq/--embed/--heads"},
                      {o->causal, "--causal"},
                      {o->need_weights, "--need-weights"},
+                     {o->no_prepack, "--no-prepack"},
                      {o->breakdown, "--breakdown"},
                      {o->compare_torch, "--compare-torch"},
                      {o->rounds_given, "--rounds"},
@@ -326,6 +328,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   if (!kv_seq_given) o->shape.kv_seq = o->shape.seq;
   o->shape.causal = o->causal;
   o->shape.need_weights = o->need_weights;
+  o->shape.prepack = !o->no_prepack;
   if (o->custom_shape && !ValidateShape(o->shape, &r.error)) return r;
   if (o->threads.empty()) o->threads.push_back(HardwareThreads());
   r.action = ParseAction::kRun;
@@ -338,6 +341,7 @@ std::vector<Shape> CasesToRun(const BenchOptions& o) {
   for (Shape s : DefaultSuite()) {
     if (o.causal && !s.causal) continue;
     s.need_weights = o.need_weights;
+    s.prepack = !o.no_prepack;
     cases.push_back(s);
   }
   return cases;
@@ -364,6 +368,9 @@ flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
   --causal           causal mask (key j > query i masked). Without a custom shape: run only
                      the causal cases of the suite
   --need-weights     also return the head-averaged attention weights [N, L, S] (suite too)
+  --no-prepack       create the layers with AttentionConfig::prepack = kOff: projection weights
+                     kept only in nn.Linear layout and packed per forward (default: prepacked
+                     once at creation; suite too)
 
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)

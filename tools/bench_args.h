@@ -19,6 +19,7 @@ struct BenchOptions {
   // --causal / --need-weights without a custom shape filter or modify the default suite.
   bool causal = false;
   bool need_weights = false;
+  bool no_prepack = false;  // --no-prepack: layers without prepacked weights
 
   std::vector<size_t> threads;  // default: {hardware threads}
   double min_time_s = 0.5;      // measured time per case, seconds

@@ -59,7 +59,9 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
                threads.c_str(), h.hardware_threads, h.min_time_s,
                static_cast<long long>(h.min_runs), static_cast<long long>(h.rounds),
                static_cast<unsigned long long>(h.seed), h.tolerance);
-  std::fprintf(out, "peak RSS: %s", h.peak_rss_method.c_str());
+  std::fprintf(out, "weights: %s  |  peak RSS: %s",
+               h.prepack ? "prepacked at creation" : "not prepacked (--no-prepack)",
+               h.peak_rss_method.c_str());
   if (h.load_average >= 0) {
     std::fprintf(out, "  |  load average %.2f", h.load_average);
     // Other processes competing for the cores make every figure, the baseline included, noisy.
@@ -173,6 +175,7 @@ json HeaderJson(const RunHeader& h) {
             {"rounds", h.rounds},
             {"tolerance", h.tolerance},
             {"seed", h.seed},
+            {"prepack", h.prepack},
             {"peak_rss_method", h.peak_rss_method},
             {"load_average", Number(h.load_average)}};
   if (h.compare_torch) j["torch_version"] = h.torch_version;

@@ -28,6 +28,7 @@ struct Shape {
   int64_t heads = 1;   // H
   bool causal = false;
   bool need_weights = false;
+  bool prepack = true;  // AttentionConfig::prepack kOn (false: kOff)
 
   bool self_attention() const { return kv_seq == seq; }
 };
@@ -174,6 +175,7 @@ class Workload {
     config.embed_dim = s.embed;
     config.num_heads = s.heads;
     config.batch_first = true;
+    config.prepack = s.prepack ? WeightPrepack::kOn : WeightPrepack::kOff;
     AttentionWeights weights;
     weights.in_proj_weight = in_proj_weight_.data();
     weights.in_proj_bias = in_proj_bias_.data();

@@ -519,6 +519,7 @@ int Run(const BenchOptions& o) {
   header.rounds = o.rounds;
   header.tolerance = o.tolerance;
   header.seed = o.seed;
+  header.prepack = !o.no_prepack;
   header.peak_rss_method = rss.method();
   header.load_average = LoadAverage();
   header.breakdown = o.breakdown;

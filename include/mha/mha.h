@@ -151,6 +151,13 @@ typedef enum mha_weight_binding {
   MHA_WEIGHTS_COPY = 1  /* the layer copies the weights at creation */
 } mha_weight_binding;
 
+/* Whether an f32 layer also keeps its projection weights packed for the GEMM micro-kernel
+ * (mha::WeightPrepack; see mha_layer_config.prepack). */
+typedef enum mha_prepack {
+  MHA_PREPACK_ON = 0, /* pack once at creation (the default) */
+  MHA_PREPACK_OFF = 1 /* keep only the nn.Linear layout */
+} mha_prepack;
+
 /* Fields as mha::AttentionConfig; booleans are 0/1. mha_layer_config_init sets PyTorch's
  * defaults (bias = 1, everything else 0); a zero-initialized config has bias = 0. */
 typedef struct mha_layer_config {
@@ -169,6 +176,12 @@ typedef struct mha_layer_config {
    * MHA_DTYPE_BF16 or MHA_DTYPE_F16. 16-bit weights are widened exactly inside the products
    * (f32 arithmetic): the only error is their rounding (relative 2^-9 bf16, 2^-11 f16). */
   int32_t weight_dtype;
+  /* An mha_prepack. MHA_PREPACK_ON (0, the default): an f32 layer also stores its four
+   * projection matrices packed for this CPU's GEMM micro-kernel, once, at creation (about the
+   * bytes of the f32 weights again, also for MHA_WEIGHTS_VIEW); projections of 4 tokens or more
+   * then pack nothing per forward. MHA_PREPACK_OFF keeps the memory. Nothing is packed for
+   * 16-bit weights. Results agree to rounding either way. */
+  int32_t prepack;
 } mha_layer_config;
 
 /* Row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads * head_dim. Give
@@ -206,6 +219,8 @@ typedef struct mha_load_options {
   /* Key/value heads (grouped-query attention); 0 = inferred from the rows of k_proj_weight
    * (kvE / head_dim). Must divide num_heads. */
   int64_t num_kv_heads;
+  /* An mha_prepack for the created layer (mha_layer_config.prepack); 0 = MHA_PREPACK_ON. */
+  int32_t prepack;
 } mha_load_options;
 
 /* Sets *config to PyTorch's defaults: bias = 1, all other fields 0 (embed_dim and num_heads

@@ -79,6 +79,13 @@ enum class QkvLayout : int {
                  // output is reshaped to [..., heads, 3 * head_dim] and chunked)
 };
 
+// Whether an f32 layer keeps a second copy of its projection weights packed for the GEMM
+// micro-kernel (AttentionConfig::prepack).
+enum class WeightPrepack : int {
+  kOn = 0,   // pack at creation (the default)
+  kOff = 1,  // keep only the nn.Linear layout; pack per forward where it pays
+};
+
 struct AttentionConfig {
   int64_t embed_dim = 0;     // E: model width, output width
   int64_t num_heads = 0;     // H: E % H == 0, head_dim = E / H
@@ -94,9 +101,19 @@ struct AttentionConfig {
   // How the layer stores its four projection matrices: kF32, or kBF16 / kF16 for half the
   // memory and half the bytes streamed per decoded token. Arithmetic is f32 either way (16-bit
   // weights are widened exactly inside the products), so a 16-bit layer computes exactly what
-  // an f32 layer holding the rounded weights computes; the only error is the weights' rounding
-  // (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
+  // an f32 layer holding the rounded weights computes with prepack kOff; the only error is the
+  // weights' rounding (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
   DType weight_dtype = DType::kF32;
+  // kOn: an f32 layer also stores its four projection matrices transposed and packed in the
+  // layout of the GEMM micro-kernel selected for this CPU, once, at creation (kernels::PackB;
+  // about the bytes of the f32 weights again: E = 1024 adds 16 MiB, also for a kView layer).
+  // Projections of 4 tokens or more then multiply the packing directly: nothing is packed per
+  // forward, short sequences skip the dot-product (GEMV) path, and the forward workspace has no
+  // room for packed weights. kOff keeps the memory. Ignored (nothing packed) for 16-bit
+  // weights, whose products widen the weights as they read them, and on CPUs whose
+  // micro-kernel stores C column-wise. Results: the same to rounding either way (the products
+  // sum in another order), each bitwise independent of the thread count.
+  WeightPrepack prepack = WeightPrepack::kOn;
 };
 
 // Weights in nn.Linear layout ([out_features, in_features], row-major). kvE = num_kv_heads *
@@ -180,6 +197,8 @@ struct LoadOptions {
   // Key/value heads of a grouped-query layer (k_proj_weight / v_proj_weight with kvE =
   // num_kv_heads * head_dim rows); 0 = inferred from those rows. Must agree with them.
   int64_t num_kv_heads = 0;
+  // AttentionConfig::prepack of the created layer.
+  WeightPrepack prepack = WeightPrepack::kOn;
 };
 
 class MHA_API MultiheadAttention {
