@@ -19,17 +19,8 @@ namespace mha {
 namespace bench {
 namespace {
 
-void BM_Forward(benchmark::State& state) {
-  Shape shape;
-  shape.batch = state.range(0);
-  shape.seq = state.range(1);
-  shape.kv_seq = shape.seq;
-  shape.embed = state.range(2);
-  shape.heads = state.range(3);
-  shape.causal = state.range(4) != 0;
-  const size_t threads = static_cast<size_t>(state.range(5));
-  shape.need_weights = state.range(6) != 0;
-
+// Times Forward of `shape` on `threads` threads.
+void RunForward(benchmark::State& state, const Shape& shape, size_t threads) {
   std::unique_ptr<Workload> workload;
   Status st = Workload::Create(shape, kDefaultSeed, &workload);
   ContextOptions options;
@@ -59,6 +50,43 @@ void BM_Forward(benchmark::State& state) {
   state.counters["workspace_MiB"] = static_cast<double>(workspace) / (1024.0 * 1024.0);
 }
 
+void BM_Forward(benchmark::State& state) {
+  Shape shape;
+  shape.batch = state.range(0);
+  shape.seq = state.range(1);
+  shape.kv_seq = shape.seq;
+  shape.embed = state.range(2);
+  shape.heads = state.range(3);
+  shape.causal = state.range(4) != 0;
+  shape.need_weights = state.range(6) != 0;
+  RunForward(state, shape, static_cast<size_t>(state.range(5)));
+}
+
+// AttentionConfig::prepack off / on at the suite's shapes of 128 tokens or fewer (where packing
+// the weights per forward costs most), all hardware threads. Interleave the repetitions so that
+// the machine's slow spells hit both alike:
+//   build/bench/operator_bench --benchmark_filter=Prepack --benchmark_repetitions=10
+//     --benchmark_enable_random_interleaving=true --benchmark_min_time=0.2
+void BM_Prepack(benchmark::State& state) {
+  Shape shape;
+  shape.batch = state.range(0);
+  shape.seq = state.range(1);
+  shape.kv_seq = shape.seq;
+  shape.embed = state.range(2);
+  shape.heads = state.range(3);
+  shape.prepack = state.range(4) != 0;
+  const unsigned hw = std::thread::hardware_concurrency();
+  RunForward(state, shape, hw == 0 ? 1 : hw);
+}
+
+void PrepackArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"batch", "seq", "embed", "heads", "prepack"});
+  for (const Shape& s : DefaultSuite()) {
+    if (s.seq > 128 || s.causal) continue;
+    for (int64_t prepack : {0, 1}) b->Args({s.batch, s.seq, s.embed, s.heads, prepack});
+  }
+}
+
 void SuiteArgs(benchmark::internal::Benchmark* b) {
   const unsigned hw = std::thread::hardware_concurrency();
   const int64_t max_threads = hw == 0 ? 1 : static_cast<int64_t>(hw);
@@ -78,6 +106,7 @@ void SuiteArgs(benchmark::internal::Benchmark* b) {
 
 // Real time: the work runs on the pool's threads, not only the benchmark's.
 BENCHMARK(BM_Forward)->Apply(SuiteArgs)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Prepack)->Apply(PrepackArgs)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace bench

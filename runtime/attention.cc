@@ -974,7 +974,7 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // together or fused; when chunked q alone, then k and v per chunk; the output projection).
   // The chunked path's output projection runs its own panels (RunChunked).
   // Prepacked weights (LayerWeights::Prepack) need no room: every product that would pack
-  // here has more than kPrepackedMinRows rows.
+  // here has kPrepackedMinRows rows or more.
   if (config.weight_dtype == DType::kF32 && w_q.packed.data == nullptr) {
     // ProjectionJob makes one product of N x len rows or N products of len rows.
     auto packs = [&](size_t len) {
@@ -1061,14 +1061,15 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
   size_t num_jobs = 0;
   // Buffer row of the first appended key/value position, when this call writes them.
   int64_t pos = ws.chunked ? -1 : sh.S;
-  if (ws.fused && w_q.packed.data != nullptr) {
-    // Prepacked weights are packed per matrix: three products into the fused buffer's columns.
-    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld);
-    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_k, b_k, kvE, buf.k, ws.q_layout, ws.q_ld);
-    jobs[num_jobs++] = ProjectionJob(sh.q, N, w_v, b_v, kvE, buf.v, ws.q_layout, ws.q_ld);
-  } else if (ws.fused) {
+  if (ws.fused) {
     jobs[num_jobs++] =
         ProjectionJob(sh.q, N, w_packed, b_packed, E + 2 * kvE, buf.q, ws.q_layout, ws.q_ld);
+    if (UsesPrepacked(w_q, jobs[0].c.rows, qd, E)) {
+      // Prepacked weights are packed per matrix: three products into the buffer's columns.
+      jobs[0] = ProjectionJob(sh.q, N, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld);
+      jobs[num_jobs++] = ProjectionJob(sh.q, N, w_k, b_k, kvE, buf.k, ws.q_layout, ws.q_ld);
+      jobs[num_jobs++] = ProjectionJob(sh.q, N, w_v, b_v, kvE, buf.v, ws.q_layout, ws.q_ld);
+    }
   } else if (keys == nullptr) {
     jobs[num_jobs++] = ProjectionJob(sh.q, N, w_q, b_q, E, buf.q, ws.q_layout, ws.q_ld);
   }

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
+#include "kernels/gemv.h"
 #include "mha/types.hpp"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
@@ -41,7 +42,7 @@ inline constexpr size_t kFewRowsPanelCols = 64;
 // `packed` (optional, f32 weights only): the whole matrix's w^T [in, out] packed once in the
 // GEMM micro-kernel's layout (kernels::PackB), made when the layer was created (its `prepack`
 // option). Products of kPrepackedMinRows rows or more then multiply it directly
-// (kernels::GemmPackedB): no packing of the weights per call, and no GEMV path.
+// (kernels::GemmPackedB): no packing of the weights per call.
 struct WeightMatrix {
   WeightMatrix() = default;
   WeightMatrix(const void* data_in, DType dtype_in) : data(data_in), dtype(dtype_in) {}
@@ -58,14 +59,15 @@ struct WeightMatrix {
   }
 };
 
-// Rows of a product from which prepacked weights are used. Below it the GEMV path (one stream
-// of w, dot products) is faster than the micro-kernel, whose MR-row tiles would be mostly
-// padding. One thread, AVX2, Zen 3 class, a [rows, 256] x [256, 384] product with the weights
-// in cache, best of two runs of a throwaway loop over kernels::Gemv and kernels::GemmPackedB
-// (not kept in bench/): 1 row 19 / 11 GFLOP/s GEMV / prepacked, 2 rows 42 / 25, 4 rows 33 / 42,
-// 6 rows 53 / 72, 16 rows 59 / 72; with [1024, 1024] weights from L3: 1 row 9.7 / 4.5, 4 rows
-// 19.5 / 22.9, 16 rows 29.8 / 48.1.
-inline constexpr size_t kPrepackedMinRows = 4;
+// Rows of a product from which prepacked weights are used: above the GEMV path's rows. Alone,
+// the micro-kernel on prepacked weights beats the GEMV from 4 rows (one thread, AVX2, Zen 3
+// class, [rows, 256] x [256, 384] with the weights in cache, best of two runs of a throwaway
+// loop over kernels::Gemv and kernels::GemmPackedB: 2 rows 42 / 25 GFLOP/s GEMV / prepacked,
+// 4 rows 33 / 42, 16 rows 59 / 72), but inside the forward of (1, 16, 256, 4) on 2 threads
+// prepacking from 4 rows measured 0.93-1.02x the time without (off / on, per-forward medians
+// of interleaved runs): the GEMV's 64-column tasks balance better and pack nothing. So products
+// of kernels::kGemvMaxRows rows or fewer keep the GEMV path (decode steps included).
+inline constexpr size_t kPrepackedMinRows = kernels::kGemvMaxRows + 1;
 
 // Whether a product of `rows` rows by `weights` (rows [0, out) of them) multiplies its prepacked
 // weights.
