@@ -50,13 +50,19 @@ void RunForward(benchmark::State& state, const Shape& shape, size_t threads) {
   state.counters["workspace_MiB"] = static_cast<double>(workspace) / (1024.0 * 1024.0);
 }
 
-void BM_Forward(benchmark::State& state) {
+// The self-attention shape (batch, seq, embed, heads) of the first four arguments.
+Shape ShapeOf(const benchmark::State& state) {
   Shape shape;
   shape.batch = state.range(0);
   shape.seq = state.range(1);
   shape.kv_seq = shape.seq;
   shape.embed = state.range(2);
   shape.heads = state.range(3);
+  return shape;
+}
+
+void BM_Forward(benchmark::State& state) {
+  Shape shape = ShapeOf(state);
   shape.causal = state.range(4) != 0;
   shape.need_weights = state.range(6) != 0;
   RunForward(state, shape, static_cast<size_t>(state.range(5)));
@@ -68,12 +74,7 @@ void BM_Forward(benchmark::State& state) {
 //   build/bench/operator_bench --benchmark_filter=Prepack --benchmark_repetitions=10
 //     --benchmark_enable_random_interleaving=true --benchmark_min_time=0.2
 void BM_Prepack(benchmark::State& state) {
-  Shape shape;
-  shape.batch = state.range(0);
-  shape.seq = state.range(1);
-  shape.kv_seq = shape.seq;
-  shape.embed = state.range(2);
-  shape.heads = state.range(3);
+  Shape shape = ShapeOf(state);
   shape.prepack = state.range(4) != 0;
   const unsigned hw = std::thread::hardware_concurrency();
   RunForward(state, shape, hw == 0 ? 1 : hw);
