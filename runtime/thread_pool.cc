@@ -85,7 +85,10 @@ void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
   ++epoch_;
   const uint64_t open = static_cast<uint64_t>(epoch_) << 32;
   // seq_cst pairs with the sleeping_workers_ increment in WorkerLoop: either the worker sees the
-  // new epoch before it sleeps, or we see it asleep and notify it.
+  // new epoch before it sleeps, or we see it asleep and notify it. (Where that store-load
+  // ordering is not honoured, as under qemu-aarch64, a missed wake-up costs this dispatch the
+  // worker's help, never a hang: the dispatch waits only for workers that joined, and the next
+  // one sees the sleeper.)
   state_.store(open, std::memory_order_seq_cst);
   if (sleeping_workers_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -94,15 +97,15 @@ void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
 
   RunTasks(0);
 
-  // Every task is claimed; wait for the workers that joined to finish theirs, then close.
-  // seq_cst pairs with the worker's leave and owner_sleeping_ check (see WorkerLoop).
+  // Every task is claimed; wait for the workers that joined to finish theirs, then close. The
+  // sleep decision is made under mu_, like the last worker's wake-up (see WorkerLoop).
   auto none_inside = [this] {
     return WorkersIn(state_.load(std::memory_order_seq_cst)) == 0;
   };
   for (;;) {
     if (!SpinFor(none_inside)) {
       std::unique_lock<std::mutex> lock(mu_);
-      owner_sleeping_.store(true, std::memory_order_seq_cst);
+      owner_sleeping_.store(true, std::memory_order_relaxed);
       done_cv_.wait(lock, none_inside);
       owner_sleeping_.store(false, std::memory_order_relaxed);
     }
@@ -139,13 +142,18 @@ void ThreadPool::WorkerLoop(size_t worker) {
     }
     if (!joined) continue;
     RunTasks(worker);
-    // The last worker out wakes the owner if it went to sleep. Both sides are seq_cst: either we
-    // see owner_sleeping_ and notify under mu_ (the owner holds mu_ until it waits), or the
-    // owner's predicate sees no worker inside. The wake-up cannot be lost.
+    // The last worker out wakes the owner if it went to sleep, deciding under mu_: the owner sets
+    // owner_sleeping_ and checks for workers inside under mu_ too, so either it checked after
+    // our unlock (and sees our leave) or we lock after it waits (and see owner_sleeping_). This
+    // relies only on the mutex's acquire/release. (It used to read owner_sleeping_ without the
+    // lock, a store-load handshake that needs sequential consistency of the two atomics: under
+    // qemu-aarch64 on an x86-64 host, which does not order an STLR before a later LDAR, the
+    // owner and the last worker each missed the other's write and the owner slept forever in
+    // kv_cache_test, once in one CI run.) One uncontended lock per dispatch.
     const uint64_t before = state_.fetch_sub(kOneWorker, std::memory_order_seq_cst);
-    if (WorkersIn(before) == 1 && owner_sleeping_.load(std::memory_order_seq_cst)) {
+    if (WorkersIn(before) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
+      if (owner_sleeping_.load(std::memory_order_relaxed)) done_cv_.notify_one();
     }
   }
 }
