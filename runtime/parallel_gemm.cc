@@ -29,8 +29,7 @@ kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in
 }  // namespace
 
 void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
-  b_packed = w.packed.data != nullptr && w.packed.k == in && w.packed.n == out ? w.packed
-                                                                               : kernels::PackedB{};
+  b_packed = PackingOf(w, in, out);
   if (w.dtype == DType::kF32) {
     b = WeightT(w, out, in);
     b_half = {};

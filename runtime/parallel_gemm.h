@@ -69,11 +69,16 @@ struct WeightMatrix {
 // of kernels::kGemvMaxRows rows or fewer keep the GEMV path (decode steps included).
 inline constexpr size_t kPrepackedMinRows = kernels::kGemvMaxRows + 1;
 
+// The prepacking of `weights` if it packs exactly w^T [in, out] (all of the matrix), else empty.
+inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t out) {
+  const kernels::PackedB& p = weights.packed;
+  return p.data != nullptr && p.k == in && p.n == out ? p : kernels::PackedB{};
+}
+
 // Whether a product of `rows` rows by `weights` (rows [0, out) of them) multiplies its prepacked
 // weights.
 inline bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
-  return weights.packed.data != nullptr && rows >= kPrepackedMinRows && weights.packed.k == in &&
-         weights.packed.n == out;
+  return rows >= kPrepackedMinRows && PackingOf(weights, in, out).data != nullptr;
 }
 
 // c = a * w^T for w = rows [0, out) of `weights` with `in` = a.cols columns: the prepacked
