@@ -253,7 +253,13 @@ void PackBlock(PackPanelFn pack, const Operand& src, size_t len, size_t kc, size
   }
 }
 
-// c = beta * c, without reading c when beta == 0.
+// |stride| == 1, i.e. the view's elements along that dimension are contiguous.
+bool IsUnit(ptrdiff_t stride) { return stride == 1 || stride == -1; }
+
+}  // namespace
+
+size_t GemmScratchBytes() { return GetConfig().scratch_bytes; }
+
 void ScaleC(float beta, const MatrixView& c) {
   for (size_t i = 0; i < c.rows; ++i) {
     float* row = c.data + static_cast<ptrdiff_t>(i) * c.row_stride;
@@ -263,13 +269,6 @@ void ScaleC(float beta, const MatrixView& c) {
     }
   }
 }
-
-// |stride| == 1, i.e. the view's elements along that dimension are contiguous.
-bool IsUnit(ptrdiff_t stride) { return stride == 1 || stride == -1; }
-
-}  // namespace
-
-size_t GemmScratchBytes() { return GetConfig().scratch_bytes; }
 
 // The two inner loops (BLIS's macro-kernel) over one packed A block [mc, kc] and one packed B
 // block [kc, nc]: MR x NR tiles of c, whose (0, 0) is c (strides rs, cs), B panel by B panel.
@@ -409,7 +408,7 @@ PackedB PackB(const MatrixView& b, float* dst) { return PackBColumns(b, 0, b.col
 const GemmBlocks& GemmBlocking() {
   static const GemmBlocks blocks = [] {
     const Config& cfg = GetConfig();
-    return GemmBlocks{cfg.mr, cfg.nr, cfg.mc, cfg.kc, cfg.prefers_rows};
+    return GemmBlocks{cfg.mr, cfg.nr, cfg.packnr, cfg.mc, cfg.kc, cfg.prefers_rows};
   }();
   return blocks;
 }

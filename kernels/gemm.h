@@ -139,6 +139,7 @@ struct PackedB {
 struct GemmBlocks {
   size_t mr = 0;             // rows of the micro-kernel's C tile
   size_t nr = 0;             // columns of the micro-kernel's C tile (PackedB column alignment)
+  size_t packnr = 0;         // floats per k step of a packed NR-wide micro-panel (>= nr)
   size_t mc = 0;             // rows of A packed per block
   size_t kc = 0;             // depth of a packed block
   bool prefers_rows = true;  // the micro-kernel stores row-major C tiles fastest
@@ -196,6 +197,10 @@ PackedA PackA(const MatrixView& a, float* dst);
 // values, k blocks in the same order), so a row range of a packed a gives the same bits as the
 // same rows through GemmPackedB.
 void GemmPacked(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c);
+
+// c = beta * c (beta == 0 writes zeros without reading c): the trivial case of the products
+// (k == 0 or alpha == 0).
+void ScaleC(float beta, const MatrixView& c);
 
 // Initializes BLIS and reads the micro-kernel and block sizes (once, thread-safe); cheap after
 // the first call. Called by contexts before a first parallel run so timing starts warm.

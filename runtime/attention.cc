@@ -40,6 +40,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_direct.h"
 #include "kernels/softmax.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
@@ -974,7 +975,7 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // together or fused; when chunked q alone, then k and v per chunk; the output projection).
   // The chunked path's output projection runs its own panels (RunChunked).
   // Prepacked weights (LayerWeights::Prepack) need no room: every product that would pack
-  // here has kPrepackedMinRows rows or more.
+  // here has PrepackedMinRows() rows or more.
   if (config.weight_dtype == DType::kF32 && w_q.packed.data == nullptr) {
     // ProjectionJob makes one product of N x len rows or N products of len rows.
     auto packs = [&](size_t len) {
@@ -1384,7 +1385,11 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
             row_sum + r0, a_view.data, hd, a_view.row_stride);
         record(t0, worker, Stage::kSoftmax, n, h, blk);
         t0 = now();
-        kernels::GemmPackedB(1.0f, s_view, vp, 1.0f, a_view, gs);
+        // P is read in place (GemmPackedBDirect) where the micro-kernel allows: no packing of
+        // the strip's probabilities (GemmPackedB's PackPanel, ~4% of CPU time at large shapes).
+        if (!kernels::GemmPackedBDirect(1.0f, s_view, vp, 1.0f, a_view)) {
+          kernels::GemmPackedB(1.0f, s_view, vp, 1.0f, a_view, gs);
+        }
         record(t0, worker, Stage::kWeightedSum, n, h, blk);
       }
     };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/elementwise.h"
+#include "kernels/gemm_direct.h"
 #include "kernels/gemv.h"
 
 namespace mha {
@@ -39,10 +40,23 @@ void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
   }
 }
 
+bool UsesDirect(size_t rows) {
+  return rows <= kDirectMaxRows && kernels::GemmPackedBDirectSupported();
+}
+
+size_t PrepackedMinRows() { return kernels::GemmPackedBDirectSupported() ? 1 : kPrepackedMinRows; }
+
+void MultiplyPacked(bool direct, const kernels::MatrixView& a, const kernels::PackedB& b,
+                    const kernels::MatrixView& c, void* scratch) {
+  if (!direct || !kernels::GemmPackedBDirect(1.0f, a, b, 0.0f, c)) {
+    kernels::GemmPackedB(1.0f, a, b, 0.0f, c, scratch);
+  }
+}
+
 void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
                  const kernels::MatrixView& c, void* scratch) {
   if (UsesPrepacked(weights, a.rows, a.cols, out)) {
-    kernels::GemmPackedB(1.0f, a, weights.packed, 0.0f, c, scratch);
+    MultiplyPacked(UsesDirect(a.rows), a, weights.packed, c, scratch);
   } else if (weights.dtype == DType::kF32) {
     kernels::Gemm(1.0f, a, WeightT(weights, out, a.cols), 0.0f, c, scratch);
   } else {
@@ -130,7 +144,8 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
   constexpr size_t kMaxJobs = 8;
   const size_t n_jobs = std::min(num_jobs, kMaxJobs);
   kernels::PackedB packing[kMaxJobs] = {};
-  bool shared[kMaxJobs] = {false};  // packed once here or prepacked: runs GemmPackedB
+  bool shared[kMaxJobs] = {false};  // packed once here or prepacked: runs MultiplyPacked
+  bool direct[kMaxJobs] = {false};  // prepacked, with UsesDirect of the job's rows
   PanelShape panels[kMaxJobs] = {};
   uint64_t first_pack[kMaxJobs + 1] = {0};
   uint64_t first_task[kMaxJobs + 1] = {0};
@@ -141,10 +156,11 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     const size_t bytes = PackedJobBytes(job.b.rows, job.b.cols);
     panels[j] = PanelsOf(job);
     uint64_t packs = 0;
-    if (job.b_packed.data != nullptr && job.c.rows >= kPrepackedMinRows) {
+    if (job.b_packed.data != nullptr && job.c.rows >= PrepackedMinRows()) {
       shared[j] = true;
       packing[j] = job.b_packed;
       panels[j] = PrepackedPanelsOf(job);
+      direct[j] = UsesDirect(job.c.rows);
     } else if (packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes) {
       shared[j] = true;
       packing[j] = {reinterpret_cast<const float*>(packed + used), job.b.rows, job.b.cols,
@@ -184,8 +200,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
     if (shared[j]) {
-      kernels::GemmPackedB(1.0f, a_blk, packing[j].Columns(p.c0, p.nc), 0.0f, c_blk,
-                           own_scratch);
+      MultiplyPacked(direct[j], a_blk, packing[j].Columns(p.c0, p.nc), c_blk, own_scratch);
     } else if (job.b_half.data != nullptr) {
       kernels::GemmHalfB(1.0f, a_blk, job.b_half.Block(0, p.c0, job.b_half.rows, p.nc), 0.0f,
                          c_blk, own_scratch);

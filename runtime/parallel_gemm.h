@@ -41,8 +41,8 @@ inline constexpr size_t kFewRowsPanelCols = 64;
 //
 // `packed` (optional, f32 weights only): the whole matrix's w^T [in, out] packed once in the
 // GEMM micro-kernel's layout (kernels::PackB), made when the layer was created (its `prepack`
-// option). Products of kPrepackedMinRows rows or more then multiply it directly
-// (kernels::GemmPackedB): no packing of the weights per call.
+// option). Products of PrepackedMinRows() rows or more then multiply it directly
+// (MultiplyPacked): no packing of the weights per call.
 struct WeightMatrix {
   WeightMatrix() = default;
   WeightMatrix(const void* data_in, DType dtype_in) : data(data_in), dtype(dtype_in) {}
@@ -59,15 +59,38 @@ struct WeightMatrix {
   }
 };
 
-// Rows of a product from which prepacked weights are used: above the GEMV path's rows. Alone,
-// the micro-kernel on prepacked weights beats the GEMV from 4 rows (one thread, AVX2, Zen 3
-// class, [rows, 256] x [256, 384] with the weights in cache, best of two runs of a throwaway
-// loop over kernels::Gemv and kernels::GemmPackedB: 2 rows 42 / 25 GFLOP/s GEMV / prepacked,
-// 4 rows 33 / 42, 16 rows 59 / 72), but inside the forward of (1, 16, 256, 4) on 2 threads
-// prepacking from 4 rows measured 0.93-1.02x the time without (off / on, per-forward medians
-// of interleaved runs): the GEMV's 64-column tasks balance better and pack nothing. So products
-// of kernels::kGemvMaxRows rows or fewer keep the GEMV path (decode steps included).
+// Rows of a product from which prepacked weights are used when kernels::GemmPackedBDirect
+// cannot run (PrepackedMinRows): above the GEMV path's rows. Alone, BLIS's micro-kernel on
+// prepacked weights beats the GEMV from 4 rows (one thread, AVX2, Zen 3 class, [rows, 256] x
+// [256, 384] with the weights in cache, best of two runs of a throwaway loop over kernels::Gemv
+// and kernels::GemmPackedB: 2 rows 42 / 25 GFLOP/s GEMV / prepacked, 4 rows 33 / 42, 16 rows
+// 59 / 72), but inside the forward of (1, 16, 256, 4) on 2 threads prepacking from 4 rows
+// measured 0.93-1.02x the time without (off / on, per-forward medians of interleaved runs):
+// the GEMV's 64-column tasks balance better and GemmPackedB packs a on every call.
 inline constexpr size_t kPrepackedMinRows = kernels::kGemvMaxRows + 1;
+
+// Rows of a product up to which products by packed weights run kernels::GemmPackedBDirect (when
+// it can run): it reads a in place, where GemmPackedB packs it per call and pads the last row
+// tile to MR rows. One thread, AVX2, Zen 3 class, weights in cache, interleaved runs of a
+// throwaway loop (GFLOP/s direct / GemmPackedB / Gemv): [1, 256] x [256, 768] 31.5 / 15.5 /
+// 26.4; [4, 256] x [256, 768] 89.9 / 59.2 / 57.3; [16, 256] x [256, 768] 92.1 / 83.9 / 69.2;
+// [128, 512] x [512, 256] 92.6 / 91.4 / 61.2; [168, 1024] x [1024, 512] 90.2 / 94.1 / 55.2:
+// above ~128 rows BLIS's packed a pays for itself. The choice depends on the product's rows
+// only (a job's, not a panel's), so every panel of a product runs the same kernel.
+inline constexpr size_t kDirectMaxRows = 128;
+
+// Whether a product of `rows` rows by packed weights runs kernels::GemmPackedBDirect.
+bool UsesDirect(size_t rows);
+
+// The fewest rows of a product that multiplies prepacked weights: 1 where products of
+// kDirectMaxRows rows or fewer run kernels::GemmPackedBDirect (faster than the GEMV from one
+// row), else kPrepackedMinRows.
+size_t PrepackedMinRows();
+
+// c = a * b for packed b: kernels::GemmPackedBDirect if `direct`, else kernels::GemmPackedB
+// (scratch: kernels::GemmScratchBytes(), used by GemmPackedB only).
+void MultiplyPacked(bool direct, const kernels::MatrixView& a, const kernels::PackedB& b,
+                    const kernels::MatrixView& c, void* scratch);
 
 // The prepacking of `weights` if it packs exactly w^T [in, out] (all of the matrix), else empty.
 inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t out) {
@@ -78,7 +101,7 @@ inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t
 // Whether a product of `rows` rows by `weights` (rows [0, out) of them) multiplies its prepacked
 // weights.
 inline bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
-  return rows >= kPrepackedMinRows && PackingOf(weights, in, out).data != nullptr;
+  return rows >= PrepackedMinRows() && PackingOf(weights, in, out).data != nullptr;
 }
 
 // c = a * w^T for w = rows [0, out) of `weights` with `in` = a.cols columns: the prepacked
@@ -93,7 +116,7 @@ struct GemmJob {
   kernels::MatrixView a;           // [m, k] for batch 0
   kernels::MatrixView b;           // [k, n] f32; ignored when b_half.data is set
   kernels::HalfMatrixView b_half;  // [k, n] 16-bit (weights stored in bf16/f16)
-  kernels::PackedB b_packed;       // b prepacked (data null if not): used from kPrepackedMinRows
+  kernels::PackedB b_packed;       // b prepacked (data null if not): used from PrepackedMinRows()
   kernels::MatrixView c;           // [m, n] for batch 0, col_stride must be 1 when bias is set
   const float* bias = nullptr;     // [n] or null
   size_t batches = 1;
@@ -120,12 +143,15 @@ struct GemmJob {
 // products run as above. The results are bitwise the same either way on row-preferring
 // micro-kernels (kernels::GemmPackedB), except where the unpacked partition has an edge panel
 // of kernels::kGemvMaxRows rows or fewer (the GEMV path sums in another order); in any case
-// they do not depend on the thread count.
+// they do not depend on the thread count. (These products never take GemmPackedBDirect: an f32
+// layer without prepacked weights computes exactly what a 16-bit layer computes, whose
+// products pack their widened weights the same way: AttentionConfig::weight_dtype.)
 //
-// A job with prepacked weights (b_packed, and kPrepackedMinRows rows or more per product) needs
-// neither step nor room in `packed`: each panel task (PrepackedPanelsOf) multiplies its rows of
-// a by a column range of b_packed (kernels::GemmPackedB). Its results are bitwise those of one
-// GemmPackedB call over the whole product, whatever the panels and the thread count.
+// A job with prepacked weights (b_packed, and PrepackedMinRows() rows or more per product)
+// needs neither step nor room in `packed`: each panel task (PrepackedPanelsOf) multiplies its
+// rows of a by a column range of b_packed (MultiplyPacked, with UsesDirect of the product's
+// rows). Its results are bitwise those of one such call over the whole product, whatever the
+// panels and the thread count.
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
                   size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
                   size_t packed_bytes = 0);

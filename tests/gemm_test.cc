@@ -29,7 +29,10 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/gemm_direct.h"
 #include "kernels/gemv.h"
+#include "kernels/targets.h"
+#include "tests/kernel_test_util.h"
 
 // Allocation counting (malloc and operator new interposed; counted while g_counting is set, by
 // the one test that checks Gemm allocates nothing; skipped in sanitizer builds).
@@ -595,6 +598,36 @@ TEST(GemmTest, NoHeapAllocationPerCall) {
 #endif
 }
 
+// MakeBuffer filled with FillUniform.
+Buffer RandomBuffer(size_t rows, size_t cols, Layout layout, size_t offset, size_t pad,
+                    std::mt19937& rng) {
+  Buffer b = MakeBuffer(rows, cols, layout, offset, pad);
+  FillUniform(b, rng);
+  return b;
+}
+
+// One random product's scalars and its a [m, k], c [m, n] operands in layouts la, lc (random
+// misalignment and padding): alpha 1 or 0.125, beta 0, 0.5 or 1; with beta 0 c is NaN-filled,
+// so a product that read it would show.
+struct RandomOperands {
+  float alpha = 1.0f, beta = 0.0f;
+  Buffer a, c;
+};
+RandomOperands MakeRandomOperands(size_t m, size_t n, size_t k, Layout la, Layout lc,
+                                  std::mt19937& rng) {
+  RandomOperands r;
+  r.alpha = (rng() % 2) ? 1.0f : 0.125f;
+  r.beta = static_cast<float>(rng() % 3) * 0.5f;
+  r.a = MakeBuffer(m, k, la, rng() % 3, rng() % 4);
+  r.c = MakeBuffer(m, n, lc, rng() % 3, rng() % 4);
+  FillUniform(r.a, rng);
+  FillUniform(r.c, rng);
+  if (r.beta == 0.0f) {
+    std::fill(r.c.storage.begin(), r.c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+  }
+  return r;
+}
+
 // GemmPackedB against the double reference: every layout of a, b and c, misaligned views, k
 // across several KC blocks, n not a multiple of NR, m across MC blocks, alpha/beta (beta 0 from
 // a NaN-filled c); the same packed b reused by several products.
@@ -616,15 +649,10 @@ TEST(GemmPackedBTest, MatchesReference) {
       ASSERT_EQ(pb.n, n);
       for (const Layout la : kLayouts) {
         for (const Layout lc : kLayouts) {
-          const float alpha = (rng() % 2) ? 1.0f : 0.125f;
-          const float beta = static_cast<float>(rng() % 3) * 0.5f;  // 0, 0.5 or 1
-          Buffer a = MakeBuffer(m, k, la, rng() % 3, rng() % 4);
-          Buffer c = MakeBuffer(m, n, lc, rng() % 3, rng() % 4);
-          FillUniform(a, rng);
-          FillUniform(c, rng);
-          if (beta == 0.0f) {
-            std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
-          }
+          RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
+          const float alpha = r.alpha, beta = r.beta;
+          const Buffer& a = r.a;
+          const Buffer& c = r.c;
           Buffer c_out = c;
           GemmPackedB(alpha, a.view, pb, beta, c_out.view, scratch.get());
           ExpectGemmMatches(alpha, a, b, beta, c, c_out,
@@ -882,6 +910,140 @@ TEST(GemmTest, DISABLED_SpeedVersusBlis) {
     std::printf("%8zu %6zu %6zu  %12.1f %12.1f %7.2f\n", s.m, s.n, s.k, flops / t_mha * 1e-9,
                 flops / t_blis * 1e-9, t_blis / t_mha);
   }
+}
+
+// kernels::GemmPackedBDirect (gemm_direct.h) on every Highway target this CPU supports: against
+// the double reference for every layout of a and c (misaligned views), m across the 6-row tiles
+// and their 6 + 5 + 5 splits, n ending in partial vectors and micro-panels, k across KC blocks,
+// alpha/beta (beta 0 from a NaN-filled c, so c is not read), column ranges of a packing (col0),
+// nothing written outside c's view; k = 0 and alpha = 0 scale c. Where the kernel cannot run
+// (NR not a multiple of the target's lanes) it must return false and leave c untouched.
+TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
+  const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
+  ASSERT_GT(nr, 0u);
+  const size_t shapes[][3] = {{1, 1, 1},
+                              {1, 70, 300},
+                              {2, 33, 7},
+                              {3, 16, 64},
+                              {4, nr + 1, 2 * kc + 3},
+                              {5, 5, 256},
+                              {6, 17, 100},
+                              {7, 2 * nr, 9},
+                              {11, 40, kc + 1},
+                              {13, 9, 33},
+                              {16, 3 * nr - 1, 256},
+                              {17, 48, 129},
+                              {24, 64, 512},
+                              {40, 21, 2},
+                              {130, 37, 70}};
+  test::ForEachTarget([&](const char* target) {
+    std::mt19937 rng(41);
+    const bool supported = GemmPackedBDirectSupported();
+    std::printf("[target] %s: GemmPackedBDirect %s\n", target,
+                supported ? "runs" : "not supported (NR vs lanes)");
+    for (const auto& s : shapes) {
+      const size_t m = s[0], n = s[1], k = s[2];
+      Buffer b = MakeBuffer(k, n, kLayouts[rng() % std::size(kLayouts)], rng() % 3, rng() % 4);
+      FillUniform(b, rng);
+      // The operand is columns [nr, nr + n) of a wider packing (PackedB::Columns).
+      Buffer wide = MakeBuffer(k, n + 2 * nr, Layout::kColMajor, 1, 1);
+      FillUniform(wide, rng);
+      for (size_t p = 0; p < k; ++p) {
+        for (size_t j = 0; j < n; ++j)
+          wide.view.data[p + (nr + j) * wide.view.col_stride] = b.at(p, j);
+      }
+      PackedBuffer packed(PackedBFloats(k, n + 2 * nr));
+      const PackedB pb = PackB(wide.view, packed.data).Columns(nr, n);
+      for (const Layout la : kLayouts) {
+        for (const Layout lc : kLayouts) {
+          const RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
+          Buffer c_out = r.c;
+          const std::string what = std::string("GemmPackedBDirect ") + target +
+                                   " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                   " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
+                                   LayoutName(lc);
+          ASSERT_EQ(GemmPackedBDirect(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
+              << what;
+          if (!supported) {
+            ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
+                                     r.c.storage.size() * sizeof(float)))
+                << what << ": wrote c without running";
+            continue;
+          }
+          ExpectGemmMatches(r.alpha, r.a, b, r.beta, r.c, c_out, what);
+        }
+      }
+    }
+    if (!supported) return;
+    // k = 0 and alpha = 0: c = beta * c (beta 0: zeros, NaN not propagated).
+    Buffer a = MakeBuffer(3, 4, Layout::kRowMajor, 0, 0);
+    Buffer b = MakeBuffer(4, 5, Layout::kColMajor, 0, 0);
+    FillUniform(a, rng);
+    FillUniform(b, rng);
+    PackedBuffer packed(PackedBFloats(4, 5));
+    const PackedB pb = PackB(b.view, packed.data);
+    Buffer c = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
+    FillUniform(c, rng);
+    Buffer scaled = c;
+    ASSERT_TRUE(GemmPackedBDirect(0.0f, a.view, pb, 0.5f, scaled.view));
+    for (size_t i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < 5; ++j) EXPECT_EQ(scaled.at(i, j), 0.5f * c.at(i, j));
+    }
+    std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+    const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 5, 1, 4}, packed.data);
+    ASSERT_TRUE(GemmPackedBDirect(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
+    for (size_t i = 0; i < 3; ++i) {
+      for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 0.0f);
+    }
+  });
+}
+
+// Rows and columns of c are independent: any split of a product into row ranges and NR-aligned
+// column ranges gives the bits of the whole product, on every target (attention's strips and
+// ParallelGemm's panels rely on it for thread-count independence). And where BLIS's micro-kernel
+// performs the same operations (the haswell/zen 6 x 16 sgemm kernel; the FMA targets), the bits
+// of GemmPackedB for beta 0 and 1, as gemm_direct.h states.
+TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
+  const size_t nr = GemmBlocking().nr;
+  const size_t m = 29, n = 5 * nr + 3, k = 2 * GemmBlocking().kc + 17;
+  const std::string arch = GemmArchName();
+  const bool haswell_kernel =
+      arch == "haswell" || arch == "zen" || arch == "zen2" || arch == "zen3";
+  test::ForEachTarget([&](const char* target) {
+    if (!GemmPackedBDirectSupported()) return;
+    std::mt19937 rng(42);
+    Scratch scratch;
+    const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 3, rng);
+    const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 2, 1, rng);
+    const Buffer c = RandomBuffer(m, n, Layout::kRowMajor, 0, 5, rng);
+    PackedBuffer packed(PackedBFloats(k, n));
+    const PackedB pb = PackB(b.view, packed.data);
+    const std::string t(target);
+    const bool fma_target = t == "AVX2" || t.rfind("AVX3", 0) == 0;
+    for (const float beta : {0.0f, 1.0f}) {
+      Buffer whole = c, parts = c, blis = c;
+      ASSERT_TRUE(GemmPackedBDirect(0.125f, a.view, pb, beta, whole.view));
+      const size_t row_cuts[] = {0, 1, 3, 10, 16, 22, m};
+      const size_t col_cuts[] = {0, nr, 3 * nr, n};
+      for (size_t r = 0; r + 1 < std::size(row_cuts); ++r) {
+        for (size_t q = 0; q + 1 < std::size(col_cuts); ++q) {
+          const size_t r0 = row_cuts[r], nr_rows = row_cuts[r + 1] - r0;
+          const size_t c0 = col_cuts[q], nc = col_cuts[q + 1] - c0;
+          ASSERT_TRUE(GemmPackedBDirect(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
+                                        beta, parts.view.Block(r0, c0, nr_rows, nc)));
+        }
+      }
+      EXPECT_EQ(0, std::memcmp(whole.storage.data(), parts.storage.data(),
+                               whole.storage.size() * sizeof(float)))
+          << target << " beta " << beta << ": row/column parts differ from the whole product";
+      if (haswell_kernel && fma_target) {
+        GemmPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
+        EXPECT_EQ(0, std::memcmp(whole.storage.data(), blis.storage.data(),
+                                 whole.storage.size() * sizeof(float)))
+            << target << " beta " << beta << ": differs from GemmPackedB on BLIS " << arch;
+      }
+    }
+  });
 }
 
 }  // namespace

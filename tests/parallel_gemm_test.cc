@@ -166,9 +166,10 @@ Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
   return r;
 }
 
-// Prepacked weights (GemmJob::b_packed): from kPrepackedMinRows rows per product, every panel
-// multiplies the packing, so the result is bitwise one GemmPackedB call over each whole product
-// (plus the bias), for any thread count and whether or not there is room to pack; fewer rows
+// Prepacked weights (GemmJob::b_packed): from PrepackedMinRows() rows per product, every panel
+// multiplies the packing, so the result is bitwise one MultiplyPacked call over each whole
+// product (GemmPackedBDirect for kDirectMaxRows rows or fewer where it runs, else GemmPackedB;
+// plus the bias), for any thread count and whether or not there is room to pack; fewer rows
 // take the unpacked path (GEMV) and give its bits.
 TEST(ParallelGemmTest, PrepackedWeights) {
   std::mt19937 rng(23);
@@ -187,14 +188,14 @@ TEST(ParallelGemmTest, PrepackedWeights) {
     FillOperands(p, &rng, &a, &w, &bias);
     const Prepacked pw = Prepack(w, p.k, p.n);
     std::vector<float> want(p.batches * p.m * p.n);
-    if (p.m >= kPrepackedMinRows) {
+    if (p.m >= PrepackedMinRows()) {
       for (size_t b = 0; b < p.batches; ++b) {
         const size_t lda = p.k + 3;
         const kernels::MatrixView av{a.data() + b * p.m * lda, p.m, p.k,
                                      static_cast<ptrdiff_t>(lda), 1};
         float* c = want.data() + b * p.m * p.n;
-        kernels::GemmPackedB(1.0f, av, pw.packed, 0.0f,
-                             {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
+        MultiplyPacked(UsesDirect(p.m), av, pw.packed,
+                       {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
         if (p.bias) kernels::AddBiasRows(c, p.m, p.n, static_cast<ptrdiff_t>(p.n), bias.data());
       }
     } else {

@@ -268,7 +268,12 @@ TEST(Weights16Test, KvCacheDecodeBitwise) {
     wr.v_proj_weight = rv.data();
     wr.out_proj_weight = ro.data();
     std::unique_ptr<MultiheadAttention> f32_layer, half_layer;
-    ASSERT_TRUE(MultiheadAttention::Create(c, wr, WeightBinding::kView, &f32_layer).ok());
+    // The bitwise twin of a 16-bit layer is the f32 layer without prepacked weights
+    // (AttentionConfig::weight_dtype): a decode step's one-row projections multiply prepacked
+    // weights where kernels::GemmPackedBDirect runs.
+    AttentionConfig c32 = c;
+    c32.prepack = WeightPrepack::kOff;
+    ASSERT_TRUE(MultiheadAttention::Create(c32, wr, WeightBinding::kView, &f32_layer).ok());
     AttentionConfig c16 = c;
     c16.weight_dtype = t;
     ASSERT_TRUE(MultiheadAttention::Create(c16, w, WeightBinding::kCopy, &half_layer).ok());

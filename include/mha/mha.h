@@ -178,8 +178,10 @@ typedef struct mha_layer_config {
   int32_t weight_dtype;
   /* An mha_prepack. MHA_PREPACK_ON (0, the default): an f32 layer also stores its four
    * projection matrices packed for this CPU's GEMM micro-kernel, once, at creation (about the
-   * bytes of the f32 weights again, also for MHA_WEIGHTS_VIEW); projections of 17 tokens or
-   * more then pack nothing per forward (16 or fewer stream the weights as dot products).
+   * bytes of the f32 weights again, also for MHA_WEIGHTS_VIEW); projections then pack nothing
+   * per forward (from one token where mha's micro-kernel over the packing runs, e.g. x86-64
+   * with BLIS's haswell/zen kernels; elsewhere from 17, fewer stream the weights as dot
+   * products).
    * MHA_PREPACK_OFF keeps the memory. Nothing is packed for 16-bit weights. Results agree to
    * rounding either way. */
   int32_t prepack;

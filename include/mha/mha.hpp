@@ -107,9 +107,12 @@ struct AttentionConfig {
   // kOn: an f32 layer also stores its four projection matrices transposed and packed in the
   // layout of the GEMM micro-kernel selected for this CPU, once, at creation (kernels::PackB;
   // about the bytes of the f32 weights again: E = 1024 adds 16 MiB, also for a kView layer).
-  // Projections of 17 tokens or more then multiply the packing directly: nothing is packed per
-  // forward, and the forward workspace has no room for packed weights (16 tokens or fewer keep
-  // streaming the f32 weights as dot products, the faster path there). kOff keeps the memory.
+  // Projections then multiply the packing directly: nothing is packed per forward, and the
+  // forward workspace has no room for packed weights. Where mha's own micro-kernel over the
+  // packing runs (its vectors divide the packing's panels: x86-64 with BLIS's haswell/zen
+  // kernels, among others) that holds from one token on, the tokens read in place; elsewhere
+  // from 17 tokens, and 16 or fewer keep streaming the f32 weights as dot products. kOff keeps
+  // the memory.
   // Ignored (nothing packed) for 16-bit weights, whose products widen the weights as they read
   // them, and on CPUs whose micro-kernel stores C column-wise. Results: the same to rounding either
   // way (the products sum in another order), each bitwise independent of the thread count.

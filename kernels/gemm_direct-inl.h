@@ -1,0 +1,290 @@
+// Per-target micro-kernel over a packed b with a read in place; the contract is in
+// kernels/gemm_direct.h. Included once per Highway target by kernels/gemm_direct.cc
+// (foreach_target).
+//
+// Loop order (BLIS's macro-kernel): for each KC block of k, for each group of kCols vectors of
+// columns (one or more NR-wide micro-panels, or part of one), for each tile of up to kRows rows:
+// a register tile of rows x vectors accumulators over the block's k. The group's micro-panels
+// (kCols vectors x kc floats: 16 KiB at kc 256 on AVX2) stay in L1 across the row tiles; the
+// tiles' rows of a come from L1/L2.
+
+// Toggle guard: compiled once per target by foreach_target.
+#if defined(MHA_KERNELS_GEMM_DIRECT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_KERNELS_GEMM_DIRECT_INL_H_
+#undef MHA_KERNELS_GEMM_DIRECT_INL_H_
+#else
+#define MHA_KERNELS_GEMM_DIRECT_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+
+#include "hwy/highway.h"
+#include "kernels/elementwise-inl.h"
+#include "kernels/gemv-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha {
+namespace kernels {
+namespace HWY_NAMESPACE {
+namespace gemm_direct_detail {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using gemv_detail::KeepInRegister;
+
+// Register tiles: kRows rows of a x kCols vectors of b. A tile needs kRows * kCols accumulators,
+// kCols b vectors and one broadcast. x86 below AVX-512 has 16 vector registers: 6 x 2 (15, the
+// shape of BLIS's haswell 6 x 16 kernel on AVX2) and, for products of one or two rows, 2 x 4
+// (13) so that even one row has four independent multiply-add chains. Other targets have 32
+// registers and take 6 x 4 (29).
+constexpr size_t kRows = 6;
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kCols = 2;
+#else
+constexpr size_t kCols = 4;
+#endif
+constexpr size_t kFewRows = 2;  // products of at most this many rows take kFewRowsCols
+constexpr size_t kFewRowsCols = 4;
+constexpr size_t kMaxCols = std::max(kCols, kFewRowsCols);
+
+// Where one tile reads and writes: row 0 of a at `a` (rows a_rs apart, k steps a_cs apart),
+// the kC vectors of b at b[0..kC) (each advancing b_step floats per k step), row 0 of c at `c`
+// (rows c_rs apart, columns c_cs apart) of which the first `cols` columns are stored.
+struct TileArgs {
+  const float* a;
+  ptrdiff_t a_rs, a_cs;
+  const float* b[kMaxCols];
+  size_t b_step, kc;
+  float* c;
+  ptrdiff_t c_rs, c_cs;
+  size_t cols;
+  float alpha, beta;  // beta: this k block's (the caller's beta, or 1 after the first block)
+  bool read_c;        // false: c = alpha * acc (first block with beta == 0)
+};
+
+// Stores one accumulator: c[j * c_cs] for j < valid lanes (valid <= Lanes). Whole vectors with
+// unit column stride go straight to memory; others through a lane buffer, with the same vector
+// arithmetic, so an element's bits do not depend on where its vector ends.
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, size_t valid) {
+  const size_t N = hn::Lanes(df);
+  const V prod = hn::Mul(acc, hn::Set(df, t.alpha));
+  if (valid == N && t.c_cs == 1) {
+    if (t.read_c) {
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, c), hn::Set(df, t.beta), prod), df, c);
+    } else {
+      hn::StoreU(prod, df, c);
+    }
+    return;
+  }
+  HWY_ALIGN float buf[elementwise_detail::kMaxLanesF32] = {};
+  V out = prod;
+  if (t.read_c) {
+    for (size_t j = 0; j < valid; ++j) buf[j] = c[static_cast<ptrdiff_t>(j) * t.c_cs];
+    out = hn::MulAdd(hn::Load(df, buf), hn::Set(df, t.beta), prod);
+  }
+  hn::Store(out, df, buf);
+  for (size_t j = 0; j < valid; ++j) c[static_cast<ptrdiff_t>(j) * t.c_cs] = buf[j];
+}
+
+// Stores vector j of row r of a tile if it lies within t.cols.
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE void StoreVec(DF df, V acc, const TileArgs& t, size_t r, size_t j) {
+  const size_t N = hn::Lanes(df);
+  if (j * N >= t.cols) return;
+  StoreAcc(df, acc, t,
+           t.c + static_cast<ptrdiff_t>(r) * t.c_rs + static_cast<ptrdiff_t>(j * N) * t.c_cs,
+           std::min(N, t.cols - j * N));
+}
+
+// Stores row r of a tile: its first kC accumulators.
+template <size_t kC, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void StoreRow(DF df, V s0, V s1, V s2, V s3, const TileArgs& t, size_t r) {
+  StoreVec(df, s0, t, r, 0);
+  if constexpr (kC > 1) StoreVec(df, s1, t, r, 1);
+  if constexpr (kC > 2) StoreVec(df, s2, t, r, 2);
+  if constexpr (kC > 3) StoreVec(df, s3, t, r, 3);
+}
+
+// One step of row r of a tile: s_c += x * v_c for the first kC vectors. x is pinned to a
+// register (gemv_detail::KeepInRegister): otherwise GCC folds its broadcast into each
+// multiply-add as a memory operand, one load per multiply-add.
+template <size_t kC, class V>
+HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3) {
+  if constexpr (kC > 1) KeepInRegister(x);
+  s0 = hn::MulAdd(x, v0, s0);
+  if constexpr (kC > 1) s1 = hn::MulAdd(x, v1, s1);
+  if constexpr (kC > 2) s2 = hn::MulAdd(x, v2, s2);
+  if constexpr (kC > 3) s3 = hn::MulAdd(x, v3, s3);
+}
+
+// The kR x kC tile (kR in 1..6, kC in 1..4). The accumulators are named variables, not an
+// array indexed in loops: with an array GCC 12 stored every accumulator to the stack on each k
+// step (a throwaway AVX2 6 x 2 tile ran at 35 instead of 99 GFLOP/s); unused ones are dropped
+// by the compiler. Not inlined, so that
+// each tile shape gets all the registers (as gemv_detail::Tile).
+template <size_t kR, size_t kC, class DF>
+HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
+  static_assert(kR >= 1 && kR <= kRows, "tile rows: 1..6");
+  static_assert(kC >= 1 && kC <= 4, "tile vectors: 1..4");
+  using V = hn::Vec<DF>;
+  const float* HWY_RESTRICT a0 = t.a;
+  const float* HWY_RESTRICT a1 = kR > 1 ? a0 + t.a_rs : a0;
+  const float* HWY_RESTRICT a2 = kR > 2 ? a1 + t.a_rs : a0;
+  const float* HWY_RESTRICT a3 = kR > 3 ? a2 + t.a_rs : a0;
+  const float* HWY_RESTRICT a4 = kR > 4 ? a3 + t.a_rs : a0;
+  const float* HWY_RESTRICT a5 = kR > 5 ? a4 + t.a_rs : a0;
+  const float* HWY_RESTRICT b0 = t.b[0];
+  const float* HWY_RESTRICT b1 = kC > 1 ? t.b[1] : b0;
+  const float* HWY_RESTRICT b2 = kC > 2 ? t.b[2] : b0;
+  const float* HWY_RESTRICT b3 = kC > 3 ? t.b[3] : b0;
+  const ptrdiff_t a_cs = t.a_cs;
+  const size_t step = t.b_step;
+  // Named accumulators and vectors (no arrays: SVE vectors are sizeless types).
+  V s00 = hn::Zero(df), s01 = s00, s02 = s00, s03 = s00;
+  V s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+  V s20 = s00, s21 = s00, s22 = s00, s23 = s00;
+  V s30 = s00, s31 = s00, s32 = s00, s33 = s00;
+  V s40 = s00, s41 = s00, s42 = s00, s43 = s00;
+  V s50 = s00, s51 = s00, s52 = s00, s53 = s00;
+  // One offset into a's rows and one into b's vectors for all of them (base + index
+  // addressing): a pointer per row and per vector advanced separately cost seven more integer
+  // adds per k step on 5 x 2, which measured ~6% slower.
+  ptrdiff_t ao = 0;
+  size_t bo = 0;
+  for (size_t p = 0; p < t.kc; ++p, ao += a_cs, bo += step) {
+    V v0 = hn::LoadU(df, b0 + bo);
+    V v1 = v0, v2 = v0, v3 = v0;
+    if constexpr (kC > 1) v1 = hn::LoadU(df, b1 + bo);
+    if constexpr (kC > 2) v2 = hn::LoadU(df, b2 + bo);
+    if constexpr (kC > 3) v3 = hn::LoadU(df, b3 + bo);
+    if constexpr (kR > 1) {
+      KeepInRegister(v0);
+      if constexpr (kC > 1) KeepInRegister(v1);
+      if constexpr (kC > 2) KeepInRegister(v2);
+      if constexpr (kC > 3) KeepInRegister(v3);
+    }
+    RowStep<kC>(hn::Set(df, a0[ao]), v0, v1, v2, v3, s00, s01, s02, s03);
+    if constexpr (kR > 1) RowStep<kC>(hn::Set(df, a1[ao]), v0, v1, v2, v3, s10, s11, s12, s13);
+    if constexpr (kR > 2) RowStep<kC>(hn::Set(df, a2[ao]), v0, v1, v2, v3, s20, s21, s22, s23);
+    if constexpr (kR > 3) RowStep<kC>(hn::Set(df, a3[ao]), v0, v1, v2, v3, s30, s31, s32, s33);
+    if constexpr (kR > 4) RowStep<kC>(hn::Set(df, a4[ao]), v0, v1, v2, v3, s40, s41, s42, s43);
+    if constexpr (kR > 5) RowStep<kC>(hn::Set(df, a5[ao]), v0, v1, v2, v3, s50, s51, s52, s53);
+  }
+  StoreRow<kC>(df, s00, s01, s02, s03, t, 0);
+  if constexpr (kR > 1) StoreRow<kC>(df, s10, s11, s12, s13, t, 1);
+  if constexpr (kR > 2) StoreRow<kC>(df, s20, s21, s22, s23, t, 2);
+  if constexpr (kR > 3) StoreRow<kC>(df, s30, s31, s32, s33, t, 3);
+  if constexpr (kR > 4) StoreRow<kC>(df, s40, s41, s42, s43, t, 4);
+  if constexpr (kR > 5) StoreRow<kC>(df, s50, s51, s52, s53, t, 5);
+}
+
+// Rows of the next tile when `left` rows remain: full tiles while two or more remain, then the
+// rest in two near-equal tiles, so no tile drops to few independent chains: 16 rows run as
+// 6 + 5 + 5 (12, 10, 10 chains on AVX2), not 6 + 6 + 4 (8 chains: every multiply-add latency
+// exposed), which measured 92 against 98 GFLOP/s on [16, 256] x [256, 768] (one thread, AVX2).
+inline size_t TileRowsAt(size_t left) {
+  if (left >= 2 * kRows || left <= kRows) return std::min(left, kRows);
+  return (left + 1) / 2;
+}
+
+// Tile<rows, kC> for a run-time rows in 1..kRows.
+template <size_t kC, class DF>
+HWY_INLINE void TileRows(DF df, size_t rows, const TileArgs& t) {
+  switch (rows) {
+    case 1:
+      return Tile<1, kC>(df, t);
+    case 2:
+      return Tile<2, kC>(df, t);
+    case 3:
+      return Tile<3, kC>(df, t);
+    case 4:
+      return Tile<4, kC>(df, t);
+    case 5:
+      return Tile<5, kC>(df, t);
+    default:
+      return Tile<6, kC>(df, t);
+  }
+}
+
+// Tile<rows, cols> for run-time rows in 1..kRows and cols (vectors) in 1..4.
+template <class DF>
+HWY_INLINE void TileShape(DF df, size_t rows, size_t cols, const TileArgs& t) {
+  switch (cols) {
+    case 1:
+      return TileRows<1>(df, rows, t);
+    case 2:
+      return TileRows<2>(df, rows, t);
+    case 3:
+      return TileRows<3>(df, rows, t);
+    default:
+      return TileRows<4>(df, rows, t);
+  }
+}
+
+}  // namespace gemm_direct_detail
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Whether NR-wide micro-panels are whole vectors of this target.
+inline bool PackedBDirectSupported(size_t nr) {
+  const hn::ScalableTag<float> df;
+  return nr != 0 && nr % hn::Lanes(df) == 0;
+}
+
+// c [m, n] = alpha * a [m, k] * b + beta * c for a packing b of packed_n columns of which
+// columns [col0, col0 + n) are used (col0 a multiple of nr), k in blocks of kc_max, micro-panels
+// nr wide with packnr floats per k step. m, n, k > 0, alpha != 0. Returns false without writing
+// if !PackedBDirectSupported(nr).
+inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_rs,
+                          ptrdiff_t a_cs, const float* b, size_t col0, size_t packed_n, size_t nr,
+                          size_t packnr, size_t kc_max, float beta, float* c, ptrdiff_t c_rs,
+                          ptrdiff_t c_cs) {
+  namespace d = gemm_direct_detail;
+  if (!PackedBDirectSupported(nr)) return false;
+  const hn::ScalableTag<float> df;
+  const size_t N = hn::Lanes(df);
+  const size_t panels = (packed_n + nr - 1) / nr;
+  const size_t n_vec = (n + N - 1) / N;
+  const size_t group = m <= d::kFewRows ? d::kFewRowsCols : d::kCols;
+  const float* block = b;  // the current KC block of the packing
+  for (size_t pc = 0; pc < k; pc += kc_max) {
+    const size_t kc = std::min(kc_max, k - pc);
+    d::TileArgs t{};
+    t.a_rs = a_rs;
+    t.a_cs = a_cs;
+    t.b_step = packnr;
+    t.kc = kc;
+    t.c_rs = c_rs;
+    t.c_cs = c_cs;
+    t.alpha = alpha;
+    t.beta = pc == 0 ? beta : 1.0f;
+    t.read_c = pc != 0 || beta != 0.0f;
+    for (size_t v0 = 0; v0 < n_vec; v0 += group) {
+      const size_t vecs = std::min(group, n_vec - v0);
+      for (size_t j = 0; j < vecs; ++j) {
+        // Vector v0 + j: columns [col, col + N) of the packing, inside one micro-panel.
+        const size_t col = col0 + (v0 + j) * N;
+        t.b[j] = block + (col / nr) * packnr * kc + col % nr;
+      }
+      t.cols = std::min(vecs * N, n - v0 * N);
+      for (size_t i = 0; i < m;) {
+        const size_t rows = d::TileRowsAt(m - i);
+        t.a = a + static_cast<ptrdiff_t>(i) * a_rs + static_cast<ptrdiff_t>(pc) * a_cs;
+        t.c = c + static_cast<ptrdiff_t>(i) * c_rs + static_cast<ptrdiff_t>(v0 * N) * c_cs;
+        d::TileShape(df, rows, vecs, t);
+        i += rows;
+      }
+    }
+    block += panels * packnr * kc;
+  }
+  return true;
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace mha
+HWY_AFTER_NAMESPACE();
+
+#endif  // MHA_KERNELS_GEMM_DIRECT_INL_H_

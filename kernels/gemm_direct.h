@@ -1,0 +1,58 @@
+// c = alpha * a * b + beta * c for a b packed by kernels::PackB (the BLIS micro-kernel's
+// layout), reading a where it lies: mha's own register-blocked Highway micro-kernel broadcasts
+// each a element from its row and multiplies it with the packed NR-wide micro-panels of b.
+// Plain declaration; per-target code in gemm_direct-inl.h, dispatch in gemm_direct.cc.
+//
+// Why: kernels::GemmPackedB packs a (MR-tall micro-panels) on every call and then calls BLIS's
+// micro-kernel per MR x NR tile. For the products whose b is packed once for many calls
+// (prepacked projection weights, attention's per-key-block V) a is a few rows: packing it
+// costs as much as a good share of the product, and BLIS pads the last row tile to MR rows
+// (16 rows run as 18 on MR 6). One thread, AVX2, Zen 3 class, b in cache, best of 7 x 200
+// calls (a throwaway loop, interleaved): [16, 256] x [256, 768] 98.7 GFLOP/s here against 84.3
+// through GemmPackedB and 77.0 through kernels::Gemv; [24, 512] x [512, 64] (attention's
+// probabilities times V) 99.5 / 89.4; [168, 1024] x [1024, 512] 94.9 / 94.7.
+//
+// Layout: b is a PackedB (gemm.h): k in blocks of GemmBlocking().kc, each block holding
+// NR-wide micro-panels of packnr floats per k step, possibly a column range (col0) of a wider
+// packing. a [m, b.k] and c [m, b.n] take any strides (c must not overlap a or b). No
+// alignment required.
+//
+// Numerics: the micro-kernel's own. Each element of c is, per KC block of k in order, a chain
+// of fused multiply-adds over the block's k in increasing order starting from zero (acc), then
+// c = alpha * acc (first block, beta == 0: c not read) or c = fma(c, beta', alpha * acc) with
+// beta' = beta for the first block and 1 for the later ones. The same operations run for an
+// element wherever it sits, so results do not depend on how a caller splits a and c into calls,
+// on threads or on alignment; on targets without FMA the multiply-adds round twice (as Highway's
+// MulAdd there). BLIS's haswell/zen sgemm micro-kernel (6 x 16, zen3 on this machine) performs
+// exactly these operations, so on those configurations the result is bitwise GemmPackedB's
+// (tests/gemm_direct_test.cc checks it where it applies).
+//
+// Coverage: the kernel needs NR to be a multiple of the dispatched target's f32 lanes (every
+// NR-wide micro-panel is whole vectors): true of every x86 configuration with NR 16 (haswell,
+// zen, zen2, zen3) on AVX2, SSE and scalar targets, and of NR 12 / 8 panels on 4-lane targets.
+// Elsewhere (e.g. skx's NR 12 on AVX-512) GemmPackedBDirect returns false without touching c and
+// callers use GemmPackedB.
+#ifndef MHA_KERNELS_GEMM_DIRECT_H_
+#define MHA_KERNELS_GEMM_DIRECT_H_
+
+#include "kernels/gemm.h"
+
+namespace mha {
+namespace kernels {
+
+// True if GemmPackedBDirect runs on this CPU's dispatched target with the BLIS configuration
+// selected at run time (see Coverage above). Fixed for the process unless a test forces a
+// target (kernels::ForceTarget).
+bool GemmPackedBDirectSupported();
+
+// c = alpha * a * b + beta * c with Gemm's contract for alpha and beta (beta == 0 does not read
+// c; b.k == 0 or alpha == 0 gives c = beta * c). Shapes: a [m, b.k], c [m, b.n]. No scratch,
+// no allocation, single-threaded. Returns false, with c untouched, when
+// GemmPackedBDirectSupported() is false. Shape mismatches are programming errors: debug asserts.
+bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
+                       const MatrixView& c);
+
+}  // namespace kernels
+}  // namespace mha
+
+#endif  // MHA_KERNELS_GEMM_DIRECT_H_
