@@ -27,9 +27,11 @@ HWY_BEFORE_NAMESPACE();
 namespace mha {
 namespace kernels {
 namespace HWY_NAMESPACE {
-namespace gemm_direct_detail {
 
 namespace hn = hwy::HWY_NAMESPACE;
+
+namespace gemm_direct_detail {
+
 using gemv_detail::KeepInRegister;
 
 // Register tiles: kRows rows of a x kCols vectors of b. A tile needs kRows * kCols accumulators,
@@ -121,8 +123,8 @@ HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3)
 // The kR x kC tile (kR in 1..6, kC in 1..4). The accumulators are named variables, not an
 // array indexed in loops: with an array GCC 12 stored every accumulator to the stack on each k
 // step (a throwaway AVX2 6 x 2 tile ran at 35 instead of 99 GFLOP/s); unused ones are dropped
-// by the compiler. Not inlined, so that
-// each tile shape gets all the registers (as gemv_detail::Tile).
+// by the compiler. Not inlined, so that each tile shape gets all the registers (as
+// gemv_detail::Tile).
 template <size_t kR, size_t kC, class DF>
 HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
   static_assert(kR >= 1 && kR <= kRows, "tile rows: 1..6");
@@ -224,8 +226,6 @@ HWY_INLINE void TileShape(DF df, size_t rows, size_t cols, const TileArgs& t) {
 
 }  // namespace gemm_direct_detail
 
-namespace hn = hwy::HWY_NAMESPACE;
-
 // Whether NR-wide micro-panels are whole vectors of this target.
 inline bool PackedBDirectSupported(size_t nr) {
   const hn::ScalableTag<float> df;
@@ -247,17 +247,17 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
   const size_t panels = (packed_n + nr - 1) / nr;
   const size_t n_vec = (n + N - 1) / N;
   const size_t group = m <= d::kFewRows ? d::kFewRowsCols : d::kCols;
+  d::TileArgs t{};
+  t.a_rs = a_rs;
+  t.a_cs = a_cs;
+  t.b_step = packnr;
+  t.c_rs = c_rs;
+  t.c_cs = c_cs;
+  t.alpha = alpha;
   const float* block = b;  // the current KC block of the packing
   for (size_t pc = 0; pc < k; pc += kc_max) {
     const size_t kc = std::min(kc_max, k - pc);
-    d::TileArgs t{};
-    t.a_rs = a_rs;
-    t.a_cs = a_cs;
-    t.b_step = packnr;
     t.kc = kc;
-    t.c_rs = c_rs;
-    t.c_cs = c_cs;
-    t.alpha = alpha;
     t.beta = pc == 0 ? beta : 1.0f;
     t.read_c = pc != 0 || beta != 0.0f;
     for (size_t v0 = 0; v0 < n_vec; v0 += group) {
