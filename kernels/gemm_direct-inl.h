@@ -108,6 +108,35 @@ HWY_INLINE void StoreRow(DF df, V s0, V s1, V s2, V s3, const TileArgs& t, size_
   if constexpr (kC > 3) StoreVec(df, s3, t, r, 3);
 }
 
+// Stores row `c` of a tile whose kC vectors are all whole and at unit column stride (every
+// tile except those of a ragged last column group or a strided c): StoreAcc's arithmetic
+// without its per-vector checks and lane buffer, which cost 3-10% of the kernel at k 64-512
+// (one thread, AVX2: [64, 64] x [64, 512] 82 -> 90 GFLOP/s). alpha == 1 skips the multiply, an
+// exact one, so the bits are StoreAcc's.
+template <size_t kC, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c, V s0, V s1, V s2,
+                              V s3) {
+  const size_t N = hn::Lanes(df);
+  if (t.alpha != 1.0f) {
+    const V alpha = hn::Set(df, t.alpha);
+    s0 = hn::Mul(s0, alpha);
+    if constexpr (kC > 1) s1 = hn::Mul(s1, alpha);
+    if constexpr (kC > 2) s2 = hn::Mul(s2, alpha);
+    if constexpr (kC > 3) s3 = hn::Mul(s3, alpha);
+  }
+  if (t.read_c) {
+    const V beta = hn::Set(df, t.beta);
+    s0 = hn::MulAdd(hn::LoadU(df, c), beta, s0);
+    if constexpr (kC > 1) s1 = hn::MulAdd(hn::LoadU(df, c + N), beta, s1);
+    if constexpr (kC > 2) s2 = hn::MulAdd(hn::LoadU(df, c + 2 * N), beta, s2);
+    if constexpr (kC > 3) s3 = hn::MulAdd(hn::LoadU(df, c + 3 * N), beta, s3);
+  }
+  hn::StoreU(s0, df, c);
+  if constexpr (kC > 1) hn::StoreU(s1, df, c + N);
+  if constexpr (kC > 2) hn::StoreU(s2, df, c + 2 * N);
+  if constexpr (kC > 3) hn::StoreU(s3, df, c + 3 * N);
+}
+
 // One step of row r of a tile: s_c += x * v_c for the first kC vectors. x is pinned to a
 // register (gemv_detail::KeepInRegister): otherwise GCC folds its broadcast into each
 // multiply-add as a memory operand, one load per multiply-add.
@@ -172,6 +201,16 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
     if constexpr (kR > 3) RowStep<kC>(hn::Set(df, a3[ao]), v0, v1, v2, v3, s30, s31, s32, s33);
     if constexpr (kR > 4) RowStep<kC>(hn::Set(df, a4[ao]), v0, v1, v2, v3, s40, s41, s42, s43);
     if constexpr (kR > 5) RowStep<kC>(hn::Set(df, a5[ao]), v0, v1, v2, v3, s50, s51, s52, s53);
+  }
+  if (t.c_cs == 1 && t.cols == kC * hn::Lanes(df)) {
+    float* HWY_RESTRICT c = t.c;
+    StoreWholeRow<kC>(df, t, c, s00, s01, s02, s03);
+    if constexpr (kR > 1) StoreWholeRow<kC>(df, t, c += t.c_rs, s10, s11, s12, s13);
+    if constexpr (kR > 2) StoreWholeRow<kC>(df, t, c += t.c_rs, s20, s21, s22, s23);
+    if constexpr (kR > 3) StoreWholeRow<kC>(df, t, c += t.c_rs, s30, s31, s32, s33);
+    if constexpr (kR > 4) StoreWholeRow<kC>(df, t, c += t.c_rs, s40, s41, s42, s43);
+    if constexpr (kR > 5) StoreWholeRow<kC>(df, t, c += t.c_rs, s50, s51, s52, s53);
+    return;
   }
   StoreRow<kC>(df, s00, s01, s02, s03, t, 0);
   if constexpr (kR > 1) StoreRow<kC>(df, s10, s11, s12, s13, t, 1);
