@@ -270,17 +270,18 @@ void ScaleC(float beta, const MatrixView& c) {
   }
 }
 
-// The two inner loops (BLIS's macro-kernel) over one packed A block [mc, kc] and one packed B
-// block [kc, nc]: MR x NR tiles of c, whose (0, 0) is c (strides rs, cs), B panel by B panel.
-// before_panel(j, b1) runs before the first tile of B panel j (the driver packs it there, so it
-// is still in L1 when the kernel first reads it).
+// The two inner loops (BLIS's macro-kernel) over one packed A block [mc, kc] and the first kc
+// steps of one packed B block [kc_b, nc] (kc_b >= kc: the B micro-panels' length): MR x NR
+// tiles of c, whose (0, 0) is c (strides rs, cs), B panel by B panel. before_panel(j, b1) runs
+// before the first tile of B panel j (the driver packs it there, so it is still in L1 when the
+// kernel first reads it).
 template <class BeforePanel>
-void MacroKernel(const Config& cfg, float* a_pack, size_t mc, float* b_pack, size_t nc, size_t kc,
-                 float* alpha, float* beta, float* c, ptrdiff_t rs, ptrdiff_t cs,
+void MacroKernel(const Config& cfg, float* a_pack, size_t mc, float* b_pack, size_t kc_b, size_t nc,
+                 size_t kc, float* alpha, float* beta, float* c, ptrdiff_t rs, ptrdiff_t cs,
                  const BeforePanel& before_panel) {
   const size_t mr = cfg.mr, nr = cfg.nr;
   const ptrdiff_t ps_a = static_cast<ptrdiff_t>(cfg.packmr * kc);
-  const ptrdiff_t ps_b = static_cast<ptrdiff_t>(cfg.packnr * kc);
+  const ptrdiff_t ps_b = static_cast<ptrdiff_t>(cfg.packnr * kc_b);
   // Kernel hints, as BLIS's own macro-kernel fills them: panel layouts and strides, and the
   // next micro-panels to prefetch.
   auxinfo_t aux{};
@@ -357,7 +358,7 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
         PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, widen, a_pack);
         float* const c_blk = op_c.data + static_cast<ptrdiff_t>(ic) * op_c.row_stride +
                              static_cast<ptrdiff_t>(jc) * op_c.col_stride;
-        MacroKernel(cfg, a_pack, mc, b_pack, nc, kc, &alpha_v, beta_p, c_blk, op_c.row_stride,
+        MacroKernel(cfg, a_pack, mc, b_pack, kc, nc, kc, &alpha_v, beta_p, c_blk, op_c.row_stride,
                     op_c.col_stride, [&](size_t jp, float* b1) {
                       if (ic == 0) {
                         const size_t cols = std::min(cfg.nr, nc - jp * cfg.nr);
@@ -400,7 +401,7 @@ PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst) {
               block + c0 / cfg.nr * cfg.packnr * kc);
     block += PackedBlockFloats(cfg, kc, b.cols);
   }
-  return {dst, b.rows, nc, b.cols, c0};
+  return {dst, b.rows, nc, b.cols, c0, b.rows};
 }
 
 PackedB PackB(const MatrixView& b, float* dst) { return PackBColumns(b, 0, b.cols, dst); }
@@ -427,22 +428,26 @@ template <class ABlock>
 void PackedBDriver(const Config& cfg, float alpha, const PackedB& b, float beta,
                    const MatrixView& c, const ABlock& a_block) {
   assert(b.col0 % cfg.nr == 0 && "packed b: col0 must be a multiple of NR");
+  assert(b.k <= b.packed_k && "packed b: rows past the packing");
   float alpha_v = alpha;
   float one = 1.0f;
   const float* b_block = b.data;
   for (size_t pc = 0; pc < b.k; pc += cfg.kc) {
     const size_t kc = std::min(cfg.kc, b.k - pc);
+    // The block's depth in the packing (its micro-panels' length): kc unless b is the leading
+    // rows of a deeper packing.
+    const size_t kc_packed = std::min(cfg.kc, b.packed_k - pc);
     float* beta_p = pc == 0 ? &beta : &one;
     // The micro-kernel only reads the packed panels; BLIS's signature takes them non-const.
-    float* const b_pack = const_cast<float*>(b_block) + b.col0 / cfg.nr * cfg.packnr * kc;
+    float* const b_pack = const_cast<float*>(b_block) + b.col0 / cfg.nr * cfg.packnr * kc_packed;
     // Row blocks of MC, so each packed A block stays in L2 across the B panels.
     for (size_t ic = 0; ic < c.rows; ic += cfg.mc) {
       const size_t mc = std::min(cfg.mc, c.rows - ic);
-      MacroKernel(cfg, a_block(pc, kc, ic, mc), mc, b_pack, c.cols, kc, &alpha_v, beta_p,
+      MacroKernel(cfg, a_block(pc, kc, ic, mc), mc, b_pack, kc_packed, c.cols, kc, &alpha_v, beta_p,
                   c.data + static_cast<ptrdiff_t>(ic) * c.row_stride, c.row_stride, c.col_stride,
                   [](size_t, float*) {});
     }
-    b_block += PackedBlockFloats(cfg, kc, b.packed_n);
+    b_block += PackedBlockFloats(cfg, kc_packed, b.packed_n);
   }
 }
 

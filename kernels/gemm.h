@@ -122,16 +122,25 @@ void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float 
 // Layout: the packing of Gemm's driver for all columns at once: k in blocks of the
 // configuration's KC, each block holding ceil(packed_n / NR) NR-wide micro-panels, zero-padded
 // to full panels. A PackedB may be a column range of a larger packing (Columns): it then starts
-// at micro-panel col0 / NR of each block of a packing packed_n columns wide.
+// at micro-panel col0 / NR of each block of a packing packed_n columns wide. It may also be the
+// leading rows [0, k) of a packing packed_k rows deep (LeadingRows): the blocks keep the
+// packing's depths (each KC block's micro-panels are min(KC, packed_k - pc) steps long) and the
+// products read the first k steps. Attention's causal strips multiply their probabilities by
+// the leading rows of a key block's packed V (the keys before their causal limit).
 struct PackedB {
   const float* data = nullptr;
   size_t k = 0;
   size_t n = 0;
   size_t packed_n = 0;  // columns of the whole packing (each KC block's width); >= col0 + n
   size_t col0 = 0;      // first column of this operand in the packing, a multiple of NR
+  size_t packed_k = 0;  // rows of the whole packing (sets each KC block's depth); >= k
 
   // Columns [c0, c0 + nc) of this operand; c0 must be a multiple of GemmBlocking().nr.
-  PackedB Columns(size_t c0, size_t nc) const { return {data, k, nc, packed_n, col0 + c0}; }
+  PackedB Columns(size_t c0, size_t nc) const {
+    return {data, k, nc, packed_n, col0 + c0, packed_k};
+  }
+  // Rows [0, kk) of this operand, kk <= k.
+  PackedB LeadingRows(size_t kk) const { return {data, kk, n, packed_n, col0, packed_k}; }
 };
 
 // The register and cache blocks of the BLIS configuration selected at run time: callers that

@@ -272,13 +272,13 @@ inline bool PackedBDirectSupported(size_t nr) {
 }
 
 // c [m, n] = alpha * a [m, k] * b + beta * c for a packing b of packed_n columns of which
-// columns [col0, col0 + n) are used (col0 a multiple of nr), k in blocks of kc_max, micro-panels
-// nr wide with packnr floats per k step. m, n, k > 0, alpha != 0. Returns false without writing
-// if !PackedBDirectSupported(nr).
+// columns [col0, col0 + n) are used (col0 a multiple of nr) and packed_k >= k rows of which the
+// first k are used, k in blocks of kc_max, micro-panels nr wide with packnr floats per k step.
+// m, n, k > 0, alpha != 0. Returns false without writing if !PackedBDirectSupported(nr).
 inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_rs,
-                          ptrdiff_t a_cs, const float* b, size_t col0, size_t packed_n, size_t nr,
-                          size_t packnr, size_t kc_max, float beta, float* c, ptrdiff_t c_rs,
-                          ptrdiff_t c_cs) {
+                          ptrdiff_t a_cs, const float* b, size_t col0, size_t packed_n,
+                          size_t packed_k, size_t nr, size_t packnr, size_t kc_max, float beta,
+                          float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
   namespace d = gemm_direct_detail;
   if (!PackedBDirectSupported(nr)) return false;
   const hn::ScalableTag<float> df;
@@ -296,6 +296,8 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
   const float* block = b;  // the current KC block of the packing
   for (size_t pc = 0; pc < k; pc += kc_max) {
     const size_t kc = std::min(kc_max, k - pc);
+    // The block's depth in the packing, its micro-panels' length (>= kc).
+    const size_t kc_packed = std::min(kc_max, packed_k - pc);
     t.kc = kc;
     t.beta = pc == 0 ? beta : 1.0f;
     t.read_c = pc != 0 || beta != 0.0f;
@@ -304,7 +306,7 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
       for (size_t j = 0; j < vecs; ++j) {
         // Vector v0 + j: columns [col, col + N) of the packing, inside one micro-panel.
         const size_t col = col0 + (v0 + j) * N;
-        t.b[j] = block + (col / nr) * packnr * kc + col % nr;
+        t.b[j] = block + (col / nr) * packnr * kc_packed + col % nr;
       }
       t.cols = std::min(vecs * N, n - v0 * N);
       for (size_t i = 0; i < m;) {
@@ -315,7 +317,7 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
         i += rows;
       }
     }
-    block += panels * packnr * kc;
+    block += panels * packnr * kc_packed;
   }
   return true;
 }

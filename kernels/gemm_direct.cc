@@ -27,6 +27,7 @@ bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float
   assert(b.n == c.cols && "GemmPackedBDirect: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmPackedBDirect: a.cols must equal b.k");
   assert(b.col0 + b.n <= b.packed_n && "GemmPackedBDirect: columns past the packing");
+  assert(b.k <= b.packed_k && "GemmPackedBDirect: rows past the packing");
   const GemmBlocks& blk = GemmBlocking();
   assert(b.col0 % blk.nr == 0 && "GemmPackedBDirect: col0 must be a multiple of NR");
   if (!GemmPackedBDirectSupported()) return false;
@@ -37,7 +38,7 @@ bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float
   }
   return HWY_DYNAMIC_DISPATCH(PackedBDirect)(
       c.rows, c.cols, b.k, alpha, a.data, a.row_stride, a.col_stride, b.data, b.col0, b.packed_n,
-      blk.nr, blk.packnr, blk.kc, beta, c.data, c.row_stride, c.col_stride);
+      b.packed_k, blk.nr, blk.packnr, blk.kc, beta, c.data, c.row_stride, c.col_stride);
 }
 
 }  // namespace kernels

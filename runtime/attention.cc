@@ -815,6 +815,14 @@ size_t Bytes(size_t floats) {
   return r;
 }
 
+// Whether the online path's two products per strip run on kernels::GemmPackedBDirect, reading
+// Q and P where they lie (no PackA of the task's Q rows, no packing of P per strip), or on BLIS
+// micro-kernels through GemmPacked (Q packed once per task) and GemmPackedB. Fixed per process
+// (the dispatched target and BLIS's configuration). (1, 128, 512, 8) causal, 2 threads,
+// mha-bench --breakdown: the scores stage (PackA included) took 0.095 ms per forward with Q
+// packed, 0.085 ms read in place (0.068 ms with the causal strips below).
+bool OnlineReadsQInPlace() { return kernels::GemmPackedBDirectSupported(); }
+
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
 // micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
 size_t OnlineStripRows() {
@@ -825,8 +833,8 @@ size_t OnlineStripRows() {
 // The online path's per-worker scratch (after the GEMM packing buffer), byte offsets: scores
 // [OnlineStripRows(), key_block], row max and sum [query_block] (unused when chunked: the state
 // lives in the workspace), K^T of one key block packed [hd, key_block], V packed [key_block, hd],
-// the query block's Q rows packed (PackA of [query_block, hd]) and its running output [query_block,
-// hd].
+// the query block's Q rows packed (PackA of [query_block, hd]; none where the scores product
+// reads Q in place, see OnlineReadsQInPlace) and its running output [query_block, hd].
 OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   OnlineScratch l;
   size_t off = Bytes(OnlineStripRows() * ws.key_block);
@@ -839,7 +847,7 @@ OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   l.packed_v = off;
   off += Bytes(kernels::PackedBFloats(ws.key_block, hd));
   l.packed_q = off;
-  off += Bytes(kernels::PackedAFloats(ws.query_block, hd));
+  if (!OnlineReadsQInPlace()) off += Bytes(kernels::PackedAFloats(ws.query_block, hd));
   l.acc_rows = off;
   off += Bytes(ws.query_block * hd);
   l.total = off;
@@ -1294,6 +1302,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     return;
   }
 
+  const bool direct = OnlineReadsQInPlace();
   ctx.pool().ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
     const int64_t blk = task % q_blocks;
     const int64_t h = (task / q_blocks) % H;
@@ -1307,9 +1316,10 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
       return;
     }
-    // Online softmax over key blocks. The block's Q rows are packed once for the task as the
-    // scores product's a operand (PackA: MR-row micro-panels, which its strips read by row
-    // range), instead of once per key block and strip; its running output is copied into a
+    // Online softmax over key blocks. The block's Q rows are the scores product's a operand,
+    // read in place by the direct micro-kernel (OnlineReadsQInPlace), or else packed once for the
+    // task (PackA: MR-row micro-panels, which its strips read by row range) instead of once per
+    // key block and strip; its running output is copied into a
     // contiguous [rows, hd] buffer in the worker's scratch: the strips then read, scale and
     // accumulate rows at a stride of hd floats in L2 instead of rows of the [tokens, E] buffers
     // (a multiple of 4 KiB apart, L3 or memory at long lengths) once per key block.
@@ -1346,8 +1356,11 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     const MatrixView acc{reinterpret_cast<float*>(scratch + os.acc_rows), rows,
                          static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
     int64_t t0 = now();
-    const kernels::PackedA qp = kernels::PackA(q_view(n, h, q0, rows), packed_q);
-    record(t0, worker, Stage::kScores, n, h, blk);
+    kernels::PackedA qp{};
+    if (!direct) {
+      qp = kernels::PackA(q_view(n, h, q0, rows), packed_q);
+      record(t0, worker, Stage::kScores, n, h, blk);
+    }
     t0 = now();
     for (size_t r = 0; r < rows; ++r) {
       if (keys.first) {
@@ -1371,24 +1384,40 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       record(t0, worker, Stage::kWeightedSum, n, h, blk);
       for (size_t r0 = 0; r0 < rows; r0 += strip_rows) {
         const size_t sr = std::min(strip_rows, rows - r0);
-        const MatrixView s_view{scores, sr, kc, static_cast<ptrdiff_t>(ws.key_block), 1};
+        // Causal: the strip's rows see the keys below key_limit(q0 + r0, sr) only; the block's
+        // columns from there on are masked for all of them, so the strip's two products and its
+        // softmax stop there (the rest would add exact zeros): the strips of a diagonal block
+        // do about half its work. A block wholly past the strip's limit is skipped.
+        const int64_t visible =
+            masked ? std::min<int64_t>(kc, key_limit(q0 + r0, sr) - k0) : int64_t(kc);
+        if (visible <= 0) continue;
+        const size_t cols = static_cast<size_t>(visible);
+        const MatrixView s_view{scores, sr, cols, static_cast<ptrdiff_t>(ws.key_block), 1};
         const MatrixView a_view = acc.Block(r0, 0, sr, hd);
+        const kernels::PackedB k_cols = kp.Columns(0, cols);
+        const kernels::PackedB v_rows = vp.LeadingRows(cols);
         t0 = now();
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
-        kernels::GemmPacked(scale, qp.Rows(r0, sr), kp, 0.0f, s_view);
+        if (direct) {
+          kernels::GemmPackedBDirect(scale, q_view(n, h, q0 + r0, sr), k_cols, 0.0f, s_view);
+        } else {
+          kernels::GemmPacked(scale, qp.Rows(r0, sr), k_cols, 0.0f, s_view);
+        }
         record(t0, worker, Stage::kScores, n, h, blk);
         t0 = now();
         kernels::OnlineSoftmaxUpdate(
-            scores, sr, kc, ws.key_block, 1.0f,
+            scores, sr, cols, ws.key_block, 1.0f,
             masked ? masks_for(n, h, q0 + r0, k0) : kernels::SoftmaxMasks(), row_max + r0,
             row_sum + r0, a_view.data, hd, a_view.row_stride);
         record(t0, worker, Stage::kSoftmax, n, h, blk);
         t0 = now();
-        // P is read in place (GemmPackedBDirect) where the micro-kernel allows: no packing of
-        // the strip's probabilities (GemmPackedB's PackPanel, ~4% of CPU time at large shapes).
-        if (!kernels::GemmPackedBDirect(1.0f, s_view, vp, 1.0f, a_view)) {
-          kernels::GemmPackedB(1.0f, s_view, vp, 1.0f, a_view, gs);
+        // P is read in place where the direct micro-kernel runs: no packing of the strip's
+        // probabilities (GemmPackedB's PackPanel, ~4% of CPU time at large shapes).
+        if (direct) {
+          kernels::GemmPackedBDirect(1.0f, s_view, v_rows, 1.0f, a_view);
+        } else {
+          kernels::GemmPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
         }
         record(t0, worker, Stage::kWeightedSum, n, h, blk);
       }

@@ -755,7 +755,7 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
       EXPECT_EQ(part.col0, cuts[i]);
       EXPECT_EQ(part.n, cuts[i + 1] - cuts[i]);
       EXPECT_EQ(part.packed_n, n);
-      whole = {part.data, part.k, n, n, 0};
+      whole = {part.data, part.k, n, n, 0, part.k};
     }
     PackedBuffer once(floats);
     const PackedB pb = PackB(b.view, once.data);
@@ -846,7 +846,7 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
   FillUniform(c, rng);
   Buffer out = c;
   const PackedA pa{nullptr, 5, 3, 5, 0};
-  const PackedB pb{nullptr, 3, 7, 7, 0};
+  const PackedB pb{nullptr, 3, 7, 7, 0, 3};
   GemmPacked(0.0f, pa, pb, 0.5f, out.view);
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
@@ -1044,6 +1044,66 @@ TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
       }
     }
   });
+}
+
+// PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
+// packing of those rows alone would: bitwise, through GemmPackedB, GemmPacked and (on every
+// target where it runs) GemmPackedBDirect, for kk inside the first KC block, at its end and in a
+// later one, combined with a column range (Columns). Attention's causal strips multiply their
+// probabilities by the leading rows of a key block's packed V.
+TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
+  const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
+  const size_t m = 17, n = 3 * nr + 5;
+  const size_t depths[][2] = {{70, 1},
+                              {70, 24},
+                              {70, 70},
+                              {kc, kc - 1},
+                              {2 * kc + 9, kc},
+                              {2 * kc + 9, kc + 3},
+                              {2 * kc + 9, 2 * kc + 1}};
+  std::mt19937 rng(43);
+  Scratch scratch;
+  for (const auto& d : depths) {
+    const size_t packed_k = d[0], kk = d[1];
+    const Buffer b = RandomBuffer(packed_k, n, Layout::kRowMajor, 1, 2, rng);
+    const Buffer a = RandomBuffer(m, kk, Layout::kRowMajor, 0, 3, rng);
+    const Buffer c = RandomBuffer(m, n - nr, Layout::kRowMajor, 0, 1, rng);
+    PackedBuffer deep(PackedBFloats(packed_k, n)), shallow(PackedBFloats(kk, n));
+    const PackedB leading = PackB(b.view, deep.data).LeadingRows(kk).Columns(nr, n - nr);
+    const PackedB own = PackB(b.view.Block(0, 0, kk, n), shallow.data).Columns(nr, n - nr);
+    ASSERT_EQ(leading.k, kk);
+    ASSERT_EQ(leading.packed_k, packed_k);
+    Buffer b_used = b;  // the operand: rows [0, kk), columns [nr, n) of b
+    b_used.view = b_used.view.Block(0, nr, kk, n - nr);
+    const std::string what =
+        "packed_k " + std::to_string(packed_k) + ", leading rows " + std::to_string(kk);
+    auto expect_same = [&](const char* call, const Buffer& x, const Buffer& y) {
+      EXPECT_EQ(0,
+                std::memcmp(x.storage.data(), y.storage.data(), x.storage.size() * sizeof(float)))
+          << call << ", " << what;
+    };
+    for (const float beta : {0.0f, 1.0f}) {
+      Buffer x = c, y = c;
+      GemmPackedB(0.5f, a.view, leading, beta, x.view, scratch.get());
+      GemmPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
+      expect_same("GemmPackedB", x, y);
+      ExpectGemmMatches(0.5f, a, b_used, beta, c, x, "GemmPackedB, " + what);
+      PackedBuffer pa_buf(PackedAFloats(m, kk));
+      const PackedA pa = PackA(a.view, pa_buf.data);
+      Buffer z = c;
+      GemmPacked(0.5f, pa, leading, beta, z.view);
+      expect_same("GemmPacked", z, y);
+      test::ForEachTarget([&](const char* target) {
+        if (!GemmPackedBDirectSupported()) return;
+        Buffer u = c, v = c;
+        ASSERT_TRUE(GemmPackedBDirect(0.5f, a.view, leading, beta, u.view));
+        ASSERT_TRUE(GemmPackedBDirect(0.5f, a.view, own, beta, v.view));
+        expect_same((std::string("GemmPackedBDirect ") + target).c_str(), u, v);
+        ExpectGemmMatches(0.5f, a, b_used, beta, c, u,
+                          std::string("GemmPackedBDirect ") + target + ", " + what);
+      });
+    }
+  }
 }
 
 }  // namespace
