@@ -51,7 +51,9 @@ constexpr size_t kMaxCols = std::max(kCols, kFewRowsCols);
 
 // Where one tile reads and writes: row 0 of a at `a` (rows a_rs apart, k steps a_cs apart),
 // the kC vectors of b at b[0..kC) (each advancing b_step floats per k step), row 0 of c at `c`
-// (rows c_rs apart, columns c_cs apart) of which the first `cols` columns are stored.
+// (rows c_rs apart, columns c_cs apart) of which the first `cols` columns are stored; `bias`
+// (null, or the bias of the tile's first column, on the last k block only) is added to every
+// row after the product.
 struct TileArgs {
   const float* a;
   ptrdiff_t a_rs, a_cs;
@@ -62,21 +64,23 @@ struct TileArgs {
   size_t cols;
   float alpha, beta;  // beta: this k block's (the caller's beta, or 1 after the first block)
   bool read_c;        // false: c = alpha * acc (first block with beta == 0)
+  const float* bias;  // [cols] added after the product, or null
 };
 
-// Stores one accumulator: c[j * c_cs] for j < valid lanes (valid <= Lanes). Whole vectors with
-// unit column stride go straight to memory; others through a lane buffer, with the same vector
-// arithmetic, so an element's bits do not depend on where its vector ends.
+// Stores one accumulator: c[j * c_cs] for j < valid lanes (valid <= Lanes), plus bias[j] if
+// bias is not null. Whole vectors with unit column stride go straight to memory; others through
+// a lane buffer, with the same vector arithmetic, so an element's bits do not depend on where its
+// vector ends.
 template <class DF, class V = hn::Vec<DF>>
-HWY_INLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, size_t valid) {
+HWY_INLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, size_t valid,
+                         const float* bias) {
   const size_t N = hn::Lanes(df);
   const V prod = hn::Mul(acc, hn::Set(df, t.alpha));
   if (valid == N && t.c_cs == 1) {
-    if (t.read_c) {
-      hn::StoreU(hn::MulAdd(hn::LoadU(df, c), hn::Set(df, t.beta), prod), df, c);
-    } else {
-      hn::StoreU(prod, df, c);
-    }
+    V out = prod;
+    if (t.read_c) out = hn::MulAdd(hn::LoadU(df, c), hn::Set(df, t.beta), prod);
+    if (bias != nullptr) out = hn::Add(out, hn::LoadU(df, bias));
+    hn::StoreU(out, df, c);
     return;
   }
   HWY_ALIGN float buf[elementwise_detail::kMaxLanesF32] = {};
@@ -84,6 +88,10 @@ HWY_INLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, size_t valid
   if (t.read_c) {
     for (size_t j = 0; j < valid; ++j) buf[j] = c[static_cast<ptrdiff_t>(j) * t.c_cs];
     out = hn::MulAdd(hn::Load(df, buf), hn::Set(df, t.beta), prod);
+  }
+  if (bias != nullptr) {
+    for (size_t j = 0; j < valid; ++j) buf[j] = bias[j];
+    out = hn::Add(out, hn::Load(df, buf));
   }
   hn::Store(out, df, buf);
   for (size_t j = 0; j < valid; ++j) c[static_cast<ptrdiff_t>(j) * t.c_cs] = buf[j];
@@ -96,7 +104,7 @@ HWY_INLINE void StoreVec(DF df, V acc, const TileArgs& t, size_t r, size_t j) {
   if (j * N >= t.cols) return;
   StoreAcc(df, acc, t,
            t.c + static_cast<ptrdiff_t>(r) * t.c_rs + static_cast<ptrdiff_t>(j * N) * t.c_cs,
-           std::min(N, t.cols - j * N));
+           std::min(N, t.cols - j * N), t.bias != nullptr ? t.bias + j * N : nullptr);
 }
 
 // Stores row r of a tile: its first kC accumulators.
@@ -112,7 +120,7 @@ HWY_INLINE void StoreRow(DF df, V s0, V s1, V s2, V s3, const TileArgs& t, size_
 // tile except those of a ragged last column group or a strided c): StoreAcc's arithmetic
 // without its per-vector checks and lane buffer, which cost 3-10% of the kernel at k 64-512
 // (one thread, AVX2: [64, 64] x [64, 512] 82 -> 90 GFLOP/s). alpha == 1 skips the multiply, an
-// exact one, so the bits are StoreAcc's.
+// exact one, so the bits are StoreAcc's; so does the bias add.
 template <size_t kC, class DF, class V = hn::Vec<DF>>
 HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c, V s0, V s1, V s2,
                               V s3) {
@@ -130,6 +138,12 @@ HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c, V
     if constexpr (kC > 1) s1 = hn::MulAdd(hn::LoadU(df, c + N), beta, s1);
     if constexpr (kC > 2) s2 = hn::MulAdd(hn::LoadU(df, c + 2 * N), beta, s2);
     if constexpr (kC > 3) s3 = hn::MulAdd(hn::LoadU(df, c + 3 * N), beta, s3);
+  }
+  if (const float* HWY_RESTRICT bias = t.bias) {
+    s0 = hn::Add(s0, hn::LoadU(df, bias));
+    if constexpr (kC > 1) s1 = hn::Add(s1, hn::LoadU(df, bias + N));
+    if constexpr (kC > 2) s2 = hn::Add(s2, hn::LoadU(df, bias + 2 * N));
+    if constexpr (kC > 3) s3 = hn::Add(s3, hn::LoadU(df, bias + 3 * N));
   }
   hn::StoreU(s0, df, c);
   if constexpr (kC > 1) hn::StoreU(s1, df, c + N);
@@ -273,12 +287,13 @@ inline bool PackedBDirectSupported(size_t nr) {
 
 // c [m, n] = alpha * a [m, k] * b + beta * c for a packing b of packed_n columns of which
 // columns [col0, col0 + n) are used (col0 a multiple of nr) and packed_k >= k rows of which the
-// first k are used, k in blocks of kc_max, micro-panels nr wide with packnr floats per k step.
-// m, n, k > 0, alpha != 0. Returns false without writing if !PackedBDirectSupported(nr).
+// first k are used, k in blocks of kc_max, micro-panels nr wide with packnr floats per k step;
+// then c += bias (a row of n floats) if bias is not null. m, n, k > 0, alpha != 0. Returns false
+// without writing if !PackedBDirectSupported(nr).
 inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_rs,
                           ptrdiff_t a_cs, const float* b, size_t col0, size_t packed_n,
                           size_t packed_k, size_t nr, size_t packnr, size_t kc_max, float beta,
-                          float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+                          float* c, ptrdiff_t c_rs, ptrdiff_t c_cs, const float* bias) {
   namespace d = gemm_direct_detail;
   if (!PackedBDirectSupported(nr)) return false;
   const hn::ScalableTag<float> df;
@@ -301,6 +316,7 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
     t.kc = kc;
     t.beta = pc == 0 ? beta : 1.0f;
     t.read_c = pc != 0 || beta != 0.0f;
+    const bool last_block = pc + kc == k;
     for (size_t v0 = 0; v0 < n_vec; v0 += group) {
       const size_t vecs = std::min(group, n_vec - v0);
       for (size_t j = 0; j < vecs; ++j) {
@@ -309,6 +325,7 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
         t.b[j] = block + (col / nr) * packnr * kc_packed + col % nr;
       }
       t.cols = std::min(vecs * N, n - v0 * N);
+      t.bias = last_block && bias != nullptr ? bias + v0 * N : nullptr;
       for (size_t i = 0; i < m;) {
         const size_t rows = d::TileRowsAt(m - i);
         t.a = a + static_cast<ptrdiff_t>(i) * a_rs + static_cast<ptrdiff_t>(pc) * a_cs;

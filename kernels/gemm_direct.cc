@@ -22,7 +22,7 @@ bool GemmPackedBDirectSupported() {
 }
 
 bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                       const MatrixView& c) {
+                       const MatrixView& c, const float* bias) {
   assert(a.rows == c.rows && "GemmPackedBDirect: a.rows must equal c.rows");
   assert(b.n == c.cols && "GemmPackedBDirect: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmPackedBDirect: a.cols must equal b.k");
@@ -34,11 +34,19 @@ bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float
   if (c.rows == 0 || c.cols == 0) return true;
   if (b.k == 0 || alpha == 0.0f) {
     ScaleC(beta, c);
+    if (bias != nullptr) {
+      for (size_t i = 0; i < c.rows; ++i) {
+        for (size_t j = 0; j < c.cols; ++j) {
+          c.data[static_cast<ptrdiff_t>(i) * c.row_stride +
+                 static_cast<ptrdiff_t>(j) * c.col_stride] += bias[j];
+        }
+      }
+    }
     return true;
   }
   return HWY_DYNAMIC_DISPATCH(PackedBDirect)(
       c.rows, c.cols, b.k, alpha, a.data, a.row_stride, a.col_stride, b.data, b.col0, b.packed_n,
-      b.packed_k, blk.nr, blk.packnr, blk.kc, beta, c.data, c.row_stride, c.col_stride);
+      b.packed_k, blk.nr, blk.packnr, blk.kc, beta, c.data, c.row_stride, c.col_stride, bias);
 }
 
 }  // namespace kernels

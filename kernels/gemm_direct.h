@@ -46,11 +46,14 @@ namespace kernels {
 bool GemmPackedBDirectSupported();
 
 // c = alpha * a * b + beta * c with Gemm's contract for alpha and beta (beta == 0 does not read
-// c; b.k == 0 or alpha == 0 gives c = beta * c). Shapes: a [m, b.k], c [m, b.n]. No scratch,
-// no allocation, single-threaded. Returns false, with c untouched, when
+// c; b.k == 0 or alpha == 0 gives c = beta * c), then, if bias is not null, c[i, j] += bias[j]
+// (bias [b.n], contiguous): one more rounded add per element in the last k block's store, so
+// the bits are those of the product followed by a separate pass adding the bias (a projection's
+// bias without a pass over its output). Shapes: a [m, b.k], c [m, b.n]. No scratch, no
+// allocation, single-threaded. Returns false, with c untouched, when
 // GemmPackedBDirectSupported() is false. Shape mismatches are programming errors: debug asserts.
 bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                       const MatrixView& c);
+                       const MatrixView& c, const float* bias = nullptr);
 
 }  // namespace kernels
 }  // namespace mha

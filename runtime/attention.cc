@@ -1474,8 +1474,7 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
     }
     const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
     GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), c,
-                gemm_scratch);
-    if (b_o != nullptr) kernels::AddBiasRows(out, rows, E, sh.out_layout.token, b_o);
+                gemm_scratch, b_o);
   });
 }
 
@@ -1626,8 +1625,8 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
                        static_cast<ptrdiff_t>(hd), 1};
     GemmWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd), c,
-                static_cast<uint8_t*>(scratch) + worker * scratch_stride);
-    if (bs[kind] != nullptr) kernels::AddBiasRows(dst, x.tokens, hd, hd, bs[kind] + h * hd);
+                static_cast<uint8_t*>(scratch) + worker * scratch_stride,
+                bs[kind] != nullptr ? bs[kind] + h * hd : nullptr);
     if (kind > 0) {
       int64_t p = sh.S;
       const float* extra = kind == 1 ? m.bias_k : m.bias_v;

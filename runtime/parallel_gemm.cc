@@ -1,6 +1,7 @@
 #include "runtime/parallel_gemm.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
@@ -46,22 +47,36 @@ bool UsesDirect(size_t rows) {
 
 size_t PrepackedMinRows() { return kernels::GemmPackedBDirectSupported() ? 1 : kPrepackedMinRows; }
 
+namespace {
+
+// c += bias on every row (c.col_stride 1), if bias is not null.
+void AddBias(const kernels::MatrixView& c, const float* bias) {
+  if (bias == nullptr) return;
+  assert(c.col_stride == 1 && "bias needs unit column stride");
+  kernels::AddBiasRows(c.data, c.rows, c.cols, c.row_stride, bias);
+}
+
+}  // namespace
+
 void MultiplyPacked(bool direct, const kernels::MatrixView& a, const kernels::PackedB& b,
-                    const kernels::MatrixView& c, void* scratch) {
-  if (!direct || !kernels::GemmPackedBDirect(1.0f, a, b, 0.0f, c)) {
-    kernels::GemmPackedB(1.0f, a, b, 0.0f, c, scratch);
-  }
+                    const kernels::MatrixView& c, void* scratch, const float* bias) {
+  if (direct && kernels::GemmPackedBDirect(1.0f, a, b, 0.0f, c, bias)) return;
+  kernels::GemmPackedB(1.0f, a, b, 0.0f, c, scratch);
+  AddBias(c, bias);
 }
 
 void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
-                 const kernels::MatrixView& c, void* scratch) {
+                 const kernels::MatrixView& c, void* scratch, const float* bias) {
   if (UsesPrepacked(weights, a.rows, a.cols, out)) {
-    MultiplyPacked(UsesDirect(a.rows), a, weights.packed, c, scratch);
-  } else if (weights.dtype == DType::kF32) {
+    MultiplyPacked(UsesDirect(a.rows), a, weights.packed, c, scratch, bias);
+    return;
+  }
+  if (weights.dtype == DType::kF32) {
     kernels::Gemm(1.0f, a, WeightT(weights, out, a.cols), 0.0f, c, scratch);
   } else {
     kernels::GemmHalfB(1.0f, a, HalfWeightT(weights, out, a.cols), 0.0f, c, scratch);
   }
+  AddBias(c, bias);
 }
 
 PanelShape PanelsOf(const GemmJob& job) {
@@ -203,18 +218,19 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     const kernels::MatrixView a_blk = a.Block(p.r0, 0, p.nr, a.cols);
     const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
+    const float* const bias = job.bias != nullptr ? job.bias + p.c0 : nullptr;
     if (shared[j]) {
-      MultiplyPacked(direct[j], a_blk, packing[j].Columns(p.c0, p.nc), c_blk, own_scratch);
-    } else if (job.b_half.data != nullptr) {
+      MultiplyPacked(direct[j], a_blk, packing[j].Columns(p.c0, p.nc), c_blk, own_scratch, bias);
+      return;
+    }
+    if (job.b_half.data != nullptr) {
       kernels::GemmHalfB(1.0f, a_blk, job.b_half.Block(0, p.c0, job.b_half.rows, p.nc), 0.0f,
                          c_blk, own_scratch);
     } else {
       kernels::Gemm(1.0f, a_blk, job.b.Block(0, p.c0, job.b.rows, p.nc), 0.0f, c_blk,
                     own_scratch);
     }
-    if (job.bias != nullptr) {
-      kernels::AddBiasRows(c_blk.data, p.nr, p.nc, c_blk.row_stride, job.bias + p.c0);
-    }
+    AddBias(c_blk, bias);
   });
 }
 

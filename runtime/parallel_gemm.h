@@ -87,10 +87,13 @@ bool UsesDirect(size_t rows);
 // row), else kPrepackedMinRows.
 size_t PrepackedMinRows();
 
-// c = a * b for packed b: kernels::GemmPackedBDirect if `direct`, else kernels::GemmPackedB
-// (scratch: kernels::GemmScratchBytes(), used by GemmPackedB only).
+// c = a * b (+ bias [c.cols], added to every row, if not null) for packed b:
+// kernels::GemmPackedBDirect if `direct` (the bias added in its stores), else
+// kernels::GemmPackedB and kernels::AddBiasRows (scratch: kernels::GemmScratchBytes(), used by
+// GemmPackedB only). The same bits either way the bias is added. c.col_stride must be 1 when
+// bias is given.
 void MultiplyPacked(bool direct, const kernels::MatrixView& a, const kernels::PackedB& b,
-                    const kernels::MatrixView& c, void* scratch);
+                    const kernels::MatrixView& c, void* scratch, const float* bias = nullptr);
 
 // The prepacking of `weights` if it packs exactly w^T [in, out] (all of the matrix), else empty.
 inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t out) {
@@ -104,11 +107,12 @@ inline bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, s
   return rows >= PrepackedMinRows() && PackingOf(weights, in, out).data != nullptr;
 }
 
-// c = a * w^T for w = rows [0, out) of `weights` with `in` = a.cols columns: the prepacked
-// weights (UsesPrepacked), kernels::Gemm, or kernels::GemmHalfB for 16-bit weights.
-// Single-threaded; scratch as kernels::Gemm's.
+// c = a * w^T (+ bias [out] on every row, if not null) for w = rows [0, out) of `weights` with
+// `in` = a.cols columns: the prepacked weights (UsesPrepacked, MultiplyPacked), kernels::Gemm,
+// or kernels::GemmHalfB for 16-bit weights. Single-threaded; scratch as kernels::Gemm's.
+// c.col_stride must be 1 when bias is given.
 void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
-                 const kernels::MatrixView& c, void* scratch);
+                 const kernels::MatrixView& c, void* scratch, const float* bias = nullptr);
 
 // One product c = a * b (+ bias per column), repeated over `batches` with element offsets
 // a_batch_stride / c_batch_stride between batches (b and bias are shared).

@@ -1046,6 +1046,50 @@ TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
   });
 }
 
+// GemmPackedBDirect's bias (gemm_direct.h): c = (alpha a b + beta c) + bias[j], bitwise the
+// product followed by a separate add, on every target where the kernel runs: k across KC blocks
+// (the bias is added once, after the last one), n ending mid-vector, c row-major (whole-vector
+// stores) and column-major (lane-buffer stores), beta 0 and 1, k = 0.
+TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
+  const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
+  const size_t shapes[][3] = {{1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}};
+  test::ForEachTarget([&](const char* target) {
+    if (!GemmPackedBDirectSupported()) return;
+    std::mt19937 rng(44);
+    for (const auto& sh : shapes) {
+      const size_t m = sh[0], n = sh[1], k = sh[2];
+      const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 2, rng);
+      const Buffer b = RandomBuffer(k, n, Layout::kRowMajor, 0, 1, rng);
+      const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
+      PackedBuffer packed(PackedBFloats(k, n));
+      const PackedB pb = PackB(b.view, packed.data);
+      for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
+        const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
+        for (const float beta : {0.0f, 1.0f}) {
+          for (const size_t kk : {k, size_t{0}}) {
+            const PackedB operand = pb.LeadingRows(kk);
+            const MatrixView a_used = a.view.Block(0, 0, m, kk);
+            Buffer fused = c, separate = c;
+            ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, fused.view, bias.view.data));
+            ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, separate.view));
+            for (size_t i = 0; i < m; ++i) {
+              for (size_t j = 0; j < n; ++j) {
+                separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
+                                   static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
+                    bias.at(0, j);
+              }
+            }
+            EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
+                                     fused.storage.size() * sizeof(float)))
+                << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
+                << " beta " << beta;
+          }
+        }
+      }
+    }
+  });
+}
+
 // PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
 // packing of those rows alone would: bitwise, through GemmPackedB, GemmPacked and (on every
 // target where it runs) GemmPackedBDirect, for kk inside the first KC block, at its end and in a
