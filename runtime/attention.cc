@@ -59,7 +59,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 struct OnlineScratch {
-  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, packed_q = 0, acc_rows = 0;
+  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, q_rows = 0, acc_rows = 0;
   size_t total = 0;
 };
 
@@ -833,8 +833,9 @@ size_t OnlineStripRows() {
 // The online path's per-worker scratch (after the GEMM packing buffer), byte offsets: scores
 // [OnlineStripRows(), key_block], row max and sum [query_block] (unused when chunked: the state
 // lives in the workspace), K^T of one key block packed [hd, key_block], V packed [key_block, hd],
-// the query block's Q rows packed (PackA of [query_block, hd]; none where the scores product
-// reads Q in place, see OnlineReadsQInPlace) and its running output [query_block, hd].
+// the query block's Q rows (copied [query_block, hd] where the scores product runs the direct
+// kernel, see OnlineReadsQInPlace, else packed: PackA of [query_block, hd]) and its running
+// output [query_block, hd].
 OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   OnlineScratch l;
   size_t off = Bytes(OnlineStripRows() * ws.key_block);
@@ -846,8 +847,9 @@ OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   off += Bytes(kernels::PackedBFloats(hd, ws.key_block));
   l.packed_v = off;
   off += Bytes(kernels::PackedBFloats(ws.key_block, hd));
-  l.packed_q = off;
-  if (!OnlineReadsQInPlace()) off += Bytes(kernels::PackedAFloats(ws.query_block, hd));
+  l.q_rows = off;
+  off += Bytes(OnlineReadsQInPlace() ? ws.query_block * hd
+                                     : kernels::PackedAFloats(ws.query_block, hd));
   l.acc_rows = off;
   off += Bytes(ws.query_block * hd);
   l.total = off;
@@ -1316,10 +1318,14 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       full_rows(n, h, q0, rows, w, sh.w_stride[2], worker, blk);
       return;
     }
-    // Online softmax over key blocks. The block's Q rows are the scores product's a operand,
-    // read in place by the direct micro-kernel (OnlineReadsQInPlace), or else packed once for the
-    // task (PackA: MR-row micro-panels, which its strips read by row range) instead of once per
-    // key block and strip; its running output is copied into a
+    // Online softmax over key blocks. The block's Q rows are the scores product's a operand:
+    // copied once for the task into a contiguous [rows, hd] buffer that the direct micro-kernel
+    // reads in place (OnlineReadsQInPlace), or else packed once (PackA: MR-row micro-panels,
+    // which its strips read by row range) instead of once per key block and strip. The copy
+    // matters at long lengths, where a strip rereads its rows once per key block: rows of the
+    // [tokens, 3E] buffer are 12 KiB apart at E = 1024, all in the same L1 sets
+    // ((1, 2048, 1024, 16): scores stage 53.0 ms in place, 49.5 with PackA, ~50 copied). Its
+    // running output is likewise copied into a
     // contiguous [rows, hd] buffer in the worker's scratch: the strips then read, scale and
     // accumulate rows at a stride of hd floats in L2 instead of rows of the [tokens, E] buffers
     // (a multiple of 4 KiB apart, L3 or memory at long lengths) once per key block.
@@ -1338,7 +1344,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     float* row_sum = reinterpret_cast<float*>(scratch + os.row_sum);
     float* const packed_k = reinterpret_cast<float*>(scratch + os.packed_k);
     float* const packed_v = reinterpret_cast<float*>(scratch + os.packed_v);
-    float* const packed_q = reinterpret_cast<float*>(scratch + os.packed_q);
+    float* const q_rows = reinterpret_cast<float*>(scratch + os.q_rows);
     if (ws.chunked) {
       const int64_t state = (n * H + h) * L + q0;
       row_max = reinterpret_cast<float*>(base + ws.row_max) + state;
@@ -1357,10 +1363,16 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
                          static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
     int64_t t0 = now();
     kernels::PackedA qp{};
-    if (!direct) {
-      qp = kernels::PackA(q_view(n, h, q0, rows), packed_q);
-      record(t0, worker, Stage::kScores, n, h, blk);
+    const MatrixView q{q_rows, rows, static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
+    if (direct) {
+      const MatrixView src = q_view(n, h, q0, rows);
+      for (size_t r = 0; r < rows; ++r) {
+        std::memcpy(q.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
+      }
+    } else {
+      qp = kernels::PackA(q_view(n, h, q0, rows), q_rows);
     }
+    record(t0, worker, Stage::kScores, n, h, blk);
     t0 = now();
     for (size_t r = 0; r < rows; ++r) {
       if (keys.first) {
@@ -1400,7 +1412,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
         if (direct) {
-          kernels::GemmPackedBDirect(scale, q_view(n, h, q0 + r0, sr), k_cols, 0.0f, s_view);
+          kernels::GemmPackedBDirect(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
         } else {
           kernels::GemmPacked(scale, qp.Rows(r0, sr), k_cols, 0.0f, s_view);
         }
