@@ -5,7 +5,7 @@
 //
 // Why: kernels::GemmPackedB packs a (MR-tall micro-panels) on every call and then calls BLIS's
 // micro-kernel per MR x NR tile. For the products whose b is packed once for many calls
-// (prepacked projection weights, attention's per-key-block V) a is a few rows: packing it
+// (prepacked projection weights, attention's per-key-block K^T and V) a is a few rows: packing it
 // costs as much as a good share of the product, and BLIS pads the last row tile to MR rows
 // (16 rows run as 18 on MR 6). One thread, AVX2, Zen 3 class, b in cache, best of 7 x 200
 // calls (a throwaway loop, interleaved): [16, 256] x [256, 768] 98.7 GFLOP/s here against 84.3
