@@ -815,13 +815,14 @@ size_t Bytes(size_t floats) {
   return r;
 }
 
-// Whether the online path's two products per strip run on kernels::GemmPackedBDirect, reading
-// Q and P where they lie (no PackA of the task's Q rows, no packing of P per strip), or on BLIS
-// micro-kernels through GemmPacked (Q packed once per task) and GemmPackedB. Fixed per process
-// (the dispatched target and BLIS's configuration). (1, 128, 512, 8) causal, 2 threads,
-// mha-bench --breakdown: the scores stage (PackA included) took 0.095 ms per forward with Q
-// packed, 0.085 ms read in place (0.068 ms with the causal strips below).
-bool OnlineReadsQInPlace() { return kernels::GemmPackedBDirectSupported(); }
+// Whether the online path's two products per strip run on kernels::GemmPackedBDirect, which
+// reads its a operand as it lies: the task's Q rows (a contiguous copy, no PackA) and the
+// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through GemmPacked
+// (Q packed once per task) and GemmPackedB. Fixed per process (the dispatched target and BLIS's
+// configuration). (1, 128, 512, 8) causal, 2 threads, mha-bench --breakdown: the scores stage
+// (PackA included) took 0.095 ms per forward with Q packed, 0.085 ms on the direct kernel
+// (0.068 ms with the causal strips below).
+bool OnlineUsesDirectKernel() { return kernels::GemmPackedBDirectSupported(); }
 
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
 // micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
@@ -834,7 +835,7 @@ size_t OnlineStripRows() {
 // [OnlineStripRows(), key_block], row max and sum [query_block] (unused when chunked: the state
 // lives in the workspace), K^T of one key block packed [hd, key_block], V packed [key_block, hd],
 // the query block's Q rows (copied [query_block, hd] where the scores product runs the direct
-// kernel, see OnlineReadsQInPlace, else packed: PackA of [query_block, hd]) and its running
+// kernel, see OnlineUsesDirectKernel, else packed: PackA of [query_block, hd]) and its running
 // output [query_block, hd].
 OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   OnlineScratch l;
@@ -848,8 +849,8 @@ OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
   l.packed_v = off;
   off += Bytes(kernels::PackedBFloats(ws.key_block, hd));
   l.q_rows = off;
-  off += Bytes(OnlineReadsQInPlace() ? ws.query_block * hd
-                                     : kernels::PackedAFloats(ws.query_block, hd));
+  off += Bytes(OnlineUsesDirectKernel() ? ws.query_block * hd
+                                        : kernels::PackedAFloats(ws.query_block, hd));
   l.acc_rows = off;
   off += Bytes(ws.query_block * hd);
   l.total = off;
@@ -1304,7 +1305,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     return;
   }
 
-  const bool direct = OnlineReadsQInPlace();
+  const bool direct = OnlineUsesDirectKernel();
   ctx.pool().ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
     const int64_t blk = task % q_blocks;
     const int64_t h = (task / q_blocks) % H;
@@ -1320,7 +1321,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     }
     // Online softmax over key blocks. The block's Q rows are the scores product's a operand:
     // copied once for the task into a contiguous [rows, hd] buffer that the direct micro-kernel
-    // reads in place (OnlineReadsQInPlace), or else packed once (PackA: MR-row micro-panels,
+    // reads in place (OnlineUsesDirectKernel), or else packed once (PackA: MR-row micro-panels,
     // which its strips read by row range) instead of once per key block and strip. The copy
     // matters at long lengths, where a strip rereads its rows once per key block: rows of the
     // [tokens, 3E] buffer are 12 KiB apart at E = 1024, all in the same L1 sets

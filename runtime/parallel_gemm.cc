@@ -178,12 +178,8 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       direct[j] = UsesDirect(job.c.rows);
     } else if (packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes) {
       shared[j] = true;
-      packing[j] = {reinterpret_cast<const float*>(packed + used),
-                    job.b.rows,
-                    job.b.cols,
-                    job.b.cols,
-                    0,
-                    job.b.rows};
+      const float* const dst = reinterpret_cast<const float*>(packed + used);
+      packing[j] = {dst, job.b.rows, job.b.cols, job.b.cols, 0, job.b.rows};
       used += bytes;
       packs = CeilDiv(job.c.cols, packed_panel.cols);
       panels[j] = packed_panel;
