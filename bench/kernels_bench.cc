@@ -3,7 +3,9 @@
 //   the best target and (one length) on every target this CPU supports;
 // - the 16-bit conversions (kernels/elementwise.h);
 // - GEMM (kernels/gemm.h) for the scores Q K^T, the weighted sum P V and an input projection,
-//   and a projection split into ParallelGemm's panels with and without the weights packed once.
+//   and a projection split into ParallelGemm's panels with and without the weights packed once;
+//   products by a packed operand through BLIS's micro-kernel and mha's direct one
+//   (kernels/gemm_direct.h) at the operator's shapes.
 //
 // Units: items/s counts elements (softmax: scores; conversions: values); bytes/s counts one read
 // and one write of each element (the kernel's minimum traffic; softmax actually makes three
@@ -24,6 +26,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_direct.h"
 #include "kernels/softmax.h"
 #include "kernels/targets.h"
 #include "runtime/parallel_gemm.h"
@@ -193,6 +196,13 @@ std::unique_ptr<void, FreeDeleter> GemmScratch() {
   return std::unique_ptr<void, FreeDeleter>(std::aligned_alloc(a, bytes));
 }
 
+// An aligned buffer for kernels::PackB of a [k, n] operand (null if it cannot be allocated).
+std::unique_ptr<void, FreeDeleter> PackedBuffer(size_t k, size_t n) {
+  const size_t a = kernels::kGemmScratchAlignment;
+  const size_t bytes = (kernels::PackedBFloats(k, n) * sizeof(float) + a - 1) / a * a;
+  return std::unique_ptr<void, FreeDeleter>(std::aligned_alloc(a, bytes));
+}
+
 MatrixView RowMajor(std::vector<float>& v, size_t rows, size_t cols) {
   return MatrixView{v.data(), rows, cols, static_cast<ptrdiff_t>(cols), 1};
 }
@@ -258,10 +268,7 @@ void BM_GemmPackedStrip(benchmark::State& state) {
   const size_t k = pv ? keys : kHeadDim, n = pv ? kHeadDim : keys;
   const MatrixView b =
       pv ? RowMajor(kv, keys, kHeadDim) : RowMajor(kv, keys, kHeadDim).Transposed();
-  const size_t a_align = kernels::kGemmScratchAlignment;
-  const size_t packed_bytes =
-      (kernels::PackedBFloats(k, n) * sizeof(float) + a_align - 1) / a_align * a_align;
-  std::unique_ptr<void, FreeDeleter> packed(std::aligned_alloc(a_align, packed_bytes));
+  const auto packed = PackedBuffer(k, n);
   if (!scratch || !packed) {
     state.SkipWithError("cannot allocate GEMM scratch");
     return;
@@ -280,6 +287,55 @@ void BM_GemmPackedStrip(benchmark::State& state) {
   state.SetLabel(pv ? "P V" : "Q K^T");
 }
 BENCHMARK(BM_GemmPackedStrip)->Arg(0)->Arg(1);
+
+// A product by an operand packed once (kernels::PackB, outside the timed loop): range(3) = 0
+// through BLIS's micro-kernel (kernels::GemmPackedB, which packs a per call), 1 through mha's
+// direct micro-kernel (kernels::GemmPackedBDirect, a read in place; skipped where it cannot run).
+// Shapes (m, k, n) = range(0..2), from the operator: a 128-token projection [128, 512] x
+// [512, 512], a 16-token one [16, 256] x [256, 768], a strip's scores [24, 64] x [64, 128] and
+// its probabilities times V [24, 512] x [512, 64], and [64, 64] x [64, 512]. Both kernels of a
+// shape run in the same process, so their ratio is the kernels' (the throwaway loops quoted in
+// kernels/gemm_direct.h and README's Performance measured these shapes the same way).
+void BM_GemmPackedOperand(benchmark::State& state) {
+  const size_t m = static_cast<size_t>(state.range(0)), k = static_cast<size_t>(state.range(1));
+  const size_t n = static_cast<size_t>(state.range(2));
+  const bool direct = state.range(3) == 1;
+  kernels::GemmInit();
+  if (direct && !kernels::GemmPackedBDirectSupported()) {
+    state.SkipWithError("GemmPackedBDirect does not run on this target / BLIS configuration");
+    return;
+  }
+  const auto scratch = GemmScratch();
+  std::vector<float> a = RandomFloats(m * k, -1.0f, 1.0f, 16);
+  std::vector<float> b = RandomFloats(k * n, -1.0f, 1.0f, 17);
+  std::vector<float> c(m * n);
+  const auto packed = PackedBuffer(k, n);
+  if (!scratch || !packed) {
+    state.SkipWithError("cannot allocate GEMM scratch");
+    return;
+  }
+  const kernels::PackedB pb = kernels::PackB(RowMajor(b, k, n), static_cast<float*>(packed.get()));
+  const MatrixView av = RowMajor(a, m, k), cv = RowMajor(c, m, n);
+  for (auto _ : state) {
+    if (direct) {
+      kernels::GemmPackedBDirect(1.0f, av, pb, 0.0f, cv);
+    } else {
+      kernels::GemmPackedB(1.0f, av, pb, 0.0f, cv, scratch.get());
+    }
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(m * n * k);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+  state.SetLabel(direct ? "GemmPackedBDirect" : "GemmPackedB (BLIS)");
+}
+BENCHMARK(BM_GemmPackedOperand)
+    ->ArgsProduct({{128}, {512}, {512}, {0, 1}})
+    ->ArgsProduct({{16}, {256}, {768}, {0, 1}})
+    ->ArgsProduct({{24}, {64}, {128}, {0, 1}})
+    ->ArgsProduct({{24}, {512}, {64}, {0, 1}})
+    ->ArgsProduct({{64}, {64}, {512}, {0, 1}});
 
 // Packed input projection: X [512 tokens, E = 512] x W^T [512, 3 E = 1536] (W stored
 // [1536, 512] as nn.Linear, read through a transposed view).
