@@ -78,10 +78,11 @@ constexpr size_t kKeyBlock = 512;
 // task is a whole head, where 512-row blocks packed every key block four times (PackB: ~3% of
 // the forward's CPU time in a perf profile). Without a causal mask every row runs the same key
 // blocks and rows are independent (GemmPackedB's rows, per-row softmax), so this split may
-// follow the thread count without changing any result. Causal blocks run the key blocks up to
-// their last row, so their split must not: kCausalQueryBlock rows on the chunked path, 64 rows
-// otherwise (see PlanWorkspace). 512 rows measured ~2% less time than 256 at (1, 8192, 1024,
-// 16) (mha-bench, 2 threads, alternated runs: 2578 / 2419 -> 2552 / 2365 ms).
+// follow the thread count without changing any result. So may a causal one: its strips stop at
+// their own last row (RunAttention), so a row's work depends only on the strip grid, which
+// query blocks that are multiples of OnlineStripRows() keep fixed. The chunked path's causal
+// blocks are kCausalQueryBlock rows: 512 measured ~2% less time than 256 at (1, 8192, 1024, 16)
+// (mha-bench, 2 threads, alternated runs: 2578 / 2419 -> 2552 / 2365 ms).
 constexpr size_t kMinOnlineTasksPerThread = 4;
 constexpr size_t kMaxOnlineQueryBlock = 2048;
 constexpr size_t kCausalQueryBlock = 512;
@@ -943,23 +944,22 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // Query rows per task: the full-row path's scores block [block, S'] within
   // kScoresBlockFloats; the online path's as kMinOnlineTasksPerThread says.
   size_t qb = kCausalQueryBlock;
-  if (ws->online && !sh.causal) {
+  if (ws->online && !(sh.causal && ws->chunked)) {
+    // Causal too: 64-row blocks, which skipped most of the masked triangle before the strips
+    // stopped at their own last row, now only pack each head's K^T and V more often
+    // (mha-bench --causal, 2 threads, alternated: (1, 2048, 1024, 16) 163.2 / 163.6 ->
+    // 152.2 / 153.1 ms, (4, 1024, 512, 8) 81.0 / 80.9 -> 77.4 / 77.5 ms).
     const size_t heads = std::max<size_t>(N * H, 1);
     const size_t blocks =
         std::max<size_t>((kMinOnlineTasksPerThread * threads + heads - 1) / heads, 1);
-    qb = std::min(kMaxOnlineQueryBlock,
-                  ((L + blocks - 1) / blocks + kStripRows - 1) / kStripRows * kStripRows);
-    qb = std::max(qb, kStripRows);
+    const size_t strip = OnlineStripRows();
+    qb = std::min(kMaxOnlineQueryBlock, ((L + blocks - 1) / blocks + strip - 1) / strip * strip);
+    qb = std::max(qb, strip);
   } else if (!ws->online) {
     qb = std::min(std::max(kScoresBlockFloats / std::max<size_t>(St, 1), kMinQueryBlock),
                   kMaxQueryBlock) /
          8 * 8;
   }
-  // Causal blocks compute keys up to their last row only: smaller blocks skip more of the
-  // masked upper triangle (64 rows: ~56% of the full product at L = S = 512, vs 75% at 256).
-  // The chunked path keeps its full blocks: at the lengths it runs (thousands of queries) a causal
-  // diagonal block adds a few percent at most.
-  if (sh.causal && !ws->chunked) qb = std::min<size_t>(qb, 64);
   if (sh.need_weights && sh.average) {
     // Averaged weights run one task per (batch, query block) with all heads inside it: split
     // the queries so that there are at least kMinAverageTasks tasks when L allows, with blocks of
@@ -1307,7 +1307,10 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
 
   const bool direct = OnlineUsesDirectKernel();
   ctx.pool().ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
-    const int64_t blk = task % q_blocks;
+    // Causal blocks cost more the later they start: each head's run from its last block down,
+    // so the tasks left for stealing at the end of a worker's range are its cheapest.
+    const int64_t blk = causal ? q_blocks - 1 - static_cast<int64_t>(task % q_blocks)
+                               : static_cast<int64_t>(task % q_blocks);
     const int64_t h = (task / q_blocks) % H;
     const int64_t n = task / (q_blocks * H);
     const int64_t q0 = blk * qb;
