@@ -369,8 +369,10 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
     }
   }
 
-  if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff) {
-    return InvalidArgument(std::string(op) + "prepack: expected kOn (0) or kOff (1), got " +
+  if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff &&
+      config.prepack != WeightPrepack::kPlain) {
+    return InvalidArgument(std::string(op) +
+                           "prepack: expected kOn (0), kOff (1) or kPlain (2), got " +
                            Str(static_cast<int>(config.prepack)));
   }
 
@@ -531,26 +533,43 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
 }
 
 void LayerWeights::Prepack() {
-  if (config.prepack != WeightPrepack::kOn || config.weight_dtype != DType::kF32 ||
+  if (config.prepack == WeightPrepack::kOff || config.weight_dtype != DType::kF32 ||
       !kernels::GemmBlocking().prefers_rows) {
     return;
   }
   // w^T [in, out] of each matrix, one after the other (PackedBFloats keeps each 64-byte aligned).
   WeightMatrix* const mats[4] = {&w_q, &w_k, &w_v, &w_o};
   const int64_t ins[4] = {qd, kd, vd, E}, outs[4] = {E, kvE, kvE, E};
-  size_t floats = 0;
-  for (int i = 0; i < 4; ++i) floats += kernels::PackedBFloats(ins[i], outs[i]);
+  const bool strassen = config.prepack == WeightPrepack::kOn;
+  size_t floats = 0, strassen_floats = 0, tmp_floats = 0;
+  for (int i = 0; i < 4; ++i) {
+    floats += kernels::PackedBFloats(ins[i], outs[i]);
+    if (strassen && StrassenPacks(ins[i], outs[i])) {
+      strassen_floats += kernels::StrassenPackedBFloats(ins[i], outs[i]);
+      tmp_floats = std::max(tmp_floats, kernels::StrassenPackTmpFloats(ins[i], outs[i]));
+    }
+  }
   constexpr size_t kAlignFloats = kernels::kGemmScratchAlignment / sizeof(float);
+  const auto aligned = [](std::vector<float>& v) {
+    float* p = v.data();
+    return p + (kAlignFloats - reinterpret_cast<uintptr_t>(p) / sizeof(float) % kAlignFloats) %
+                   kAlignFloats;
+  };
   prepacked.assign(floats + kAlignFloats, 0.0f);
-  float* dst = prepacked.data();
-  dst += (kAlignFloats - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % kAlignFloats) %
-         kAlignFloats;
+  float* dst = aligned(prepacked);
+  std::vector<float> tmp(tmp_floats);
+  if (strassen_floats > 0) strassen_packed.assign(strassen_floats + kAlignFloats, 0.0f);
+  float* sdst = strassen_floats > 0 ? aligned(strassen_packed) : nullptr;
   for (int i = 0; i < 4; ++i) {
     const kernels::MatrixView wt{const_cast<float*>(static_cast<const float*>(mats[i]->data)),
                                  static_cast<size_t>(ins[i]), static_cast<size_t>(outs[i]), 1,
                                  static_cast<ptrdiff_t>(ins[i])};
     mats[i]->packed = kernels::PackB(wt, dst);
     dst += kernels::PackedBFloats(ins[i], outs[i]);
+    if (strassen && StrassenPacks(ins[i], outs[i])) {
+      mats[i]->strassen = kernels::PackBStrassen(wt, sdst, tmp.data());
+      sdst += kernels::StrassenPackedBFloats(ins[i], outs[i]);
+    }
   }
 }
 

@@ -41,9 +41,13 @@ struct LayerWeights {
   // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
   // fused projection runs as three products into the column ranges of its buffer.
   std::vector<float> prepacked;
+  // config.prepack kOn: the Strassen operands of the matrices StrassenPacks() takes (their
+  // `strassen` members point here; empty when none).
+  std::vector<float> strassen_packed;
 
-  // Fills `prepacked` and the matrices' `packed` when config.prepack applies (f32 weights, a
-  // micro-kernel that prefers row-major C). Called once by Create after the weights are bound.
+  // Fills `prepacked`, `strassen_packed` and the matrices' `packed` / `strassen` when
+  // config.prepack applies (f32 weights, a micro-kernel that prefers row-major C). Called once by
+  // Create after the weights are bound.
   void Prepack();
 };
 

@@ -143,10 +143,10 @@ Status CheckBool(int32_t v, const char* name) {
 }
 
 Status CheckPrepack(int32_t v, const char* name) {
-  if (v != MHA_PREPACK_ON && v != MHA_PREPACK_OFF) {
+  if (v != MHA_PREPACK_ON && v != MHA_PREPACK_OFF && v != MHA_PREPACK_PLAIN) {
     return InvalidArgument(std::string(name) +
-                           ": expected MHA_PREPACK_ON (0) or "
-                           "MHA_PREPACK_OFF (1), got " +
+                           ": expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1) or "
+                           "MHA_PREPACK_PLAIN (2), got " +
                            std::to_string(v));
   }
   return Status::Ok();

@@ -32,6 +32,7 @@ kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in
 
 void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
   b_packed = PackingOf(w, in, out);
+  b_strassen = b_packed.data != nullptr ? StrassenOf(w, in, out) : kernels::StrassenPackedB{};
   if (w.dtype == DType::kF32) {
     b = WeightT(w, out, in);
     b_half = {};
@@ -43,6 +44,12 @@ void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
 
 bool UsesDirect(size_t rows) {
   return rows <= kDirectMaxRows && kernels::GemmPackedBDirectSupported();
+}
+
+bool StrassenPacks(size_t in, size_t out) {
+  const size_t nr = kernels::GemmBlocking().nr;
+  return in >= kStrassenMinDepth && in % 2 == 0 && out >= kStrassenMinCols && out % (2 * nr) == 0 &&
+         kernels::GemmBlocking().prefers_rows && kernels::GemmPackedBDirectSupported();
 }
 
 size_t PrepackedMinRows() { return kernels::GemmPackedBDirectSupported() ? 1 : kPrepackedMinRows; }
@@ -109,6 +116,44 @@ PanelShape PrepackedPanelsOf(const GemmJob& job) {
   return panel;
 }
 
+namespace {
+
+// The job as its Strassen panels see it: c's columns are those of one half.
+GemmJob HalfColumns(const GemmJob& job) {
+  GemmJob half = job;
+  half.c.cols = job.b_strassen.half_n();
+  return half;
+}
+
+constexpr size_t kStrassenPanelCols[] = {512, 256, 128, 64};
+
+}  // namespace
+
+// Floats of a worker's scratch for Strassen panels of depth k: a's sums for kStrassenPanelRows
+// rows, then one partial product of the widest panel.
+size_t StrassenScratchFloats(size_t k) {
+  return kernels::StrassenSumsFloats(kStrassenPanelRows, k) +
+         kernels::StrassenProductScratchFloats(kStrassenPanelRows, kStrassenPanelCols[0]);
+}
+
+bool UsesStrassen(const GemmJob& job) {
+  if (job.b_strassen.empty() || job.b_packed.data == nullptr || job.c.rows < kStrassenMinRows) {
+    return false;
+  }
+  return StrassenScratchFloats(job.a.cols) * sizeof(float) <= kernels::GemmScratchBytes();
+}
+
+PanelShape StrassenPanelsOf(const GemmJob& job) {
+  const size_t nr = kernels::GemmBlocking().nr;
+  const GemmJob half = HalfColumns(job);
+  PanelShape panel{kStrassenPanelRows, 0};
+  for (size_t w : kStrassenPanelCols) {
+    panel.cols = std::max(nr, w / nr * nr);
+    if (PanelTasks(half, panel) >= kMinPrepackedTasks) break;
+  }
+  return panel;
+}
+
 PanelShape PackedPanelsOf() {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
   return {blk.mc, std::max(blk.nr, kLargePanelCols / blk.nr * blk.nr)};
@@ -149,6 +194,57 @@ PanelTask PanelTaskOf(const GemmJob& job, const PanelShape& panel, uint64_t t) {
   return p;
 }
 
+// Which rows of which a a worker's scratch holds Strassen sums of (StrassenSumsOfA), valid
+// within one ParallelGemm call: a's are not written during a call, and any other use of the
+// scratch (a BLIS product packs into it) clears it.
+struct SumsCache {
+  const float* data = nullptr;
+  size_t rows = 0, cols = 0;
+  ptrdiff_t row_stride = 0;
+  kernels::StrassenA sums;
+};
+
+// Panel task `t` of a Strassen job (StrassenPanelsOf, tasks over the left half's columns): rows
+// [r0, r0 + nr) of c's columns [c0, c0 + nc) and [n/2 + c0, n/2 + c0 + nc). The even rows run
+// kernels::GemmStrassenPackedB when there are kStrassenMinPanelRows of them, with a's sums
+// reused from the worker's previous task when it had the same rows of the same a (the column
+// panels of one product, and q, k, v of one input); the rest (an odd last row, or a short
+// panel) the plain product by b_packed's same columns.
+void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t, bool direct,
+                      uint8_t* scratch, SumsCache* cache) {
+  const PanelTask p = PanelTaskOf(HalfColumns(job), panel, t);
+  const size_t n2 = job.b_strassen.half_n();
+  kernels::MatrixView a = job.a;
+  a.data += static_cast<ptrdiff_t>(p.batch) * job.a_batch_stride;
+  kernels::MatrixView c = job.c;
+  c.data += static_cast<ptrdiff_t>(p.batch) * job.c_batch_stride;
+  const float* const bias_left = job.bias != nullptr ? job.bias + p.c0 : nullptr;
+  const float* const bias_right = job.bias != nullptr ? job.bias + n2 + p.c0 : nullptr;
+  float* const sums = reinterpret_cast<float*>(scratch);
+  float* const product = sums + kernels::StrassenSumsFloats(kStrassenPanelRows, a.cols);
+  size_t done = 0;
+  const size_t even = p.nr / 2 * 2;
+  if (even >= kStrassenMinPanelRows && kernels::GemmPackedBDirectSupported()) {
+    const kernels::MatrixView a_even = a.Block(p.r0, 0, even, a.cols);
+    if (cache->data != a_even.data || cache->rows != even || cache->cols != a.cols ||
+        cache->row_stride != a.row_stride) {
+      cache->sums = kernels::StrassenSumsOfA(a_even, sums);
+      *cache = {a_even.data, even, a.cols, a.row_stride, cache->sums};
+    }
+    kernels::GemmStrassenPackedB(
+        cache->sums, job.b_strassen.Columns(p.c0, p.nc), c.Block(p.r0, p.c0, even, p.nc),
+        c.Block(p.r0, n2 + p.c0, even, p.nc), bias_left, bias_right, product);
+    done = even;
+  }
+  if (done == p.nr) return;
+  if (!direct) *cache = SumsCache{};  // GemmPackedB packs a into the scratch
+  const kernels::MatrixView a_rest = a.Block(p.r0 + done, 0, p.nr - done, a.cols);
+  MultiplyPacked(direct, a_rest, job.b_packed.Columns(p.c0, p.nc),
+                 c.Block(p.r0 + done, p.c0, p.nr - done, p.nc), scratch, bias_left);
+  MultiplyPacked(direct, a_rest, job.b_packed.Columns(n2 + p.c0, p.nc),
+                 c.Block(p.r0 + done, n2 + p.c0, p.nr - done, p.nc), scratch, bias_right);
+}
+
 }  // namespace
 
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
@@ -161,10 +257,14 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
   kernels::PackedB packing[kMaxJobs] = {};
   bool shared[kMaxJobs] = {false};  // packed once here or prepacked: runs MultiplyPacked
   bool direct[kMaxJobs] = {false};  // prepacked, with UsesDirect of the job's rows
+  bool strassen[kMaxJobs] = {false};  // prepacked, Strassen panels (UsesStrassen)
   PanelShape panels[kMaxJobs] = {};
   uint64_t first_pack[kMaxJobs + 1] = {0};
   uint64_t first_task[kMaxJobs + 1] = {0};
   const PanelShape packed_panel = PackedPanelsOf();
+  // Per worker (up to kCachedWorkers; more run without reuse): the Strassen sums it holds.
+  constexpr size_t kCachedWorkers = 64;
+  SumsCache caches[kCachedWorkers];
   size_t used = 0;
   for (size_t j = 0; j < n_jobs; ++j) {
     const GemmJob& job = jobs[j];
@@ -176,6 +276,8 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       packing[j] = job.b_packed;
       panels[j] = PrepackedPanelsOf(job);
       direct[j] = UsesDirect(job.c.rows);
+      strassen[j] = UsesStrassen(job);
+      if (strassen[j]) panels[j] = StrassenPanelsOf(job);
     } else if (packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes) {
       shared[j] = true;
       const float* const dst = reinterpret_cast<const float*>(packed + used);
@@ -185,7 +287,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       panels[j] = packed_panel;
     }
     first_pack[j + 1] = first_pack[j] + packs;
-    first_task[j + 1] = first_task[j] + PanelTasks(job, panels[j]);
+    first_task[j + 1] = first_task[j] + PanelTasks(strassen[j] ? HalfColumns(job) : job, panels[j]);
   }
   if (first_pack[n_jobs] > 0) {
     // Step 1: the shared packings, by column panels (each task writes its own micro-panels).
@@ -203,6 +305,15 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     size_t j = 0;
     while (task >= first_task[j + 1]) ++j;
     const GemmJob& job = jobs[j];
+    SumsCache own_cache;
+    SumsCache* const cache = worker < kCachedWorkers ? &caches[worker] : &own_cache;
+    if (strassen[j]) {
+      const TraceSpan span(trace, worker, job.stage, -1, -1, static_cast<int64_t>(task));
+      RunStrassenPanel(job, panels[j], task - first_task[j], direct[j],
+                       scratch + worker * scratch_stride, cache);
+      return;
+    }
+    *cache = SumsCache{};  // the products below may pack into the scratch
     const PanelTask p = PanelTaskOf(job, panels[j], task - first_task[j]);
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));

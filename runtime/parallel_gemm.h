@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
+#include "kernels/gemm_strassen.h"
 #include "kernels/gemv.h"
 #include "mha/types.hpp"
 #include "runtime/thread_pool.h"
@@ -48,8 +49,9 @@ struct WeightMatrix {
   WeightMatrix(const void* data_in, DType dtype_in) : data(data_in), dtype(dtype_in) {}
 
   const void* data = nullptr;
-  DType dtype = DType::kF32;  // kF32, kBF16 or kF16
-  kernels::PackedB packed;    // data null when the weights are not prepacked
+  DType dtype = DType::kF32;          // kF32, kBF16 or kF16
+  kernels::PackedB packed;            // data null when the weights are not prepacked
+  kernels::StrassenPackedB strassen;  // w^T's Strassen operands (StrassenPacks); empty if none
 
   // The matrix from row `row` on (rows of `in` elements), without the packing (a row range of
   // w is not a packing of its own).
@@ -95,6 +97,33 @@ size_t PrepackedMinRows();
 void MultiplyPacked(bool direct, const kernels::MatrixView& a, const kernels::PackedB& b,
                     const kernels::MatrixView& c, void* scratch, const float* bias = nullptr);
 
+// Strassen-Winograd products (kernels/gemm_strassen.h) for prepacked weights: a layer packs the
+// seven operands of w^T [in, out] at creation (WeightPrepack::kOn) when StrassenPacks(in, out),
+// and ParallelGemm multiplies them for products of kStrassenMinRows rows or more. At smaller
+// depths the half-depth products run too short for the saving (one thread, AVX2, Zen 3 class,
+// time against the plain product: [128, 256] x [256, 256] 1.02, [128, 512] x [512, 512] 0.91,
+// [64, 512] x [512, 512] 0.93; kernels/gemm_strassen.h); the operands' column ranges must start
+// on micro-panels, so out / 2 is a multiple of NR (the right half's columns of the plain
+// packing: the odd row of a panel runs the plain product).
+inline constexpr size_t kStrassenMinDepth = 512;
+inline constexpr size_t kStrassenMinCols = 256;
+inline constexpr size_t kStrassenMinRows = 64;
+// Rows of C per Strassen panel task (two halves of 64: the direct kernel's products), and the
+// fewest rows a (last) panel runs through Strassen; fewer run the plain product.
+inline constexpr size_t kStrassenPanelRows = 128;
+inline constexpr size_t kStrassenMinPanelRows = 32;
+
+// Whether a layer stores the Strassen operands of a weight matrix with `in` inputs and `out`
+// outputs (with WeightPrepack::kOn): depth and width as above, mha's direct micro-kernel runs.
+bool StrassenPacks(size_t in, size_t out);
+
+// The Strassen operands of `weights` if they are exactly those of w^T [in, out], else empty.
+inline kernels::StrassenPackedB StrassenOf(const WeightMatrix& weights, size_t in, size_t out) {
+  const kernels::StrassenPackedB& s = weights.strassen;
+  return !s.empty() && 2 * s.half_k() == in && 2 * s.half_n() == out ? s
+                                                                     : kernels::StrassenPackedB{};
+}
+
 // The prepacking of `weights` if it packs exactly w^T [in, out] (all of the matrix), else empty.
 inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t out) {
   const kernels::PackedB& p = weights.packed;
@@ -121,6 +150,7 @@ struct GemmJob {
   kernels::MatrixView b;           // [k, n] f32; ignored when b_half.data is set
   kernels::HalfMatrixView b_half;  // [k, n] 16-bit (weights stored in bf16/f16)
   kernels::PackedB b_packed;       // b prepacked (data null if not): used from PrepackedMinRows()
+  kernels::StrassenPackedB b_strassen;  // b's Strassen operands (empty if none), with b_packed
   kernels::MatrixView c;           // [m, n] for batch 0, col_stride must be 1 when bias is set
   const float* bias = nullptr;     // [n] or null
   size_t batches = 1;
@@ -155,7 +185,12 @@ struct GemmJob {
 // needs neither step nor room in `packed`: each panel task (PrepackedPanelsOf) multiplies its
 // rows of a by a column range of b_packed (MultiplyPacked, with UsesDirect of the product's
 // rows). Its results are bitwise those of one such call over the whole product, whatever the
-// panels and the thread count.
+// panels and the thread count. A job that also has b_strassen and kStrassenMinRows rows or more
+// (UsesStrassen) runs Strassen panels instead (StrassenPanelsOf): each task computes rows
+// [r0, r0 + 128) of c's columns [c0, c0 + nc) and [n/2 + c0, n/2 + c0 + nc) with
+// kernels::GemmStrassenPackedB (a's sums in the worker's scratch), the odd last row of a panel
+// and panels of fewer than kStrassenMinPanelRows rows with the plain product; the partition is
+// the shapes', so these results too are bitwise the same for any thread count.
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
                   size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
                   size_t packed_bytes = 0);
@@ -190,6 +225,14 @@ PanelShape PackedPanelsOf();
 inline constexpr size_t kMinPrepackedPanelCols = 64;
 inline constexpr uint64_t kMinPrepackedTasks = 2;
 PanelShape PrepackedPanelsOf(const GemmJob& job);
+
+// Whether ParallelGemm runs `job` as Strassen panels: Strassen operands, kStrassenMinRows rows
+// or more, and room for their scratch in kernels::GemmScratchBytes().
+bool UsesStrassen(const GemmJob& job);
+
+// Panels of a Strassen job: kStrassenPanelRows rows by the widest of 512, 256, 128 or 64
+// columns per half (multiples of NR) that still gives kMinPrepackedTasks tasks.
+PanelShape StrassenPanelsOf(const GemmJob& job);
 
 // Whether a job with f32 weights and `batches` products of `rows` rows each has its weights
 // packed once by ParallelGemm (given room in `packed`): more rows than the GEMV path takes, at

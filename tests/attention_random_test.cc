@@ -158,6 +158,46 @@ TEST(AttentionRandomTest, LongSequencesUseOnlineSoftmax) {
   }
 }
 
+// Projections through the Strassen operands (AttentionConfig::prepack kOn, E >= 512): the layer
+// holds them for all four matrices, and the forward (token counts with a Strassen panel and an
+// odd row or a short panel after it; fused and separate q/k/v; self- and cross-attention; causal)
+// matches the double reference and gives the same bits on 1 and 2 threads; kPlain holds none.
+TEST(AttentionRandomTest, StrassenProjections) {
+  std::mt19937 rng(77);
+  for (int variant = 0; variant < 4; ++variant) {
+    Problem p;
+    p.config.embed_dim = 512;
+    p.config.num_heads = 8;
+    p.config.batch_first = variant % 2 == 0;
+    p.packed = variant != 1;
+    p.N = variant == 3 ? 2 : 1;
+    p.self_attention = variant != 2;
+    p.L = variant == 0 ? 131 : 97;
+    p.S = p.self_attention ? p.L : 160;
+    p.causal = variant == 3;
+    testing_util::FillProblem(&p, &rng);
+    std::unique_ptr<MultiheadAttention> layer;
+    ASSERT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &layer).ok());
+    const LayerWeights& lw = LayerWeightsOf(*layer);
+    const bool direct = StrassenPacks(512, 512);
+    for (const WeightMatrix* w : {&lw.w_q, &lw.w_k, &lw.w_v, &lw.w_o}) {
+      EXPECT_EQ(!w->strassen.empty(), direct) << p.Describe();
+    }
+    CheckTwoThreadsAndOne(p);
+    if (HasFailure()) return;
+  }
+  Problem plain;
+  plain.config.embed_dim = 512;
+  plain.config.num_heads = 8;
+  plain.config.prepack = WeightPrepack::kPlain;
+  testing_util::FillProblem(&plain, &rng);
+  std::unique_ptr<MultiheadAttention> layer;
+  ASSERT_TRUE(
+      MultiheadAttention::Create(plain.config, WeightsOf(plain), plain.binding, &layer).ok());
+  EXPECT_TRUE(LayerWeightsOf(*layer).w_q.strassen.empty());
+  EXPECT_NE(LayerWeightsOf(*layer).w_q.packed.data, nullptr);
+}
+
 // Weights requested for long sequences: full rows, per head and averaged.
 TEST(AttentionRandomTest, LongSequencesWithWeights) {
   std::mt19937 rng(5);

@@ -196,6 +196,66 @@ TEST(ElementwiseTest, AddBiasRows) {
   });
 }
 
+// SumRows: z = x +/- y over row blocks with their own strides and misalignment, and in place
+// (z = x); WinogradSums: the four block sums of a [2h, 2k2]; both bit-exact against the scalar
+// f32 operations for every width 1..300 (every tail), nothing written outside the outputs.
+TEST(ElementwiseTest, SumRowsAndWinogradSums) {
+  test::ForEachTarget([](const char* target) {
+    std::mt19937 rng(5);
+    for (const size_t cols : Lengths()) {
+      if (cols > 300 && cols != 4099) continue;
+      const size_t rows = 3, off = cols % 4, ld = cols + 1 + cols % 3;
+      const std::vector<float> x = RandomFloats(rng, rows * ld + 4),
+                               y = RandomFloats(rng, rows * ld + 4);
+      for (const bool subtract : {false, true}) {
+        std::vector<float> z(off + rows * ld + 4, kSentinel);
+        kernels::SumRows(z.data() + off, static_cast<ptrdiff_t>(ld), x.data() + 1,
+                         static_cast<ptrdiff_t>(ld), y.data() + 2, static_cast<ptrdiff_t>(ld), rows,
+                         cols, subtract);
+        std::vector<float> inplace = x;
+        kernels::SumRows(inplace.data() + 1, static_cast<ptrdiff_t>(ld), inplace.data() + 1,
+                         static_cast<ptrdiff_t>(ld), y.data() + 2, static_cast<ptrdiff_t>(ld), rows,
+                         cols, subtract);
+        for (size_t i = 0; i < z.size(); ++i) {
+          const bool inside = i >= off && i < off + rows * ld && (i - off) % ld < cols;
+          const size_t e = i - off;
+          const float want = !inside    ? kSentinel
+                             : subtract ? x[1 + e] - y[2 + e]
+                                        : x[1 + e] + y[2 + e];
+          ASSERT_TRUE(SameFloat(z[i], want))
+              << target << " SumRows cols=" << cols << " index " << i;
+          if (inside) {
+            ASSERT_TRUE(SameFloat(inplace[1 + e], want)) << target << " in place, index " << i;
+          }
+        }
+      }
+      // WinogradSums of a [2 * rows, 2 * cols] (row stride 2 * cols + 3, offset 1).
+      const size_t h = rows, k2 = cols, lda = 2 * k2 + 3, lds = k2 + 2;
+      const std::vector<float> a = RandomFloats(rng, 1 + 2 * h * lda);
+      std::vector<float> out(4 * h * lds + 4, kSentinel);
+      float* s[4] = {out.data() + 1, out.data() + 1 + h * lds, out.data() + 1 + 2 * h * lds,
+                     out.data() + 1 + 3 * h * lds};
+      kernels::WinogradSums(a.data() + 1, static_cast<ptrdiff_t>(lda), h, k2, s[0], s[1], s[2],
+                            s[3], static_cast<ptrdiff_t>(lds));
+      for (size_t r = 0; r < h; ++r) {
+        for (size_t c = 0; c < lds; ++c) {
+          const float a11 = a[1 + r * lda + c], a21 = a[1 + (r + h) * lda + c];
+          const float a12 = a[1 + r * lda + k2 + c], a22 = a[1 + (r + h) * lda + k2 + c];
+          const float s1 = a21 + a22, s2 = s1 - a11, s3 = a11 - a21, s4 = a12 - s2;
+          const float want[4] = {s1, s2, s3, s4};
+          for (int q = 0; q < 4; ++q) {
+            const float expect = c < k2 ? want[q] : kSentinel;
+            ASSERT_TRUE(SameFloat(s[q][r * lds + c], expect))
+                << target << " WinogradSums k2=" << k2 << " sum " << q + 1 << " (" << r << ", " << c
+                << ")";
+          }
+        }
+      }
+      ASSERT_TRUE(SameFloat(out[0], kSentinel) && SameFloat(out.back(), kSentinel)) << target;
+    }
+  });
+}
+
 TEST(ElementwiseTest, ScaleAndAccumulate) {
   test::ForEachTarget([](const char* target) {
     std::mt19937 rng(2);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "kernels/gemm_direct.h"
+#include "kernels/gemm_strassen.h"
 #include "kernels/gemv.h"
 #include "kernels/targets.h"
 #include "tests/kernel_test_util.h"
@@ -1148,6 +1149,98 @@ TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
       });
     }
   }
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace mha
+
+namespace mha {
+namespace kernels {
+namespace {
+
+// One level of Strassen-Winograd over packed operands (gemm_strassen.h), on every Highway
+// target where the direct kernel runs: against the double-precision product within
+// 8 eps k max|a| max|b| (+ |bias|) per element (the plain product's error is ~eps k max|a|
+// max|b| in the worst case; Strassen's is a few times larger), for even m (2 to 130), depths
+// inside one KC block and over several, widths that are one micro-panel per half or ragged, with
+// misaligned a (row padding and offset) and c halves in one padded buffer; column ranges of the
+// operands (Columns) give bitwise the columns of the whole product; the storage around c is
+// untouched.
+TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseTheWhole) {
+  const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
+  const size_t shapes[][3] = {
+      {2, 2, 2},         {6, 70, 2 * nr},        {34, 2 * kc + 6, 2 * nr + 6},
+      {64, 512, 4 * nr}, {130, 96, 6 * nr + 10}, {128, 2, 4 * nr}};
+  test::ForEachTarget([&](const char* target) {
+    if (!GemmPackedBDirectSupported()) return;
+    std::mt19937 rng(91);
+    for (const auto& sh : shapes) {
+      const size_t m = sh[0], k = sh[1], n = sh[2], n2 = n / 2;
+      const std::string what = std::string(target) + " m " + std::to_string(m) + " k " +
+                               std::to_string(k) + " n " + std::to_string(n);
+      const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 3, 5, rng);
+      const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 0, 2, rng);  // w^T of an [n, k] w
+      const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
+      PackedBuffer packed(StrassenPackedBFloats(k, n));
+      std::vector<float> tmp(StrassenPackTmpFloats(k, n));
+      const StrassenPackedB ops = PackBStrassen(b.view, packed.data, tmp.data());
+      ASSERT_EQ(ops.half_k(), k / 2) << what;
+      ASSERT_EQ(ops.half_n(), n2) << what;
+      std::vector<float> sums(StrassenSumsFloats(m, k) + 1);
+      const StrassenA sa = StrassenSumsOfA(a.view, sums.data() + 1);  // misaligned sums
+      for (const bool with_bias : {false, true}) {
+        // c = [left | right] in one row-padded buffer with sentinels around.
+        const size_t ldc = n + 3, offset = 1;
+        std::vector<float> c(offset + m * ldc + 2, -777.0f);
+        float* c0 = c.data() + offset;
+        const MatrixView left{c0, m, n2, static_cast<ptrdiff_t>(ldc), 1};
+        const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
+        std::vector<float> scratch(StrassenProductScratchFloats(m, n2));
+        const float* bl = with_bias ? bias.view.data : nullptr;
+        const float* br = with_bias ? bias.view.data + n2 : nullptr;
+        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, left, right, bl, br, scratch.data())) << what;
+        double max_a = 0, max_b = 0;
+        for (size_t i = 0; i < m; ++i) {
+          for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
+        }
+        for (size_t p = 0; p < k; ++p) {
+          for (size_t j = 0; j < n; ++j) max_b = std::max(max_b, std::abs(double{b.at(p, j)}));
+        }
+        const double eps = std::numeric_limits<float>::epsilon();
+        for (size_t i = 0; i < m; ++i) {
+          for (size_t j = 0; j < n; ++j) {
+            double want = with_bias ? double{bias.at(0, j)} : 0.0;
+            for (size_t p = 0; p < k; ++p) want += double{a.at(i, p)} * double{b.at(p, j)};
+            const double bound = 8 * eps * (k * max_a * max_b + std::abs(want));
+            ASSERT_NEAR(c0[i * ldc + j], want, bound)
+                << what << " bias " << with_bias << " (" << i << ", " << j << ")";
+          }
+          for (size_t j = n; j < ldc && i + 1 < m; ++j) {
+            ASSERT_EQ(c0[i * ldc + j], -777.0f) << what << " padding of row " << i;
+          }
+        }
+        ASSERT_EQ(c[0], -777.0f) << what;
+        ASSERT_EQ(c[offset + (m - 1) * ldc + n], -777.0f) << what;
+        // Columns [nr, n2) of each half through Columns: the same bits as the whole call.
+        if (n2 > nr) {
+          std::vector<float> part(m * ldc, 0.0f);
+          const size_t nc = n2 - nr;
+          const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
+          const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
+          ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), pl, pr,
+                                          with_bias ? bl + nr : nullptr,
+                                          with_bias ? br + nr : nullptr, scratch.data()));
+          for (size_t i = 0; i < m; ++i) {
+            for (size_t j = 0; j < nc; ++j) {
+              ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;
+              ASSERT_EQ(part[i * ldc + n2 + j], c0[i * ldc + n2 + nr + j]) << what << " right";
+            }
+          }
+        }
+      }
+    }
+  });
 }
 
 }  // namespace

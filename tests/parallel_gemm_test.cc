@@ -7,10 +7,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "kernels/elementwise.h"
+#include "kernels/gemm_direct.h"
 #include "kernels/gemv.h"
 #include "runtime/arena.h"
 
@@ -30,7 +32,8 @@ struct Problem {
 std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a,
                            const std::vector<float>& w, const std::vector<float>& bias,
                            size_t threads, size_t packed_bytes = 0,
-                           const kernels::PackedB& prepacked = {}) {
+                           const kernels::PackedB& prepacked = {},
+                           const kernels::StrassenPackedB& strassen = {}) {
   ThreadPool pool(threads);
   const size_t lda = p.k + 3;
   std::vector<float> c(p.batches * p.m * p.n, std::nanf(""));
@@ -39,6 +42,7 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a,
   job.b = {const_cast<float*>(w.data()), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)};
   job.c = {c.data(), p.m, p.n, static_cast<ptrdiff_t>(p.n), 1};
   job.b_packed = prepacked;
+  job.b_strassen = strassen;
   job.bias = p.bias ? bias.data() : nullptr;
   job.batches = p.batches;
   job.a_batch_stride = static_cast<ptrdiff_t>(p.m * lda);
@@ -212,6 +216,79 @@ TEST(ParallelGemmTest, PrepackedWeights) {
     const std::vector<float> ref = RunGemm(p, a, w, bias, 1);
     for (size_t i = 0; i < ref.size(); ++i) {
       ASSERT_NEAR(want[i], ref[i], 1e-5 * (1 + std::abs(ref[i]))) << "element " << i;
+    }
+  }
+}
+
+// Strassen operands (GemmJob::b_strassen, as StrassenPacks layers hold them): from
+// kStrassenMinRows rows, panels of 128 rows run kernels::GemmStrassenPackedB and the odd last row
+// or a panel under kStrassenMinPanelRows rows the plain product. The results are bitwise the
+// same for 1..4 threads, within Strassen's bound (8 eps k max|a| max|w| + |bias|) of the
+// double-precision product, and rows of panels too short for Strassen are bitwise the plain
+// prepacked product's.
+TEST(ParallelGemmTest, StrassenWeights) {
+  if (!kernels::GemmPackedBDirectSupported()) GTEST_SKIP() << "no direct micro-kernel here";
+  const size_t nr = kernels::GemmBlocking().nr;
+  std::mt19937 rng(29);
+  const Problem problems[] = {{1, 128, 512, 16 * nr, true},
+                              {2, 131, 64, 4 * nr, true},
+                              {1, 200, 96, 6 * nr, false},
+                              {3, 65, 40, 2 * nr, true},
+                              {1, 64, 2, 2 * nr, true}};
+  for (const Problem& p : problems) {
+    SCOPED_TRACE(Describe(p));
+    std::vector<float> a, w, bias;
+    FillOperands(p, &rng, &a, &w, &bias);
+    const Prepacked pw = Prepack(w, p.k, p.n);
+    std::vector<float> storage(kernels::StrassenPackedBFloats(p.k, p.n) + 16);
+    std::vector<float> tmp(kernels::StrassenPackTmpFloats(p.k, p.n));
+    float* dst = storage.data();
+    dst += (16 - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % 16) % 16;
+    const kernels::StrassenPackedB ops = kernels::PackBStrassen(
+        {const_cast<float*>(w.data()), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)}, dst, tmp.data());
+    GemmJob probe;
+    probe.a = {a.data(), p.m, p.k, static_cast<ptrdiff_t>(p.k + 3), 1};
+    probe.c = {nullptr, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1};
+    probe.b_packed = pw.packed;
+    probe.b_strassen = ops;
+    ASSERT_TRUE(UsesStrassen(probe));
+    const std::vector<float> want = RunGemm(p, a, w, bias, 1, 0, pw.packed, ops);
+    for (size_t threads = 2; threads <= 4; ++threads) {
+      const std::vector<float> got = RunGemm(p, a, w, bias, threads, 0, pw.packed, ops);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+          << threads << " threads";
+    }
+    const std::vector<float> plain = RunGemm(p, a, w, bias, 1, 0, pw.packed);
+    const double eps = std::numeric_limits<float>::epsilon();
+    const size_t lda = p.k + 3;
+    const size_t panel_rows = p.m % kStrassenPanelRows;  // rows of the last panel
+    size_t differing = 0;
+    for (size_t b = 0; b < p.batches; ++b) {
+      for (size_t i = 0; i < p.m; ++i) {
+        const bool short_panel =
+            panel_rows != 0 && panel_rows < kStrassenMinPanelRows && i >= p.m - panel_rows;
+        const bool odd_row = i == p.m - 1 && (p.m % kStrassenPanelRows) % 2 == 1;
+        for (size_t j = 0; j < p.n; ++j) {
+          double ref = p.bias ? bias[j] : 0.0, max_a = 0, max_w = 0;
+          for (size_t q = 0; q < p.k; ++q) {
+            const double av = a[b * p.m * lda + i * lda + q], wv = w[j * p.k + q];
+            ref += av * wv;
+            max_a = std::max(max_a, std::abs(av));
+            max_w = std::max(max_w, std::abs(wv));
+          }
+          const size_t e = (b * p.m + i) * p.n + j;
+          ASSERT_NEAR(want[e], ref, 8 * eps * (p.k * max_a * max_w + std::abs(ref)))
+              << "batch " << b << " (" << i << ", " << j << ")";
+          if (short_panel || odd_row) {
+            ASSERT_EQ(want[e], plain[e]) << "plain row " << i << " column " << j;
+          }
+          if (!short_panel && !odd_row) differing += want[e] != plain[e];
+        }
+      }
+    }
+    // The Strassen rows are another computation: most of their bits differ from the plain one's.
+    if (p.k > 2) {
+      EXPECT_GT(differing, 0u);
     }
   }
 }

@@ -211,7 +211,8 @@ TEST(Weights16Test, InvalidDtypes) {
   bad_prepack.prepack = static_cast<WeightPrepack>(3);
   s = MultiheadAttention::Create(bad_prepack, WeightsOf(p), WeightBinding::kCopy, &layer);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("prepack: expected kOn (0) or kOff (1), got 3"), std::string::npos)
+  EXPECT_NE(s.message().find("prepack: expected kOn (0), kOff (1) or kPlain (2), got 3"),
+            std::string::npos)
       << s.message();
   AttentionWeights w = WeightsOf(p);
   w.dtype = DType::kBool;

@@ -195,7 +195,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
         arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch" ||
-        arg == "--decode" || arg == "--no-prepack") {
+        arg == "--decode" || arg == "--no-prepack" || arg == "--no-strassen") {
       if (has_inline_value) {
         r.error = arg + ": expected no value, got " + Quoted(value);
         return r;
@@ -214,6 +214,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--compare-torch") o->compare_torch = true;
       if (arg == "--decode") o->decode = true;
       if (arg == "--no-prepack") o->no_prepack = true;
+      if (arg == "--no-strassen") o->no_strassen = true;
       continue;
     }
     static const char* const kValueFlags[] = {
@@ -302,6 +303,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                      {o->causal, "--causal"},
                      {o->need_weights, "--need-weights"},
                      {o->no_prepack, "--no-prepack"},
+                     {o->no_strassen, "--no-strassen"},
                      {o->breakdown, "--breakdown"},
                      {o->compare_torch, "--compare-torch"},
                      {o->rounds_given, "--rounds"},
@@ -328,7 +330,14 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   if (!kv_seq_given) o->shape.kv_seq = o->shape.seq;
   o->shape.causal = o->causal;
   o->shape.need_weights = o->need_weights;
+  if (o->no_prepack && o->no_strassen) {
+    r.error =
+        "--no-strassen: expected prepacked weights, got --no-prepack as well (the "
+        "Strassen operands are part of the prepacking)";
+    return r;
+  }
   o->shape.prepack = !o->no_prepack;
+  o->shape.strassen = !o->no_strassen;
   if (o->custom_shape && !ValidateShape(o->shape, &r.error)) return r;
   if (o->threads.empty()) o->threads.push_back(HardwareThreads());
   r.action = ParseAction::kRun;
@@ -342,6 +351,7 @@ std::vector<Shape> CasesToRun(const BenchOptions& o) {
     if (o.causal && !s.causal) continue;
     s.need_weights = o.need_weights;
     s.prepack = !o.no_prepack;
+    s.strassen = !o.no_strassen;
     cases.push_back(s);
   }
   return cases;
@@ -370,7 +380,9 @@ flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
   --need-weights     also return the head-averaged attention weights [N, L, S] (suite too)
   --no-prepack       create the layers with AttentionConfig::prepack = kOff: projection weights
                      kept only in nn.Linear layout and packed per forward (default: prepacked
-                     once at creation; suite too)
+                     once at creation, kOn; suite too)
+  --no-strassen      create the layers with AttentionConfig::prepack = kPlain: prepacked without
+                     the Strassen operands, every projection a plain product (suite too)
 
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)

@@ -60,7 +60,9 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
                static_cast<long long>(h.min_runs), static_cast<long long>(h.rounds),
                static_cast<unsigned long long>(h.seed), h.tolerance);
   std::fprintf(out, "weights: %s  |  peak RSS: %s",
-               h.prepack ? "prepacked at creation" : "not prepacked (--no-prepack)",
+               !h.prepack   ? "not prepacked (--no-prepack)"
+               : h.strassen ? "prepacked at creation, with Strassen operands"
+                            : "prepacked at creation, no Strassen operands (--no-strassen)",
                h.peak_rss_method.c_str());
   if (h.load_average >= 0) {
     std::fprintf(out, "  |  load average %.2f", h.load_average);
@@ -176,6 +178,7 @@ json HeaderJson(const RunHeader& h) {
             {"tolerance", h.tolerance},
             {"seed", h.seed},
             {"prepack", h.prepack},
+            {"strassen", h.prepack && h.strassen},
             {"peak_rss_method", h.peak_rss_method},
             {"load_average", Number(h.load_average)}};
   if (h.compare_torch) j["torch_version"] = h.torch_version;

@@ -35,7 +35,8 @@ struct RunHeader {
   int64_t rounds = 0;  // measurement rounds per case (each: baseline, then mha runs)
   double tolerance = 0;
   uint64_t seed = 0;
-  bool prepack = true;  // layers created with AttentionConfig::prepack kOn (--no-prepack: off)
+  bool prepack = true;   // layers created with AttentionConfig::prepack kOn (--no-prepack: off)
+  bool strassen = true;  // with prepack: kOn (--no-strassen: kPlain)
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
   bool breakdown = false;
   bool compare_torch = false;

@@ -28,7 +28,8 @@ struct Shape {
   int64_t heads = 1;   // H
   bool causal = false;
   bool need_weights = false;
-  bool prepack = true;  // AttentionConfig::prepack kOn (false: kOff)
+  bool prepack = true;   // AttentionConfig::prepack kOn or kPlain (false: kOff)
+  bool strassen = true;  // with prepack: kOn (false: kPlain)
 
   bool self_attention() const { return kv_seq == seq; }
 };
@@ -175,7 +176,9 @@ class Workload {
     config.embed_dim = s.embed;
     config.num_heads = s.heads;
     config.batch_first = true;
-    config.prepack = s.prepack ? WeightPrepack::kOn : WeightPrepack::kOff;
+    config.prepack = !s.prepack   ? WeightPrepack::kOff
+                     : s.strassen ? WeightPrepack::kOn
+                                  : WeightPrepack::kPlain;
     AttentionWeights weights;
     weights.in_proj_weight = in_proj_weight_.data();
     weights.in_proj_bias = in_proj_bias_.data();

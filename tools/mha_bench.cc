@@ -520,6 +520,7 @@ int Run(const BenchOptions& o) {
   header.tolerance = o.tolerance;
   header.seed = o.seed;
   header.prepack = !o.no_prepack;
+  header.strassen = !o.no_strassen;
   header.peak_rss_method = rss.method();
   header.load_average = LoadAverage();
   header.breakdown = o.breakdown;

@@ -154,8 +154,9 @@ typedef enum mha_weight_binding {
 /* Whether an f32 layer also keeps its projection weights packed for the GEMM micro-kernel
  * (mha::WeightPrepack; see mha_layer_config.prepack). */
 typedef enum mha_prepack {
-  MHA_PREPACK_ON = 0, /* pack once at creation (the default) */
-  MHA_PREPACK_OFF = 1 /* keep only the nn.Linear layout */
+  MHA_PREPACK_ON = 0,   /* pack once at creation, with Strassen operands (the default) */
+  MHA_PREPACK_OFF = 1,  /* keep only the nn.Linear layout */
+  MHA_PREPACK_PLAIN = 2 /* pack once at creation, without Strassen operands */
 } mha_prepack;
 
 /* Fields as mha::AttentionConfig; booleans are 0/1. mha_layer_config_init sets PyTorch's
@@ -181,9 +182,11 @@ typedef struct mha_layer_config {
    * bytes of the f32 weights again, also for MHA_WEIGHTS_VIEW); projections then pack nothing
    * per forward (from one token where mha's micro-kernel over the packing runs, e.g. x86-64
    * with BLIS's haswell/zen kernels; elsewhere from 17, fewer stream the weights as dot
-   * products).
+   * products), and the seven Strassen operands of each matrix with >= 512 inputs and >= 256
+   * outputs (1.75x its bytes again; products of >= 64 tokens then do 7/8 of the
+   * multiplications, see mha::AttentionConfig::prepack). MHA_PREPACK_PLAIN packs without them,
    * MHA_PREPACK_OFF keeps the memory. Nothing is packed for 16-bit weights. Results agree to
-   * rounding either way. */
+   * rounding any way. */
   int32_t prepack;
 } mha_layer_config;
 
