@@ -11,6 +11,13 @@ has no is_causal). need_weights=1 asks for head-averaged weights. The module is 
 runs under torch.inference_mode() with torch.set_num_threads(threads), so PyTorch picks its
 fastest path (its fused "fast path" for self-attention without attn_mask).
 
+glibc's malloc is put in the state a long-running process reaches (fixed mmap threshold of 32
+MiB, no trimming; what PyTorch's CPU tuning guide gets with jemalloc or tcmalloc): in a fresh
+process, torch's temporaries of a few hundred KiB are mmapped and unmapped on every call until
+the first large free raises glibc's dynamic threshold, which made (1, 128, 512, 8) measure
+4.6-4.9 ms as the first case of a process and 4.0-4.1 ms after (2 threads, this machine). Set
+MHA_COMPARE_TORCH_MALLOC=default to measure without it.
+
 Per case: warm-up runs (at least 2 and ~10% of --min-time), then timed runs until both
 --min-time seconds and --min-runs runs are reached. Prints one JSON object per case on stdout:
 {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights", "threads", "median_ms",
@@ -92,6 +99,20 @@ def time_case(torch, case, threads, min_time, min_runs):
     return result
 
 
+def steady_malloc():
+    """glibc mallopt: M_MMAP_THRESHOLD (-3) 32 MiB, M_TRIM_THRESHOLD (-1) 1 GiB. No-op elsewhere."""
+    import ctypes
+    import os
+    if os.environ.get("MHA_COMPARE_TORCH_MALLOC") == "default":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)
+        libc.mallopt(-1, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
 def main():
     ap = argparse.ArgumentParser(
         description="Time torch.nn.MultiheadAttention; one JSON object per case on stdout.")
@@ -106,6 +127,7 @@ def main():
     if args.threads < 1 or args.min_runs < 1 or args.min_time < 0:
         ap.error("--threads and --min-runs must be >= 1, --min-time >= 0")
 
+    steady_malloc()
     try:
         import torch
     except Exception as e:  # ImportError, or a broken install raising something else
