@@ -243,35 +243,9 @@ inline void AddBiasRows(float* HWY_RESTRICT y, size_t rows, size_t cols, ptrdiff
   }
 }
 
-// See kernels/elementwise.h. No HWY_RESTRICT: z may alias x or y. The scalar tails round exactly
-// as the vector lanes do (one f32 add or subtract).
-inline void SumRows(float* z, ptrdiff_t ldz, const float* x, ptrdiff_t ldx, const float* y,
-                    ptrdiff_t ldy, size_t rows, size_t cols, bool subtract) {
-  namespace hn = hwy::HWY_NAMESPACE;
-  const hn::ScalableTag<float> d;
-  const size_t N = hn::Lanes(d);
-  for (size_t r = 0; r < rows; ++r) {
-    float* zr = z + static_cast<ptrdiff_t>(r) * ldz;
-    const float* xr = x + static_cast<ptrdiff_t>(r) * ldx;
-    const float* yr = y + static_cast<ptrdiff_t>(r) * ldy;
-    size_t i = 0;
-    if (subtract) {
-      for (; i + N <= cols; i += N) {
-        hn::StoreU(hn::Sub(hn::LoadU(d, xr + i), hn::LoadU(d, yr + i)), d, zr + i);
-      }
-      for (; i < cols; ++i) zr[i] = xr[i] - yr[i];
-    } else {
-      for (; i + N <= cols; i += N) {
-        hn::StoreU(hn::Add(hn::LoadU(d, xr + i), hn::LoadU(d, yr + i)), d, zr + i);
-      }
-      for (; i < cols; ++i) zr[i] = xr[i] + yr[i];
-    }
-  }
-}
-
-// See kernels/elementwise.h. One pass reads the four blocks once (four separate SumRows passes
-// read eight blocks and write four: StrassenSumsOfA of [128, 512], one thread, in cache, 10.0 us
-// as four passes, 7.9 us as one).
+// See kernels/elementwise.h. One pass reads the four blocks once (four separate add/subtract
+// passes read eight blocks and write four: StrassenSumsOfA of [128, 512], one thread, in
+// cache, 10.0 us as four passes, 7.9 us as one).
 inline void WinogradSums(const float* HWY_RESTRICT a, ptrdiff_t lda, size_t h, size_t k2,
                          float* HWY_RESTRICT s1, float* HWY_RESTRICT s2, float* HWY_RESTRICT s3,
                          float* HWY_RESTRICT s4, ptrdiff_t lds) {

@@ -13,7 +13,6 @@ namespace mha {
 namespace kernels {
 
 HWY_EXPORT(AddBiasRows);
-HWY_EXPORT(SumRows);
 HWY_EXPORT(WinogradSums);
 HWY_EXPORT(Scale);
 HWY_EXPORT(Accumulate);
@@ -25,12 +24,6 @@ HWY_EXPORT(F32ToF16);
 void AddBiasRows(float* y, size_t rows, size_t cols, ptrdiff_t row_stride, const float* bias) {
   if (rows == 0 || cols == 0) return;
   HWY_DYNAMIC_DISPATCH(AddBiasRows)(y, rows, cols, row_stride, bias);
-}
-
-void SumRows(float* z, ptrdiff_t ldz, const float* x, ptrdiff_t ldx, const float* y, ptrdiff_t ldy,
-             size_t rows, size_t cols, bool subtract) {
-  if (rows == 0 || cols == 0) return;
-  HWY_DYNAMIC_DISPATCH(SumRows)(z, ldz, x, ldx, y, ldy, rows, cols, subtract);
 }
 
 void WinogradSums(const float* a, ptrdiff_t lda, size_t h, size_t k2, float* s1, float* s2,

@@ -13,13 +13,6 @@ namespace kernels {
 // y[r, c] += bias[c] for a block of rows (row stride in elements).
 void AddBiasRows(float* y, size_t rows, size_t cols, ptrdiff_t row_stride, const float* bias);
 
-// z[r, c] = x[r, c] + y[r, c] (subtract: x[r, c] - y[r, c]) for a block of rows, each element
-// one rounded f32 add or subtract, the same on every target. Row strides in elements; z may be
-// x or y (element-wise in place), otherwise no overlap. The one-level Strassen products
-// (gemm_strassen.h) form their operand sums and combine their partial products with it.
-void SumRows(float* z, ptrdiff_t ldz, const float* x, ptrdiff_t ldx, const float* y, ptrdiff_t ldy,
-             size_t rows, size_t cols, bool subtract);
-
 // Winograd's sums of a [2h, 2k2] (row stride lda) in 2 x 2 blocks of [h, k2], in one pass:
 // s1 = A21 + A22, s2 = s1 - A11, s3 = A11 - A21, s4 = A12 - s2 (each one rounded f32 add or
 // subtract, the same on every target), into four [h, k2] arrays of row stride lds (not

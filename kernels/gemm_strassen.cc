@@ -1,6 +1,6 @@
 // One-level Strassen-Winograd product over packed operands: the block sums of b at packing
 // time (plain loops, once per weight matrix), then per call a's four sums, the seven products
-// on the direct micro-kernel and the combination into c (elementwise SumRows).
+// on the direct micro-kernel and the combination into c (row copies and Accumulate).
 #include "kernels/gemm_strassen.h"
 
 #include <cassert>
@@ -35,10 +35,12 @@ void CopyRows(const MatrixView& src, const MatrixView& dst) {
   }
 }
 
-// z = x +/- y for row blocks of one shape with unit column stride.
-void Sum(const MatrixView& z, const MatrixView& x, const MatrixView& y, bool subtract) {
-  SumRows(z.data, z.row_stride, x.data, x.row_stride, y.data, y.row_stride, z.rows, z.cols,
-          subtract);
+// y += x for row blocks of one shape with unit column stride (not overlapping).
+void AccumulateRows(const MatrixView& y, const MatrixView& x) {
+  for (size_t i = 0; i < y.rows; ++i) {
+    Accumulate(y.data + static_cast<ptrdiff_t>(i) * y.row_stride,
+               x.data + static_cast<ptrdiff_t>(i) * x.row_stride, y.cols);
+  }
 }
 
 }  // namespace
@@ -120,8 +122,8 @@ bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b, const Mat
   GemmPackedBDirect(1.0f, a.s3, b.op[6], 1.0f, x21);               // X21 = U3
   CopyRows(x21, x22);                                              // X22 = U3
   GemmPackedBDirect(1.0f, a.s1, b.op[4], 0.0f, t);                 // t = P5
-  Sum(x22, x22, t, false);                                         // X22 = U7 = C22 - bias
-  Sum(x12, x12, t, false);                                         // X12 = U4
+  AccumulateRows(x22, t);                                          // X22 = U7 = C22 - bias
+  AccumulateRows(x12, t);                                          // X12 = U4
   GemmPackedBDirect(1.0f, a.s4, b.op[2], 1.0f, x12, bias_right);   // X12 = U4 + P3 = C12
   GemmPackedBDirect(-1.0f, a.a22, b.op[3], 1.0f, x21, bias_left);  // X21 = U3 - P4 = C21
   if (bias_right != nullptr) AddBiasRows(x22.data, h, n2, x22.row_stride, bias_right);

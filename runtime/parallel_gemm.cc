@@ -127,14 +127,14 @@ GemmJob HalfColumns(const GemmJob& job) {
 
 constexpr size_t kStrassenPanelCols[] = {512, 256, 128, 64};
 
-}  // namespace
-
 // Floats of a worker's scratch for Strassen panels of depth k: a's sums for kStrassenPanelRows
 // rows, then one partial product of the widest panel.
 size_t StrassenScratchFloats(size_t k) {
   return kernels::StrassenSumsFloats(kStrassenPanelRows, k) +
          kernels::StrassenProductScratchFloats(kStrassenPanelRows, kStrassenPanelCols[0]);
 }
+
+}  // namespace
 
 bool UsesStrassen(const GemmJob& job) {
   if (job.b_strassen.empty() || job.b_packed.data == nullptr || job.c.rows < kStrassenMinRows) {
@@ -228,8 +228,7 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t, b
     const kernels::MatrixView a_even = a.Block(p.r0, 0, even, a.cols);
     if (cache->data != a_even.data || cache->rows != even || cache->cols != a.cols ||
         cache->row_stride != a.row_stride) {
-      cache->sums = kernels::StrassenSumsOfA(a_even, sums);
-      *cache = {a_even.data, even, a.cols, a.row_stride, cache->sums};
+      *cache = {a_even.data, even, a.cols, a.row_stride, kernels::StrassenSumsOfA(a_even, sums)};
     }
     kernels::GemmStrassenPackedB(
         cache->sums, job.b_strassen.Columns(p.c0, p.nc), c.Block(p.r0, p.c0, even, p.nc),
