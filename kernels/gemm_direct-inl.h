@@ -53,7 +53,9 @@ constexpr size_t kMaxCols = std::max(kCols, kFewRowsCols);
 // the kC vectors of b at b[0..kC) (each advancing b_step floats per k step), row 0 of c at `c`
 // (rows c_rs apart, columns c_cs apart) of which the first `cols` columns are stored; `bias`
 // (null, or the bias of the tile's first column, on the last k block only) is added to every
-// row after the product.
+// row after the product. A second destination c2 (rows c2_rs apart, columns c_cs apart; null
+// for none) receives, with c2_add false, the value stored to c, or with c2_add true its own
+// c2 + alpha * acc (GemmPackedBDirectDual).
 struct TileArgs {
   const float* a;
   ptrdiff_t a_rs, a_cs;
@@ -65,25 +67,38 @@ struct TileArgs {
   float alpha, beta;  // beta: this k block's (the caller's beta, or 1 after the first block)
   bool read_c;        // false: c = alpha * acc (first block with beta == 0)
   const float* bias;  // [cols] added after the product, or null
+  float* c2;
+  ptrdiff_t c2_rs;
+  bool c2_add;
 };
 
 // Stores one accumulator: c[j * c_cs] for j < valid lanes (valid <= Lanes), plus bias[j] if
 // bias is not null. Whole vectors with unit column stride go straight to memory; others through
 // a lane buffer, with the same vector arithmetic, so an element's bits do not depend on where its
 // vector ends.
+// c2 (the second destination's element of c's, or null) as TileArgs describes. Not inlined: it
+// serves only ragged column groups and strided c (StoreWholeRow takes every other tile), and
+// inlined into each of the 24 tile shapes per target its branches doubled the library's code.
 template <class DF, class V = hn::Vec<DF>>
-HWY_INLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, size_t valid,
-                         const float* bias) {
+HWY_NOINLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, float* c2, size_t valid,
+                           const float* bias) {
   const size_t N = hn::Lanes(df);
   const V prod = hn::Mul(acc, hn::Set(df, t.alpha));
   if (valid == N && t.c_cs == 1) {
+    if (c2 != nullptr && t.c2_add) hn::StoreU(hn::Add(hn::LoadU(df, c2), prod), df, c2);
     V out = prod;
     if (t.read_c) out = hn::MulAdd(hn::LoadU(df, c), hn::Set(df, t.beta), prod);
     if (bias != nullptr) out = hn::Add(out, hn::LoadU(df, bias));
     hn::StoreU(out, df, c);
+    if (c2 != nullptr && !t.c2_add) hn::StoreU(out, df, c2);
     return;
   }
   HWY_ALIGN float buf[elementwise_detail::kMaxLanesF32] = {};
+  if (c2 != nullptr && t.c2_add) {
+    for (size_t j = 0; j < valid; ++j) buf[j] = c2[static_cast<ptrdiff_t>(j) * t.c_cs];
+    hn::Store(hn::Add(hn::Load(df, buf), prod), df, buf);
+    for (size_t j = 0; j < valid; ++j) c2[static_cast<ptrdiff_t>(j) * t.c_cs] = buf[j];
+  }
   V out = prod;
   if (t.read_c) {
     for (size_t j = 0; j < valid; ++j) buf[j] = c[static_cast<ptrdiff_t>(j) * t.c_cs];
@@ -95,6 +110,9 @@ HWY_INLINE void StoreAcc(DF df, V acc, const TileArgs& t, float* c, size_t valid
   }
   hn::Store(out, df, buf);
   for (size_t j = 0; j < valid; ++j) c[static_cast<ptrdiff_t>(j) * t.c_cs] = buf[j];
+  if (c2 != nullptr && !t.c2_add) {
+    for (size_t j = 0; j < valid; ++j) c2[static_cast<ptrdiff_t>(j) * t.c_cs] = buf[j];
+  }
 }
 
 // Stores vector j of row r of a tile if it lies within t.cols.
@@ -102,8 +120,9 @@ template <class DF, class V = hn::Vec<DF>>
 HWY_INLINE void StoreVec(DF df, V acc, const TileArgs& t, size_t r, size_t j) {
   const size_t N = hn::Lanes(df);
   if (j * N >= t.cols) return;
-  StoreAcc(df, acc, t,
-           t.c + static_cast<ptrdiff_t>(r) * t.c_rs + static_cast<ptrdiff_t>(j * N) * t.c_cs,
+  const ptrdiff_t col = static_cast<ptrdiff_t>(j * N) * t.c_cs;
+  StoreAcc(df, acc, t, t.c + static_cast<ptrdiff_t>(r) * t.c_rs + col,
+           t.c2 != nullptr ? t.c2 + static_cast<ptrdiff_t>(r) * t.c2_rs + col : nullptr,
            std::min(N, t.cols - j * N), t.bias != nullptr ? t.bias + j * N : nullptr);
 }
 
@@ -120,10 +139,11 @@ HWY_INLINE void StoreRow(DF df, V s0, V s1, V s2, V s3, const TileArgs& t, size_
 // tile except those of a ragged last column group or a strided c): StoreAcc's arithmetic
 // without its per-vector checks and lane buffer, which cost 3-10% of the kernel at k 64-512
 // (one thread, AVX2: [64, 64] x [64, 512] 82 -> 90 GFLOP/s). alpha == 1 skips the multiply, an
-// exact one, so the bits are StoreAcc's; so does the bias add.
+// exact one, so the bits are StoreAcc's; so does the bias add. c2: the row of the second
+// destination, or null.
 template <size_t kC, class DF, class V = hn::Vec<DF>>
-HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c, V s0, V s1, V s2,
-                              V s3) {
+HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c,
+                              float* HWY_RESTRICT c2, V s0, V s1, V s2, V s3) {
   const size_t N = hn::Lanes(df);
   if (t.alpha != 1.0f) {
     const V alpha = hn::Set(df, t.alpha);
@@ -131,6 +151,12 @@ HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c, V
     if constexpr (kC > 1) s1 = hn::Mul(s1, alpha);
     if constexpr (kC > 2) s2 = hn::Mul(s2, alpha);
     if constexpr (kC > 3) s3 = hn::Mul(s3, alpha);
+  }
+  if (c2 != nullptr && t.c2_add) {
+    hn::StoreU(hn::Add(hn::LoadU(df, c2), s0), df, c2);
+    if constexpr (kC > 1) hn::StoreU(hn::Add(hn::LoadU(df, c2 + N), s1), df, c2 + N);
+    if constexpr (kC > 2) hn::StoreU(hn::Add(hn::LoadU(df, c2 + 2 * N), s2), df, c2 + 2 * N);
+    if constexpr (kC > 3) hn::StoreU(hn::Add(hn::LoadU(df, c2 + 3 * N), s3), df, c2 + 3 * N);
   }
   if (t.read_c) {
     const V beta = hn::Set(df, t.beta);
@@ -149,6 +175,12 @@ HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c, V
   if constexpr (kC > 1) hn::StoreU(s1, df, c + N);
   if constexpr (kC > 2) hn::StoreU(s2, df, c + 2 * N);
   if constexpr (kC > 3) hn::StoreU(s3, df, c + 3 * N);
+  if (c2 != nullptr && !t.c2_add) {
+    hn::StoreU(s0, df, c2);
+    if constexpr (kC > 1) hn::StoreU(s1, df, c2 + N);
+    if constexpr (kC > 2) hn::StoreU(s2, df, c2 + 2 * N);
+    if constexpr (kC > 3) hn::StoreU(s3, df, c2 + 3 * N);
+  }
 }
 
 // One step of row r of a tile: s_c += x * v_c for the first kC vectors. x is pinned to a
@@ -217,13 +249,16 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
     if constexpr (kR > 5) RowStep<kC>(hn::Set(df, a5[ao]), v0, v1, v2, v3, s50, s51, s52, s53);
   }
   if (t.c_cs == 1 && t.cols == kC * hn::Lanes(df)) {
+    // c2 (null when there is none) advances with c; one copy of the stores per tile shape.
     float* HWY_RESTRICT c = t.c;
-    StoreWholeRow<kC>(df, t, c, s00, s01, s02, s03);
-    if constexpr (kR > 1) StoreWholeRow<kC>(df, t, c += t.c_rs, s10, s11, s12, s13);
-    if constexpr (kR > 2) StoreWholeRow<kC>(df, t, c += t.c_rs, s20, s21, s22, s23);
-    if constexpr (kR > 3) StoreWholeRow<kC>(df, t, c += t.c_rs, s30, s31, s32, s33);
-    if constexpr (kR > 4) StoreWholeRow<kC>(df, t, c += t.c_rs, s40, s41, s42, s43);
-    if constexpr (kR > 5) StoreWholeRow<kC>(df, t, c += t.c_rs, s50, s51, s52, s53);
+    float* HWY_RESTRICT c2 = t.c2;
+    const auto next2 = [&t](float* row) { return row != nullptr ? row + t.c2_rs : nullptr; };
+    StoreWholeRow<kC>(df, t, c, c2, s00, s01, s02, s03);
+    if constexpr (kR > 1) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s10, s11, s12, s13);
+    if constexpr (kR > 2) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s20, s21, s22, s23);
+    if constexpr (kR > 3) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s30, s31, s32, s33);
+    if constexpr (kR > 4) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s40, s41, s42, s43);
+    if constexpr (kR > 5) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s50, s51, s52, s53);
     return;
   }
   StoreRow<kC>(df, s00, s01, s02, s03, t, 0);
@@ -288,12 +323,15 @@ inline bool PackedBDirectSupported(size_t nr) {
 // c [m, n] = alpha * a [m, k] * b + beta * c for a packing b of packed_n columns of which
 // columns [col0, col0 + n) are used (col0 a multiple of nr) and packed_k >= k rows of which the
 // first k are used, k in blocks of kc_max, micro-panels nr wide with packnr floats per k step;
-// then c += bias (a row of n floats) if bias is not null. m, n, k > 0, alpha != 0. Returns false
-// without writing if !PackedBDirectSupported(nr).
+// then c += bias (a row of n floats) if bias is not null. If c2 is not null (rows c2_rs apart,
+// columns c_cs apart), also c2 = c's final value (c2_add false: stored with c's last k block)
+// or c2 += alpha * a * b (c2_add true: one rounded add per k block). m, n, k > 0,
+// alpha != 0. Returns false without writing if !PackedBDirectSupported(nr).
 inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_rs,
                           ptrdiff_t a_cs, const float* b, size_t col0, size_t packed_n,
                           size_t packed_k, size_t nr, size_t packnr, size_t kc_max, float beta,
-                          float* c, ptrdiff_t c_rs, ptrdiff_t c_cs, const float* bias) {
+                          float* c, ptrdiff_t c_rs, ptrdiff_t c_cs, const float* bias, float* c2,
+                          ptrdiff_t c2_rs, bool c2_add) {
   namespace d = gemm_direct_detail;
   if (!PackedBDirectSupported(nr)) return false;
   const hn::ScalableTag<float> df;
@@ -308,6 +346,8 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
   t.c_rs = c_rs;
   t.c_cs = c_cs;
   t.alpha = alpha;
+  t.c2_rs = c2_rs;
+  t.c2_add = c2_add;
   const float* block = b;  // the current KC block of the packing
   for (size_t pc = 0; pc < k; pc += kc_max) {
     const size_t kc = std::min(kc_max, k - pc);
@@ -326,10 +366,15 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
       }
       t.cols = std::min(vecs * N, n - v0 * N);
       t.bias = last_block && bias != nullptr ? bias + v0 * N : nullptr;
+      // A copy is written once, with c's final value; an add goes with every k block.
+      float* const c2_group = c2 != nullptr && (c2_add || last_block)
+                                  ? c2 + static_cast<ptrdiff_t>(v0 * N) * c_cs
+                                  : nullptr;
       for (size_t i = 0; i < m;) {
         const size_t rows = d::TileRowsAt(m - i);
         t.a = a + static_cast<ptrdiff_t>(i) * a_rs + static_cast<ptrdiff_t>(pc) * a_cs;
         t.c = c + static_cast<ptrdiff_t>(i) * c_rs + static_cast<ptrdiff_t>(v0 * N) * c_cs;
+        t.c2 = c2_group != nullptr ? c2_group + static_cast<ptrdiff_t>(i) * c2_rs : nullptr;
         d::TileShape(df, rows, vecs, t);
         i += rows;
       }

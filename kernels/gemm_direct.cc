@@ -21,8 +21,11 @@ bool GemmPackedBDirectSupported() {
   return HWY_DYNAMIC_DISPATCH(PackedBDirectSupported)(GemmBlocking().nr);
 }
 
-bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                       const MatrixView& c, const float* bias) {
+namespace {
+
+// GemmPackedBDirect, with a second destination when c2 is not null (GemmPackedBDirectDual).
+bool Direct(float alpha, const MatrixView& a, const PackedB& b, float beta, const MatrixView& c,
+            const float* bias, SecondStore mode, const MatrixView* c2) {
   assert(a.rows == c.rows && "GemmPackedBDirect: a.rows must equal c.rows");
   assert(b.n == c.cols && "GemmPackedBDirect: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmPackedBDirect: a.cols must equal b.k");
@@ -33,20 +36,63 @@ bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float
   if (!GemmPackedBDirectSupported()) return false;
   if (c.rows == 0 || c.cols == 0) return true;
   if (b.k == 0 || alpha == 0.0f) {
+    // The product is zero: kAdd leaves c2 as it is.
     ScaleC(beta, c);
-    if (bias != nullptr) {
-      for (size_t i = 0; i < c.rows; ++i) {
-        for (size_t j = 0; j < c.cols; ++j) {
-          c.data[static_cast<ptrdiff_t>(i) * c.row_stride +
-                 static_cast<ptrdiff_t>(j) * c.col_stride] += bias[j];
+    for (size_t i = 0; i < c.rows; ++i) {
+      for (size_t j = 0; j < c.cols; ++j) {
+        float& x = c.data[static_cast<ptrdiff_t>(i) * c.row_stride +
+                          static_cast<ptrdiff_t>(j) * c.col_stride];
+        if (bias != nullptr) x += bias[j];
+        if (c2 != nullptr && mode == SecondStore::kCopy) {
+          c2->data[static_cast<ptrdiff_t>(i) * c2->row_stride +
+                   static_cast<ptrdiff_t>(j) * c2->col_stride] = x;
         }
       }
     }
     return true;
   }
+  float* c2_data = nullptr;
+  ptrdiff_t c2_rs = 0;
+  if (c2 != nullptr) {
+    assert(c2->rows == c.rows && c2->cols == c.cols && "GemmPackedBDirectDual: c2's shape");
+    c2_data = c2->data;
+    c2_rs = c2->row_stride;
+    // The kernel steps both destinations with one column stride: where they differ (never in
+    // mha's callers), run it twice with the same operations instead.
+    if (c2->col_stride != c.col_stride) {
+      if (mode == SecondStore::kAdd) {
+        if (!Direct(alpha, a, b, 1.0f, *c2, nullptr, mode, nullptr)) return false;
+        return Direct(alpha, a, b, beta, c, bias, mode, nullptr);
+      }
+      if (!Direct(alpha, a, b, beta, c, bias, mode, nullptr)) return false;
+      for (size_t i = 0; i < c.rows; ++i) {
+        for (size_t j = 0; j < c.cols; ++j) {
+          c2->data[static_cast<ptrdiff_t>(i) * c2->row_stride +
+                   static_cast<ptrdiff_t>(j) * c2->col_stride] =
+              c.data[static_cast<ptrdiff_t>(i) * c.row_stride +
+                     static_cast<ptrdiff_t>(j) * c.col_stride];
+        }
+      }
+      return true;
+    }
+  }
   return HWY_DYNAMIC_DISPATCH(PackedBDirect)(
       c.rows, c.cols, b.k, alpha, a.data, a.row_stride, a.col_stride, b.data, b.col0, b.packed_n,
-      b.packed_k, blk.nr, blk.packnr, blk.kc, beta, c.data, c.row_stride, c.col_stride, bias);
+      b.packed_k, blk.nr, blk.packnr, blk.kc, beta, c.data, c.row_stride, c.col_stride, bias,
+      c2_data, c2_rs, mode == SecondStore::kAdd);
+}
+
+}  // namespace
+
+bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
+                       const MatrixView& c, const float* bias) {
+  return Direct(alpha, a, b, beta, c, bias, SecondStore::kCopy, nullptr);
+}
+
+bool GemmPackedBDirectDual(float alpha, const MatrixView& a, const PackedB& b, float beta,
+                           const MatrixView& c, const float* bias, SecondStore mode,
+                           const MatrixView& c2) {
+  return Direct(alpha, a, b, beta, c, bias, mode, &c2);
 }
 
 }  // namespace kernels

@@ -55,6 +55,24 @@ bool GemmPackedBDirectSupported();
 bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
                        const MatrixView& c, const float* bias = nullptr);
 
+// What GemmPackedBDirectDual writes to its second destination.
+enum class SecondStore {
+  kCopy,  // c2 = the c just computed (bits equal to c's)
+  kAdd,   // c2 += alpha * a * b: per KC block of k, c2 = c2 + alpha * acc, one rounded add
+};
+
+// GemmPackedBDirect, and in the same stores a second destination c2 [m, b.n] (any strides, not
+// overlapping a, b or c). Why: one level of Strassen (gemm_strassen.h) needs each of several
+// partial products in two of c's blocks; storing them from the registers replaces a copy or an
+// add pass over [m, n] afterwards. Per element, c gets exactly GemmPackedBDirect's bits; with
+// kCopy c2 gets them too, with kAdd and k <= GemmBlocking().kc c2 gets c2 + alpha * a * b
+// rounded once, as kernels::Accumulate would add a stored product (deeper k adds each KC block's
+// part in turn). Returns false, with c and c2 untouched, when GemmPackedBDirectSupported() is
+// false.
+bool GemmPackedBDirectDual(float alpha, const MatrixView& a, const PackedB& b, float beta,
+                           const MatrixView& c, const float* bias, SecondStore mode,
+                           const MatrixView& c2);
+
 }  // namespace kernels
 }  // namespace mha
 

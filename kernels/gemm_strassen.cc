@@ -1,10 +1,9 @@
 // One-level Strassen-Winograd product over packed operands: the block sums of b at packing
-// time (plain loops, once per weight matrix), then per call a's four sums, the seven products
-// on the direct micro-kernel and the combination into c (row copies and Accumulate).
+// time (plain loops, once per weight matrix), then per call a's four sums and the seven products
+// on the direct micro-kernel, which also combines them (its second destination).
 #include "kernels/gemm_strassen.h"
 
 #include <cassert>
-#include <cstring>
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
@@ -24,22 +23,6 @@ void Difference(const MatrixView& x, const MatrixView& y, float* dst) {
           static_cast<ptrdiff_t>(i) * y.row_stride + static_cast<ptrdiff_t>(j) * y.col_stride;
       dst[i * x.cols + j] = x.data[xi] - y.data[yi];
     }
-  }
-}
-
-// dst = src for row blocks with unit column stride.
-void CopyRows(const MatrixView& src, const MatrixView& dst) {
-  for (size_t i = 0; i < src.rows; ++i) {
-    std::memcpy(dst.data + static_cast<ptrdiff_t>(i) * dst.row_stride,
-                src.data + static_cast<ptrdiff_t>(i) * src.row_stride, src.cols * sizeof(float));
-  }
-}
-
-// y += x for row blocks of one shape with unit column stride (not overlapping).
-void AccumulateRows(const MatrixView& y, const MatrixView& x) {
-  for (size_t i = 0; i < y.rows; ++i) {
-    Accumulate(y.data + static_cast<ptrdiff_t>(i) * y.row_stride,
-               x.data + static_cast<ptrdiff_t>(i) * x.row_stride, y.cols);
   }
 }
 
@@ -95,11 +78,9 @@ StrassenA StrassenSumsOfA(const MatrixView& a, float* sums) {
   return s;
 }
 
-size_t StrassenProductScratchFloats(size_t m, size_t nc) { return (m / 2) * nc; }
-
 bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b, const MatrixView& c_left,
-                         const MatrixView& c_right, const float* bias_left, const float* bias_right,
-                         float* scratch) {
+                         const MatrixView& c_right, const float* bias_left,
+                         const float* bias_right) {
   const size_t h = a.a11.rows, n2 = b.half_n();
   assert(a.a11.cols == b.half_k() && "GemmStrassenPackedB: a's blocks must be b.half_k() deep");
   assert(c_left.rows == 2 * h && c_right.rows == 2 * h && "GemmStrassenPackedB: c rows");
@@ -108,25 +89,21 @@ bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b, const Mat
          "GemmStrassenPackedB: c needs unit column stride");
   if (!GemmPackedBDirectSupported()) return false;
   if (h == 0 || n2 == 0) return true;
-  const MatrixView t{scratch, h, n2, static_cast<ptrdiff_t>(n2), 1};
 
   // C11 = U1 = P1 + P2, C12 = U5 = U4 + P3, C21 = U6 = U3 - P4, C22 = U7 = U3 + P5 with
-  // U2 = P1 + P6, U3 = U2 + P7, U4 = U2 + P5; the c blocks hold the partial sums, t holds P5.
+  // U2 = P1 + P6, U3 = U2 + P7, U4 = U2 + P5. The c blocks hold the partial sums; a partial
+  // product that two of them need is stored to both by the kernel (GemmPackedBDirectDual).
   const MatrixView x11 = c_left.Block(0, 0, h, n2), x21 = c_left.Block(h, 0, h, n2);
   const MatrixView x12 = c_right.Block(0, 0, h, n2), x22 = c_right.Block(h, 0, h, n2);
-  GemmPackedBDirect(1.0f, a.a11, b.op[0], 0.0f, x11);              // X11 = P1
-  CopyRows(x11, x12);                                              // X12 = P1
+  const SecondStore kCopy = SecondStore::kCopy;
+  GemmPackedBDirectDual(1.0f, a.a11, b.op[0], 0.0f, x11, nullptr, kCopy, x12);  // X11 = X12 = P1
   GemmPackedBDirect(1.0f, a.a12, b.op[1], 1.0f, x11, bias_left);   // X11 = P1 + P2 = C11
-  GemmPackedBDirect(1.0f, a.s2, b.op[5], 1.0f, x12);               // X12 = U2
-  CopyRows(x12, x21);                                              // X21 = U2
-  GemmPackedBDirect(1.0f, a.s3, b.op[6], 1.0f, x21);               // X21 = U3
-  CopyRows(x21, x22);                                              // X22 = U3
-  GemmPackedBDirect(1.0f, a.s1, b.op[4], 0.0f, t);                 // t = P5
-  AccumulateRows(x22, t);                                          // X22 = U7 = C22 - bias
-  AccumulateRows(x12, t);                                          // X12 = U4
+  GemmPackedBDirectDual(1.0f, a.s2, b.op[5], 1.0f, x12, nullptr, kCopy, x21);  // X12 = X21 = U2
+  GemmPackedBDirectDual(1.0f, a.s3, b.op[6], 1.0f, x21, nullptr, kCopy, x22);  // X21 = X22 = U3
+  // X22 = U3 + P5 = C22 (with its bias), X12 = U2 + P5 = U4.
+  GemmPackedBDirectDual(1.0f, a.s1, b.op[4], 1.0f, x22, bias_right, SecondStore::kAdd, x12);
   GemmPackedBDirect(1.0f, a.s4, b.op[2], 1.0f, x12, bias_right);   // X12 = U4 + P3 = C12
   GemmPackedBDirect(-1.0f, a.a22, b.op[3], 1.0f, x21, bias_left);  // X21 = U3 - P4 = C21
-  if (bias_right != nullptr) AddBiasRows(x22.data, h, n2, x22.row_stride, bias_right);
   return true;
 }
 

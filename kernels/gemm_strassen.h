@@ -5,9 +5,9 @@
 // machine's FMA peak (mha's direct micro-kernel, gemm_direct.h), so the only way to make it much
 // faster is fewer flops. Seven products of [m/2, k/2] x [k/2, n/2] do 7/8 of them; the sums of
 // b's blocks are formed once, when the weights are packed (7 packed operands: 1.75x the packed
-// b), and a's four sums and the partial products' combination are passes over [m/2, k/2] and
-// [m/2, n/2] blocks. One thread, AVX2, Zen 3 class, b in cache (throwaway loop, best of 9 x 100
-// calls, time against the direct kernel over the plain packing): [128, 512] x [512, 1536] 0.91,
+// b), a's four sums are one pass over a, and the products combine in the micro-kernel's stores
+// (GemmPackedBDirectDual). One thread, AVX2, Zen 3 class, b in cache (throwaway loop, best of 9 x
+// 100 calls, time against the direct kernel over the plain packing): [128, 512] x [512, 1536] 0.91,
 // [128, 1024] x [1024, 1024] 0.91, [64, 512] x [512, 512] 0.93, [128, 256] x [256, 256] 1.02
 // (half depths of 128 make the products shorter than the kernel likes: callers need k >= 512).
 //
@@ -74,21 +74,18 @@ size_t StrassenSumsFloats(size_t m, size_t k);
 // floats, any alignment, not overlapping a) and returns the blocks and sums.
 StrassenA StrassenSumsOfA(const MatrixView& a, float* sums);
 
-// Floats of scratch GemmStrassenPackedB needs for m rows and nc columns per half: one partial
-// product [m/2, nc].
-size_t StrassenProductScratchFloats(size_t m, size_t nc);
-
 // c = a * b (+ bias on every row) for c = [c_left | c_right], each [m, b.half_n()], the left
 // and right halves of the product's columns that b (possibly a Columns range) selects; bias_left
 // / bias_right [b.half_n()] (contiguous, or null) are added once after the product as
 // GemmPackedBDirect adds its bias. a from StrassenSumsOfA of an [m, 2 * b.half_k()] matrix; c
-// halves with unit column stride, not overlapping a, its sums, b, each other or the scratch
-// (StrassenProductScratchFloats(m, b.half_n()) floats, any alignment). Single-threaded, no
+// halves with unit column stride, not overlapping a, its sums, b or each other. The seven
+// products accumulate into c's blocks, each partial product that two blocks need stored to both
+// by GemmPackedBDirectDual (no scratch, no pass over c after the products). Single-threaded, no
 // allocation. Returns false, with c untouched, where GemmPackedBDirect does not run
 // (GemmPackedBDirectSupported()). Shape mismatches are programming errors: debug asserts.
 bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b, const MatrixView& c_left,
-                         const MatrixView& c_right, const float* bias_left, const float* bias_right,
-                         float* scratch);
+                         const MatrixView& c_right, const float* bias_left,
+                         const float* bias_right);
 
 }  // namespace kernels
 }  // namespace mha

@@ -128,10 +128,9 @@ GemmJob HalfColumns(const GemmJob& job) {
 constexpr size_t kStrassenPanelCols[] = {512, 256, 128, 64};
 
 // Floats of a worker's scratch for Strassen panels of depth k: a's sums for kStrassenPanelRows
-// rows, then one partial product of the widest panel.
+// rows.
 size_t StrassenScratchFloats(size_t k) {
-  return kernels::StrassenSumsFloats(kStrassenPanelRows, k) +
-         kernels::StrassenProductScratchFloats(kStrassenPanelRows, kStrassenPanelCols[0]);
+  return kernels::StrassenSumsFloats(kStrassenPanelRows, k);
 }
 
 }  // namespace
@@ -221,7 +220,6 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t, b
   const float* const bias_left = job.bias != nullptr ? job.bias + p.c0 : nullptr;
   const float* const bias_right = job.bias != nullptr ? job.bias + n2 + p.c0 : nullptr;
   float* const sums = reinterpret_cast<float*>(scratch);
-  float* const product = sums + kernels::StrassenSumsFloats(kStrassenPanelRows, a.cols);
   size_t done = 0;
   const size_t even = p.nr / 2 * 2;
   if (even >= kStrassenMinPanelRows && kernels::GemmPackedBDirectSupported()) {
@@ -230,9 +228,9 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t, b
         cache->row_stride != a.row_stride) {
       *cache = {a_even.data, even, a.cols, a.row_stride, kernels::StrassenSumsOfA(a_even, sums)};
     }
-    kernels::GemmStrassenPackedB(
-        cache->sums, job.b_strassen.Columns(p.c0, p.nc), c.Block(p.r0, p.c0, even, p.nc),
-        c.Block(p.r0, n2 + p.c0, even, p.nc), bias_left, bias_right, product);
+    kernels::GemmStrassenPackedB(cache->sums, job.b_strassen.Columns(p.c0, p.nc),
+                                 c.Block(p.r0, p.c0, even, p.nc),
+                                 c.Block(p.r0, n2 + p.c0, even, p.nc), bias_left, bias_right);
     done = even;
   }
   if (done == p.nr) return;

@@ -1051,44 +1051,141 @@ TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
 // product followed by a separate add, on every target where the kernel runs: k across KC blocks
 // (the bias is added once, after the last one), n ending mid-vector, c row-major (whole-vector
 // stores) and column-major (lane-buffer stores), beta 0 and 1, k = 0.
-TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
+// The operands of the direct kernel's store tests: a [m, k] (misaligned, padded), b [k, n]
+// packed, bias [n], uniform in [-1, 1).
+struct DirectOperands {
+  DirectOperands(size_t m_, size_t n_, size_t k_, std::mt19937& rng)
+      : m(m_),
+        n(n_),
+        k(k_),
+        a(RandomBuffer(m, k, Layout::kRowMajor, 1, 2, rng)),
+        b(RandomBuffer(k, n, Layout::kRowMajor, 0, 1, rng)),
+        bias(RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng)),
+        packed(PackedBFloats(k, n)),
+        pb(PackB(b.view, packed.data)) {}
+  size_t m, n, k;
+  Buffer a, b, bias;
+  PackedBuffer packed;
+  PackedB pb;
+};
+
+// body(target, operands, rng) on every target where GemmPackedBDirect runs, for the store
+// tests' shapes (m, n, k): one row with n ending mid-vector, k across KC blocks with n ending
+// mid-vector, whole vectors.
+template <typename Body>
+void ForEachDirectStoreCase(uint32_t seed, const Body& body) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t shapes[][3] = {{1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}};
   test::ForEachTarget([&](const char* target) {
     if (!GemmPackedBDirectSupported()) return;
-    std::mt19937 rng(44);
-    for (const auto& sh : shapes) {
-      const size_t m = sh[0], n = sh[1], k = sh[2];
-      const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 2, rng);
-      const Buffer b = RandomBuffer(k, n, Layout::kRowMajor, 0, 1, rng);
-      const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
-      PackedBuffer packed(PackedBFloats(k, n));
-      const PackedB pb = PackB(b.view, packed.data);
-      for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
-        const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
-        for (const float beta : {0.0f, 1.0f}) {
-          for (const size_t kk : {k, size_t{0}}) {
-            const PackedB operand = pb.LeadingRows(kk);
-            const MatrixView a_used = a.view.Block(0, 0, m, kk);
-            Buffer fused = c, separate = c;
-            ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, fused.view, bias.view.data));
-            ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, separate.view));
-            for (size_t i = 0; i < m; ++i) {
-              for (size_t j = 0; j < n; ++j) {
-                separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
-                                   static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
-                    bias.at(0, j);
-              }
+    std::mt19937 rng(seed);
+    for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
+  });
+}
+
+TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
+  ForEachDirectStoreCase(44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+    const size_t m = ops.m, n = ops.n, k = ops.k;
+    const Buffer& a = ops.a;
+    const Buffer& bias = ops.bias;
+    const PackedB& pb = ops.pb;
+    for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
+      const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
+      for (const float beta : {0.0f, 1.0f}) {
+        for (const size_t kk : {k, size_t{0}}) {
+          const PackedB operand = pb.LeadingRows(kk);
+          const MatrixView a_used = a.view.Block(0, 0, m, kk);
+          Buffer fused = c, separate = c;
+          ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, fused.view, bias.view.data));
+          ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, separate.view));
+          for (size_t i = 0; i < m; ++i) {
+            for (size_t j = 0; j < n; ++j) {
+              separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
+                                 static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
+                  bias.at(0, j);
             }
-            EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
-                                     fused.storage.size() * sizeof(float)))
-                << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
-                << " beta " << beta;
           }
+          EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
+                                   fused.storage.size() * sizeof(float)))
+              << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
+              << " beta " << beta;
         }
       }
     }
   });
+}
+
+// GemmPackedBDirectDual (gemm_direct.h) on every target where the kernel runs: c gets exactly
+// GemmPackedBDirect's bits; kCopy writes them to c2 too, kAdd leaves c2 = c2 + alpha a b, bitwise
+// GemmPackedBDirect with beta 1 over c2 (and, for k within one KC block, the stored product
+// added by one rounded add). Shapes with k across KC blocks (a copy is written once, an add per
+// block), n ending mid-vector (lane-buffer stores), one row; c and c2 misaligned and padded
+// (the padding must stay untouched), in both layouts (different column strides run the kernel
+// twice), k = 0 and alpha = 0 (c2 copied, or left as it is).
+TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
+  const size_t kc = GemmBlocking().kc;
+  ForEachDirectStoreCase(
+      45, [kc](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+        const size_t m = ops.m, n = ops.n, k = ops.k;
+        const Buffer& a = ops.a;
+        const Buffer& bias = ops.bias;
+        const PackedB& pb = ops.pb;
+        for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
+          for (const Layout l2 : {Layout::kRowMajor, Layout::kColMajor}) {
+            const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
+            const Buffer c2 = RandomBuffer(m, n, l2, 2, 1, rng);
+            for (const SecondStore mode : {SecondStore::kCopy, SecondStore::kAdd}) {
+              for (const float beta : {0.0f, 1.0f}) {
+                for (const float alpha : {-0.5f, 0.0f}) {
+                  for (const size_t kk : {k, size_t{0}}) {
+                    const PackedB operand = pb.LeadingRows(kk);
+                    const MatrixView a_used = a.view.Block(0, 0, m, kk);
+                    const bool copy = mode == SecondStore::kCopy;
+                    const std::string what =
+                        std::string(target) + " m " + std::to_string(m) + " n " +
+                        std::to_string(n) + " k " + std::to_string(kk) + " c " + LayoutName(lc) +
+                        " c2 " + LayoutName(l2) + (copy ? " copy" : " add") + " beta " +
+                        std::to_string(beta) + " alpha " + std::to_string(alpha);
+                    Buffer dual = c, dual2 = c2, single = c, want2 = c2;
+                    ASSERT_TRUE(GemmPackedBDirectDual(alpha, a_used, operand, beta, dual.view,
+                                                      bias.view.data, mode, dual2.view))
+                        << what;
+                    ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, beta, single.view,
+                                                  bias.view.data));
+                    ASSERT_EQ(0, std::memcmp(dual.storage.data(), single.storage.data(),
+                                             dual.storage.size() * sizeof(float)))
+                        << what << ": c differs from GemmPackedBDirect's";
+                    for (size_t e = 0; e < c2.storage.size(); ++e) {
+                      if (!c2.in_view[e]) {
+                        ASSERT_EQ(dual2.storage[e], c2.storage[e]) << what << " padding " << e;
+                      }
+                    }
+                    Buffer product = c;
+                    if (!copy) {
+                      ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, 1.0f, want2.view));
+                      ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, 0.0f, product.view));
+                    }
+                    for (size_t i = 0; i < m; ++i) {
+                      for (size_t j = 0; j < n; ++j) {
+                        const float got = dual2.at(i, j);
+                        if (copy) {
+                          ASSERT_EQ(got, single.at(i, j)) << what << " (" << i << ", " << j << ")";
+                          continue;
+                        }
+                        ASSERT_EQ(got, want2.at(i, j)) << what << " (" << i << ", " << j << ")";
+                        if (kk <= kc) {
+                          ASSERT_EQ(got, c2.at(i, j) + product.at(i, j))
+                              << what << " one rounded add (" << i << ", " << j << ")";
+                        }
+                      }
+                    }
+                  }
+                }
+              }
+            }
+          }
+        }
+      });
 }
 
 // PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
@@ -1196,10 +1293,9 @@ TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseT
         float* c0 = c.data() + offset;
         const MatrixView left{c0, m, n2, static_cast<ptrdiff_t>(ldc), 1};
         const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
-        std::vector<float> scratch(StrassenProductScratchFloats(m, n2));
         const float* bl = with_bias ? bias.view.data : nullptr;
         const float* br = with_bias ? bias.view.data + n2 : nullptr;
-        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, left, right, bl, br, scratch.data())) << what;
+        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, left, right, bl, br)) << what;
         double max_a = 0, max_b = 0;
         for (size_t i = 0; i < m; ++i) {
           for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
@@ -1230,7 +1326,7 @@ TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseT
           const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
           ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), pl, pr,
                                           with_bias ? bl + nr : nullptr,
-                                          with_bias ? br + nr : nullptr, scratch.data()));
+                                          with_bias ? br + nr : nullptr));
           for (size_t i = 0; i < m; ++i) {
             for (size_t j = 0; j < nc; ++j) {
               ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;
