@@ -1382,12 +1382,24 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     // A later chunk past this block's causal diagonal leaves its state as it is.
     if (!keys.first && kend <= keys.begin && tail >= keys.end) return;
     const MatrixView out = out_view(n, h, q0, rows);
-    const MatrixView acc{reinterpret_cast<float*>(scratch + os.acc_rows), rows,
-                         static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
+    const int64_t kb = static_cast<int64_t>(ws.key_block);
+    // One key block for the whole task (S' <= key_block without chunks, e.g. every S <= 512):
+    // each strip reads its Q rows once per product, so the direct kernel reads them in place,
+    // and the running output is the output itself (normalized there by the finish), which
+    // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
+    // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
+    const bool one_block = !ws.chunked && ((kend - keys.begin <= kb && tail >= keys.end) ||
+                                           (kend <= keys.begin && keys.end - tail <= kb));
+    const MatrixView acc = one_block
+                               ? out
+                               : MatrixView{reinterpret_cast<float*>(scratch + os.acc_rows), rows,
+                                            static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
     int64_t t0 = now();
     kernels::PackedA qp{};
-    const MatrixView q{q_rows, rows, static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
-    if (direct) {
+    MatrixView q{q_rows, rows, static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
+    if (direct && one_block) {
+      q = q_view(n, h, q0, rows);
+    } else if (direct) {
       const MatrixView src = q_view(n, h, q0, rows);
       for (size_t r = 0; r < rows; ++r) {
         std::memcpy(q.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
@@ -1401,7 +1413,6 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
       if (keys.first) {
         row_max[r] = kNegInf;
         row_sum[r] = 0.0f;
-        std::memset(acc.data + r * hd, 0, hd * sizeof(float));
       } else {
         std::memcpy(acc.data + r * hd, out.data + r * out.row_stride, hd * sizeof(float));
       }
@@ -1457,7 +1468,6 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         record(t0, worker, Stage::kWeightedSum, n, h, blk);
       }
     };
-    const int64_t kb = static_cast<int64_t>(ws.key_block);
     for (int64_t k0 = keys.begin; k0 < kend; k0 += kb) {
       update(k0, std::min<int64_t>(kb, kend - k0), true);
     }
@@ -1465,8 +1475,10 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     // The chunked path normalizes in its output projection, after the last chunk.
     t0 = now();
     if (!ws.chunked) kernels::OnlineSoftmaxFinish(acc.data, rows, hd, acc.row_stride, row_sum);
-    for (size_t r = 0; r < rows; ++r) {
-      std::memcpy(out.data + r * out.row_stride, acc.data + r * hd, hd * sizeof(float));
+    if (!one_block) {
+      for (size_t r = 0; r < rows; ++r) {
+        std::memcpy(out.data + r * out.row_stride, acc.data + r * hd, hd * sizeof(float));
+      }
     }
     record(t0, worker, Stage::kWeightedSum, n, h, blk);
   });
