@@ -142,10 +142,16 @@ bool UsesStrassen(const GemmJob& job) {
   return StrassenScratchFloats(job.a.cols) * sizeof(float) <= kernels::GemmScratchBytes();
 }
 
-PanelShape StrassenPanelsOf(const GemmJob& job) {
+PanelShape StrassenPanelsOf(const GemmJob& job, bool alone) {
   const size_t nr = kernels::GemmBlocking().nr;
   const GemmJob half = HalfColumns(job);
   PanelShape panel{kStrassenPanelRows, 0};
+  if (alone && job.batches == 1 && job.c.rows <= kStrassenPanelRows) {
+    // Two row panels, the first of ceil(rows / 2) rounded up to even, when the second keeps
+    // kStrassenMinPanelRows rows (else it would run the plain product).
+    const size_t first = ((job.c.rows + 1) / 2 + 1) / 2 * 2;
+    if (job.c.rows - first >= kStrassenMinPanelRows) panel.rows = first;
+  }
   for (size_t w : kStrassenPanelCols) {
     panel.cols = std::max(nr, w / nr * nr);
     if (PanelTasks(half, panel) >= kMinPrepackedTasks) break;
@@ -274,7 +280,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       panels[j] = PrepackedPanelsOf(job);
       direct[j] = UsesDirect(job.c.rows);
       strassen[j] = UsesStrassen(job);
-      if (strassen[j]) panels[j] = StrassenPanelsOf(job);
+      if (strassen[j]) panels[j] = StrassenPanelsOf(job, n_jobs == 1);
     } else if (packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes) {
       shared[j] = true;
       const float* const dst = reinterpret_cast<const float*>(packed + used);

@@ -230,11 +230,9 @@ TEST(ParallelGemmTest, StrassenWeights) {
   if (!kernels::GemmPackedBDirectSupported()) GTEST_SKIP() << "no direct micro-kernel here";
   const size_t nr = kernels::GemmBlocking().nr;
   std::mt19937 rng(29);
-  const Problem problems[] = {{1, 128, 512, 16 * nr, true},
-                              {2, 131, 64, 4 * nr, true},
-                              {1, 200, 96, 6 * nr, false},
-                              {3, 65, 40, 2 * nr, true},
-                              {1, 64, 2, 2 * nr, true}};
+  const Problem problems[] = {{1, 128, 512, 16 * nr, true}, {2, 131, 64, 4 * nr, true},
+                              {1, 200, 96, 6 * nr, false},  {3, 65, 40, 2 * nr, true},
+                              {1, 101, 64, 4 * nr, true},   {1, 64, 2, 2 * nr, true}};
   for (const Problem& p : problems) {
     SCOPED_TRACE(Describe(p));
     std::vector<float> a, w, bias;
@@ -291,6 +289,31 @@ TEST(ParallelGemmTest, StrassenWeights) {
       EXPECT_GT(differing, 0u);
     }
   }
+}
+
+// Strassen panels: 128 rows by the widest columns per half giving kMinPrepackedTasks tasks; a
+// job alone in its call with one batch of at most 128 rows takes two row panels (the first
+// even, the second at least kStrassenMinPanelRows rows) by the widest columns.
+TEST(ParallelGemmTest, StrassenPanels) {
+  const size_t nr = kernels::GemmBlocking().nr;
+  auto panels = [](size_t batches, size_t m, size_t n, bool alone) {
+    GemmJob job;
+    job.c.rows = m;
+    job.c.cols = n;
+    job.batches = batches;
+    job.b_strassen.op[0].n = n / 2;
+    return StrassenPanelsOf(job, alone);
+  };
+  const size_t widest = 512 / nr * nr;
+  EXPECT_EQ(panels(1, 128, 512, false).rows, kStrassenPanelRows);  // q, k, v: column panels
+  EXPECT_EQ(panels(1, 128, 512, false).cols, 128 / nr * nr);
+  EXPECT_EQ(panels(1, 128, 512, true).rows, 64u);
+  EXPECT_EQ(panels(1, 128, 512, true).cols, widest);  // tasks clamp it to the half
+  EXPECT_EQ(panels(1, 101, 512, true).rows, 52u);     // 52 + 49
+  EXPECT_EQ(panels(1, 64, 512, true).rows, 32u);
+  EXPECT_EQ(panels(1, 65, 512, true).rows, kStrassenPanelRows);   // 34 + 31: no split
+  EXPECT_EQ(panels(2, 128, 512, true).rows, kStrassenPanelRows);  // the batches make the tasks
+  EXPECT_EQ(panels(1, 256, 512, true).rows, kStrassenPanelRows);
 }
 
 // Panels of prepacked jobs: mc rows; the widest column width (a multiple of NR) that gives
