@@ -38,12 +38,14 @@ bool Direct(float alpha, const MatrixView& a, const PackedB& b, float beta, cons
   if (b.k == 0 || alpha == 0.0f) {
     // The product is zero: kAdd leaves c2 as it is.
     ScaleC(beta, c);
+    const bool copy = c2 != nullptr && mode == SecondStore::kCopy;
+    if (bias == nullptr && !copy) return true;
     for (size_t i = 0; i < c.rows; ++i) {
       for (size_t j = 0; j < c.cols; ++j) {
         float& x = c.data[static_cast<ptrdiff_t>(i) * c.row_stride +
                           static_cast<ptrdiff_t>(j) * c.col_stride];
         if (bias != nullptr) x += bias[j];
-        if (c2 != nullptr && mode == SecondStore::kCopy) {
+        if (copy) {
           c2->data[static_cast<ptrdiff_t>(i) * c2->row_stride +
                    static_cast<ptrdiff_t>(j) * c2->col_stride] = x;
         }

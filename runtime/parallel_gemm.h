@@ -186,8 +186,9 @@ struct GemmJob {
 // rows of a by a column range of b_packed (MultiplyPacked, with UsesDirect of the product's
 // rows). Its results are bitwise those of one such call over the whole product, whatever the
 // panels and the thread count. A job that also has b_strassen and kStrassenMinRows rows or more
-// (UsesStrassen) runs Strassen panels instead (StrassenPanelsOf): each task computes rows
-// [r0, r0 + 128) of c's columns [c0, c0 + nc) and [n/2 + c0, n/2 + c0 + nc) with
+// (UsesStrassen) runs Strassen panels instead (StrassenPanelsOf): each task computes its panel's
+// rows (128, or half of a short job alone in the call) of c's columns [c0, c0 + nc) and
+// [n/2 + c0, n/2 + c0 + nc) with
 // kernels::GemmStrassenPackedB (a's sums in the worker's scratch), the odd last row of a panel
 // and panels of fewer than kStrassenMinPanelRows rows with the plain product; the partition is
 // the shapes', so these results too are bitwise the same for any thread count.
