@@ -76,7 +76,7 @@ nm -D --defined-only "$libdir/libmha.so" | c++filt > "$tmp/symbols.txt"
 # Column 3 onwards is the (demangled) name.
 leaks=$(cut -d' ' -f3- "$tmp/symbols.txt" | grep -v -E '^(mha_[a-z0-9_]+|mha::.*)$' || true)
 if [ -n "$leaks" ]; then
-  echo "$leaks" | head -20 >&2
+  echo "$leaks" | sed -n 1,20p >&2  # sed reads to the end: no SIGPIPE under pipefail
   fail "libmha.so exports $(echo "$leaks" | wc -l) non-API symbol(s) (first 20 above)"
 fi
 capi=$(grep -c -E ' mha_[a-z0-9_]+$' "$tmp/symbols.txt" || true)
@@ -199,8 +199,13 @@ EOF
   $(pkg --libs) || fail "compiling the C++ consumer against the installed tree"
 LD_LIBRARY_PATH="$libdir" "$tmp/c_shared" > "$tmp/c_shared.out" || fail "the C consumer failed"
 LD_LIBRARY_PATH="$libdir" "$tmp/cc_shared" > "$tmp/cc_shared.out" || fail "the C++ consumer failed"
-LD_LIBRARY_PATH="$libdir" ldd "$tmp/c_shared" | grep -q "$libdir/libmha.so" ||
-  fail "the C consumer did not load the installed libmha.so"
+# ldd's output is captured before it is matched: `ldd | grep -q` under pipefail fails at random
+# when grep exits at its first match while ldd still writes (SIGPIPE, status 141).
+deps=$(LD_LIBRARY_PATH="$libdir" ldd "$tmp/c_shared")
+case "$deps" in
+  *"$libdir/libmha.so"*) ;;
+  *) fail "the C consumer did not load the installed libmha.so: $deps" ;;
+esac
 version=$(head -1 "$tmp/c_shared.out")
 [ "$(wc -l < "$tmp/c_shared.out")" -eq 13 ] || fail "the C consumer printed $(cat "$tmp/c_shared.out")"
 cmp -s "$tmp/c_shared.out" "$tmp/cc_shared.out" ||
@@ -217,7 +222,8 @@ static_flags=$(pkg --static --libs | sed 's/-lmha\b/-l:libmha.a/')
 "$CC" -std=c99 $(pkg --cflags) "$tmp/consumer.c" -o "$tmp/c_static" $static_flags ||
   fail "linking the C consumer statically with: $static_flags (a C program needs libstdc++ from Libs.private)"
 for prog in c_static cc_static; do
-  if ldd "$tmp/$prog" | grep -q libmha; then fail "$prog still needs libmha.so"; fi
+  deps=$(ldd "$tmp/$prog")
+  case "$deps" in *libmha*) fail "$prog still needs libmha.so: $deps" ;; esac
   "$tmp/$prog" > "$tmp/$prog.out" || fail "$prog failed"
   cmp -s "$tmp/$prog.out" "$tmp/c_shared.out" || fail "$prog disagrees with the shared build"
 done
