@@ -11,6 +11,15 @@ bool RoundUpToAlignment(size_t bytes, size_t* out) {
   return true;
 }
 
+size_t ArenaBytesFor(size_t workspace) {
+  size_t rounded = 0;
+  if (!RoundUpToAlignment(workspace == 0 ? 1 : workspace, &rounded) ||
+      rounded > SIZE_MAX - (kArenaAlignment - 1)) {
+    return SIZE_MAX;
+  }
+  return rounded + (kArenaAlignment - 1);
+}
+
 Arena::~Arena() { Release(); }
 
 void Arena::Release() {

@@ -21,6 +21,12 @@ inline constexpr size_t kArenaAlignment = 64;
 // Rounds `bytes` up to a multiple of kArenaAlignment; returns false on overflow.
 bool RoundUpToAlignment(size_t bytes, size_t* out);
 
+// Bytes a caller-provided buffer needs, at any address, for an arena that serves one allocation
+// of `workspace` bytes: the allocation rounded up to kArenaAlignment (at least one unit) plus
+// the kArenaAlignment - 1 bytes InitBorrowed may skip to align the buffer's start. What every
+// plan returns. Saturates at SIZE_MAX.
+size_t ArenaBytesFor(size_t workspace);
+
 class Arena {
  public:
   Arena() = default;

@@ -18,16 +18,19 @@
 //      into the weights (or scratch), masked softmax over whole rows, P V_h.
 //   3. Output projection (ParallelGemm) from concat [tokens_q, E] into the caller's output.
 // Chunked path (no weights, S > kChunkKeys and K + V of all keys >= kChunkMinKvBytes, e.g.
-// (1, 8192, 1024, 16): 46 MiB planned instead of 132): full K, V and concat would dominate the
-// workspace, so
+// (1, 8192, 1024, 16): 48 MiB of workspace instead of 135): full K, V and concat would dominate
+// the workspace, so
 //   1. Q alone is projected whole, [tokens_q, E];
 //   2. for each chunk of kChunkKeys keys in order (the last one with the appended positions):
 //      its K and V [N, chunk, kvE] are projected (ParallelGemm), then the attention tasks run
 //      the online-softmax recurrence over the chunk's key blocks, their state kept between
 //      chunks: row max and sum [N, H, L] in the workspace, the unnormalized output in the
-//      caller's output rows (concat layout [tokens_q, E] at the output's strides; used only
-//      when it shares no memory with an input). Causal blocks skip chunks past their diagonal;
-//   3. output projection in place, per block of rows: copy to scratch, normalize, GEMM back.
+//      caller's output rows (concat layout [tokens_q, E] at the output's strides) when they
+//      share no memory with an input, else in concat (in place: 80 MiB at that shape). Causal
+//      blocks skip chunks past their diagonal;
+//   3. output projection per block of rows: copy to scratch, normalize, GEMM into the output.
+// Plan returns the larger of the two (and of fused or separate Q/K/V buffers), so one plan fits
+// every forward with the same shapes.
 // Every partition depends on the shapes only, so results are bitwise identical for any thread
 // count.
 #include <algorithm>
@@ -174,6 +177,9 @@ struct Shapes {
   int64_t N = 0, L = 0, S = 0, St = 0;  // St = S'
   SeqInput q, k, v;
   bool self_attention = false;  // key and value are the query view
+  // Key and value (or their absence) have the query's shape: the same shapes may come as
+  // self-attention (the query's view) or not, so the plan covers both.
+  bool self_possible = false;
   MaskInput attn, kpm;
   bool causal = false;
   bool need_weights = false;
@@ -181,7 +187,7 @@ struct Shapes {
   float* out = nullptr;
   TokenLayout out_layout;
   // The output's rows are disjoint and share no memory with any input or mask, so the chunked
-  // path may keep its running sums there.
+  // path keeps its running sums there instead of in a workspace buffer.
   bool out_private = false;
   float* weights = nullptr;
   ptrdiff_t w_stride[3] = {0, 0, 0};  // averaged: n, l; per head: n, h, l (in elements)
@@ -206,6 +212,9 @@ struct Workspace {
   // Chunked path: K and V hold one chunk of chunk_keys keys (plus the appended positions).
   bool chunked = false;
   int64_t chunk_keys = 0;
+  // Chunked path: the running output lives in the caller's output rows (out_private), else in
+  // concat.
+  bool acc_in_output = false;
   // Projection buffers: element row stride and token layouts.
   ptrdiff_t q_ld = 0, kv_ld = 0;
   TokenLayout q_layout, kv_layout, concat_layout;
@@ -270,6 +279,10 @@ struct MultiheadAttention::Impl : LayerWeights {
                      int64_t expect_batch, SeqInput* seq) const;
   Status ValidateMasks(const AttentionInputs& in, Shapes* sh) const;
   void PlanWorkspace(const Shapes& sh, size_t threads, Workspace* ws) const;
+  // The most workspace any forward with sh's shapes needs, whatever its pointers and strides:
+  // the maximum of PlanWorkspace over what they decide (an output that shares memory with an
+  // input or not; key and value the query's view or not).
+  size_t PlanBound(const Shapes& sh, size_t threads) const;
   // Q, K and V (chunked path: Q alone when keys is null, else the keys of one chunk).
   void RunProjections(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
                       const KeyChunk* keys) const;
@@ -726,6 +739,14 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
     return true;
   };
   sh->self_attention = same_view(q, kt) && same_view(kt, vt);
+  auto same_shape = [](const TensorView& a, const TensorView& b) {
+    if (a.rank != b.rank) return false;
+    for (int i = 0; i < a.rank; ++i) {
+      if (a.shape[i] != b.shape[i]) return false;
+    }
+    return true;
+  };
+  sh->self_possible = same_shape(q, kt) && same_shape(kt, vt);
 
   // Sizes must stay far from overflow: N * L * S' * H (the per-head weights) in 63 bits.
   constexpr double kMaxElements = 9.0e18;
@@ -879,6 +900,22 @@ OnlineScratch OnlineScratchLayout(const Workspace& ws, size_t hd) {
 
 }  // namespace
 
+size_t MultiheadAttention::Impl::PlanBound(const Shapes& sh, size_t threads) const {
+  size_t bound = 0;
+  for (const bool out_private : {false, true}) {
+    for (const bool self : {false, true}) {
+      if (self != sh.self_attention && !sh.self_possible) continue;
+      Shapes variant = sh;
+      variant.out_private = out_private;
+      variant.self_attention = self;
+      Workspace ws;
+      PlanWorkspace(variant, threads, &ws);
+      bound = std::max(bound, ws.total);
+    }
+  }
+  return bound;
+}
+
 void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
                                              Workspace* ws) const {
   const size_t N = sh.N, L = sh.L, St = sh.St;
@@ -886,12 +923,13 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
   // Chunked path: long keys, no weights (see kChunkMinKvBytes). Q [tokens_q, E] is projected
   // whole (the chunks reread it), K and V [N, chunk + extra, kvE] hold one chunk of keys at a
   // time, and the running softmax state of every query row stays between chunks: row max and
-  // sum [N, H, L] here, the unnormalized output in the caller's output rows (out_private), which
-  // replaces concat. At (1, 8192, 1024, 16): 32 + 2 x 4 + 1 MiB instead of 4 x 32 MiB (plus
-  // 8 MiB for the K and V weights packed once, and per-worker scratch: 56 MiB on 2 threads).
+  // sum [N, H, L] here, the unnormalized output in the caller's output rows when they are
+  // private (out_private), else in concat. At (1, 8192, 1024, 16): 32 + 2 x 4 + 1 MiB (+ 32
+  // for concat) instead of 4 x 32 MiB (plus per-worker scratch).
   const KeyChunking chunking = CurrentKeyChunking();
-  ws->chunked = !sh.need_weights && sh.out_private && sh.S > chunking.chunk_keys &&
+  ws->chunked = !sh.need_weights && sh.S > chunking.chunk_keys &&
                 2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
+  ws->acc_in_output = ws->chunked && sh.out_private;
   ws->fused = !ws->chunked && sh.self_attention && w_packed.data != nullptr;
   if (ws->fused) {
     // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
@@ -923,7 +961,8 @@ void MultiheadAttention::Impl::PlanWorkspace(const Shapes& sh, size_t threads,
     off += Bytes(N * H * L);
     ws->row_sum = off;
     off += Bytes(N * H * L);
-  } else {
+  }
+  if (!ws->acc_in_output) {
     ws->concat_layout = BufferLayout(sh.q, N, L, E);
     ws->concat = off;
     off += Bytes(N * L * E);
@@ -1037,9 +1076,20 @@ Status MultiheadAttention::Plan(const AttentionInputs& inputs, const AttentionOu
   Shapes sh;
   Status s = impl_->Validate(inputs, &outputs, &sh);
   if (!s.ok()) return s;
+  *workspace_bytes = ArenaBytesFor(impl_->PlanBound(sh, std::max<size_t>(num_threads, 1)));
+  return Status::Ok();
+}
+
+Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
+                                       const AttentionInputs& inputs,
+                                       const AttentionOutputs& outputs, size_t num_threads,
+                                       size_t* bytes) {
+  Shapes sh;
+  Status s = layer.impl().Validate(inputs, &outputs, &sh);
+  if (!s.ok()) return s;
   Workspace ws;
-  impl_->PlanWorkspace(sh, std::max<size_t>(num_threads, 1), &ws);
-  *workspace_bytes = ws.total;
+  layer.impl().PlanWorkspace(sh, std::max<size_t>(num_threads, 1), &ws);
+  *bytes = ws.total;
   return Status::Ok();
 }
 
@@ -1207,9 +1257,9 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   float* const q_buf = buf.q;
   float* const k_buf = buf.k;
   float* const v_buf = buf.v;
-  // Attention results [tokens_q, E]: concat, or when chunked the caller's output (running sums).
-  float* const concat = ws.chunked ? sh.out : reinterpret_cast<float*>(base + ws.concat);
-  const TokenLayout concat_layout = ws.chunked ? sh.out_layout : ws.concat_layout;
+  // Attention results [tokens_q, E]: concat, or the caller's output (chunked running sums).
+  float* const concat = ws.acc_in_output ? sh.out : reinterpret_cast<float*>(base + ws.concat);
+  const TokenLayout concat_layout = ws.acc_in_output ? sh.out_layout : ws.concat_layout;
   uint8_t* scratch_base = base + ws.scratch;
   TraceRecorder* trace = ctx.trace();
 
@@ -1352,8 +1402,8 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
     // contiguous [rows, hd] buffer in the worker's scratch: the strips then read, scale and
     // accumulate rows at a stride of hd floats in L2 instead of rows of the [tokens, E] buffers
     // (a multiple of 4 KiB apart, L3 or memory at long lengths) once per key block.
-    // The running output lives in concat between tasks only on the chunked path (the caller's
-    // output, unnormalized); row max and sum [rows] live in the worker's scratch, or when chunked
+    // The running output lives in concat (or the caller's output) between tasks only on the
+    // chunked path, unnormalized; row max and sum [rows] live in the worker's scratch, or when chunked
     // in the workspace's [N, H, L] arrays, where they persist from chunk to chunk.
     // Each key block's K^T [hd, kc] and V [kc, hd] are packed once, then the block's rows run in
     // strips of kStripRows (rounded down to the micro-kernel's MR, the packed Q's row ranges):
@@ -1497,10 +1547,10 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
     RunAttention(ctx, sh, ws, base, keys);
   }
 
-  // Output projection in place, kOutRows rows of one batch per task: the rows' running sums are
-  // copied to the worker's scratch [rows, E] and normalized there by the row sums of each head
-  // (OnlineSoftmaxFinish), then out rows = scratch x W_o^T + b_o overwrite them. Every task reads
-  // and writes only its own rows, so the tasks are independent.
+  // Output projection, kOutRows rows of one batch per task: the rows' running sums (in the
+  // output rows themselves, or in concat) are copied to the worker's scratch [rows, E] and
+  // normalized there by the row sums of each head (OnlineSoftmaxFinish), then out rows = scratch
+  // x W_o^T + b_o. Every task reads and writes only its own rows, so the tasks are independent.
   const int64_t N = sh.N, L = sh.L;
   const int64_t blocks = (L + kOutRows - 1) / kOutRows;
   const float* row_sum = reinterpret_cast<const float*>(base + ws.row_sum);
@@ -1513,8 +1563,15 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
     uint8_t* gemm_scratch = base + ws.scratch + worker * ws.scratch_per_worker;
     float* a = reinterpret_cast<float*>(gemm_scratch + ws.gemm_scratch);
     float* out = sh.out + n * sh.out_layout.batch + r0 * sh.out_layout.token;
+    const float* acc = out;
+    ptrdiff_t acc_stride = sh.out_layout.token;
+    if (!ws.acc_in_output) {
+      acc = reinterpret_cast<const float*>(base + ws.concat) + n * ws.concat_layout.batch +
+            r0 * ws.concat_layout.token;
+      acc_stride = ws.concat_layout.token;
+    }
     for (size_t r = 0; r < rows; ++r) {
-      std::memcpy(a + r * E, out + r * sh.out_layout.token, E * sizeof(float));
+      std::memcpy(a + r * E, acc + r * acc_stride, E * sizeof(float));
     }
     for (int64_t h = 0; h < H; ++h) {
       kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
@@ -1632,7 +1689,7 @@ Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
   Shapes sh;
   Status s = impl_->ValidateProject(inputs, outputs, &sh);
   if (!s.ok()) return s;
-  *workspace_bytes = ProjectWorkspaceBytes(num_threads);
+  *workspace_bytes = ArenaBytesFor(ProjectWorkspaceBytes(num_threads));
   return Status::Ok();
 }
 

@@ -67,6 +67,14 @@ KeyChunking CurrentKeyChunking();
 // returns the previous one. Not for concurrent use with forwards or plans.
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
 
+// The workspace bytes this very forward, its pointers included, takes from the arena (Plan
+// returns the bound over every pointer arrangement of the same shapes). For tests: it runs
+// nothing.
+Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
+                                       const AttentionInputs& inputs,
+                                       const AttentionOutputs& outputs, size_t num_threads,
+                                       size_t* bytes);
+
 }  // namespace mha
 
 #endif  // MHA_RUNTIME_ATTENTION_IMPL_H_

@@ -119,6 +119,20 @@ mha_status mha_kv_cache_create(const mha_layer* layer, const mha_kv_cache_option
 
 void mha_kv_cache_destroy(mha_kv_cache* cache) { delete cache; }
 
+mha_status mha_kv_cache_plan(const mha_kv_cache* cache, const mha_layer* layer,
+                             int64_t max_tokens, size_t num_threads, size_t* bytes) {
+  return Guard("mha_kv_cache_plan", [&]() -> Status {
+    if (cache == nullptr) return NullArg("cache");
+    if (layer == nullptr) return NullArg("layer");
+    if (bytes == nullptr) return NullArg("bytes");
+    size_t b = 0;
+    Status s = mha::WithoutCppPrefix(cache->impl->Plan(*layer->impl, max_tokens, num_threads, &b));
+    if (!s.ok()) return s;
+    *bytes = b;
+    return Status::Ok();
+  });
+}
+
 mha_status mha_kv_cache_reset(mha_kv_cache* cache) {
   return Guard("mha_kv_cache_reset", [&]() -> Status {
     if (cache == nullptr) return NullArg("cache");

@@ -48,9 +48,11 @@ Arena& Context::arena() { return *arena_; }
 Status Context::Reserve(size_t bytes) {
   if (arena_->capacity() >= bytes) return Status::Ok();
   if (borrowed_) {
-    return OutOfMemory("context arena: the forward pass needs " + std::to_string(bytes) +
-                       " bytes, the caller-provided buffer holds " +
-                       std::to_string(arena_->capacity()) + " usable bytes");
+    return OutOfMemory("context arena: this call needs " + std::to_string(bytes) +
+                       " bytes of workspace, which a caller-provided buffer of " +
+                       std::to_string(ArenaBytesFor(bytes)) +
+                       " bytes holds at any address (the figure its plan returns); this buffer "
+                       "holds " + std::to_string(arena_->capacity()) + " usable bytes");
   }
   return arena_->Init(bytes);
 }

@@ -132,6 +132,55 @@ void StoreRow(const float* src, uint8_t* dst, int64_t hd, DType dtype) {
   }
 }
 
+// Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
+// schedule's per-chunk partial states (sized for a full cache, so the arena reaches its final
+// size on the first decode step and never grows as the sequences get longer), new K and V
+// [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores).
+struct StepWorkspace {
+  size_t q = 0, concat = 0, acc = 0, stats = 0, k = 0, v = 0, scratch = 0;
+  size_t per_worker = 0, total = 0;
+};
+
+// From shapes alone: N entries, T tokens each, the cache's capacity, which parts run, threads.
+StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool append,
+                       bool forward, size_t threads) {
+  const int64_t G = m.H / m.KVH;
+  const size_t rows = static_cast<size_t>(N * T);
+  const bool split = T <= kSplitMaxTokens;
+  const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
+  StepWorkspace ws;
+  size_t off = 0;
+  if (forward) {
+    ws.q = off;
+    off += FloatBytes(rows * m.E);
+    ws.concat = off;
+    off += FloatBytes(rows * m.E);
+    if (split) {
+      const int64_t max_chunks = (capacity + kChunk - 1) / kChunk;
+      ws.acc = off;
+      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_chunks * R * m.hd));
+      ws.stats = off;
+      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_chunks * 2 * R));
+    }
+  }
+  if (append) {
+    ws.k = off;
+    off += FloatBytes(rows * m.kvE);
+    ws.v = off;
+    off += FloatBytes(rows * m.kvE);
+  }
+  size_t attn_scratch = 0;
+  if (forward) {
+    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kChunk))
+                         : FloatBytes(kQueryBlock * kChunk) + 2 * FloatBytes(kQueryBlock);
+  }
+  RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &ws.per_worker);
+  ws.scratch = off;
+  off += ws.per_worker * threads;
+  ws.total = off;
+  return ws;
+}
+
 }  // namespace
 
 KvCacheOptions KvCacheOptions::ForLayer(const MultiheadAttention& layer, int64_t batch,
@@ -223,6 +272,31 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
 KvCache::~KvCache() = default;
 
 void KvCache::Reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+
+Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t num_threads,
+                     size_t* bytes) const {
+  const char* op = "KvCache::Plan: ";
+  if (bytes == nullptr) return InvalidArgument(std::string(op) + "bytes is null");
+  const LayerWeights& m = LayerWeightsOf(layer);
+  if (m.KVH != kv_heads_ || m.hd != head_dim_) {
+    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads_) +
+                           " and head_dim " + Str(head_dim_) + " (the cache's), got " + Str(m.KVH) +
+                           " and " + Str(m.hd));
+  }
+  if (max_tokens < 1 || max_tokens > (int64_t{1} << 31)) {
+    return InvalidArgument(std::string(op) + "max_tokens: expected 1.." + Str(int64_t{1} << 31) +
+                           ", got " + Str(max_tokens));
+  }
+  // A Step needs the most (projections, store and attention); within each schedule the
+  // workspace grows with T, so the bound is the larger of the longest split call and T itself.
+  const size_t threads = std::max<size_t>(num_threads, 1);
+  const int64_t longest_split = std::min(max_tokens, kSplitMaxTokens);
+  const size_t bound = std::max(
+      PlanStep(m, batch_, longest_split, capacity_, true, true, threads).total,
+      PlanStep(m, batch_, max_tokens, capacity_, true, true, threads).total);
+  *bytes = ArenaBytesFor(bound);
+  return Status::Ok();
+}
 
 Status KvCache::Truncate(int64_t n, int64_t length) {
   if (n < 0 || n >= batch_) {
@@ -383,38 +457,10 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   const bool split = T <= kSplitMaxTokens;
   const int64_t chunks = std::max<int64_t>(1, (max_len + kChunk - 1) / kChunk);
   const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
-  size_t off = 0, q_off = 0, k_off = 0, v_off = 0, concat_off = 0, acc_off = 0, stats_off = 0;
-  if (forward) {
-    q_off = off;
-    off += FloatBytes(rows * E);
-    concat_off = off;
-    off += FloatBytes(rows * E);
-    if (split) {
-      // Sized for a full cache, not the current lengths, so the arena reaches its final size on
-      // the first decode step and never grows (or allocates) as the sequences get longer.
-      const int64_t max_chunks = (capacity_ + kChunk - 1) / kChunk;
-      acc_off = off;
-      off += FloatBytes(static_cast<size_t>(N * KVH * max_chunks * R * hd));
-      stats_off = off;
-      off += FloatBytes(static_cast<size_t>(N * KVH * max_chunks * 2 * R));
-    }
-  }
-  if (append) {
-    k_off = off;
-    off += FloatBytes(rows * kvE);
-    v_off = off;
-    off += FloatBytes(rows * kvE);
-  }
-  size_t attn_scratch = 0;
-  if (forward) {
-    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kChunk))
-                         : FloatBytes(kQueryBlock * kChunk) + 2 * FloatBytes(kQueryBlock);
-  }
-  size_t per_worker = 0;
-  RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &per_worker);
   const size_t threads = ctx.num_threads();
-  const size_t scratch_off = off;
-  off += per_worker * threads;
+  const StepWorkspace ws = PlanStep(m, N, T, capacity_, append, forward, threads);
+  const size_t per_worker = ws.per_worker;
+  const size_t off = ws.total;
   s = ctx.Reserve(off);
   if (!s.ok()) return s;
   Arena& arena = ctx.arena();
@@ -423,10 +469,10 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   s = arena.Allocate(off, &base_ptr, "KV cache workspace");
   if (!s.ok()) return s;
   uint8_t* base = static_cast<uint8_t*>(base_ptr);
-  uint8_t* scratch = base + scratch_off;
-  float* q_buf = reinterpret_cast<float*>(base + q_off);
-  float* k_new = reinterpret_cast<float*>(base + k_off);
-  float* v_new = reinterpret_cast<float*>(base + v_off);
+  uint8_t* scratch = base + ws.scratch;
+  float* q_buf = reinterpret_cast<float*>(base + ws.q);
+  float* k_new = reinterpret_cast<float*>(base + ws.k);
+  float* v_new = reinterpret_cast<float*>(base + ws.v);
   ThreadPool& pool = ctx.pool();
 
   // ---- 1. Projections.
@@ -468,7 +514,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
 
   // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
   const kernels::CacheType ctype = static_cast<kernels::CacheType>(static_cast<int>(dtype_));
-  float* concat = reinterpret_cast<float*>(base + concat_off);
+  float* concat = reinterpret_cast<float*>(base + ws.concat);
   auto count_of = [&](int64_t n) { return counts != nullptr ? counts[n] : T; };
   auto base_of = [&](int64_t n) { return lengths_[static_cast<size_t>(n)] - count_of(n); };
   auto cache_k = [&](int64_t n, int64_t g, int64_t pos) {
@@ -484,8 +530,8 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   if (split) {
     // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
     // stats [2][G][T] (row max, then row sum).
-    float* acc_all = reinterpret_cast<float*>(base + acc_off);
-    float* stats_all = reinterpret_cast<float*>(base + stats_off);
+    float* acc_all = reinterpret_cast<float*>(base + ws.acc);
+    float* stats_all = reinterpret_cast<float*>(base + ws.stats);
     const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
     pool.ParallelFor(static_cast<uint64_t>(N * KVH * chunks), [&](uint64_t task, size_t worker) {
       const int64_t c = static_cast<int64_t>(task) % chunks;

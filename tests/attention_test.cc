@@ -193,10 +193,11 @@ TEST(AttentionValidationTest, BorrowedArenaTooSmallNamesTheBytes) {
   ASSERT_TRUE(f.mha->Plan(f.v.in, f.v.out, 1, &need).ok());
   Status s = f.mha->Forward(*f.ctx, f.v.in, f.v.out);
   EXPECT_EQ(s.code(), StatusCode::kOutOfMemory);
-  EXPECT_NE(s.message().find("needs " + std::to_string(need) + " bytes"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("buffer of " + std::to_string(need) + " bytes"), std::string::npos)
+      << s.message();
   for (float x : f.v.output) ASSERT_TRUE(std::isnan(x));
-  // A buffer of the planned size (plus alignment slack) works.
-  std::vector<uint8_t> enough(need + 64);
+  // A buffer of the planned size works (at any address: tests/plan_test.cc).
+  std::vector<uint8_t> enough(need);
   o.arena_buffer = enough.data();
   o.arena_bytes = enough.size();
   ASSERT_TRUE(Context::Create(o, &f.ctx).ok());

@@ -31,6 +31,7 @@ namespace {
 
 using testing_util::Dense;
 using testing_util::kSentinel;
+using testing_util::NewContext;
 
 double ToleranceOf(int32_t dtype) {
   return dtype == MHA_DTYPE_F32 ? 1e-5 : dtype == MHA_DTYPE_BF16 ? 2e-2 : 4e-3;
@@ -40,17 +41,6 @@ void Fill(std::vector<float>* v, size_t n, float bound, std::mt19937* rng) {
   std::uniform_real_distribution<float> u(-bound, bound);
   v->resize(n);
   for (float& x : *v) x = u(*rng);
-}
-
-mha_context* NewContext(size_t threads, void* arena = nullptr, size_t arena_bytes = 0) {
-  mha_context_options o;
-  std::memset(&o, 0, sizeof(o));
-  o.num_threads = threads;
-  o.arena_buffer = arena;
-  o.arena_bytes = arena_bytes;
-  mha_context* ctx = nullptr;
-  EXPECT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
-  return ctx;
 }
 
 // A random self-attention layer (separate q/k/v weights, biases, batch_first) and a context,
@@ -749,7 +739,7 @@ TEST(CApiKvCacheTest, CallerArenaTooSmallIsOutOfMemory) {
   mha_context* small = NewContext(1, arena.data(), arena.size());
   ASSERT_NE(small, nullptr);
   EXPECT_STATUS(mha_kv_cache_step(e.cache.get(), e.layer, small, &e.x, &e.o, nullptr),
-                MHA_STATUS_OUT_OF_MEMORY, "bytes, the caller-provided buffer holds");
+                MHA_STATUS_OUT_OF_MEMORY, "bytes of workspace, which a caller-provided buffer of");
   EXPECT_STATUS(mha_kv_cache_append(e.cache.get(), e.layer, small, &e.x, &e.x, nullptr),
                 MHA_STATUS_OUT_OF_MEMORY, "mha_kv_cache_append: context arena");
   mha_context_destroy(small);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -423,8 +424,8 @@ TEST(CApiTest, CallerArenaTooSmallIsOutOfMemoryAndLeavesOutputs) {
   EXPECT_TRUE(s.OutputUntouched());
   mha_context_destroy(ctx);
 
-  // A buffer of the planned size (plus alignment slack) suffices.
-  buffer.assign(bytes + 128, 0);
+  // A buffer of the planned size suffices (tests/plan_test.cc: at any address).
+  buffer.assign(bytes, 0);
   o.arena_buffer = buffer.data();
   o.arena_bytes = buffer.size();
   ASSERT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
@@ -434,6 +435,91 @@ TEST(CApiTest, CallerArenaTooSmallIsOutOfMemoryAndLeavesOutputs) {
   EXPECT_EQ(mha_context_arena_bytes(ctx, &capacity, &high), MHA_STATUS_OK);
   EXPECT_LE(high, capacity);
   mha_context_destroy(ctx);
+}
+
+// The documented flow: plan with a NULL output, malloc the planned bytes, run the forward into a
+// separate output and in place (output = query), the long-key chunked path included (forced at
+// this size by chunks of 16 keys), KV-cache steps on a plan of their own.
+TEST(CApiTest, MallocOfThePlannedBytesRunsEveryForward) {
+  testing_util::ScopedKeyChunking chunking(16);
+  std::mt19937 rng(26);
+  Problem p;
+  p.config.embed_dim = 32;
+  p.config.num_heads = 4;
+  p.config.bias = false;
+  p.config.batch_first = true;
+  p.L = p.S = 100;
+  testing_util::FillProblem(&p, &rng);
+  const mha_layer_config config = ConfigOf(p.config);
+  const mha_layer_weights weights = WeightsOfC(WeightsOf(p));
+  mha_layer* layer = nullptr;
+  ASSERT_EQ(mha_layer_create(&config, &weights, MHA_WEIGHTS_VIEW, &layer), MHA_STATUS_OK)
+      << mha_last_error_message();
+  Views v;
+  MakeViews(p, &v);
+  mha_attention_inputs in;
+  std::memset(&in, 0, sizeof(in));
+  in.query = ToC(v.in.query);
+  mha_tensor out = ToC(v.out.output);
+  mha_tensor shape_only = out;
+  shape_only.data = nullptr;
+  for (const uint32_t flags : {0u, static_cast<unsigned>(MHA_FORWARD_CAUSAL)}) {
+    size_t bytes = 0;
+    ASSERT_EQ(mha_layer_plan(layer, &in, &shape_only, nullptr, flags, 2, &bytes), MHA_STATUS_OK)
+        << mha_last_error_message();
+    mha_tensor in_place = in.query;
+    size_t in_place_bytes = 0;
+    ASSERT_EQ(mha_layer_plan(layer, &in, &in_place, nullptr, flags, 2, &in_place_bytes),
+              MHA_STATUS_OK);
+    EXPECT_EQ(in_place_bytes, bytes);
+    void* buffer = std::malloc(bytes);
+    ASSERT_NE(buffer, nullptr);
+    mha_context* ctx = testing_util::NewContext(2, buffer, bytes);
+    ASSERT_NE(ctx, nullptr);
+    EXPECT_EQ(mha_layer_forward(layer, ctx, &in, &out, nullptr, flags), MHA_STATUS_OK)
+        << mha_last_error_message();
+    const std::vector<float> separate = v.output;
+    const std::vector<float> query = p.query;
+    EXPECT_EQ(mha_layer_forward(layer, ctx, &in, &in_place, nullptr, flags), MHA_STATUS_OK)
+        << mha_last_error_message();
+    for (size_t i = 0; i < separate.size(); ++i) {
+      ASSERT_NEAR(p.query[i], separate[i], 1e-5f) << "flags " << flags << " element " << i;
+    }
+    p.query = query;
+    mha_context_destroy(ctx);
+    std::free(buffer);
+  }
+
+  mha_kv_cache_options co;
+  std::memset(&co, 0, sizeof(co));
+  co.batch = 1;
+  co.capacity = 300;
+  mha_kv_cache* cache = nullptr;
+  ASSERT_EQ(mha_kv_cache_create(layer, &co, &cache), MHA_STATUS_OK) << mha_last_error_message();
+  size_t bytes = 0;
+  EXPECT_EQ(mha_kv_cache_plan(cache, layer, 0, 2, &bytes), MHA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mha_last_error_message()).find("max_tokens"), std::string::npos)
+      << mha_last_error_message();
+  EXPECT_EQ(mha_kv_cache_plan(nullptr, layer, 1, 2, &bytes), MHA_STATUS_INVALID_ARGUMENT);
+  ASSERT_EQ(mha_kv_cache_plan(cache, layer, 100, 2, &bytes), MHA_STATUS_OK)
+      << mha_last_error_message();
+  void* buffer = std::malloc(bytes);
+  ASSERT_NE(buffer, nullptr);
+  mha_context* ctx = testing_util::NewContext(2, buffer, bytes);
+  ASSERT_NE(ctx, nullptr);
+  mha_tensor prompt = in.query, prompt_out = out;  // [1, 100, 32] batch-first
+  EXPECT_EQ(mha_kv_cache_step(cache, layer, ctx, &prompt, &prompt_out, nullptr), MHA_STATUS_OK)
+      << mha_last_error_message();
+  mha_tensor token = prompt, token_out = prompt_out;
+  token.shape[1] = token_out.shape[1] = 1;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(mha_kv_cache_step(cache, layer, ctx, &token, &token_out, nullptr), MHA_STATUS_OK)
+        << mha_last_error_message();
+  }
+  mha_context_destroy(ctx);
+  std::free(buffer);
+  mha_kv_cache_destroy(cache);
+  mha_layer_destroy(layer);
 }
 
 // The C API must produce exactly what the C++ API produces: same code underneath, no copies.

@@ -27,6 +27,19 @@ inline mha_tensor Dense(void* data, int32_t dtype, std::vector<int64_t> shape) {
   return t;
 }
 
+// A context with `threads` threads over an owned arena, or over the caller's `arena` of
+// `arena_bytes`; null (and a test failure) when creation fails.
+inline mha_context* NewContext(size_t threads, void* arena = nullptr, size_t arena_bytes = 0) {
+  mha_context_options o;
+  std::memset(&o, 0, sizeof(o));
+  o.num_threads = threads;
+  o.arena_buffer = arena;
+  o.arena_bytes = arena_bytes;
+  mha_context* ctx = nullptr;
+  EXPECT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
+  return ctx;
+}
+
 }  // namespace testing_util
 }  // namespace mha
 

@@ -102,6 +102,12 @@ class MHA_API KvCache {
   const void* keys() const { return k_; }
   const void* values() const { return v_; }
 
+  // Context arena bytes that every Append, Forward and Step with `layer` of up to `max_tokens`
+  // tokens per entry needs on `num_threads` threads, for sizing a caller-provided arena
+  // (ContextOptions::arena_buffer). From shapes alone: it holds for any lengths, counts and
+  // pointers, and a buffer of that many bytes works at any address, as MultiheadAttention::Plan.
+  Status Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t num_threads,
+              size_t* bytes) const;
   // Empties every entry (lengths 0); the storage is kept.
   void Reset();
   // Shortens entry n to `length` positions (0 <= length <= length(n)); later appends overwrite

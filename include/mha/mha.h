@@ -296,7 +296,11 @@ MHA_API mha_status mha_layer_forward(const mha_layer* layer, mha_context* contex
 
 /* Validates the same arguments as mha_layer_forward without running it, and returns the arena
  * bytes a forward needs on `num_threads` threads (for sizing a caller-provided arena). output
- * and attn_weights are only checked for shape: their data is never touched and may be NULL. */
+ * and attn_weights are only checked for shape: their data is never touched and may be NULL.
+ * The figure depends on shapes, dtypes, which inputs are present, flags and threads only, so it
+ * suffices for every forward with those whatever the pointers and strides (in place or not), and
+ * a buffer of exactly that many bytes works at any address (the 63 bytes a context may skip to
+ * align its start are counted). */
 MHA_API mha_status mha_layer_plan(const mha_layer* layer, const mha_attention_inputs* inputs,
                                   const mha_tensor* output, const mha_tensor* attn_weights,
                                   uint32_t flags, size_t num_threads, size_t* workspace_bytes);
@@ -385,6 +389,13 @@ MHA_API mha_status mha_kv_cache_create(const mha_layer* layer, const mha_kv_cach
 
 /* Accepts NULL. Does not free a caller-provided buffer. */
 MHA_API void mha_kv_cache_destroy(mha_kv_cache* cache);
+
+/* The context arena bytes that every append, forward and step with `layer` of up to max_tokens
+ * tokens per entry needs on num_threads threads, for sizing a caller-provided arena
+ * (mha_context_options.arena_buffer). From shapes alone: it holds for any lengths, counts and
+ * pointers, and a buffer of exactly that many bytes works at any address. */
+MHA_API mha_status mha_kv_cache_plan(const mha_kv_cache* cache, const mha_layer* layer,
+                                     int64_t max_tokens, size_t num_threads, size_t* bytes);
 
 /* Empties every entry (lengths 0); the storage is kept. */
 MHA_API mha_status mha_kv_cache_reset(mha_kv_cache* cache);

@@ -235,18 +235,24 @@ class MHA_API MultiheadAttention {
   const AttentionConfig& config() const;
   int64_t head_dim() const;
 
-  // Validates every shape and returns the arena bytes Forward needs for these inputs when run on
-  // `num_threads` threads (workspace grows with threads, not with S^2 x heads x batch).
+  // Validates every shape and returns the arena bytes Forward needs on `num_threads` threads
+  // (workspace grows with threads, not with S^2 x heads x batch). The figure depends on shapes,
+  // dtypes, which inputs are present, flags and threads only: it suffices for every forward
+  // with those, whatever the pointers and strides (in place or not) and wherever a
+  // caller-provided arena buffer of that many bytes starts (it counts the 63 bytes of alignment
+  // slack). An output that shares memory with an input takes the larger of the two workspaces
+  // it may need; the plan is their maximum.
   Status Plan(const AttentionInputs& inputs, const AttentionOutputs& outputs, size_t num_threads,
               size_t* workspace_bytes) const;
   // Runs one forward pass on the context's pool, with temporaries from its arena. Long
-  // sequences without weights keep running sums in `output` until the pass ends (only when it
-  // shares no memory with an input; validation errors still leave it unwritten).
+  // sequences without weights keep running sums in `output` until the pass ends when it shares
+  // no memory with an input (else in the workspace; validation errors leave it unwritten).
   Status Forward(Context& context, const AttentionInputs& inputs,
                  const AttentionOutputs& outputs) const;
 
   // Runs only the input projections and writes per-head Q, K, V (see ProjectionOutputs).
-  // Masks, causal and need_weights in `inputs` are ignored.
+  // Masks, causal and need_weights in `inputs` are ignored. PlanProject's bytes hold for any
+  // pointers and any buffer alignment, as Plan's.
   Status PlanProject(const AttentionInputs& inputs, const ProjectionOutputs& outputs,
                      size_t num_threads, size_t* workspace_bytes) const;
   Status Project(Context& context, const AttentionInputs& inputs,
