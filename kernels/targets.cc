@@ -18,6 +18,11 @@ int64_t CurrentTarget() { return HWY_TARGET; }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <strings.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 #include "kernels/targets.h"
 #include "hwy/targets.h"
 
@@ -25,6 +30,10 @@ namespace mha {
 namespace kernels {
 
 HWY_EXPORT(CurrentTarget);
+
+// BLIS 0.9.0's arch_t values of its AVX2 configurations, as BLIS_ARCH_TYPE takes them.
+constexpr const char* kBlisArchHaswell = "3";
+constexpr const char* kBlisArchZen3 = "6";
 
 std::vector<int64_t> SupportedTargets() {
   std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
@@ -39,6 +48,51 @@ const char* TargetName(int64_t target) { return hwy::TargetName(target); }
 int64_t ActiveTarget() { return HWY_DYNAMIC_DISPATCH(CurrentTarget)(); }
 
 void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+
+int64_t SupportedTargetByName(const char* name) {
+  for (int64_t t : SupportedTargets()) {
+    if (strcasecmp(name, TargetName(t)) == 0) return t;
+  }
+  return 0;
+}
+
+namespace {
+
+std::string ApplyTargetsFromEnvironment() {
+  const char* name = std::getenv("MHA_TARGETS");
+  if (name == nullptr || *name == '\0') return "";
+  const int64_t target = SupportedTargetByName(name);
+  if (target == 0) {
+    std::string supported;
+    for (int64_t t : SupportedTargets()) supported += std::string(" ") + TargetName(t);
+    return std::string("MHA_TARGETS: expected one of the supported targets (") +
+           supported.substr(1) + "), got '" + name + "'; ignored";
+  }
+#if HWY_ARCH_X86
+  // BLIS's AVX-512 configurations (skx, knl) would keep AVX-512 kernels under an AVX2 target.
+  if (target != HWY_AVX3 && target != HWY_AVX3_DL && std::getenv("BLIS_ARCH_TYPE") == nullptr) {
+    setenv("BLIS_ARCH_TYPE", __builtin_cpu_is("amd") ? kBlisArchZen3 : kBlisArchHaswell, 0);
+  }
+#endif
+  ForceTarget(target);
+  return std::string("MHA_TARGETS=") + TargetName(target);
+}
+
+}  // namespace
+
+const std::string& TargetsFromEnvironment() {
+  static const std::string applied = ApplyTargetsFromEnvironment();
+  return applied;
+}
+
+// Applied when the library is loaded, before anything dispatches or initializes BLIS. A name
+// that is no target here is said once on stderr: the variable is a developer's request, and a
+// silent fallback would measure the wrong paths.
+[[maybe_unused]] const bool g_targets_applied = [] {
+  const std::string& applied = TargetsFromEnvironment();
+  if (applied.rfind("MHA_TARGETS: ", 0) == 0) std::fprintf(stderr, "mha: %s\n", applied.c_str());
+  return !applied.empty();
+}();
 
 }  // namespace kernels
 }  // namespace mha

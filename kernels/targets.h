@@ -4,6 +4,7 @@
 #define MHA_KERNELS_TARGETS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace mha {
@@ -18,6 +19,18 @@ int64_t ActiveTarget();
 // Restricts dispatch to `target` (must be in SupportedTargets()); 0 restores the default.
 // Affects the whole process: for tests and benchmarks, not for concurrent use.
 void ForceTarget(int64_t target);
+
+// The supported target whose Highway name is `name` (case-insensitive), or 0.
+int64_t SupportedTargetByName(const char* name);
+
+// The environment variable MHA_TARGETS=NAME (e.g. AVX2 on an AVX-512 CPU, to measure the AVX2
+// paths) restricts dispatch to that one target for the whole process, from the moment the
+// library is loaded. On x86 a target below AVX3 also asks BLIS for its AVX2 kernels
+// (BLIS_ARCH_TYPE, unless the variable is already set; BLIS reads it at its first use), so
+// every kernel runs its AVX2 code. Returns the restriction applied ("" when MHA_TARGETS is unset)
+// or, for a name that is not a compiled and supported target, an error message naming it and
+// the supported ones (nothing is changed then; the message is also printed once on stderr).
+const std::string& TargetsFromEnvironment();
 
 }  // namespace kernels
 }  // namespace mha
