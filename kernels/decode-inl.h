@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
@@ -35,6 +36,30 @@ namespace hn = hwy::HWY_NAMESPACE;
 using elementwise_detail::BF16Row;
 using elementwise_detail::F16Row;
 using elementwise_detail::F32Row;
+
+// int8 codes, widened exactly (int8 -> int32 -> f32); a row's scale is applied to its whole dot
+// product (scores) or to its probability (weighted sums), never inside the inner loop.
+struct I8Row {
+  using T = int8_t;
+  template <class DF>
+  static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
+    return hn::ConvertTo(df, hn::PromoteTo(hn::Rebind<int32_t, DF>(),
+                                           hn::LoadU(hn::Rebind<int8_t, DF>(), p)));
+  }
+  static HWY_INLINE float Scalar(T x) { return static_cast<float>(x); }
+};
+
+// Row j's factor: its scale for int8 rows (scales[j]), else 1 (and scales unused).
+template <class Row>
+HWY_INLINE float RowScale(const float* HWY_RESTRICT scales, size_t j) {
+  if constexpr (std::is_same<Row, I8Row>::value) {
+    return scales[j];
+  } else {
+    (void)scales;
+    (void)j;
+    return 1.0f;
+  }
+}
 
 // Sum of the lanes of `acc`, then the scalar tail q[hv..hd) . k[hv..hd).
 template <class Row, class DF>
@@ -69,8 +94,9 @@ HWY_INLINE void PrefetchStreams(const void* row, size_t bytes, size_t stream_byt
 
 template <class Row>
 HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
-                       const typename Row::T* HWY_RESTRICT keys, ptrdiff_t key_stride, size_t n,
-                       size_t hd, float* HWY_RESTRICT scores, ptrdiff_t score_stride) {
+                       const typename Row::T* HWY_RESTRICT keys, ptrdiff_t key_stride,
+                       const float* HWY_RESTRICT key_scales, size_t n, size_t hd,
+                       float* HWY_RESTRICT scores, ptrdiff_t score_stride) {
   using T = typename Row::T;
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
@@ -96,10 +122,10 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
         a3 = hn::MulAdd(vq, Row::Load(df, k3 + d), a3);
       }
       float* sr = scores + static_cast<ptrdiff_t>(r) * score_stride + i;
-      sr[0] = FinishDot<Row>(df, a0, qr, k0, hv, hd);
-      sr[run] = FinishDot<Row>(df, a1, qr, k1, hv, hd);
-      sr[2 * run] = FinishDot<Row>(df, a2, qr, k2, hv, hd);
-      sr[3 * run] = FinishDot<Row>(df, a3, qr, k3, hv, hd);
+      sr[0] = FinishDot<Row>(df, a0, qr, k0, hv, hd) * RowScale<Row>(key_scales, i);
+      sr[run] = FinishDot<Row>(df, a1, qr, k1, hv, hd) * RowScale<Row>(key_scales, run + i);
+      sr[2 * run] = FinishDot<Row>(df, a2, qr, k2, hv, hd) * RowScale<Row>(key_scales, 2 * run + i);
+      sr[3 * run] = FinishDot<Row>(df, a3, qr, k3, hv, hd) * RowScale<Row>(key_scales, 3 * run + i);
     }
   }
   // Remaining keys: the same operations per key as above.
@@ -110,7 +136,8 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
       auto a0 = hn::Zero(df);
       for (size_t d = 0; d < hv; d += N)
         a0 = hn::MulAdd(hn::LoadU(df, qr + d), Row::Load(df, k0 + d), a0);
-      scores[static_cast<ptrdiff_t>(r) * score_stride + j] = FinishDot<Row>(df, a0, qr, k0, hv, hd);
+      scores[static_cast<ptrdiff_t>(r) * score_stride + j] =
+          FinishDot<Row>(df, a0, qr, k0, hv, hd) * RowScale<Row>(key_scales, j);
     }
   }
 }
@@ -118,13 +145,18 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
 template <class Row>
 HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff_t p_stride,
                                const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
-                               size_t n, size_t hd, float* HWY_RESTRICT acc, ptrdiff_t acc_stride) {
+                               const float* HWY_RESTRICT value_scales, size_t n, size_t hd,
+                               float* HWY_RESTRICT acc, ptrdiff_t acc_stride) {
   using T = typename Row::T;
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
   const size_t run = n / kStreams;  // rows per stream
   const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
   const size_t tail = kStreams * run;
+  // Row j's weight: its probability, times its scale for int8 rows.
+  auto weight = [value_scales](const float* pr, size_t j) {
+    return pr[j] * RowScale<Row>(value_scales, j);
+  };
   for (size_t r = 0; r < rows; ++r) {
     const float* pr = p + static_cast<ptrdiff_t>(r) * p_stride;
     float* ar = acc + static_cast<ptrdiff_t>(r) * acc_stride;
@@ -140,7 +172,7 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
         if (r == 0) PrefetchStreams(v, 4 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
         for (size_t s = 0; s < kStreams; ++s) {
           const T* vs = v + static_cast<ptrdiff_t>(s) * run_stride;
-          const auto pj = hn::Set(df, pr[s * run + i]);
+          const auto pj = hn::Set(df, weight(pr, s * run + i));
           a0 = hn::MulAdd(pj, Row::Load(df, vs), a0);
           a1 = hn::MulAdd(pj, Row::Load(df, vs + N), a1);
           a2 = hn::MulAdd(pj, Row::Load(df, vs + 2 * N), a2);
@@ -149,7 +181,7 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
       }
       v = values + d + static_cast<ptrdiff_t>(tail) * value_stride;
       for (size_t j = tail; j < n; ++j, v += value_stride) {
-        const auto pj = hn::Set(df, pr[j]);
+        const auto pj = hn::Set(df, weight(pr, j));
         a0 = hn::MulAdd(pj, Row::Load(df, v), a0);
         a1 = hn::MulAdd(pj, Row::Load(df, v + N), a1);
         a2 = hn::MulAdd(pj, Row::Load(df, v + 2 * N), a2);
@@ -165,13 +197,13 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
       const T* v = values + d;
       for (size_t i = 0; i < run; ++i, v += value_stride) {
         for (size_t s = 0; s < kStreams; ++s) {
-          a0 = hn::MulAdd(hn::Set(df, pr[s * run + i]),
+          a0 = hn::MulAdd(hn::Set(df, weight(pr, s * run + i)),
                           Row::Load(df, v + static_cast<ptrdiff_t>(s) * run_stride), a0);
         }
       }
       v = values + d + static_cast<ptrdiff_t>(tail) * value_stride;
       for (size_t j = tail; j < n; ++j, v += value_stride) {
-        a0 = hn::MulAdd(hn::Set(df, pr[j]), Row::Load(df, v), a0);
+        a0 = hn::MulAdd(hn::Set(df, weight(pr, j)), Row::Load(df, v), a0);
       }
       hn::StoreU(a0, df, ar + d);
     }
@@ -180,11 +212,11 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
       const T* v = values + d;
       for (size_t i = 0; i < run; ++i, v += value_stride) {
         for (size_t s = 0; s < kStreams; ++s) {
-          a += pr[s * run + i] * Row::Scalar(v[static_cast<ptrdiff_t>(s) * run_stride]);
+          a += weight(pr, s * run + i) * Row::Scalar(v[static_cast<ptrdiff_t>(s) * run_stride]);
         }
       }
       v = values + d + static_cast<ptrdiff_t>(tail) * value_stride;
-      for (size_t j = tail; j < n; ++j, v += value_stride) a += pr[j] * Row::Scalar(*v);
+      for (size_t j = tail; j < n; ++j, v += value_stride) a += weight(pr, j) * Row::Scalar(*v);
       ar[d] = a;
     }
   }
@@ -192,36 +224,43 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
 
 }  // namespace decode_detail
 
-// See kernels/decode.h. `type`: 0 f32, 1 bf16, 2 f16 (kernels::CacheType).
+// See kernels/decode.h. `type`: 0 f32, 1 bf16, 2 f16, 5 int8 (kernels::CacheType).
 inline void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
-                           int type, ptrdiff_t key_stride, size_t n, size_t hd, float* scores,
-                           ptrdiff_t score_stride) {
+                           int type, ptrdiff_t key_stride, const float* key_scales, size_t n,
+                           size_t hd, float* scores, ptrdiff_t score_stride) {
   namespace dd = decode_detail;
   if (type == 0) {
-    dd::Scores<dd::F32Row>(q, rows, q_stride, static_cast<const float*>(keys), key_stride, n, hd,
-                           scores, score_stride);
+    dd::Scores<dd::F32Row>(q, rows, q_stride, static_cast<const float*>(keys), key_stride,
+                           key_scales, n, hd, scores, score_stride);
   } else if (type == 1) {
-    dd::Scores<dd::BF16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride, n,
-                            hd, scores, score_stride);
+    dd::Scores<dd::BF16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
+                            key_scales, n, hd, scores, score_stride);
+  } else if (type == 2) {
+    dd::Scores<dd::F16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
+                           key_scales, n, hd, scores, score_stride);
   } else {
-    dd::Scores<dd::F16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride, n, hd,
-                           scores, score_stride);
+    dd::Scores<dd::I8Row>(q, rows, q_stride, static_cast<const int8_t*>(keys), key_stride,
+                          key_scales, n, hd, scores, score_stride);
   }
 }
 
 inline void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride,
-                                     const void* values, int type, ptrdiff_t value_stride, size_t n,
-                                     size_t hd, float* acc, ptrdiff_t acc_stride) {
+                                     const void* values, int type, ptrdiff_t value_stride,
+                                     const float* value_scales, size_t n, size_t hd, float* acc,
+                                     ptrdiff_t acc_stride) {
   namespace dd = decode_detail;
   if (type == 0) {
     dd::WeightedValues<dd::F32Row>(p, rows, p_stride, static_cast<const float*>(values),
-                                   value_stride, n, hd, acc, acc_stride);
+                                   value_stride, value_scales, n, hd, acc, acc_stride);
   } else if (type == 1) {
     dd::WeightedValues<dd::BF16Row>(p, rows, p_stride, static_cast<const uint16_t*>(values),
-                                    value_stride, n, hd, acc, acc_stride);
-  } else {
+                                    value_stride, value_scales, n, hd, acc, acc_stride);
+  } else if (type == 2) {
     dd::WeightedValues<dd::F16Row>(p, rows, p_stride, static_cast<const uint16_t*>(values),
-                                   value_stride, n, hd, acc, acc_stride);
+                                   value_stride, value_scales, n, hd, acc, acc_stride);
+  } else {
+    dd::WeightedValues<dd::I8Row>(p, rows, p_stride, static_cast<const int8_t*>(values),
+                                  value_stride, value_scales, n, hd, acc, acc_stride);
   }
 }
 

@@ -19,7 +19,8 @@ namespace {
 
 static_assert(static_cast<int>(MHA_STATUS_INTERNAL) == static_cast<int>(StatusCode::kInternal),
               "mha_status values must equal mha::StatusCode values");
-static_assert(static_cast<int>(MHA_DTYPE_U8) == static_cast<int>(DType::kU8),
+static_assert(static_cast<int>(MHA_DTYPE_U8) == static_cast<int>(DType::kU8) &&
+                  static_cast<int>(MHA_DTYPE_I8) == static_cast<int>(DType::kI8),
               "mha_dtype values must equal mha::DType values");
 static_assert(static_cast<int>(MHA_QKV_LAYOUT_PER_HEAD) == static_cast<int>(QkvLayout::kPerHead),
               "mha_qkv_layout values must equal mha::QkvLayout values");

@@ -34,10 +34,11 @@ Status ToCacheOptions(const mha_layer* layer, const mha_kv_cache_options* option
   if (layer == nullptr) return NullArg("layer");
   if (options == nullptr) return NullArg("options");
   const int32_t dtype = options->dtype;
-  if (dtype != MHA_DTYPE_F32 && dtype != MHA_DTYPE_BF16 && dtype != MHA_DTYPE_F16) {
+  if (dtype != MHA_DTYPE_F32 && dtype != MHA_DTYPE_BF16 && dtype != MHA_DTYPE_F16 &&
+      dtype != MHA_DTYPE_I8) {
     return InvalidArgument(
-        "options->dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) or MHA_DTYPE_F16 (2), "
-        "got " +
+        "options->dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), MHA_DTYPE_F16 (2) or "
+        "MHA_DTYPE_I8 (5), got " +
         std::to_string(dtype));
   }
   *out = KvCacheOptions::ForLayer(*layer->impl, options->batch, options->capacity,

@@ -120,17 +120,55 @@ GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const WeightMatrix& w
   return job;
 }
 
-// Writes one row of hd f32 values into the cache's storage type (16-bit: round to nearest
-// even).
-void StoreRow(const float* src, uint8_t* dst, int64_t hd, DType dtype) {
-  if (dtype == DType::kF32) {
-    std::memcpy(dst, src, hd * sizeof(float));
-  } else if (dtype == DType::kBF16) {
-    kernels::F32ToBF16(src, reinterpret_cast<uint16_t*>(dst), hd);
-  } else {
-    kernels::F32ToF16(src, reinterpret_cast<uint16_t*>(dst), hd);
+// Symmetric int8 codes of one row (kv_cache.hpp: scale = max |x| / 127, codes rounded half to
+// even), scalar so that every target stores the same bytes. A row with a NaN gets a NaN scale
+// (the NaN reaches the rows that read it, as in the f32 cache); codes never overflow.
+void QuantizeRowI8(const float* src, int64_t hd, int8_t* codes, float* scale) {
+  float amax = 0.0f;
+  for (int64_t d = 0; d < hd; ++d) {
+    const float a = std::fabs(src[d]);
+    if (!(a <= amax)) amax = a;  // keeps a NaN
+  }
+  *scale = amax / 127.0f;
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int64_t d = 0; d < hd; ++d) {
+    float c = src[d] * inv;
+    c = c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
+    codes[d] = static_cast<int8_t>(c == c ? std::nearbyint(c) : 0.0f);
   }
 }
+
+// One matrix (K or V) of the cache: rows of hd elements of `dtype`, row r at data + r * hd
+// elements, and for int8 its scale at scales[r].
+struct CacheRows {
+  uint8_t* data;
+  float* scales;
+  DType dtype;
+  int64_t hd;
+};
+
+// Writes row `row` from hd f32 values in the cache's storage type (16-bit: round to nearest
+// even; int8: QuantizeRowI8).
+void StoreRow(const float* src, const CacheRows& m, int64_t row) {
+  uint8_t* dst = m.data + row * m.hd * static_cast<int64_t>(DTypeSize(m.dtype));
+  if (m.dtype == DType::kF32) {
+    std::memcpy(dst, src, m.hd * sizeof(float));
+  } else if (m.dtype == DType::kBF16) {
+    kernels::F32ToBF16(src, reinterpret_cast<uint16_t*>(dst), m.hd);
+  } else if (m.dtype == DType::kF16) {
+    kernels::F32ToF16(src, reinterpret_cast<uint16_t*>(dst), m.hd);
+  } else {
+    QuantizeRowI8(src, m.hd, reinterpret_cast<int8_t*>(dst), m.scales + row);
+  }
+}
+
+// Bytes of one matrix's elements, and where the int8 scales start (after K's and V's elements,
+// 4-byte aligned).
+size_t MatrixBytes(const KvCacheOptions& o) {
+  return static_cast<size_t>(o.batch) * static_cast<size_t>(o.num_kv_heads) *
+         static_cast<size_t>(o.capacity) * static_cast<size_t>(o.head_dim) * DTypeSize(o.dtype);
+}
+size_t ScalesOffset(const KvCacheOptions& o) { return (2 * MatrixBytes(o) + 3) / 4 * 4; }
 
 // Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
 // schedule's per-chunk partial states (sized for a full cache, so the arena reaches its final
@@ -210,8 +248,9 @@ Status KvCache::RequiredBytes(const KvCacheOptions& o, size_t* bytes) {
       return InvalidArgument(std::string(op) + d.name + ": expected > 0, got " + Str(d.v));
     }
   }
-  if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16) {
-    return InvalidArgument(std::string(op) + "dtype: expected f32, bf16 or f16, got " +
+  if (o.dtype != DType::kF32 && o.dtype != DType::kBF16 && o.dtype != DType::kF16 &&
+      o.dtype != DType::kI8) {
+    return InvalidArgument(std::string(op) + "dtype: expected f32, bf16, f16 or i8, got " +
                            DTypeName(o.dtype));
   }
   // K and V: 2 * batch * kv_heads * capacity * head_dim elements, kept below 2^62 bytes.
@@ -224,8 +263,12 @@ Status KvCache::RequiredBytes(const KvCacheOptions& o, size_t* bytes) {
                            "overflows 64-bit byte counts (" +
                            std::to_string(total) + " bytes)");
   }
-  *bytes = 2 * static_cast<size_t>(o.batch) * static_cast<size_t>(o.num_kv_heads) *
-           static_cast<size_t>(o.capacity) * static_cast<size_t>(o.head_dim) * DTypeSize(o.dtype);
+  *bytes = 2 * MatrixBytes(o);
+  if (o.dtype == DType::kI8) {
+    *bytes = ScalesOffset(o) + 2 * static_cast<size_t>(o.batch) *
+                                   static_cast<size_t>(o.num_kv_heads) *
+                                   static_cast<size_t>(o.capacity) * sizeof(float);
+  }
   return Status::Ok();
 }
 
@@ -238,12 +281,13 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
     return InvalidArgument("KvCache::Create: buffer_bytes: expected >= " + std::to_string(bytes) +
                            " (K and V), got " + std::to_string(o.buffer_bytes));
   }
-  // Elements are read as their own type (uint16_t / float): the buffer must be aligned to it.
-  const size_t elem = DTypeSize(o.dtype);
+  // Elements are read as their own type (uint16_t / float; int8's scales are floats): the
+  // buffer must be aligned to it.
+  const size_t elem = o.dtype == DType::kI8 ? sizeof(float) : DTypeSize(o.dtype);
   if (o.buffer != nullptr && reinterpret_cast<uintptr_t>(o.buffer) % elem != 0) {
     return InvalidArgument("KvCache::Create: buffer: expected an address aligned to " +
-                           std::to_string(elem) + " bytes (the " + DTypeName(o.dtype) +
-                           " element size), got one " +
+                           std::to_string(elem) + " bytes (for " + DTypeName(o.dtype) +
+                           " storage), got one " +
                            std::to_string(reinterpret_cast<uintptr_t>(o.buffer) % elem) +
                            " bytes past it");
   }
@@ -263,7 +307,11 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
     base = c->owned_.get();
   }
   c->k_ = base;
-  c->v_ = base + bytes / 2;
+  c->v_ = base + MatrixBytes(o);
+  if (o.dtype == DType::kI8) {
+    c->k_scales_ = reinterpret_cast<float*>(base + ScalesOffset(o));
+    c->v_scales_ = c->k_scales_ + o.batch * o.num_kv_heads * o.capacity;
+  }
   c->lengths_.assign(static_cast<size_t>(o.batch), 0);
   *out = std::move(c);
   return Status::Ok();
@@ -349,19 +397,18 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
                              Str(capacity_));
     }
   }
-  const size_t elem = DTypeSize(dtype_);
-  const int64_t hd = head_dim_;
+  const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, head_dim_},
+                             {static_cast<uint8_t*>(v_), v_scales_, dtype_, head_dim_}};
   for (int64_t n = 0; n < batch_; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
     const int64_t len = lengths_[static_cast<size_t>(n)];
     for (int64_t g = 0; g < kv_heads_; ++g) {
-      const ptrdiff_t dst0 = ((n * kv_heads_ + g) * capacity_ + len) * hd;
+      const int64_t row0 = (n * kv_heads_ + g) * capacity_ + len;
       for (int i = 0; i < 2; ++i) {
         const TensorView& t = *views[i];
-        uint8_t* dst = static_cast<uint8_t*>(i == 0 ? k_ : v_) + dst0 * elem;
         for (int64_t p = 0; p < c; ++p) {
           StoreRow(t.As<const float>() + n * t.strides[0] + g * t.strides[1] + p * t.strides[2],
-                   dst + p * hd * elem, hd, dtype_);
+                   rows[i], row0 + p);
         }
       }
     }
@@ -492,18 +539,17 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   // ---- 2. Store the new keys and values.
   const size_t elem = DTypeSize(dtype_);
   const ptrdiff_t head_stride = static_cast<ptrdiff_t>(capacity_ * hd);  // elements per (n, g)
+  const CacheRows rows_kv[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, hd},
+                                {static_cast<uint8_t*>(v_), v_scales_, dtype_, hd}};
   if (append) {
     pool.ParallelFor(static_cast<uint64_t>(N * KVH), [&](uint64_t task, size_t /*worker*/) {
       const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
       const int64_t c = counts != nullptr ? counts[n] : T;
       const int64_t len = lengths_[static_cast<size_t>(n)];
-      const ptrdiff_t dst0 = (n * KVH + g) * head_stride + len * hd;
+      const int64_t row0 = (n * KVH + g) * capacity_ + len;
       for (int mat = 0; mat < 2; ++mat) {
         const float* src = (mat == 0 ? k_new : v_new) + n * T * kvE + g * hd;
-        uint8_t* dst = static_cast<uint8_t*>(mat == 0 ? k_ : v_) + dst0 * elem;
-        for (int64_t t = 0; t < c; ++t) {
-          StoreRow(src + t * kvE, dst + t * hd * elem, hd, dtype_);
-        }
+        for (int64_t t = 0; t < c; ++t) StoreRow(src + t * kvE, rows_kv[mat], row0 + t);
       }
     });
     for (int64_t n = 0; n < N; ++n) {
@@ -522,6 +568,13 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   };
   auto cache_v = [&](int64_t n, int64_t g, int64_t pos) {
     return static_cast<const uint8_t*>(v_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
+  };
+  // int8 scales of the same rows (null for the other storage types).
+  auto scales_k = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
+    return k_scales_ != nullptr ? k_scales_ + (n * KVH + g) * capacity_ + pos : nullptr;
+  };
+  auto scales_v = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
+    return v_scales_ != nullptr ? v_scales_ + (n * KVH + g) * capacity_ + pos : nullptr;
   };
   const float scale = m.scale;
   // One trace event per attention task (mha-bench --decode times the attention from them).
@@ -552,7 +605,8 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
       for (int64_t i = 0; i < T; ++i) {
         kernels::QueryKeyScores(q_buf + (n * T + i) * E + g * G * hd, G, hd, cache_k(n, g, k0),
-                                ctype, hd, keys, hd, scores + i * G * kChunk, kChunk);
+                                ctype, hd, scales_k(n, g, k0), keys, hd, scores + i * G * kChunk,
+                                kChunk);
       }
       for (int64_t h = 0; h < G; ++h) {
         kernels::SoftmaxMasks masks;
@@ -563,7 +617,8 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       }
       for (int64_t i = 0; i < T; ++i) {
         kernels::AccumulateWeightedValues(scores + i * G * kChunk, G, kChunk, cache_v(n, g, k0),
-                                          ctype, hd, keys, hd, acc + i * G * hd, hd);
+                                          ctype, hd, scales_v(n, g, k0), keys, hd,
+                                          acc + i * G * hd, hd);
       }
     });
     // Merge the chunks of each (n, head) in increasing order.
@@ -620,15 +675,15 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       const float* qr = q_buf + (n * T + q0) * E + h * hd;
       for (int64_t k0 = 0; k0 < key_end; k0 += kChunk) {
         const size_t keys = static_cast<size_t>(std::min(kChunk, key_end - k0));
-        kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, keys, hd, scores,
-                                kChunk);
+        kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, scales_k(n, g, k0),
+                                keys, hd, scores, kChunk);
         kernels::SoftmaxMasks masks;
         masks.causal = true;
         masks.causal_offset = first_pos - k0;
         kernels::OnlineSoftmaxUpdate(scores, valid, keys, kChunk, scale, masks, row_max, row_sum,
                                      acc, hd, E);
-        kernels::AccumulateWeightedValues(scores, valid, kChunk, cache_v(n, g, k0), ctype, hd, keys,
-                                          hd, acc, E);
+        kernels::AccumulateWeightedValues(scores, valid, kChunk, cache_v(n, g, k0), ctype, hd,
+                                          scales_v(n, g, k0), keys, hd, acc, E);
       }
       kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
     });

@@ -308,6 +308,8 @@ const char* SafeTensorsDTypeName(DType dtype) {
       return "BOOL";
     case DType::kU8:
       return "U8";
+    case DType::kI8:
+      return "I8";
   }
   return "invalid";
 }

@@ -37,7 +37,8 @@ size_t DTypeSize(DType dtype) {
     case DType::kBF16:
     case DType::kF16: return 2;
     case DType::kBool:
-    case DType::kU8: return 1;
+    case DType::kU8:
+    case DType::kI8: return 1;
   }
   return 0;
 }
@@ -49,6 +50,7 @@ const char* DTypeName(DType dtype) {
     case DType::kF16: return "f16";
     case DType::kBool: return "bool";
     case DType::kU8: return "u8";
+    case DType::kI8: return "i8";
   }
   return "invalid";
 }

@@ -33,8 +33,9 @@ using testing_util::Dense;
 using testing_util::kSentinel;
 using testing_util::NewContext;
 
+// As tests/kv_cache_test.cc derives them.
 double ToleranceOf(int32_t dtype) {
-  return dtype == MHA_DTYPE_F32 ? 1e-5 : dtype == MHA_DTYPE_BF16 ? 2e-2 : 4e-3;
+  return dtype == MHA_DTYPE_F32 ? 1e-5 : dtype == MHA_DTYPE_F16 ? 4e-3 : 2e-2;
 }
 
 void Fill(std::vector<float>* v, size_t n, float bound, std::mt19937* rng) {
@@ -279,10 +280,11 @@ TEST(CApiKvCacheTest, DecodeMatchesCppCacheBitwiseAndCausalForward) {
   CheckDecode(f, MHA_DTYPE_F32, PrefillThenDecode(f.S, 0));  // token by token from the start
 }
 
-TEST(CApiKvCacheTest, SixteenBitCaches) {
+TEST(CApiKvCacheTest, SixteenBitAndInt8Caches) {
   Fixture f(32, 4, 4, 2, 40, 2);
   CheckDecode(f, MHA_DTYPE_BF16, PrefillThenDecode(f.S, 5));
   CheckDecode(f, MHA_DTYPE_F16, PrefillThenDecode(f.S, 5));
+  CheckDecode(f, MHA_DTYPE_I8, PrefillThenDecode(f.S, 5));
 }
 
 TEST(CApiKvCacheTest, GroupedAndMultiQueryLayers) {
@@ -290,6 +292,7 @@ TEST(CApiKvCacheTest, GroupedAndMultiQueryLayers) {
     Fixture f(32, 4, kvh, 2, 36, 3);
     CheckDecode(f, MHA_DTYPE_F32, PrefillThenDecode(f.S, 4));
     CheckDecode(f, MHA_DTYPE_BF16, PrefillThenDecode(f.S, 4));
+    CheckDecode(f, MHA_DTYPE_I8, PrefillThenDecode(f.S, 4));
   }
 }
 
@@ -413,7 +416,7 @@ TEST(CApiKvCacheTest, TruncateAndReset) {
 TEST(CApiKvCacheTest, CallerBuffer) {
   Fixture f(32, 4, 2, 2, 20, 9);
   const int64_t hd = f.E / f.H;
-  for (int32_t dtype : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16}) {
+  for (int32_t dtype : {MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16, MHA_DTYPE_I8}) {
     SCOPED_TRACE("dtype " + std::to_string(dtype));
     mha_kv_cache_options o = f.Options(dtype, f.S);
     size_t bytes = 0, cpp_bytes = 0;
@@ -424,8 +427,12 @@ TEST(CApiKvCacheTest, CallerBuffer) {
             KvCacheOptions::ForLayer(f.cpp(), f.N, f.S, static_cast<DType>(dtype)), &cpp_bytes)
             .ok());
     EXPECT_EQ(bytes, cpp_bytes);
-    EXPECT_EQ(bytes,
-              static_cast<size_t>(2 * f.N * f.KVH * f.S * hd) * (dtype == MHA_DTYPE_F32 ? 4 : 2));
+    // K and V elements; int8: codes (to a 4-byte boundary), then one f32 scale per row.
+    const size_t rows = static_cast<size_t>(2 * f.N * f.KVH * f.S);
+    const size_t want_bytes = dtype == MHA_DTYPE_I8
+                                  ? (rows * hd + 3) / 4 * 4 + rows * sizeof(float)
+                                  : rows * hd * (dtype == MHA_DTYPE_F32 ? 4 : 2);
+    EXPECT_EQ(bytes, want_bytes);
 
     void* storage = std::aligned_alloc(64, bytes + 64);
     ASSERT_NE(storage, nullptr);
@@ -586,8 +593,8 @@ TEST(CApiKvCacheTest, BadValuesLeaveCacheAndOutputsUntouched) {
   for (int32_t dtype : std::vector<int32_t>{MHA_DTYPE_BOOL, MHA_DTYPE_U8, -1, 7}) {
     opts.dtype = dtype;
     const std::string want =
-        "options->dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) or MHA_DTYPE_F16 (2), "
-        "got " +
+        "options->dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), MHA_DTYPE_F16 (2) or "
+        "MHA_DTYPE_I8 (5), got " +
         std::to_string(dtype);
     EXPECT_INVALID(mha_kv_cache_required_bytes(e.layer, &opts, &bytes), want);
     EXPECT_INVALID(mha_kv_cache_create(e.layer, &opts, &out), want);

@@ -23,52 +23,84 @@ using kernels::CacheType;
 constexpr float kSentinel = -12345.5f;
 constexpr double kU = 1.0 / (1 << 24);  // 2^-24
 
+constexpr CacheType kTypes[] = {CacheType::kF32, CacheType::kBF16, CacheType::kF16,
+                                CacheType::kI8};
+
 const char* TypeName(CacheType t) {
-  return t == CacheType::kF32 ? "f32" : t == CacheType::kBF16 ? "bf16" : "f16";
+  return t == CacheType::kF32 ? "f32" : t == CacheType::kBF16 ? "bf16" : t == CacheType::kF16 ? "f16" : "i8";
 }
 
-// `count` cache elements of `type` starting `misalign` elements into the buffer, filled from
-// random floats; `widened` gets the exact f32 value of each stored element.
+size_t ElementBytes(CacheType t) { return t == CacheType::kF32 ? 4 : t == CacheType::kI8 ? 1 : 2; }
+
+// `n` cache rows of `stride` elements of `type` starting `misalign` elements into the buffer,
+// filled from random floats (int8: random codes, and a random scale per row in `scales`);
+// `widened` gets the exact value each stored element stands for (int8: code * scale, in double
+// as the reference needs it).
 struct CacheRows {
   std::vector<uint8_t> storage;
   const void* data = nullptr;
-  std::vector<float> widened;
+  std::vector<double> widened;
+  std::vector<float> scales;  // int8 only: [n]
 };
 
-void MakeRows(CacheType type, size_t count, size_t misalign, std::mt19937* rng, CacheRows* out) {
+void MakeRows(CacheType type, size_t n, size_t stride, size_t misalign, std::mt19937* rng,
+              CacheRows* out) {
+  const size_t count = n * stride;
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   std::vector<float> x(count);
   for (float& v : x) v = u(*rng);
-  const size_t elem = type == CacheType::kF32 ? 4 : 2;
+  const size_t elem = ElementBytes(type);
   out->storage.assign((count + misalign + 8) * elem, 0);
   uint8_t* p = out->storage.data() + misalign * elem;
   out->widened.resize(count);
+  out->data = p;
+  if (type == CacheType::kI8) {
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+    out->scales.resize(n);
+    for (float& sc : out->scales) sc = scale(*rng);
+    for (size_t i = 0; i < count; ++i) {
+      const int8_t c = static_cast<int8_t>(code(*rng));
+      p[i] = static_cast<uint8_t>(c);
+      out->widened[i] = static_cast<double>(c) * out->scales[i / stride];
+    }
+    return;
+  }
+  std::vector<float> w(count);
   if (type == CacheType::kF32) {
     std::memcpy(p, x.data(), count * 4);
-    out->widened = x;
+    w = x;
   } else {
     std::vector<uint16_t> h(count);
     if (type == CacheType::kBF16) {
       kernels::F32ToBF16(x.data(), h.data(), count);
-      kernels::BF16ToF32(h.data(), out->widened.data(), count);
+      kernels::BF16ToF32(h.data(), w.data(), count);
     } else {
       kernels::F32ToF16(x.data(), h.data(), count);
-      kernels::F16ToF32(h.data(), out->widened.data(), count);
+      kernels::F16ToF32(h.data(), w.data(), count);
     }
     std::memcpy(p, h.data(), count * 2);
   }
-  out->data = p;
+  out->widened.assign(w.begin(), w.end());
 }
 
 const void* Offset(const void* p, CacheType type, size_t elements) {
-  return static_cast<const uint8_t*>(p) + elements * (type == CacheType::kF32 ? 4 : 2);
+  return static_cast<const uint8_t*>(p) + elements * ElementBytes(type);
 }
+
+// The scales of rows from `row` on (null when the type has none).
+const float* ScalesFrom(const CacheRows& c, size_t row) {
+  return c.scales.empty() ? nullptr : c.scales.data() + row;
+}
+
+// int8 adds one rounding per score (the scale) and per weighted term (p_j * scale_j).
+double ExtraRoundings(CacheType t) { return t == CacheType::kI8 ? 1.0 : 0.0; }
 
 TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
   test::ForEachTarget([](const char*) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kF16}) {
+    for (CacheType type : kTypes) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67}) {
         for (size_t n : {1, 3, 4, 5, 13, 67, 70}) {
           for (size_t rows : {1, 3, 5}) {
@@ -76,15 +108,15 @@ TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
                          << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
             const size_t key_stride = hd + 3, q_stride = hd + 1, s_stride = n + 2;
             CacheRows keys;
-            MakeRows(type, n * key_stride, 1, &rng, &keys);
+            MakeRows(type, n, key_stride, 1, &rng, &keys);
             // q starts one float into its buffer: misaligned for every vector width.
             std::vector<float> q_buf(rows * q_stride + 1);
             for (float& v : q_buf) v = u(rng);
             const float* q = q_buf.data() + 1;
             std::vector<float> scores(rows * s_stride + 1, kSentinel);
             float* s = scores.data() + 1;
-            kernels::QueryKeyScores(q, rows, q_stride, keys.data, type, key_stride, n, hd, s,
-                                    s_stride);
+            kernels::QueryKeyScores(q, rows, q_stride, keys.data, type, key_stride,
+                                    ScalesFrom(keys, 0), n, hd, s, s_stride);
             for (size_t r = 0; r < rows; ++r) {
               for (size_t j = 0; j < n; ++j) {
                 double want = 0, mag = 0;
@@ -94,7 +126,7 @@ TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
                   want += t;
                   mag += std::fabs(t);
                 }
-                const double bound = 2.0 * (hd + 4) * kU * mag + 1e-30;
+                const double bound = (2.0 * (hd + 4) + ExtraRoundings(type)) * kU * mag + 1e-30;
                 ASSERT_LE(std::fabs(s[r * s_stride + j] - want), bound) << "r " << r << " j " << j;
               }
               for (size_t j = n; j < s_stride; ++j) {
@@ -106,12 +138,14 @@ TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
             if (n > 2 && rows > 1) {
               std::vector<float> split(rows * s_stride, kSentinel);
               const size_t a = n / 2 + 1;
-              kernels::QueryKeyScores(q, 1, q_stride, keys.data, type, key_stride, a, hd,
-                                      split.data(), s_stride);
+              kernels::QueryKeyScores(q, 1, q_stride, keys.data, type, key_stride,
+                                      ScalesFrom(keys, 0), a, hd, split.data(), s_stride);
               kernels::QueryKeyScores(q, 1, q_stride, Offset(keys.data, type, a * key_stride), type,
-                                      key_stride, n - a, hd, split.data() + a, s_stride);
+                                      key_stride, ScalesFrom(keys, a), n - a, hd, split.data() + a,
+                                      s_stride);
               kernels::QueryKeyScores(q + q_stride, rows - 1, q_stride, keys.data, type, key_stride,
-                                      n, hd, split.data() + s_stride, s_stride);
+                                      ScalesFrom(keys, 0), n, hd, split.data() + s_stride,
+                                      s_stride);
               for (size_t r = 0; r < rows; ++r) {
                 for (size_t j = 0; j < n; ++j) {
                   ASSERT_EQ(split[r * s_stride + j], s[r * s_stride + j])
@@ -131,7 +165,7 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::uniform_real_distribution<float> up(0.0f, 1.0f);
-    for (CacheType type : {CacheType::kF32, CacheType::kBF16, CacheType::kF16}) {
+    for (CacheType type : kTypes) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67, 130}) {
         for (size_t n : {1, 2, 4, 5, 13, 67, 70, 256}) {
           for (size_t rows : {1, 4}) {
@@ -139,7 +173,7 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
                          << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
             const size_t v_stride = hd + 5, p_stride = n + 1, a_stride = hd + 2;
             CacheRows values;
-            MakeRows(type, n * v_stride, 3, &rng, &values);
+            MakeRows(type, n, v_stride, 3, &rng, &values);
             std::vector<float> p_buf(rows * p_stride + 1);
             for (float& v : p_buf) v = up(rng);
             const float* p = p_buf.data() + 1;
@@ -149,8 +183,8 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
               for (size_t d = 0; d < hd; ++d) acc[r * a_stride + d] = u(rng);
             }
             const std::vector<float> acc0 = acc_buf;
-            kernels::AccumulateWeightedValues(p, rows, p_stride, values.data, type, v_stride, n, hd,
-                                              acc, a_stride);
+            kernels::AccumulateWeightedValues(p, rows, p_stride, values.data, type, v_stride,
+                                              ScalesFrom(values, 0), n, hd, acc, a_stride);
             for (size_t r = 0; r < rows; ++r) {
               for (size_t d = 0; d < hd; ++d) {
                 double want = acc0[1 + r * a_stride + d];
@@ -161,7 +195,7 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
                   want += t;
                   mag += std::fabs(t);
                 }
-                const double bound = 2.0 * (n + 1) * kU * mag + 1e-30;
+                const double bound = (2.0 * (n + 1) + ExtraRoundings(type)) * kU * mag + 1e-30;
                 ASSERT_LE(std::fabs(acc[r * a_stride + d] - want), bound)
                     << "r " << r << " d " << d;
               }
@@ -174,7 +208,8 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
             std::vector<float> single(acc0.begin() + 1 + (rows - 1) * a_stride,
                                       acc0.begin() + 1 + (rows - 1) * a_stride + hd);
             kernels::AccumulateWeightedValues(p + (rows - 1) * p_stride, 1, p_stride, values.data,
-                                              type, v_stride, n, hd, single.data(), hd);
+                                              type, v_stride, ScalesFrom(values, 0), n, hd,
+                                              single.data(), hd);
             for (size_t d = 0; d < hd; ++d) {
               ASSERT_EQ(single[d], acc[(rows - 1) * a_stride + d]) << "d " << d;
             }
@@ -188,10 +223,11 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
 TEST(DecodeTest, EmptyCallsWriteNothing) {
   float s = kSentinel;
   const float q[1] = {1.0f};
-  kernels::QueryKeyScores(q, 0, 1, q, CacheType::kF32, 1, 1, 1, &s, 1);
-  kernels::QueryKeyScores(q, 1, 1, q, CacheType::kF32, 1, 0, 1, &s, 1);
+  kernels::QueryKeyScores(q, 0, 1, q, CacheType::kF32, 1, nullptr, 1, 1, &s, 1);
+  kernels::QueryKeyScores(q, 1, 1, q, CacheType::kF32, 1, nullptr, 0, 1, &s, 1);
   EXPECT_EQ(s, kSentinel);
-  kernels::AccumulateWeightedValues(q, 1, 1, q, CacheType::kBF16, 1, 0, 1, &s, 1);
+  kernels::AccumulateWeightedValues(q, 1, 1, q, CacheType::kBF16, 1, nullptr, 0, 1, &s, 1);
+  kernels::AccumulateWeightedValues(q, 1, 1, q, CacheType::kI8, 1, nullptr, 0, 1, &s, 1);
   EXPECT_EQ(s, kSentinel);
 }
 

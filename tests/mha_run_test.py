@@ -410,6 +410,26 @@ class Checker:
         self.expect_error("kv_heads_zero", base + ["--kv-heads", "0"], 2, "--kv-heads")
         self.expect_error("weights_dtype_bad", base + ["--weights-dtype", "f64"], 2,
                           "--weights-dtype: expected 'f32', 'bf16' or 'f16', got 'f64'")
+        # --kv-dtype: token-by-token decoding through a KV cache equals the causal forward
+        # within the cache's accuracy (tests/kv_cache_test.cc derives the tolerances).
+        causal = self.run_ok("gqa_causal", base + ["--causal"], self.path("gqa_causal.safetensors"))
+        for dtype, tol in (("f32", 1e-5), ("bf16", 2e-2), ("f16", 4e-3), ("int8", 2e-2)):
+            label = "gqa_kv_" + dtype
+            got = self.run_ok(label, base + ["--kv-dtype", dtype],
+                              self.path(label + "_out.safetensors"))
+            if got is None or causal is None:
+                continue
+            a, want = got["attn_output"], causal["attn_output"]
+            err = float(np.max(np.abs(a - want) / (1 + np.abs(want))))
+            if a.shape != want.shape or not err <= tol:
+                fail(f"{label}: max scaled error {err:.3g} against --causal, tolerance {tol}")
+            else:
+                print(f"ok: {label} (max scaled error {err:.3g} against --causal)")
+        self.expect_error("kv_dtype_bad", base + ["--kv-dtype", "int4"], 2,
+                          "--kv-dtype: expected 'f32', 'bf16', 'f16' or 'int8', got 'int4'")
+        self.expect_error("kv_dtype_need_weights", base + ["--kv-dtype", "int8",
+                                                          "--need-weights"], 1,
+                          "--kv-dtype: expected self-attention")
 
 
 def main():

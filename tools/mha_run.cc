@@ -3,8 +3,11 @@
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
-//           [--weights-dtype f32|bf16|f16] [--threads N]
+//           [--weights-dtype f32|bf16|f16] [--kv-dtype f32|bf16|f16|int8] [--threads N]
 //           [--weights-png FILE] [--version] [--help]
+//
+// With --kv-dtype the query is decoded token by token through a KV cache of that storage type
+// (self-attention, causal), as an application generating text would run the layer.
 //
 // Weights are read by state_dict name (MultiheadAttention::CreateFromSafeTensors); inputs by
 // name: `query`, optional `key` and `value`, `attn_mask`, `key_padding_mask`. Other tensors in either file are ignored,
@@ -32,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
 #include "runtime/safetensors.h"
 
@@ -79,6 +83,10 @@ const char kHelp[] =
     "  --weights-dtype T     how the layer stores its weight matrices: f32 (default), bf16\n"
     "                        or f16. BF16/F16 tensors of that type are used as stored;\n"
     "                        others are rounded (nearest even). Arithmetic is f32\n"
+    "  --kv-dtype T          decode the query one token at a time through a KV cache\n"
+    "                        stored as T: f32, bf16, f16 or int8 (per-row scaled codes).\n"
+    "                        Self-attention, causal (implies --causal); no masks, key,\n"
+    "                        value or --need-weights\n"
     "  --threads N           worker threads including the caller; 0 = all (default)\n"
     "  --weights-png FILE    draw the attention weights as a PNG heatmap (needs\n"
     "                        --need-weights): one panel per batch item and head (one per\n"
@@ -101,6 +109,8 @@ struct RunOptions {
   QkvLayout qkv_layout = QkvLayout::kPyTorch;
   int64_t kv_heads = 0;  // 0: from the file
   DType weights_dtype = DType::kF32;
+  bool decode = false;  // --kv-dtype given
+  DType kv_dtype = DType::kF32;
   size_t threads = 0;
 };
 
@@ -192,6 +202,24 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
           o->weights_dtype = DType::kF16;
         } else {
           return InvalidArgument("--weights-dtype: expected 'f32', 'bf16' or 'f16', got '" +
+                                 text + "'");
+        }
+      }
+    } else if (arg == "--kv-dtype") {
+      s = take(&text);
+      if (s.ok()) {
+        o->decode = true;
+        o->causal = true;
+        if (text == "f32") {
+          o->kv_dtype = DType::kF32;
+        } else if (text == "bf16") {
+          o->kv_dtype = DType::kBF16;
+        } else if (text == "f16") {
+          o->kv_dtype = DType::kF16;
+        } else if (text == "int8") {
+          o->kv_dtype = DType::kI8;
+        } else {
+          return InvalidArgument("--kv-dtype: expected 'f32', 'bf16', 'f16' or 'int8', got '" +
                                  text + "'");
         }
       }
@@ -407,6 +435,45 @@ Status RenderHeatmap(const std::vector<float>& w, int64_t panel_rows, int64_t pa
 #endif
 }
 
+// --kv-dtype: Step each token of the query [N, L, E] (any layout) through a KV cache, writing
+// its output row; the cache takes batch-first [N, 1, E] views at the query's strides.
+Status DecodeThroughCache(const MultiheadAttention& layer, Context& ctx, const RunOptions& o,
+                          const AttentionInputs& in, const AttentionOutputs& out) {
+  if (in.key.present() || in.attn_mask.present() || in.key_padding_mask.present() ||
+      in.need_weights) {
+    return InvalidArgument(
+        "--kv-dtype: expected self-attention without masks or --need-weights (a KV cache decodes "
+        "causally over its own keys), got " +
+        std::string(in.key.present() ? "a 'key' tensor"
+                    : in.need_weights ? "--need-weights"
+                                      : "a mask tensor"));
+  }
+  const TensorView& q = in.query;
+  const TensorView& y = out.output;
+  const bool batched = q.rank == 3;
+  const int bdim = o.batch_first ? 0 : 1, tdim = o.batch_first ? 1 : 0;
+  const int64_t N = batched ? q.shape[bdim] : 1;
+  const int64_t L = batched ? q.shape[tdim] : q.shape[0];
+  std::unique_ptr<KvCache> cache;
+  Status s = KvCache::Create(KvCacheOptions::ForLayer(layer, N, L, o.kv_dtype), &cache);
+  if (!s.ok()) return s;
+  auto token = [&](const TensorView& t, int64_t i, TensorView* v) {
+    const int64_t shape[3] = {N, 1, t.shape[t.rank - 1]};
+    const int64_t tok = batched ? t.strides[tdim] : t.strides[0];
+    const int64_t strides[3] = {batched ? t.strides[bdim] : 0, tok, 1};
+    return TensorView::Strided(static_cast<float*>(t.data) + i * tok, DType::kF32, 3, shape,
+                               strides, v);
+  };
+  for (int64_t i = 0; i < L; ++i) {
+    TensorView x, o_row;
+    s = token(q, i, &x);
+    if (s.ok()) s = token(y, i, &o_row);
+    if (s.ok()) s = cache->Step(ctx, layer, x, o_row);
+    if (!s.ok()) return Status(s.code(), "--kv-dtype: " + s.message());
+  }
+  return Status::Ok();
+}
+
 Status Run(const RunOptions& o) {
   LoadOptions load;
   load.num_heads = o.num_heads;
@@ -510,7 +577,7 @@ Status Run(const RunOptions& o) {
   std::unique_ptr<Context> ctx;
   s = Context::Create(copts, &ctx);
   if (!s.ok()) return s;
-  s = layer->Forward(*ctx, in, out);
+  s = o.decode ? DecodeThroughCache(*layer, *ctx, o, in, out) : layer->Forward(*ctx, in, out);
   if (!s.ok()) return s;
 
   SafeTensorsWriter writer;

@@ -17,8 +17,13 @@
 // right after the batch * num_kv_heads * capacity * head_dim elements of K. Each head's
 // positions are contiguous rows, which is what a decode step streams.
 //
-// Storage dtype: f32, bf16 or f16, chosen at creation. 16-bit values are rounded to nearest
-// even from the f32 projections; every computation is f32. Error of a 16-bit cache: each stored
+// Storage dtype: f32, bf16, f16 or int8, chosen at creation. 16-bit values are rounded to
+// nearest even from the f32 projections; every computation is f32. int8 stores each row (one
+// position of one kv head, head_dim values) as symmetric codes with one f32 scale:
+// scale = max_d |x_d| / 127, code_d = round_half_even(x_d * 127 / max_d |x_d|) in [-127, 127];
+// the scales follow V's codes, K's [batch, num_kv_heads, capacity] f32 then V's, at the first
+// 4-byte boundary (caller buffers must be 4-byte aligned). A row costs head_dim + 4 bytes: at
+// head_dim 64, 27% of f32's bytes. Its error: each element within scale / 2 of its f32 value. Error of a 16-bit cache: each stored
 // element has relative error <= 2^-9 (bf16) or 2^-11 (f16, inside its normal range
 // [6.1e-5, 65504]; larger magnitudes become inf). For layers with O(1) activations the outputs
 // differ from an f32 cache by about 1e-2 (bf16) and 1e-3 (f16) relative to the output scale;
@@ -70,7 +75,7 @@ struct MHA_API KvCacheOptions {
   int64_t capacity = 0;       // positions per entry (max sequence length)
   int64_t num_kv_heads = 0;   // the layer's key/value heads
   int64_t head_dim = 0;       // the layer's head_dim
-  DType dtype = DType::kF32;  // storage: kF32, kBF16 or kF16
+  DType dtype = DType::kF32;  // storage: kF32, kBF16, kF16 or kI8 (see the file comment)
   // Caller-provided storage (not owned; must outlive the cache), at least RequiredBytes(),
   // aligned to the storage element size (64 bytes recommended). Null: the cache allocates and owns its storage (zeroed).
   void* buffer = nullptr;
@@ -98,9 +103,12 @@ class MHA_API KvCache {
   // Current length (cached positions) of entry n, 0 <= n < batch (unchecked).
   int64_t length(int64_t n) const { return lengths_[static_cast<size_t>(n)]; }
   // Storage of K (V follows at keys() + batch * num_kv_heads * capacity * head_dim elements),
-  // in the layout of the file comment.
+  // in the layout of the file comment; for int8 storage the codes, with their per-row scales
+  // [batch, num_kv_heads, capacity] f32 at key_scales() and value_scales() (null otherwise).
   const void* keys() const { return k_; }
   const void* values() const { return v_; }
+  const float* key_scales() const { return k_scales_; }
+  const float* value_scales() const { return v_scales_; }
 
   // Context arena bytes that every Append, Forward and Step with `layer` of up to `max_tokens`
   // tokens per entry needs on `num_threads` threads, for sizing a caller-provided arena
@@ -143,6 +151,9 @@ class MHA_API KvCache {
   DType dtype_ = DType::kF32;
   void* k_ = nullptr;
   void* v_ = nullptr;
+  // int8 storage: one f32 scale per row, [batch, num_kv_heads, capacity] each (else null).
+  float* k_scales_ = nullptr;
+  float* v_scales_ = nullptr;
   std::unique_ptr<uint8_t[]> owned_;
   std::vector<int64_t> lengths_;  // [batch], sized at creation
 };

@@ -76,7 +76,8 @@ typedef enum mha_dtype {
   MHA_DTYPE_BF16 = 1,
   MHA_DTYPE_F16 = 2,
   MHA_DTYPE_BOOL = 3,
-  MHA_DTYPE_U8 = 4
+  MHA_DTYPE_U8 = 4,
+  MHA_DTYPE_I8 = 5 /* KV-cache storage only (mha_kv_cache_options.dtype) */
 } mha_dtype;
 
 #define MHA_MAX_RANK 4
@@ -369,7 +370,8 @@ typedef struct mha_kv_cache mha_kv_cache;
 typedef struct mha_kv_cache_options {
   int64_t batch;    /* N: sequences, > 0 */
   int64_t capacity; /* positions per sequence (its maximum length), > 0 */
-  int32_t dtype;    /* storage: MHA_DTYPE_F32, MHA_DTYPE_BF16 or MHA_DTYPE_F16 */
+  int32_t dtype;    /* storage: MHA_DTYPE_F32, MHA_DTYPE_BF16, MHA_DTYPE_F16 or MHA_DTYPE_I8
+                     * (symmetric codes, one f32 scale per position and kv head: mha/kv_cache.hpp) */
   /* Caller storage (borrowed), at least mha_kv_cache_required_bytes long, aligned to the
    * element size (64 bytes recommended). NULL: the cache allocates and owns its storage;
    * buffer_bytes is then ignored. */
