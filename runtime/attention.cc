@@ -383,9 +383,10 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   }
 
   if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff &&
-      config.prepack != WeightPrepack::kPlain) {
+      config.prepack != WeightPrepack::kPlain && config.prepack != WeightPrepack::kStrassen) {
     return InvalidArgument(std::string(op) +
-                           "prepack: expected kOn (0), kOff (1) or kPlain (2), got " +
+                           "prepack: expected kOn (0), kOff (1), kPlain (2) or kStrassen (3), "
+                           "got " +
                            Str(static_cast<int>(config.prepack)));
   }
 
@@ -553,7 +554,7 @@ void LayerWeights::Prepack() {
   // w^T [in, out] of each matrix, one after the other (PackedBFloats keeps each 64-byte aligned).
   WeightMatrix* const mats[4] = {&w_q, &w_k, &w_v, &w_o};
   const int64_t ins[4] = {qd, kd, vd, E}, outs[4] = {E, kvE, kvE, E};
-  const bool strassen = config.prepack == WeightPrepack::kOn;
+  const bool strassen = config.prepack == WeightPrepack::kStrassen;
   size_t floats = 0, strassen_floats = 0, tmp_floats = 0;
   for (int i = 0; i < 4; ++i) {
     floats += kernels::PackedBFloats(ins[i], outs[i]);

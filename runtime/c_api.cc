@@ -144,10 +144,11 @@ Status CheckBool(int32_t v, const char* name) {
 }
 
 Status CheckPrepack(int32_t v, const char* name) {
-  if (v != MHA_PREPACK_ON && v != MHA_PREPACK_OFF && v != MHA_PREPACK_PLAIN) {
+  if (v != MHA_PREPACK_ON && v != MHA_PREPACK_OFF && v != MHA_PREPACK_PLAIN &&
+      v != MHA_PREPACK_STRASSEN) {
     return InvalidArgument(std::string(name) +
-                           ": expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1) or "
-                           "MHA_PREPACK_PLAIN (2), got " +
+                           ": expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1), "
+                           "MHA_PREPACK_PLAIN (2) or MHA_PREPACK_STRASSEN (3), got " +
                            std::to_string(v));
   }
   return Status::Ok();

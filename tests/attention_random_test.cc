@@ -159,16 +159,18 @@ TEST(AttentionRandomTest, LongSequencesUseOnlineSoftmax) {
   }
 }
 
-// Projections through the Strassen operands (AttentionConfig::prepack kOn, E >= 512): the layer
-// holds them for all four matrices, and the forward (token counts with a Strassen panel and an
-// odd row or a short panel after it; fused and separate q/k/v; self- and cross-attention; causal)
-// matches the double reference and gives the same bits on 1 and 2 threads; kPlain holds none.
+// Projections through the Strassen operands (AttentionConfig::prepack kStrassen, E >= 512): the
+// layer holds them for all four matrices, and the forward (token counts with a Strassen panel and
+// an odd row or a short panel after it; fused and separate q/k/v; self- and cross-attention;
+// causal) matches the double reference and gives the same bits on 1 and 2 threads; the default
+// kOn and kPlain hold none.
 TEST(AttentionRandomTest, StrassenProjections) {
   std::mt19937 rng(77);
   for (int variant = 0; variant < 4; ++variant) {
     Problem p;
     p.config.embed_dim = 512;
     p.config.num_heads = 8;
+    p.config.prepack = WeightPrepack::kStrassen;
     p.config.batch_first = variant % 2 == 0;
     p.packed = variant != 1;
     p.N = variant == 3 ? 2 : 1;
@@ -187,18 +189,20 @@ TEST(AttentionRandomTest, StrassenProjections) {
     CheckTwoThreadsAndOne(p);
     if (HasFailure()) return;
   }
-  Problem plain;
-  plain.config.embed_dim = 512;
-  plain.config.num_heads = 8;
-  plain.config.prepack = WeightPrepack::kPlain;
-  testing_util::FillProblem(&plain, &rng);
-  std::unique_ptr<MultiheadAttention> layer;
-  ASSERT_TRUE(
-      MultiheadAttention::Create(plain.config, WeightsOf(plain), plain.binding, &layer).ok());
-  EXPECT_TRUE(LayerWeightsOf(*layer).w_q.strassen.empty());
-  // Packed at all only where the micro-kernel stores row-major C (not BLIS's aarch64 kernels).
-  EXPECT_EQ(LayerWeightsOf(*layer).w_q.packed.data != nullptr,
-            kernels::GemmBlocking().prefers_rows);
+  for (const WeightPrepack mode : {WeightPrepack::kOn, WeightPrepack::kPlain}) {
+    Problem plain;
+    plain.config.embed_dim = 512;
+    plain.config.num_heads = 8;
+    plain.config.prepack = mode;
+    testing_util::FillProblem(&plain, &rng);
+    std::unique_ptr<MultiheadAttention> layer;
+    ASSERT_TRUE(
+        MultiheadAttention::Create(plain.config, WeightsOf(plain), plain.binding, &layer).ok());
+    EXPECT_TRUE(LayerWeightsOf(*layer).w_q.strassen.empty());
+    // Packed at all only where the micro-kernel stores row-major C (not BLIS's aarch64 kernels).
+    EXPECT_EQ(LayerWeightsOf(*layer).w_q.packed.data != nullptr,
+              kernels::GemmBlocking().prefers_rows);
+  }
 }
 
 // Weights requested for long sequences: full rows, per head and averaged.

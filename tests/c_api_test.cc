@@ -280,10 +280,10 @@ TEST(CApiTest, InvalidConfigs) {
   c.batch_first = 2;
   EXPECT_INVALID(create(c), "config->batch_first: expected 0 or 1, got 2");
   c.batch_first = 0;
-  c.prepack = 3;
+  c.prepack = 4;
   EXPECT_INVALID(create(c),
-                 "config->prepack: expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1) or "
-                 "MHA_PREPACK_PLAIN (2), got 3");
+                 "config->prepack: expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1), "
+                 "MHA_PREPACK_PLAIN (2) or MHA_PREPACK_STRASSEN (3), got 4");
   c.prepack = MHA_PREPACK_OFF;
   ASSERT_EQ(create(c), MHA_STATUS_OK) << mha_last_error_message();
   mha_layer_config got;
@@ -756,8 +756,8 @@ TEST(CApiTest, SixteenBitWeights) {
   load.weight_dtype = 0;
   load.prepack = -1;
   EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
-                 "options->prepack: expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1) or "
-                 "MHA_PREPACK_PLAIN (2), got -1");
+                 "options->prepack: expected MHA_PREPACK_ON (0), MHA_PREPACK_OFF (1), "
+                 "MHA_PREPACK_PLAIN (2) or MHA_PREPACK_STRASSEN (3), got -1");
   load.prepack = 0;
   load.num_kv_heads = -1;
   EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),

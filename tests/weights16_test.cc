@@ -208,10 +208,11 @@ TEST(Weights16Test, InvalidDtypes) {
             std::string::npos)
       << s.message();
   AttentionConfig bad_prepack = p.config;
-  bad_prepack.prepack = static_cast<WeightPrepack>(3);
+  bad_prepack.prepack = static_cast<WeightPrepack>(4);
   s = MultiheadAttention::Create(bad_prepack, WeightsOf(p), WeightBinding::kCopy, &layer);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("prepack: expected kOn (0), kOff (1) or kPlain (2), got 3"),
+  EXPECT_NE(s.message().find("prepack: expected kOn (0), kOff (1), kPlain (2) or kStrassen (3), "
+                             "got 4"),
             std::string::npos)
       << s.message();
   AttentionWeights w = WeightsOf(p);

@@ -155,9 +155,10 @@ typedef enum mha_weight_binding {
 /* Whether an f32 layer also keeps its projection weights packed for the GEMM micro-kernel
  * (mha::WeightPrepack; see mha_layer_config.prepack). */
 typedef enum mha_prepack {
-  MHA_PREPACK_ON = 0,   /* pack once at creation, with Strassen operands (the default) */
-  MHA_PREPACK_OFF = 1,  /* keep only the nn.Linear layout */
-  MHA_PREPACK_PLAIN = 2 /* pack once at creation, without Strassen operands */
+  MHA_PREPACK_ON = 0,       /* pack once at creation (the default) */
+  MHA_PREPACK_OFF = 1,      /* keep only the nn.Linear layout */
+  MHA_PREPACK_PLAIN = 2,    /* the same as MHA_PREPACK_ON */
+  MHA_PREPACK_STRASSEN = 3  /* MHA_PREPACK_ON plus Strassen operands (opt-in, 1.75x more) */
 } mha_prepack;
 
 /* Fields as mha::AttentionConfig; booleans are 0/1. mha_layer_config_init sets PyTorch's
@@ -183,9 +184,9 @@ typedef struct mha_layer_config {
    * bytes of the f32 weights again, also for MHA_WEIGHTS_VIEW); projections then pack nothing
    * per forward (from one token where mha's micro-kernel over the packing runs, e.g. x86-64
    * with BLIS's haswell/zen kernels; elsewhere from 17, fewer stream the weights as dot
-   * products), and the seven Strassen operands of each matrix with >= 512 inputs and >= 256
-   * outputs (1.75x its bytes again; products of >= 64 tokens then do 7/8 of the
-   * multiplications, see mha::AttentionConfig::prepack). MHA_PREPACK_PLAIN packs without them,
+   * products). MHA_PREPACK_STRASSEN (opt-in) also stores the seven Strassen operands of each
+   * matrix with >= 512 inputs and >= 256 outputs (1.75x its bytes again; products of >= 64
+   * tokens then do 7/8 of the multiplications, see mha::AttentionConfig::prepack).
    * MHA_PREPACK_OFF keeps the memory. Nothing is packed for 16-bit weights. Results agree to
    * rounding any way. */
   int32_t prepack;

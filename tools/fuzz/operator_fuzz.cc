@@ -56,7 +56,7 @@ enum Invalid {
   kKvHeadsNotDividingHeads,
   kBoolFieldTwo,
   kWeightDtypeBool,
-  kPrepackThree,
+  kPrepackFour,
   kLayoutTwo,
   kBindingTwo,
   kNoOutProj,
@@ -205,7 +205,7 @@ Case Decode(ByteReader* r) {
   c.layout = (w >> 1) & 1;
   c.wdtype = ((w >> 2) & 3) == 1 ? MHA_DTYPE_BF16 : ((w >> 2) & 3) == 2 ? MHA_DTYPE_F16
                                                                           : MHA_DTYPE_F32;
-  c.prepack = ((w >> 4) & 3) % 3;
+  c.prepack = (w >> 4) & 3;  // MHA_PREPACK_ON, OFF, PLAIN or STRASSEN
   c.binding = (w >> 6) & 1;
   c.copy_from_f32 = c.binding == MHA_WEIGHTS_COPY && c.wdtype != MHA_DTYPE_F32 && (w >> 7);
   if (r->Chance(40)) c.scale = 0.05f + 0.004f * r->Byte();  // up to 1.07
@@ -510,7 +510,7 @@ class Runner {
       case kKvHeadsNotDividingHeads: config.num_kv_heads = c_.H + 1; break;
       case kBoolFieldTwo: config.add_zero_attn = 2; break;
       case kWeightDtypeBool: config.weight_dtype = MHA_DTYPE_BOOL; break;
-      case kPrepackThree: config.prepack = 3; break;
+      case kPrepackFour: config.prepack = 4; break;
       case kLayoutTwo: w.qkv_layout = 2; break;
       case kBindingTwo: binding = 2; break;
       case kNoOutProj: w.out_proj_weight = nullptr; break;
