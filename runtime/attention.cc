@@ -292,7 +292,19 @@ struct MultiheadAttention::Impl : LayerWeights {
   void RunAttention(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
                     const KeyChunk& keys) const;
   // Chunked path: per chunk, its K and V then the attention tasks; then the output projection.
-  void RunChunked(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base) const;
+  // `sink` (optional) gets each chunk's projected keys and values.
+  void RunChunked(Context& ctx, const Shapes& sh, const Workspace& ws, uint8_t* base,
+                  KvSinkFn sink, void* user) const;
+  // Forward's body; `sink` (optional) gets the projected keys and values.
+  Status RunForward(Context& ctx, const AttentionInputs& inputs, const AttentionOutputs& outputs,
+                    KvSinkFn sink, void* user) const;
+  // Hands the K and V rows of key positions [begin, end) in the projection buffers to `sink`.
+  void SinkKv(Context& ctx, const Workspace& ws, uint8_t* base, int64_t begin, int64_t end,
+              KvSinkFn sink, void* user) const {
+    if (sink == nullptr) return;
+    const QkvBuffers buf = Buffers(ws, base);
+    sink(user, ctx, ProjectedKv{buf.k, buf.v, ws.kv_layout.batch, ws.kv_layout.token, begin, end});
+  }
   // Q, K, V inside the workspace: one [tokens, E + 2 kvE] buffer when fused, three otherwise.
   struct QkvBuffers {
     float* q;
@@ -1536,7 +1548,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
 }
 
 void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const Workspace& ws,
-                                          uint8_t* base) const {
+                                          uint8_t* base, KvSinkFn sink, void* user) const {
   // Chunks of chunk_keys real keys; the last one also takes the appended positions [S, S').
   for (int64_t k0 = 0; k0 < sh.S; k0 += ws.chunk_keys) {
     KeyChunk keys;
@@ -1545,6 +1557,7 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
     keys.last = k0 + ws.chunk_keys >= sh.S;
     keys.end = keys.last ? sh.St : k0 + ws.chunk_keys;
     RunProjections(ctx, sh, ws, base, &keys);
+    SinkKv(ctx, ws, base, keys.begin, std::min(keys.end, sh.S), sink, user);
     RunAttention(ctx, sh, ws, base, keys);
   }
 
@@ -1585,7 +1598,19 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
 
 Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
                                    const AttentionOutputs& outputs) const {
-  const Impl& m = *impl_;
+  return impl_->RunForward(ctx, inputs, outputs, nullptr, nullptr);
+}
+
+Status ForwardWithKvSink(const MultiheadAttention& layer, Context& ctx,
+                         const AttentionInputs& inputs, const AttentionOutputs& outputs,
+                         KvSinkFn sink, void* user) {
+  return layer.impl().RunForward(ctx, inputs, outputs, sink, user);
+}
+
+Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs& inputs,
+                                            const AttentionOutputs& outputs, KvSinkFn sink,
+                                            void* user) const {
+  const Impl& m = *this;
   Shapes sh;
   Status s = m.Validate(inputs, &outputs, &sh);
   if (!s.ok()) return s;
@@ -1602,9 +1627,10 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
 
   m.RunProjections(ctx, sh, ws, b, nullptr);
   if (ws.chunked) {
-    m.RunChunked(ctx, sh, ws, b);
+    m.RunChunked(ctx, sh, ws, b, sink, user);
     return Status::Ok();
   }
+  m.SinkKv(ctx, ws, b, 0, sh.S, sink, user);
   m.RunAttention(ctx, sh, ws, b, KeyChunk{0, sh.St, true, true});
 
   // Output projection: concat [tokens, E] x W_o^T + b_o into the caller's output.

@@ -67,6 +67,26 @@ KeyChunking CurrentKeyChunking();
 // returns the previous one. Not for concurrent use with forwards or plans.
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
 
+// Keys and values a forward has projected, for positions [begin, end) of every batch entry n:
+// K of position p at k + n * batch_stride + (p - begin) * token_stride (elements), kvE =
+// num_kv_heads * head_dim f32 values with head g at columns [g * head_dim, (g + 1) * head_dim);
+// V likewise at v.
+struct ProjectedKv {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  ptrdiff_t batch_stride = 0, token_stride = 0;
+  int64_t begin = 0, end = 0;
+};
+// Called on the forward's calling thread with each block of projected keys and values (all of
+// them, or one chunk at a time on the long-sequence path) before attention reads them.
+using KvSinkFn = void (*)(void* user, Context& ctx, const ProjectedKv& kv);
+
+// Forward that also hands its projected keys and values to `sink` (KvCache's prefill: the
+// prompt runs the forward's tiled path and the cache stores the keys as they are produced).
+Status ForwardWithKvSink(const MultiheadAttention& layer, Context& ctx,
+                         const AttentionInputs& inputs, const AttentionOutputs& outputs,
+                         KvSinkFn sink, void* user);
+
 // The workspace bytes this very forward, its pointers included, takes from the arena (Plan
 // returns the bound over every pointer arrangement of the same shapes). For tests: it runs
 // nothing.

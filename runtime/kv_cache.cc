@@ -56,6 +56,10 @@ constexpr int64_t kChunk = 256;
 constexpr int64_t kSplitMaxTokens = 4;
 // Query rows per task of the blocked schedule.
 constexpr int64_t kQueryBlock = 64;
+// A Step of at least this many tokens into an empty cache (every entry, no padding) is a
+// prompt: it runs MultiheadAttention's causal forward (its tiled GEMM/softmax path) and stores
+// the keys and values the forward projects, instead of the decode kernels' blocked schedule.
+constexpr int64_t kPrefillForwardMinTokens = 64;
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
@@ -321,6 +325,74 @@ KvCache::~KvCache() = default;
 
 void KvCache::Reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
+// The forward of a prompt x [N, T, E] (batch-first, as the cache takes it) as the layer reads
+// it: [N, T, E] or [T, N, E] views of the same memory.
+Status PromptView(const MultiheadAttention& layer, const TensorView& x, int64_t N, int64_t T,
+                  TensorView* view) {
+  const int64_t F = x.shape[2];
+  if (layer.config().batch_first) {
+    const int64_t shape[3] = {N, T, F}, strides[3] = {x.strides[0], x.strides[1], 1};
+    return TensorView::Strided(x.data, DType::kF32, 3, shape, strides, view);
+  }
+  const int64_t shape[3] = {T, N, F}, strides[3] = {x.strides[1], x.strides[0], 1};
+  return TensorView::Strided(x.data, DType::kF32, 3, shape, strides, view);
+}
+
+Status KvCache::Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
+                        const TensorView& output, int64_t T) {
+  AttentionInputs in;
+  AttentionOutputs out;
+  Status s = PromptView(layer, x, batch_, T, &in.query);
+  if (s.ok()) s = PromptView(layer, output, batch_, T, &out.output);
+  if (!s.ok()) return s;
+  in.causal = true;
+  // Keys and values go into the cache as the forward projects them, in tasks over (entry, kv
+  // head); nothing else in the cache changes until the forward succeeds.
+  auto store = [](void* user, Context& c, const ProjectedKv& kv) {
+    KvCache& cache = *static_cast<KvCache*>(user);
+    const int64_t KVH = cache.kv_heads_, hd = cache.head_dim_;
+    const CacheRows rows[2] = {
+        {static_cast<uint8_t*>(cache.k_), cache.k_scales_, cache.dtype_, hd},
+        {static_cast<uint8_t*>(cache.v_), cache.v_scales_, cache.dtype_, hd}};
+    c.pool().ParallelFor(static_cast<uint64_t>(cache.batch_ * KVH), [&](uint64_t task, size_t) {
+      const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
+      const int64_t row0 = (n * KVH + g) * cache.capacity_;
+      for (int mat = 0; mat < 2; ++mat) {
+        const float* src = (mat == 0 ? kv.k : kv.v) + n * kv.batch_stride + g * hd;
+        for (int64_t p = kv.begin; p < kv.end; ++p) {
+          StoreRow(src + (p - kv.begin) * kv.token_stride, rows[mat], row0 + p);
+        }
+      }
+    });
+  };
+  s = ForwardWithKvSink(layer, ctx, in, out, store, this);
+  if (!s.ok()) return s;
+  std::fill(lengths_.begin(), lengths_.end(), T);
+  return Status::Ok();
+}
+
+namespace {
+
+// Arena bytes of the prompt forward of `tokens` tokens per entry (Prefill).
+Status PrefillPlanBytes(const MultiheadAttention& layer, int64_t N, int64_t tokens,
+                        size_t threads, size_t* bytes) {
+  static float placeholder;
+  const int64_t E = layer.config().embed_dim;
+  const int64_t d = layer.config().q_dim != 0 ? layer.config().q_dim : E;
+  const bool bf = layer.config().batch_first;
+  const int64_t in_shape[3] = {bf ? N : tokens, bf ? tokens : N, d};
+  const int64_t out_shape[3] = {in_shape[0], in_shape[1], E};
+  AttentionInputs in;
+  AttentionOutputs out;
+  Status s = TensorView::Dense(&placeholder, DType::kF32, 3, in_shape, &in.query);
+  if (s.ok()) s = TensorView::Dense(&placeholder, DType::kF32, 3, out_shape, &out.output);
+  in.causal = true;
+  if (s.ok()) s = layer.Plan(in, out, threads, bytes);
+  return s;
+}
+
+}  // namespace
+
 Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t num_threads,
                      size_t* bytes) const {
   const char* op = "KvCache::Plan: ";
@@ -342,7 +414,28 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   const size_t bound = std::max(
       PlanStep(m, batch_, longest_split, capacity_, true, true, threads).total,
       PlanStep(m, batch_, max_tokens, capacity_, true, true, threads).total);
-  *bytes = ArenaBytesFor(bound);
+  size_t planned = ArenaBytesFor(bound);
+  // A prompt of kPrefillForwardMinTokens or more runs the forward (Prefill; layers that can
+  // Step), whose workspace grows with the tokens except where the long-key chunking starts: the
+  // bound is the larger of max_tokens and the longest prompt below it that is not chunked.
+  if (max_tokens >= kPrefillForwardMinTokens && m.kd == m.qd && m.vd == m.qd) {
+    const KeyChunking chunking = CurrentKeyChunking();
+    const size_t kv_row_bytes = 2 * static_cast<size_t>(batch_) * m.kvE * sizeof(float);
+    const int64_t unchunked =
+        chunking.min_kv_bytes == 0
+            ? chunking.chunk_keys
+            : std::max<int64_t>(chunking.chunk_keys,
+                                static_cast<int64_t>(std::min<size_t>(
+                                    (chunking.min_kv_bytes - 1) / kv_row_bytes, INT64_MAX)));
+    for (const int64_t t : {max_tokens, std::clamp(unchunked, kPrefillForwardMinTokens,
+                                                   max_tokens)}) {
+      size_t forward_bytes = 0;
+      const Status s = PrefillPlanBytes(layer, batch_, t, threads, &forward_bytes);
+      if (!s.ok()) return Status(s.code(), std::string(op) + s.message());
+      planned = std::max(planned, forward_bytes);
+    }
+  }
+  *bytes = planned;
   return Status::Ok();
 }
 
@@ -490,6 +583,15 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
           std::string(op) + "counts[" + Str(n) + "]: query tokens sit at the last " + Str(c) +
           " cached positions, but batch entry " + Str(n) + " has length " + Str(len));
     }
+  }
+
+  if (forward && append && T >= kPrefillForwardMinTokens) {
+    bool prompt = true;
+    for (int64_t n = 0; n < N; ++n) {
+      prompt = prompt && lengths_[static_cast<size_t>(n)] == 0 &&
+               (counts == nullptr || counts[n] == T);
+    }
+    if (prompt) return Prefill(ctx, layer, *query, *output, T);
   }
 
   // ---- Plan the workspace (shapes only).

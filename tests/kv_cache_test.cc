@@ -32,6 +32,7 @@
 
 #include "kernels/targets.h"
 #include "mha/mha.hpp"
+#include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
 
 namespace mha {
@@ -45,6 +46,7 @@ double ToleranceOf(DType t) {
 // [N, S, E], plus the one-shot causal forward of the whole sequences.
 struct Problem {
   int64_t E = 128, H = 8, KVH = 8, N = 2, S = 64;
+  bool batch_first = true;  // the layer's; the cache's tensors are batch-first either way
   std::vector<float> wq, wk, wv, bias, wo, bo, x, reference;
   std::unique_ptr<MultiheadAttention> layer;
 
@@ -75,7 +77,7 @@ void MakeProblem(Problem* p, uint32_t seed) {
   c.embed_dim = p->E;
   c.num_heads = p->H;
   c.num_kv_heads = p->KVH;
-  c.batch_first = true;
+  c.batch_first = p->batch_first;
   AttentionWeights w;
   w.q_proj_weight = p->wq.data();
   w.k_proj_weight = p->wk.data();
@@ -88,12 +90,16 @@ void MakeProblem(Problem* p, uint32_t seed) {
   o.num_threads = 1;
   std::unique_ptr<Context> ctx;
   ASSERT_TRUE(Context::Create(o, &ctx).ok());
-  const int64_t shape[3] = {p->N, p->S, p->E};
+  // x and the reference are [N, S, E] in memory; a sequence-first layer reads them as [S, N, E].
+  const int64_t shape[3] = {p->N, p->S, p->E}, strides[3] = {p->S * p->E, p->E, 1};
+  const int64_t seq_shape[3] = {p->S, p->N, p->E}, seq_strides[3] = {p->E, p->S * p->E, 1};
   AttentionInputs in;
   AttentionOutputs out;
   p->reference.assign(p->x.size(), 0.0f);
-  ASSERT_TRUE(TensorView::Dense(p->x.data(), DType::kF32, 3, shape, &in.query).ok());
-  ASSERT_TRUE(TensorView::Dense(p->reference.data(), DType::kF32, 3, shape, &out.output).ok());
+  const int64_t* sh = p->batch_first ? shape : seq_shape;
+  const int64_t* st = p->batch_first ? strides : seq_strides;
+  ASSERT_TRUE(TensorView::Strided(p->x.data(), DType::kF32, 3, sh, st, &in.query).ok());
+  ASSERT_TRUE(TensorView::Strided(p->reference.data(), DType::kF32, 3, sh, st, &out.output).ok());
   in.causal = true;
   const Status s = p->layer->Forward(*ctx, in, out);
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -288,6 +294,41 @@ TEST(KvCacheTest, BitwiseIdenticalForOneToFourThreads) {
           << Name(t) << ": " << threads << " threads differ from 1 thread";
     }
   }
+}
+
+// A prompt Step into an empty cache (every entry T >= 64 tokens, no padding) runs the layer's
+// causal forward and stores the keys and values it projects: with the decode that follows it
+// equals the one-shot forward (MHA and GQA, batch-first and sequence-first layers, f32 / bf16 /
+// int8 caches, the long-key chunked path forced at this size), bitwise for 1-3 threads.
+TEST(KvCacheTest, PromptPrefillRunsTheForward) {
+  for (const bool batch_first : {true, false}) {
+    for (const int64_t kv_heads : {8, 2}) {
+      Problem p;
+      p.E = 64;
+      p.H = 8;
+      p.KVH = kv_heads;
+      p.N = 2;
+      p.S = 100;
+      p.batch_first = batch_first;
+      MakeProblem(&p, 90 + static_cast<uint32_t>(kv_heads));
+      ASSERT_FALSE(HasFatalFailure());
+      const Schedule prompt_then_decode{{80, 80}, 1};
+      for (DType t : {DType::kF32, DType::kBF16, DType::kI8}) {
+        CheckAgainstForward(p, t, prompt_then_decode, "prompt of 80 + decode");
+        testing_util::ScopedKeyChunking chunked(24);
+        CheckAgainstForward(p, t, prompt_then_decode, "chunked prompt of 80 + decode");
+      }
+      std::vector<float> first, out;
+      for (size_t threads = 1; threads <= 3; ++threads) {
+        RunIncremental(p, DType::kF32, prompt_then_decode, threads, &out);
+        ASSERT_FALSE(HasFatalFailure());
+        if (threads == 1) first = out;
+        ASSERT_EQ(std::memcmp(first.data(), out.data(), out.size() * sizeof(float)), 0)
+            << threads << " threads differ from 1 thread";
+      }
+    }
+  }
+  PrintWorst();
 }
 
 // int8 storage against an f32 cache on the same layer: 64 tokens decoded one by one after a

@@ -146,6 +146,10 @@ class MHA_API KvCache {
   Status Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
                  const TensorView* key, const TensorView* value, const TensorView* output,
                  const int64_t* counts, const char* op);
+  // A validated Step of T prompt tokens into an empty cache: the layer's causal forward, which
+  // stores its projected keys and values here as it goes.
+  Status Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
+                 const TensorView& output, int64_t T);
 
   int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0;
   DType dtype_ = DType::kF32;
