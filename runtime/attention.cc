@@ -1545,7 +1545,7 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
   m.RunProjections(ctx, sh, ws, b, nullptr);
   if (ws.chunked) {
     m.RunChunked(ctx, sh, ws, b);
-    return Status::Ok();
+    return ctx.TakeDispatchError();
   }
   m.RunAttention(ctx, sh, ws, b, KeyChunk{0, sh.St, true, true});
 
@@ -1576,7 +1576,7 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
   }
   ParallelGemm(ctx.pool(), &job, 1, b + ws.scratch, ws.scratch_per_worker, ctx.trace(),
                b + ws.packed_w, ws.packed_w_bytes);
-  return Status::Ok();
+  return ctx.TakeDispatchError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1684,7 +1684,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
       if (m.config.add_zero_attn) std::memset(dst + p * hd, 0, hd * sizeof(float));
     }
   });
-  return Status::Ok();
+  return ctx.TakeDispatchError();
 }
 
 // ---------------------------------------------------------------------------------------------
