@@ -17,6 +17,7 @@
 #include "mha/mha.hpp"
 #include "runtime/thread_pool.h"
 #include "tests/attention_test_util.h"
+#include "tests/c_api_test_util.h"
 #include "tests/host_pool.h"
 
 namespace mha {
@@ -359,17 +360,10 @@ TEST(ExecutorTest, TwoTasksOnOneWorkerIndexAtOnceAreRefused) {
 
 // ---- The C API --------------------------------------------------------------------------------
 
+// A dense f32 mha_tensor [a, b, c] over `data`, resized to hold it.
 mha_tensor CTensor(std::vector<float>* data, int64_t a, int64_t b, int64_t c) {
-  mha_tensor t;
-  std::memset(&t, 0, sizeof(t));
   data->resize(static_cast<size_t>(a * b * c));
-  t.data = data->data();
-  t.dtype = MHA_DTYPE_F32;
-  t.rank = 3;
-  t.shape[0] = a;
-  t.shape[1] = b;
-  t.shape[2] = c;
-  return t;
+  return testing_util::Dense(data->data(), MHA_DTYPE_F32, {a, b, c});
 }
 
 // A causal forward with averaged weights, then a KV-cache prefill and decode steps, through the
