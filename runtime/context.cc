@@ -46,8 +46,10 @@ Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* 
     if (!s.ok()) return s;
   }
   kernels::GemmInit();
-  ctx->pool_ = options.executor != nullptr ? std::make_unique<ThreadPool>(*options.executor)
-                                           : std::make_unique<ThreadPool>(threads);
+  // num_workers() was read once, above.
+  ctx->pool_ = options.executor != nullptr
+                   ? std::make_unique<ThreadPool>(*options.executor, threads)
+                   : std::make_unique<ThreadPool>(threads);
   *out = std::move(ctx);
   return Status::Ok();
 }

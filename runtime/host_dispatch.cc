@@ -4,9 +4,9 @@
 
 namespace mha {
 
-HostDispatch::HostDispatch(Executor& executor)
+HostDispatch::HostDispatch(Executor& executor, size_t num_workers)
     : executor_(executor),
-      num_workers_(executor.num_workers()),
+      num_workers_(num_workers),
       slots_(std::make_unique<Slot[]>(num_workers_)) {}
 
 void HostDispatch::Record(Breach breach, uint64_t task, uint64_t worker) {
@@ -50,7 +50,9 @@ void HostDispatch::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
   stray_calls_.store(0, std::memory_order_relaxed);
   executor_.ParallelFor(num_tasks, &HostDispatch::Task, this);
   uint64_t calls = stray_calls_.load(std::memory_order_relaxed);
-  for (size_t w = 0; w < num_workers_; ++w) calls += slots_[w].calls.load(std::memory_order_relaxed);
+  for (size_t w = 0; w < num_workers_; ++w) {
+    calls += slots_[w].calls.load(std::memory_order_relaxed);
+  }
   if (calls != num_tasks && breach_.load(std::memory_order_relaxed) == 0) {
     breach_calls_ = calls;
     breach_expected_ = num_tasks;

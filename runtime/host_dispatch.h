@@ -30,8 +30,9 @@ class HostDispatch {
   // The ThreadPool's type-erased task (closure, task, worker).
   using TaskFn = void (*)(const void* closure, uint64_t task, size_t worker);
 
-  // `executor` must outlive this object; its num_workers() (>= 1) is read here, once.
-  explicit HostDispatch(Executor& executor);
+  // `executor` must outlive this object; `num_workers` (>= 1) is its num_workers(), read once
+  // by the caller.
+  HostDispatch(Executor& executor, size_t num_workers);
   HostDispatch(const HostDispatch&) = delete;
   HostDispatch& operator=(const HostDispatch&) = delete;
 
@@ -56,7 +57,7 @@ class HostDispatch {
     std::atomic<bool> busy{false};
     std::atomic<uint64_t> calls{0};  // task calls made with this worker index, this dispatch
   };
-  std::unique_ptr<Slot[]> slots_;  // [num_workers_]
+  std::unique_ptr<Slot[]> slots_;         // [num_workers_]
   std::atomic<uint64_t> stray_calls_{0};  // calls with an out-of-range worker index
 
   // The current dispatch; written by the dispatching thread before ParallelFor (which hands

@@ -42,9 +42,8 @@ ThreadPool::ThreadPool(size_t num_threads) {
   }
 }
 
-ThreadPool::ThreadPool(Executor& host) : host_(std::make_unique<HostDispatch>(host)) {
-  num_threads_ = host_->num_workers();
-}
+ThreadPool::ThreadPool(Executor& host, size_t num_workers)
+    : num_threads_(num_workers), host_(std::make_unique<HostDispatch>(host, num_workers)) {}
 
 Status ThreadPool::TakeError() { return host_ != nullptr ? host_->TakeError() : Status::Ok(); }
 

@@ -54,8 +54,9 @@ class ThreadPool {
 
   // `num_threads` >= 1 counts the calling thread; 0 is treated as 1.
   explicit ThreadPool(size_t num_threads);
-  // Runs on `host` (which must outlive the pool; num_workers() >= 1): starts no thread.
-  explicit ThreadPool(Executor& host);
+  // Runs on `host` (which must outlive the pool) with `num_workers` >= 1, its num_workers():
+  // starts no thread.
+  ThreadPool(Executor& host, size_t num_workers);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

@@ -258,8 +258,14 @@ TEST(ExecutorTest, BadExecutorOptionsAreRejected) {
 // A host that breaks the contract in one way, for one ParallelFor, then behaves (serially).
 class BrokenHost final : public Executor {
  public:
-  enum class Fault { kNone, kWorkerOutOfRange, kTaskOutOfRange, kSkipsTasks, kRepeatsTask,
-                     kSharesWorker };
+  enum class Fault {
+    kNone,
+    kWorkerOutOfRange,
+    kTaskOutOfRange,
+    kSkipsTasks,
+    kRepeatsTask,
+    kSharesWorker
+  };
   size_t num_workers() const override { return 2; }
   void ParallelFor(uint64_t n, TaskFn fn, void* arg) override {
     const Fault fault = fault_;
@@ -310,7 +316,8 @@ TEST(ExecutorTest, HostBreachesOfContractAreDetectedAndReported) {
     Fault fault;
     const char* message;
   } cases[] = {
-      {Fault::kWorkerOutOfRange, "with worker index 2, expected a worker index below num_workers 2"},
+      {Fault::kWorkerOutOfRange,
+       "with worker index 2, expected a worker index below num_workers 2"},
       {Fault::kTaskOutOfRange, "expected a task index below n_tasks"},
       {Fault::kSkipsTasks, "returned after 0 task calls, expected"},
       {Fault::kRepeatsTask, "(every task exactly once, all finished before it returns)"},
@@ -339,7 +346,7 @@ TEST(ExecutorTest, HostBreachesOfContractAreDetectedAndReported) {
 TEST(ExecutorTest, TwoTasksOnOneWorkerIndexAtOnceAreRefused) {
   BrokenHost host;
   host.fault_ = BrokenHost::Fault::kSharesWorker;
-  ThreadPool pool(host);
+  ThreadPool pool(host, host.num_workers());
   std::atomic<int> ran{0};
   pool.ParallelFor(3, [&](uint64_t task, size_t) {
     if (task == 0) {
@@ -393,7 +400,8 @@ std::vector<float> RunC(const mha_layer* layer, mha_context* context) {
       << mha_last_error_message();
   all.insert(all.end(), step_out.begin(), step_out.end());
   for (int64_t t = 0; t < 3; ++t) {
-    std::vector<float> token(x.begin() + (N * 16 + t * N) * E, x.begin() + (N * 16 + t * N + N) * E);
+    std::vector<float> token(x.begin() + (N * 16 + t * N) * E,
+                             x.begin() + (N * 16 + t * N + N) * E);
     const mha_tensor tt = CTensor(&token, N, 1, E), to = CTensor(&step_out, N, 1, E);
     EXPECT_EQ(mha_kv_cache_step(cache, layer, context, &tt, &to, nullptr), MHA_STATUS_OK)
         << mha_last_error_message();

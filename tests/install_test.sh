@@ -281,7 +281,7 @@ for prog in c_shared cc_shared c_static cc_static; do
   cmp -s "$tmp/cmake_$prog.out" "$tmp/c_shared.out" ||
     fail "CMake's $prog disagrees with the pkg-config build"
 done
-echo "ok: C and C++ consumers built with CMake's find_package(mha CONFIG) on mha::mha and mha::mha_static agree"
+echo "ok: C and C++ consumers built by CMake (find_package(mha CONFIG); mha::mha, mha::mha_static) agree"
 
 # The version file: 0.2 (a minor version up, which may change the API before 1.0) is refused.
 mkdir -p "$tmp/cmake_version"

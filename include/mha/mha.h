@@ -5,8 +5,8 @@
  *
  * Objects (opaque handles):
  *   mha_context  threads (a pool created once, or the host's mha_executor) + an arena that
- *                serves every temporary of a forward pass. Used by ONE thread at a time; give each application thread that
- *                runs forward passes its own context.
+ *                serves every temporary of a forward pass. Used by ONE thread at a time; give
+ *                each application thread that runs forward passes its own context.
  *   mha_layer    a layer: configuration + weights (viewed or copied). Immutable after creation:
  *                one layer may be used concurrently by several threads, each with its own
  *                context.

@@ -140,13 +140,13 @@ static mha_tensor dense3(float* data, int64_t a, int64_t b, int64_t c) {
 }
 
 /* Prints the failing call's status and message and returns 0 from the function. */
-#define CHECK(call)                                                                            \
-  do {                                                                                         \
-    mha_status status_ = (call);                                                               \
-    if (status_ != MHA_STATUS_OK) {                                                            \
+#define CHECK(call)                                                                               \
+  do {                                                                                            \
+    mha_status status_ = (call);                                                                  \
+    if (status_ != MHA_STATUS_OK) {                                                               \
       fprintf(stderr, "host_pool: %s: %s\n", mha_status_name(status_), mha_last_error_message()); \
-      goto fail;                                                                               \
-    }                                                                                          \
+      goto fail;                                                                                  \
+    }                                                                                             \
   } while (0)
 
 /* x [N, L, E] batch-first. The cache takes [N, T, E] tensors: entry n's tokens t0 .. t0 + T - 1
@@ -228,9 +228,10 @@ int main(void) {
   CHECK(mha_layer_create(&config, &weights, MHA_WEIGHTS_VIEW, &layer));
   CHECK(mha_context_create(&options, &app_ctx));
   if (!run(layer, app_ctx, x, &on_app_pool)) goto fail;
-  printf("mha %s (%s): forward + KV cache (prefill %d, %d decode steps) ran as %lu parallel "
-         "loops on the application's %d threads + caller\n",
-         mha_version(), mha_simd_target(), PREFILL, L - PREFILL, pool.jobs, kPoolThreads);
+  printf(
+      "mha %s (%s): forward + KV cache (prefill %d, %d decode steps) ran as %lu parallel "
+      "loops on the application's %d threads + caller\n",
+      mha_version(), mha_simd_target(), PREFILL, L - PREFILL, pool.jobs, kPoolThreads);
 
   /* The same on mha's own pool (zero-initialized options: no executor). */
   memset(&options, 0, sizeof(options));
