@@ -1628,7 +1628,7 @@ Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs&
   m.RunProjections(ctx, sh, ws, b, nullptr);
   if (ws.chunked) {
     m.RunChunked(ctx, sh, ws, b, sink, user);
-    return Status::Ok();
+    return ctx.TakeDispatchError();
   }
   m.SinkKv(ctx, ws, b, 0, sh.S, sink, user);
   m.RunAttention(ctx, sh, ws, b, KeyChunk{0, sh.St, true, true});
@@ -1660,7 +1660,7 @@ Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs&
   }
   ParallelGemm(ctx.pool(), &job, 1, b + ws.scratch, ws.scratch_per_worker, ctx.trace(),
                b + ws.packed_w, ws.packed_w_bytes);
-  return Status::Ok();
+  return ctx.TakeDispatchError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1768,7 +1768,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
       if (m.config.add_zero_attn) std::memset(dst + p * hd, 0, hd * sizeof(float));
     }
   });
-  return Status::Ok();
+  return ctx.TakeDispatchError();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,22 @@ static_assert(MHA_MAX_RANK == kMaxRank, "MHA_MAX_RANK must equal mha::kMaxRank")
 // The calling thread's message for its last call. Thread-local so concurrent callers (one
 // context per thread) never overwrite each other's message.
 thread_local std::string last_error;
+
+static_assert(std::is_same<mha_task_fn, Executor::TaskFn>::value,
+              "mha_task_fn must be mha::Executor::TaskFn");
+
+// A C host's mha_executor (copied) as an mha::Executor.
+class CExecutor final : public Executor {
+ public:
+  explicit CExecutor(const mha_executor& e) : e_(e) {}
+  size_t num_workers() const override { return e_.num_workers; }
+  void ParallelFor(uint64_t num_tasks, TaskFn task_fn, void* task_arg) override {
+    e_.parallel_for(e_.user, num_tasks, task_fn, task_arg);
+  }
+
+ private:
+  const mha_executor e_;
+};
 
 }  // namespace
 
@@ -240,6 +257,17 @@ mha_status mha_context_create(const mha_context_options* options, mha_context** 
       o.arena_bytes = options->arena_bytes;
     }
     auto handle = std::make_unique<mha_context>();
+    if (options != nullptr && options->executor != nullptr) {
+      const mha_executor& e = *options->executor;
+      if (e.parallel_for == nullptr) {
+        return mha::InvalidArgument(
+            "options->executor->parallel_for: expected a function, got NULL (for a pool of the "
+            "context's own, set options->executor to NULL)");
+      }
+      // Context::Create checks num_workers.
+      handle->executor = std::make_unique<mha::CExecutor>(e);
+      o.executor = handle->executor.get();
+    }
     Status s = mha::Context::Create(o, &handle->impl);
     if (!s.ok()) return s;
     *out = handle.release();

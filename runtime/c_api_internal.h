@@ -14,6 +14,9 @@
 
 // The C handles are the C++ objects, wrapped so the C header stays free of C++ types.
 struct mha_context {
+  // The host's mha_executor as an mha::Executor, or null; declared first so that it outlives
+  // the context running on it.
+  std::unique_ptr<mha::Executor> executor;
   std::unique_ptr<mha::Context> impl;
 };
 

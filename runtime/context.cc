@@ -1,4 +1,4 @@
-// Context (threads + arena) and library-wide information.
+// Context (threads or the host's executor, + arena) and library-wide information.
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,6 +20,20 @@ Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* 
                            std::to_string(options.num_threads));
   }
   size_t threads = options.num_threads;
+  if (options.executor != nullptr) {
+    const size_t workers = options.executor->num_workers();
+    if (workers == 0 || workers > kMaxThreads) {
+      return InvalidArgument("executor->num_workers(): expected 1..1024, got " +
+                             std::to_string(workers));
+    }
+    if (threads != 0 && threads != workers) {
+      return InvalidArgument(
+          "num_threads: expected 0 or the executor's num_workers() " + std::to_string(workers) +
+          " (a context with an executor runs on the executor's workers), got " +
+          std::to_string(threads));
+    }
+    threads = workers;
+  }
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   std::unique_ptr<Context> ctx(new Context());
   ctx->arena_ = std::make_unique<Arena>();
@@ -32,7 +46,10 @@ Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* 
     if (!s.ok()) return s;
   }
   kernels::GemmInit();
-  ctx->pool_ = std::make_unique<ThreadPool>(threads);
+  // num_workers() was read once, above.
+  ctx->pool_ = options.executor != nullptr
+                   ? std::make_unique<ThreadPool>(*options.executor, threads)
+                   : std::make_unique<ThreadPool>(threads);
   *out = std::move(ctx);
   return Status::Ok();
 }
@@ -44,6 +61,8 @@ size_t Context::arena_capacity() const { return arena_->capacity(); }
 size_t Context::arena_high_water() const { return arena_->high_water(); }
 ThreadPool& Context::pool() { return *pool_; }
 Arena& Context::arena() { return *arena_; }
+
+Status Context::TakeDispatchError() { return pool_->TakeError(); }
 
 Status Context::Reserve(size_t bytes) {
   if (arena_->capacity() >= bytes) return Status::Ok();

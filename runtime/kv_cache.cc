@@ -658,7 +658,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       lengths_[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
     }
   }
-  if (!forward) return Status::Ok();
+  if (!forward) return ctx.TakeDispatchError();
 
   // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
   const kernels::CacheType ctype = static_cast<kernels::CacheType>(static_cast<int>(dtype_));
@@ -818,7 +818,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       }
     }
   }
-  return Status::Ok();
+  return ctx.TakeDispatchError();
 }
 
 }  // namespace mha

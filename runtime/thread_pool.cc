@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "hwy/cache_control.h"  // hwy::Pause: portable spin-wait hint
+#include "runtime/host_dispatch.h"
 
 namespace mha {
 
@@ -33,12 +34,18 @@ uint64_t WorkersIn(uint64_t state) { return (state & kWorkerMask) >> 1; }
 
 ThreadPool::ThreadPool(size_t num_threads) {
   if (num_threads == 0) num_threads = 1;
+  num_threads_ = num_threads;
   ranges_ = std::make_unique<Range[]>(num_threads);
   workers_.reserve(num_threads - 1);
   for (size_t w = 1; w < num_threads; ++w) {
     workers_.emplace_back([this, w] { WorkerLoop(w); });
   }
 }
+
+ThreadPool::ThreadPool(Executor& host, size_t num_workers)
+    : num_threads_(num_workers), host_(std::make_unique<HostDispatch>(host, num_workers)) {}
+
+Status ThreadPool::TakeError() { return host_ != nullptr ? host_->TakeError() : Status::Ok(); }
 
 ThreadPool::~ThreadPool() {
   {
@@ -64,6 +71,10 @@ void ThreadPool::RunTasks(size_t worker) {
 }
 
 void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
+  if (host_ != nullptr) {
+    host_->Run(num_tasks, fn, closure);
+    return;
+  }
   if (num_tasks == 0) return;
   if (workers_.empty() || num_tasks == 1) {
     for (uint64_t t = 0; t < num_tasks; ++t) fn(closure, t, 0);

@@ -1,6 +1,11 @@
 // ThreadPool: a fixed set of workers that run ParallelFor(n, fn(task, worker)) over a flattened
 // index range (batch x heads x blocks in the attention operator).
 //
+// A pool either owns its threads (below) or runs every dispatch on a host application's
+// Executor (runtime/host_dispatch.h: no thread of its own; NumThreads() is the executor's
+// num_workers()). The operator sees the same ParallelFor either way.
+//
+// Owned threads:
 // - Workers are created once; the calling thread is worker 0 and takes part in every dispatch,
 //   so a pool of N threads creates N-1 OS threads.
 // - Each dispatch splits [0, num_tasks) into N contiguous ranges of equal size (+-1), in worker
@@ -36,7 +41,11 @@
 #include <thread>
 #include <vector>
 
+#include "mha/mha.hpp"
+
 namespace mha {
+
+class HostDispatch;
 
 class ThreadPool {
  public:
@@ -45,11 +54,15 @@ class ThreadPool {
 
   // `num_threads` >= 1 counts the calling thread; 0 is treated as 1.
   explicit ThreadPool(size_t num_threads);
+  // Runs on `host` (which must outlive the pool) with `num_workers` >= 1, its num_workers():
+  // starts no thread.
+  ThreadPool(Executor& host, size_t num_workers);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  size_t NumThreads() const { return workers_.size() + 1; }
+  // Workers, counting the calling thread (or the host's num_workers()): `worker` < this.
+  size_t NumThreads() const { return num_threads_; }
 
   // Runs func(task, worker) for every task in [0, num_tasks) exactly once and returns when all
   // have finished. func must not throw.
@@ -57,6 +70,10 @@ class ThreadPool {
   void ParallelFor(uint64_t num_tasks, const Func& func) {
     Run(num_tasks, &Trampoline<Func>, &func);
   }
+
+  // On a host executor: its breach of contract since the last call (see HostDispatch), cleared.
+  // Always Ok for owned threads.
+  Status TakeError();
 
  private:
   using TaskFn = void (*)(const void* closure, uint64_t task, size_t worker);
@@ -69,6 +86,8 @@ class ThreadPool {
   void WorkerLoop(size_t worker);
   void RunTasks(size_t worker);
 
+  size_t num_threads_ = 1;
+  std::unique_ptr<HostDispatch> host_;  // null for owned threads
   std::vector<std::thread> workers_;
 
   // The current dispatch. Written by the owner only while the dispatch is closed and no worker

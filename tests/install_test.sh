@@ -12,16 +12,21 @@
 #     the prefix redirected into the DESTDIR (--define-variable=prefix=...), run with
 #     LD_LIBRARY_PATH: both print the same forward result;
 #   - both programs linked statically against libmha.a with pkg-config --static, run without
-#     libmha.so.
-# Prints one "ok: ..." line per check; exits 1 on the first failure, 77 (skip) when pkg-config
-# or a compiler is missing.
+#     libmha.so;
+#   - the CMake package (lib/.../cmake/mha/mhaConfig.cmake, mhaConfigVersion.cmake): the same two
+#     programs built by a CMake project with find_package(mha 0.1 CONFIG REQUIRED) against the
+#     DESTDIR tree (CMAKE_PREFIX_PATH), linked to mha::mha (shared, loaded through the build
+#     RPATH CMake records) and mha::mha_static (no libmha.so), agreeing with the pkg-config
+#     builds; find_package(mha 0.2) refuses the 0.1 package.
+# Prints one "ok: ..." line per check; exits 1 on the first failure, 77 (skip) when pkg-config,
+# cmake, ninja or a compiler is missing.
 set -euo pipefail
 
 builddir=${1:?usage: install_test.sh BUILDDIR}
 builddir=$(cd "$builddir" && pwd)
 CC=${CC:-cc}
 CXX=${CXX:-c++}
-for tool in pkg-config nm c++filt "$CC" "$CXX"; do
+for tool in pkg-config cmake ninja nm c++filt "$CC" "$CXX"; do
   if ! command -v "$tool" > /dev/null; then
     echo "SKIP: $tool not found"
     exit 77
@@ -47,11 +52,12 @@ export PKG_CONFIG_PATH="$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 pkg() { pkg-config --define-variable=prefix="$root" "$@" mha; }
 incdir=$(pkg --variable=includedir)
 libdir=$(pkg --variable=libdir)
-for f in "$incdir/mha/mha.h" "$incdir/mha/mha.hpp" "$incdir/mha/types.hpp" "$libdir/libmha.a"; do
+for f in "$incdir/mha/mha.h" "$incdir/mha/mha.hpp" "$incdir/mha/types.hpp" "$libdir/libmha.a" \
+  "$libdir/cmake/mha/mhaConfig.cmake" "$libdir/cmake/mha/mhaConfigVersion.cmake"; do
   [ -f "$f" ] || fail "not installed: ${f#"$tmp/dest"}"
 done
 [ -e "$libdir/libmha.so" ] || fail "not installed: ${libdir#"$tmp/dest"}/libmha.so"
-echo "ok: installed headers, libmha.so, libmha.a and mha.pc under $prefix"
+echo "ok: installed headers, libmha.so, libmha.a, mha.pc and the CMake package under $prefix"
 
 # --- pkg-config metadata -----------------------------------------------------------------------
 libs=$(pkg --libs)
@@ -228,4 +234,70 @@ for prog in c_static cc_static; do
   cmp -s "$tmp/$prog.out" "$tmp/c_shared.out" || fail "$prog disagrees with the shared build"
 done
 echo "ok: C and C++ consumers linked statically with pkg-config --static agree"
+
+# --- CMake package -----------------------------------------------------------------------------
+# The same programs, built by CMake from the installed package only: CMAKE_PREFIX_PATH points at
+# the DESTDIR tree, whose lib/<multiarch>/cmake/mha CMake searches by itself.
+mkdir -p "$tmp/cmake_consumer"
+cp "$tmp/consumer.c" "$tmp/consumer.cc" "$tmp/cmake_consumer/"
+cat > "$tmp/cmake_consumer/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.16)
+project(mha_consumer C CXX)
+find_package(mha 0.1 CONFIG REQUIRED)
+message(STATUS "mha_DIR=${mha_DIR} mha_VERSION=${mha_VERSION}")
+foreach(kind shared static)
+  set(target mha::mha)
+  if(kind STREQUAL "static")
+    set(target mha::mha_static)
+  endif()
+  add_executable(c_${kind} consumer.c)
+  set_target_properties(c_${kind} PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+  target_compile_options(c_${kind} PRIVATE -Wall -Wextra -Wpedantic -Werror)
+  target_link_libraries(c_${kind} PRIVATE ${target})
+  add_executable(cc_${kind} consumer.cc)
+  set_target_properties(cc_${kind} PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+  target_compile_options(cc_${kind} PRIVATE -Wall -Wextra -Werror)
+  target_link_libraries(cc_${kind} PRIVATE ${target})
+endforeach()
+EOF
+cmake -S "$tmp/cmake_consumer" -B "$tmp/cmake_build" -G Ninja -DCMAKE_PREFIX_PATH="$root" \
+  -DCMAKE_C_COMPILER="$CC" -DCMAKE_CXX_COMPILER="$CXX" > "$tmp/cmake.log" 2>&1 ||
+  { cat "$tmp/cmake.log" >&2; fail "configuring the CMake consumer with find_package(mha CONFIG)"; }
+cmake_log=$(cat "$tmp/cmake.log")
+case "$cmake_log" in
+  *"mha_DIR=$libdir/cmake/mha mha_VERSION=0.1.0"*) ;;
+  *) fail "find_package(mha) did not find the installed package in $libdir/cmake/mha: $cmake_log" ;;
+esac
+cmake --build "$tmp/cmake_build" > "$tmp/cmake_build.log" 2>&1 ||
+  { cat "$tmp/cmake_build.log" >&2; fail "building the CMake consumers"; }
+for prog in c_shared cc_shared c_static cc_static; do
+  deps=$(ldd "$tmp/cmake_build/$prog")
+  case "$prog:$deps" in
+    *_shared:*"$libdir/libmha.so"*) ;;
+    *_shared:*) fail "CMake's $prog did not load the installed libmha.so: $deps" ;;
+    *_static:*libmha*) fail "CMake's $prog still needs libmha.so: $deps" ;;
+  esac
+  "$tmp/cmake_build/$prog" > "$tmp/cmake_$prog.out" || fail "CMake's $prog failed"
+  cmp -s "$tmp/cmake_$prog.out" "$tmp/c_shared.out" ||
+    fail "CMake's $prog disagrees with the pkg-config build"
+done
+echo "ok: C and C++ consumers built by CMake (find_package(mha CONFIG); mha::mha, mha::mha_static) agree"
+
+# The version file: 0.2 (a minor version up, which may change the API before 1.0) is refused.
+mkdir -p "$tmp/cmake_version"
+cat > "$tmp/cmake_version/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.16)
+project(mha_version NONE)
+find_package(mha 0.2 CONFIG)
+message(STATUS "mha_FOUND=${mha_FOUND}")
+EOF
+cmake -S "$tmp/cmake_version" -B "$tmp/cmake_version_build" -DCMAKE_PREFIX_PATH="$root" \
+  > "$tmp/cmake_version.log" 2>&1 ||
+  { cat "$tmp/cmake_version.log" >&2; fail "configuring the version check"; }
+version_log=$(cat "$tmp/cmake_version.log")
+case "$version_log" in
+  *"mha_FOUND=0"*) ;;
+  *) fail "find_package(mha 0.2) accepted the 0.1.0 package: $version_log" ;;
+esac
+echo "ok: mhaConfigVersion.cmake refuses find_package(mha 0.2)"
 echo "install test passed"

@@ -4,9 +4,9 @@
  * masked rows, grouped-query attention, per-head packed QKV weights).
  *
  * Objects (opaque handles):
- *   mha_context  threads (a pool created once) + an arena that serves every temporary of a
- *                forward pass. Used by ONE thread at a time; give each application thread that
- *                runs forward passes its own context.
+ *   mha_context  threads (a pool created once, or the host's mha_executor) + an arena that
+ *                serves every temporary of a forward pass. Used by ONE thread at a time; give
+ *                each application thread that runs forward passes its own context.
  *   mha_layer    a layer: configuration + weights (viewed or copied). Immutable after creation:
  *                one layer may be used concurrently by several threads, each with its own
  *                context.
@@ -116,22 +116,60 @@ MHA_API const char* mha_last_error_message(void);
 
 typedef struct mha_context mha_context;
 
-/* Zero-initialized = defaults. */
+/* One task of a parallel loop: `task` in [0, n_tasks), `worker` in [0, num_workers). */
+typedef void (*mha_task_fn)(void* task_arg, uint64_t task, size_t worker);
+
+/* A host application's thread pool, on which a context runs its parallel loops instead of
+ * threads of its own (mha_context_options.executor); mha::Executor in mha/mha.hpp is the same
+ * for C++. A context with an executor never starts a thread.
+ *
+ * Contract:
+ *   - parallel_for(user, n_tasks, task_fn, task_arg) calls task_fn(task_arg, t, w) exactly once
+ *     for every t in [0, n_tasks), in any order, on any threads, and returns only when all have
+ *     finished (their writes visible to the returning thread, as any join or mutex gives).
+ *     n_tasks >= 1. w < num_workers, and no two tasks with the same w may run at the same time
+ *     (w selects mha's per-worker scratch); which thread carries which w may change freely.
+ *   - mha calls parallel_for from the thread that called mha (mha_layer_forward,
+ *     mha_layer_project, mha_kv_cache_append / _forward / _step), one call at a time per context
+ *     (never from inside a task), and blocks in it. Whether that thread runs tasks is the host's
+ *     choice (a serial executor runs them all itself, as worker 0). A host that calls mha from
+ *     one of its own tasks needs a parallel_for that does not wait for that task's worker.
+ *   - Outputs are bitwise identical to those of a context with its own pool (any thread count):
+ *     a task's result depends only on its index, never on w or on the thread.
+ *   - Tasks never fail and never unwind (every argument is validated and every buffer reserved
+ *     before the first task; task_fn is noexcept), so nothing escapes through parallel_for. The
+ *     only error a loop can raise is a breach of this contract by the host (w >= num_workers,
+ *     two tasks at once on one w, t >= n_tasks, or a return after fewer or more task calls than
+ *     n_tasks): mha detects it, skips the offending call and the rest of the mha call's loops,
+ *     and the mha call returns MHA_STATUS_INVALID_ARGUMENT naming the breach, its outputs (and a
+ *     KV cache's contents) unspecified.
+ * mha copies this struct when the context is created. */
+typedef struct mha_executor {
+  void (*parallel_for)(void* user, uint64_t n_tasks, mha_task_fn task_fn, void* task_arg);
+  size_t num_workers; /* workers the host runs concurrently: 1..1024 */
+  void* user;         /* passed to parallel_for unchanged */
+} mha_executor;
+
+/* Zero-initialized = defaults (a pool of the context's own, all hardware threads). */
 typedef struct mha_context_options {
   /* Threads used by forward passes, counting the calling thread; 0 = all hardware threads. At
-   * most 1024. */
+   * most 1024. With an executor: 0 or executor->num_workers. */
   size_t num_threads;
   /* Caller-provided arena memory (not owned; must outlive the context), arena_bytes long. When
    * NULL the context owns its arena, starting at arena_bytes bytes (0 = grow on first use; an
    * owned arena grows with one allocation when a larger forward arrives). */
   void* arena_buffer;
   size_t arena_bytes;
+  /* NULL: the context creates a pool of num_threads threads of its own. Otherwise the host's
+   * thread pool (copied at creation; executor->user must stay valid for the context's life). */
+  const mha_executor* executor;
 } mha_context_options;
 
 /* options == NULL means defaults. */
 MHA_API mha_status mha_context_create(const mha_context_options* options, mha_context** out);
 /* Accepts NULL. The context must not be in use. */
 MHA_API void mha_context_destroy(mha_context* context);
+/* Threads of the context's own pool, or its executor's num_workers. */
 MHA_API mha_status mha_context_num_threads(const mha_context* context, size_t* num_threads);
 /* Usable arena bytes now, and the most any forward has used so far. */
 MHA_API mha_status mha_context_arena_bytes(const mha_context* context, size_t* capacity,

@@ -4,8 +4,9 @@
 // grouped-query attention).
 //
 // Objects:
-//   Context            threads (a pool created once) + an arena that serves every temporary of a
-//                      forward pass. One context per application thread that calls forward.
+//   Context            threads (a pool created once, or the host's Executor) + an arena that
+//                      serves every temporary of a forward pass. One context per application
+//                      thread that calls forward.
 //   MultiheadAttention a layer: configuration + weights (viewed or copied). Immutable after
 //                      creation: one layer may be used by several threads at once, each with its
 //                      own Context.
@@ -34,13 +35,57 @@ class ThreadPool;
 class Arena;
 struct TraceRecorder;
 
+// A host application's thread pool, on which a Context runs its parallel loops instead of
+// threads of its own (ContextOptions::executor). A context with an executor never starts a
+// thread: every task of every entry point taking the context (Forward, Project, KvCache's Append,
+// Forward and Step) runs inside ParallelFor.
+//
+// Contract (mha_executor in mha/mha.h is the same for C):
+// - ParallelFor(n, task_fn, task_arg) runs task_fn(task_arg, t, w) exactly once for every task
+//   t in [0, n), in any order, on any threads, as many at once as the host likes, and returns
+//   only when all have finished (their writes visible to the returning thread, as any join or
+//   mutex gives). n >= 1. `w` is the worker running the task: w < num_workers(), and no two
+//   tasks with the same w may run at the same time (w selects mha's per-worker scratch). Which
+//   thread carries which w may change from task to task and from call to call.
+// - mha calls ParallelFor from the thread that called the entry point, one call at a time per
+//   context (never from inside a task), and blocks in it. Whether that thread takes part is the
+//   host's choice: it may run tasks itself (a serial executor runs them all, as worker 0) or
+//   wait for its workers. A host that calls mha from inside one of its own tasks needs a
+//   ParallelFor that does not wait for the worker it is running on (e.g. lets the calling
+//   thread run tasks too).
+// - Results do not depend on the executor: the split of the work may follow num_workers() (as
+//   it follows an owned pool's thread count), the results never do, and a task's result
+//   depends only on its index, never on `w` or on the thread running it. Outputs are bitwise
+//   identical to those of a context with its own pool, of any thread count.
+// - Tasks never fail and never throw: every argument is validated and all memory reserved
+//   before the first task is handed out, and task_fn is noexcept (nothing propagates through
+//   the host's frames). The only error a dispatch can raise is the host's: a worker index
+//   >= num_workers(), two tasks running at once on one worker index, a task index >= n, or
+//   ParallelFor returning after fewer or more task calls than n. mha detects these, does not run
+//   the offending task (its scratch would be shared), runs no further dispatch in that call,
+//   and the entry point returns InvalidArgument naming the breach; its outputs (and a KV
+//   cache's contents) are then unspecified.
+// - num_workers() (1..1024) is read once, when the context is created.
+class MHA_API Executor {
+ public:
+  // One task: `task` in [0, n), `worker` in [0, num_workers()).
+  using TaskFn = void (*)(void* task_arg, uint64_t task, size_t worker);
+  virtual ~Executor() = default;
+  virtual size_t num_workers() const = 0;
+  virtual void ParallelFor(uint64_t num_tasks, TaskFn task_fn, void* task_arg) = 0;
+};
+
 struct ContextOptions {
   // Threads used by forward passes, counting the calling thread; 0 = all hardware threads.
+  // With an executor: 0 or executor->num_workers().
   size_t num_threads = 0;
   // Caller-provided arena memory (not owned; must outlive the context). When null the context
   // owns its arena, starting at `arena_bytes` (0 = grow on first use).
   void* arena_buffer = nullptr;
   size_t arena_bytes = 0;
+  // The host's thread pool (see Executor; not owned; must outlive the context). Null: the
+  // context creates a pool of num_threads threads of its own.
+  Executor* executor = nullptr;
 };
 
 class MHA_API Context {
@@ -50,6 +95,7 @@ class MHA_API Context {
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
+  // Threads of the context's own pool, or its executor's num_workers().
   size_t num_threads() const;
   // Bytes of arena memory available / used at most so far.
   size_t arena_capacity() const;
@@ -61,6 +107,9 @@ class MHA_API Context {
   Arena& arena();
   // Ensures the arena can serve `bytes` (grows an owned arena; fails for a borrowed one).
   Status Reserve(size_t bytes);
+  // The executor's breach of its contract (see Executor) since the last call, which clears it;
+  // Ok for a context with its own pool. An entry point that dispatched tasks returns it.
+  Status TakeDispatchError();
   void set_trace(TraceRecorder* trace) { trace_ = trace; }
   TraceRecorder* trace() const { return trace_; }
 
