@@ -212,8 +212,8 @@ void PeerComparison::Run(const Workload& w, size_t threads,
     if (!(p.max_abs_err <= p.tolerance)) {
       char text[160];
       std::snprintf(text, sizeof(text),
-                    "%s output differs from mha's by %.3g (bound %g); its time is reported "
-                    "but it computes something else",
+                    "%s output differs from mha's by %.3g (bound %g); its time is reported, "
+                    "its max_err marked '!'",
                     peer.c_str(), p.max_abs_err, p.tolerance);
       Note("--compare " + peer + ", " + ShapeLabel(s) + ", " + std::to_string(threads) +
            " thread(s): " + text);
