@@ -2,8 +2,10 @@
 """The command-line contract of mha-bench: argument errors (one line on stderr, exit code 2),
 --help/--version, the --json and --csv schemas with sane values for a tiny custom case, and the
 --trace file (valid Chrome trace JSON, one thread_name lane per worker, "X" events named after
-the operator's stages), and the --decode suite (its arguments, table, JSON and CSV). Never
-asserts a time, only that times are positive and ordered.
+the operator's stages), --compare with a stand-in peer script (MHA_BENCH_PEER_SCRIPT, so no peer
+library is needed) and, where Debian's torch is installed, with tools/peers.py's torch peer, and
+the --decode suite (its arguments, table, JSON and CSV). Never asserts a time, only that times
+are positive and ordered.
 
     /usr/bin/python3 tests/mha_bench_test.py build/tools/mha-bench
 
@@ -73,6 +75,14 @@ class ArgumentErrors(unittest.TestCase):
         (["--json", "/nonexistent-dir/x.json", "--seq", "8", "--embed", "16", "--heads", "2"],
          "--json"),
         (["--batch", "65536", "--seq", "65536", "--embed", "1024", "--heads", "8"], "2^31"),
+        (["--compare", "bogus"], "--compare: expected a comma-separated list of torch, sdpa"),
+        (["--compare", ""], "--compare"),
+        (["--compare", "torch,,ort"], "--compare"),
+        (["--compare", "torch,onnx"], "'onnx' in 'torch,onnx'"),
+        (["--compare"], "--compare: expected a value"),
+        (["--compare-torch=1"], "--compare-torch"),
+        (["--decode", "--compare", "ort"], "--decode"),
+        (["--decode", "--compare-torch"], "--decode"),
     ]
 
     def test_bad_arguments_exit_2_with_one_line(self):
@@ -104,7 +114,10 @@ class HelpAndVersion(unittest.TestCase):
         for flag in ["--batch", "--seq", "--kv-seq", "--embed", "--heads", "--causal",
                      "--need-weights", "--threads", "--min-time", "--min-runs", "--breakdown",
                      "--json", "--csv", "--trace", "--compare-torch", "--version",
-                     "--sgemm-size", "--tolerance", "--seed", "--rounds", "MHA_COMPARE_TORCH"]:
+                     "--sgemm-size", "--tolerance", "--seed", "--rounds", "--compare LIST",
+                     "MHA_BENCH_PEER_SCRIPT", "MHA_BENCH_PEER_PYTHON", "tools/dev peers",
+                     "is_causal=True", "unidirectional", "ScaledDotProductAttention",
+                     "INFERENCE_PRECISION_HINT", "openvino-bf16", "5e-2"]:
             self.assertIn(flag, p.stdout)
         self.assertIn("2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)", p.stdout)
         self.assertIn("4*N*L*S*E, halved when causal", p.stdout)
@@ -146,6 +159,8 @@ class Outputs(unittest.TestCase):
             doc = json.load(f)
         self.assertEqual(set(doc), {"header", "results"})
         header = doc["header"]
+        self.assertNotIn("compare", header)
+        self.assertNotIn("peers", header)
         self.assertTrue(HEADER_FIELDS <= set(header), set(header))
         self.assertEqual(header["threads"], [1, 2])
         self.assertEqual(set(header["sgemm_gflops"]), {"1", "2"})
@@ -156,7 +171,7 @@ class Outputs(unittest.TestCase):
         self.assertEqual([r["threads"] for r in results], [1, 2])
         for r in results:
             self.assertTrue(RESULT_FIELDS | {"breakdown"} <= set(r), set(r))
-            self.assertNotIn("torch_median_ms", r)
+            self.assertNotIn("peers", r)
             self.assertEqual((r["batch"], r["seq"], r["kv_seq"], r["embed"], r["heads"]),
                              (1, 8, 8, 16, 2))
             self.assertIs(r["causal"], False)
@@ -278,74 +293,247 @@ class OtherShapes(unittest.TestCase):
         self.assertIn("exceeds the tolerance", p.stderr)
         self.assertIn("max_err", p.stdout)
 
-    def test_compare_torch_missing_script_is_a_note(self):
-        env = dict(os.environ, MHA_COMPARE_TORCH="/nonexistent/compare_torch.py")
-        p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1", "--compare-torch"],
-                           capture_output=True, text=True, timeout=120, env=env)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertIn("note", p.stderr)
-        self.assertIn("torch_ms", p.stdout)
 
-
-FAKE_TORCH = r"""
-import json, os, sys
+# A stand-in for tools/peers.py: checks the data file mha-bench hands it (tensor names and
+# shapes from the safetensors header), logs its call, and answers per peer as the real script
+# can: torch agrees, sdpa disagrees, ort is unavailable (asked once), openvino prints nothing,
+# openvino-bf16 agrees within the bf16 bound.
+FAKE_PEERS = r"""
+import json, os, struct, sys
 args = sys.argv[1:]
-with open(os.environ["FAKE_TORCH_LOG"], "a") as f:
-    f.write(" ".join(args) + "\n")
-if os.environ.get("FAKE_TORCH_SKIP"):
-    print(json.dumps({"skipped": "torch is not importable (fake)"}))
-    sys.exit(0)
-b, s, kv, e, h, c, nw = (int(x) for x in args[args.index("--case") + 1].split(","))
-print(json.dumps({"batch": b, "seq": s, "kv_seq": kv, "embed": e, "heads": h, "causal": c,
-                  "need_weights": nw, "threads": int(args[args.index("--threads") + 1]),
-                  "median_ms": 5.0, "torch_version": "fake-1.0"}))
+arg = lambda name: args[args.index(name) + 1]
+peer = arg("--peer")
+b, l, s, e, h, c, nw = (int(x) for x in arg("--case").split(","))
+with open(arg("--data"), "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+want = {"in_proj_weight": [3 * e, e], "in_proj_bias": [3 * e], "out_proj.weight": [e, e],
+        "out_proj.bias": [e], "query": [b, l, e], "output": [b, l, e]}
+if s != l:
+    want.update({"key": [b, s, e], "value": [b, s, e]})
+data_ok = shapes == want and all(v["dtype"] == "F32" for k, v in header.items()
+                                 if k != "__metadata__")
+with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
+    f.write(json.dumps({"peer": peer, "args": args, "data_ok": data_ok,
+                        "python": sys.executable}) + "\n")
+timed = lambda ms, err, precision: print(json.dumps(
+    {"peer": peer, "version": "fake-" + peer, "precision": precision, "median_ms": ms,
+     "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "runs": 7, "max_abs_err": err}))
+if peer == "torch":
+    print("a stray line that is not JSON")
+    timed(5.0, 1e-7, "f32")
+elif peer == "sdpa":
+    timed(2.0, 0.5, "f32")
+elif peer == "ort":
+    print(json.dumps({"peer": peer, "skipped": "onnxruntime cannot be imported (fake)",
+                      "unavailable": True}))
+elif peer == "openvino":
+    sys.exit(1)
+else:
+    timed(1.0, 0.01, "bf16")
 """
 
+PEER_FIELDS = {"median_ms", "p10_ms", "p90_ms", "runs", "ratio", "max_abs_err", "agrees",
+               "precision", "note"}
+PEERS = ["torch", "sdpa", "ort", "openvino", "openvino-bf16"]
 
-class CompareTorch(unittest.TestCase):
-    """--compare-torch through a stand-in script (MHA_COMPARE_TORCH): one call per case and
-    thread count, right after that case, and the speedup it reports."""
 
-    def run_fake(self, extra_env):
+class Compare(unittest.TestCase):
+    """--compare through the stand-in script: one call per peer, case and thread count, right
+    after that case, on the case's data; the ratio, agreement, notes and empty cells."""
+
+    def run_fake(self, compare_args, extra_env=None):
         with tempfile.TemporaryDirectory() as d:
-            script, log, path = (os.path.join(d, n) for n in ("fake.py", "log", "r.json"))
+            script, log, jpath, cpath = (os.path.join(d, n)
+                                         for n in ("fake.py", "log", "r.json", "r.csv"))
             with open(script, "w") as f:
-                f.write(FAKE_TORCH)
-            env = dict(os.environ, MHA_COMPARE_TORCH=script, FAKE_TORCH_LOG=log, **extra_env)
-            p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1,2", "--compare-torch",
-                                                           "--json", path],
+                f.write(FAKE_PEERS)
+            env = dict(os.environ, MHA_BENCH_PEER_SCRIPT=script, FAKE_PEERS_LOG=log,
+                       MHA_BENCH_PEER_PYTHON=sys.executable, TMPDIR=d)
+            env.update(extra_env or {})
+            p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1,2", "--json", jpath,
+                                                           "--csv", cpath] + compare_args,
                                capture_output=True, text=True, timeout=120, env=env)
-            calls, doc = [], None
+            calls, doc, rows = [], None, None
             if os.path.exists(log):
                 with open(log) as f:
-                    calls = f.read().splitlines()
-            if os.path.exists(path):
-                with open(path) as f:
+                    calls = [json.loads(line) for line in f]
+            if os.path.exists(jpath):
+                with open(jpath) as f:
                     doc = json.load(f)
-        return p, calls, doc
+            if os.path.exists(cpath):
+                with open(cpath, newline="") as f:
+                    rows = list(csv.DictReader(f))
+            leftovers = [n for n in os.listdir(d) if n.startswith("mha-bench-peers")]
+        return p, calls, doc, rows, leftovers
 
-    def test_one_call_per_case_and_thread_count(self):
-        p, calls, doc = self.run_fake({})
+    def test_all_peers(self):
+        p, calls, doc, rows, leftovers = self.run_fake(["--compare", "all"])
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(len(calls), 2, calls)
-        for call, threads in zip(calls, ["1", "2"]):
-            words = call.split()
-            self.assertEqual(words.count("--case"), 1, call)
-            self.assertEqual(words[words.index("--case") + 1], "1,8,8,16,2,0,0")
-            self.assertEqual(words[words.index("--threads") + 1], threads)
-        self.assertIn("torch fake-1.0", p.stdout)
-        self.assertEqual(doc["header"]["torch_version"], "fake-1.0")
+        self.assertEqual(leftovers, [])  # the temporary data files are removed
+        # ort said it is unavailable: not asked again for the second thread count.
+        self.assertEqual([c["peer"] for c in calls],
+                         ["torch", "sdpa", "ort", "openvino", "openvino-bf16",
+                          "torch", "sdpa", "openvino", "openvino-bf16"])
+        for call, threads in zip(calls, ["1"] * 5 + ["2"] * 4):
+            self.assertTrue(call["data_ok"], call)
+            self.assertEqual(call["python"], sys.executable)
+            args = call["args"]
+            self.assertEqual(args[args.index("--case") + 1], "1,8,8,16,2,0,0")
+            self.assertEqual(args[args.index("--threads") + 1], threads)
+            self.assertEqual(args[args.index("--min-time") + 1], "0.01")
+            self.assertEqual(args[args.index("--min-runs") + 1], "2")
+        # One note each: the disagreeing sdpa (per case), ort unavailable, openvino silent.
+        notes = [line for line in p.stderr.splitlines() if "note" in line]
+        self.assertEqual(sum("sdpa" in n and "differs" in n for n in notes), 2, p.stderr)
+        self.assertEqual(sum("ort" in n and "cannot be imported" in n for n in notes), 1, p.stderr)
+        self.assertEqual(sum("openvino" in n and "no result" in n for n in notes), 1, p.stderr)
+        for title in ["torch_ms", "torch/mha", "sdpa_err", "openvino-bf16/mha", "fake-torch"]:
+            self.assertIn(title, p.stdout)
+        self.assertIn("5.0e-01!", p.stdout)  # sdpa's disagreement is marked in the table
+
+        header = doc["header"]
+        self.assertEqual(header["compare"], PEERS)
+        self.assertEqual(header["peer_python"], sys.executable)
+        self.assertEqual(header["peers"]["torch"], {"version": "fake-torch", "precision": "f32"})
+        self.assertEqual(header["peers"]["openvino-bf16"]["precision"], "bf16")
+        self.assertEqual(header["peers"]["ort"], {"version": None, "precision": None})
         for r in doc["results"]:
-            self.assertEqual(r["torch_median_ms"], 5.0)
-            self.assertAlmostEqual(r["speedup"], 5.0 / r["median_ms"], delta=1e-3 * r["speedup"])
+            peers = r["peers"]
+            self.assertEqual(set(peers), set(PEERS))
+            for name in PEERS:
+                self.assertEqual(set(peers[name]), PEER_FIELDS, name)
+            t = peers["torch"]
+            self.assertEqual(t["median_ms"], 5.0)
+            self.assertEqual(t["runs"], 7)
+            self.assertAlmostEqual(t["ratio"], 5.0 / r["median_ms"], delta=1e-3 * t["ratio"])
+            self.assertIs(t["agrees"], True)
+            self.assertEqual(t["note"], "")
+            self.assertIs(peers["sdpa"]["agrees"], False)
+            self.assertIs(peers["openvino-bf16"]["agrees"], True)  # 0.01 within the bf16 bound
+            for name in ("ort", "openvino"):
+                self.assertIsNone(peers[name]["median_ms"])
+                self.assertIsNone(peers[name]["ratio"])
+                self.assertIsNone(peers[name]["agrees"])
+                self.assertNotEqual(peers[name]["note"], "")
+        self.assertEqual(len(rows), 2)
+        for row, r in zip(rows, doc["results"]):
+            for name in PEERS:
+                for suffix, key in (("_ms", "median_ms"), ("_ratio", "ratio"),
+                                    ("_max_abs_err", "max_abs_err")):
+                    value = r["peers"][name][key]
+                    self.assertEqual(row[name + suffix], "" if value is None else
+                                     json.dumps(value) if isinstance(value, float) else str(value))
 
-    def test_torch_missing_is_one_note(self):
-        p, calls, doc = self.run_fake({"FAKE_TORCH_SKIP": "1"})
+    def test_compare_torch_is_an_alias(self):
+        p, calls, doc, _, _ = self.run_fake(["--compare-torch"])
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual(len(calls), 1, calls)  # not tried again for the second thread count
+        self.assertEqual([c["peer"] for c in calls], ["torch", "torch"])
+        self.assertEqual(doc["header"]["compare"], ["torch"])
+        self.assertEqual(set(doc["results"][0]["peers"]), {"torch"})
+        p, calls, doc, _, _ = self.run_fake(["--compare", "ort,torch", "--compare-torch"])
+        self.assertEqual(doc["header"]["compare"], ["torch", "ort"])  # the table's order
+
+    def test_cross_attention_data(self):
+        with tempfile.TemporaryDirectory() as d:
+            script, log = os.path.join(d, "fake.py"), os.path.join(d, "log")
+            with open(script, "w") as f:
+                f.write(FAKE_PEERS)
+            env = dict(os.environ, MHA_BENCH_PEER_SCRIPT=script, FAKE_PEERS_LOG=log,
+                       MHA_BENCH_PEER_PYTHON=sys.executable)
+            p = subprocess.run(WRAPPER + [BENCH, "--seq", "5", "--kv-seq", "7", "--embed", "8",
+                                          "--heads", "2", "--threads", "1", "--min-time", "0",
+                                          "--sgemm-size", "0", "--compare", "torch"],
+                               capture_output=True, text=True, timeout=120, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(log) as f:
+                (call,) = [json.loads(line) for line in f]
+        self.assertTrue(call["data_ok"], call)  # key and value [1, 7, 8] present
+
+    def test_missing_script_is_one_note(self):
+        p, calls, doc, _, _ = self.run_fake(
+            ["--compare", "torch,ort"], {"MHA_BENCH_PEER_SCRIPT": "/nonexistent/peers.py"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(calls, [])
         self.assertEqual(p.stderr.count("note"), 1, p.stderr)
+        self.assertIn("/nonexistent/peers.py", p.stderr)
+        self.assertIn("torch_ms", p.stdout)
         for r in doc["results"]:
-            self.assertIsNone(r["torch_median_ms"])
+            self.assertIsNone(r["peers"]["torch"]["median_ms"])
+            self.assertNotEqual(r["peers"]["ort"]["note"], "")
+
+    def test_missing_python_is_one_note(self):
+        p, calls, doc, _, _ = self.run_fake(
+            ["--compare", "sdpa"], {"MHA_BENCH_PEER_PYTHON": "/nonexistent/python"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stderr.count("note"), 1, p.stderr)
+        self.assertIn("/nonexistent/python", p.stderr)
+        self.assertEqual(calls, [])
+
+
+def system_python_has(module):
+    probe = subprocess.run(["/usr/bin/python3", "-c", f"import {module}"], capture_output=True)
+    return probe.returncode == 0
+
+
+class PeersScript(unittest.TestCase):
+    """tools/peers.py itself with Debian's python3: a peer library that cannot be imported is
+    reported as unavailable (a stand-in module on PYTHONPATH raises ImportError), and Debian's
+    torch, where installed, agrees with mha on the data mha-bench hands it."""
+
+    SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "peers.py")
+
+    def setUp(self):
+        if not system_python_has("numpy"):
+            self.skipTest("numpy is not importable by /usr/bin/python3")
+
+    def test_unimportable_peer_is_unavailable(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name in ("onnxruntime", "openvino"):
+                os.makedirs(os.path.join(d, name))
+                with open(os.path.join(d, name, "__init__.py"), "w") as f:
+                    f.write("raise ImportError('not installed (stand-in)')\n")
+            log = os.path.join(d, "log")
+            env = dict(os.environ, PYTHONPATH=d, MHA_BENCH_PEER_PYTHON="/usr/bin/python3",
+                       MHA_BENCH_PEER_SCRIPT=self.SCRIPT, FAKE_PEERS_LOG=log)
+            jpath = os.path.join(d, "r.json")
+            p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1", "--compare",
+                                                           "ort,openvino", "--json", jpath],
+                               capture_output=True, text=True, timeout=120, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(jpath) as f:
+                doc = json.load(f)
+        peers = doc["results"][0]["peers"]
+        for name in ("ort", "openvino"):
+            self.assertIsNone(peers[name]["median_ms"])
+            self.assertIn("cannot be imported", peers[name]["note"])
+            self.assertIn("tools/dev peers", peers[name]["note"])
+
+    def test_debian_torch_agrees_with_mha(self):
+        if not system_python_has("torch"):
+            self.skipTest("torch is not importable by /usr/bin/python3")
+        with tempfile.TemporaryDirectory() as d:
+            jpath = os.path.join(d, "r.json")
+            env = dict(os.environ, MHA_BENCH_PEER_PYTHON="/usr/bin/python3",
+                       MHA_BENCH_PEER_SCRIPT=self.SCRIPT)
+            for shape in (["--seq", "8", "--embed", "16", "--heads", "2", "--causal"],
+                          ["--seq", "5", "--kv-seq", "7", "--embed", "24", "--heads", "3",
+                           "--need-weights"]):
+                with self.subTest(shape=shape):
+                    p = subprocess.run(
+                        WRAPPER + [BENCH] + shape + ["--batch", "2", "--threads", "1",
+                                                     "--min-time", "0", "--min-runs", "2",
+                                                     "--sgemm-size", "0", "--compare", "torch",
+                                                     "--json", jpath],
+                        capture_output=True, text=True, timeout=240, env=env)
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    with open(jpath) as f:
+                        t = json.load(f)["results"][0]["peers"]["torch"]
+                    self.assertGreater(t["median_ms"], 0, t)
+                    self.assertLess(t["max_abs_err"], 1e-5)
+                    self.assertIs(t["agrees"], True)
+                    self.assertGreaterEqual(t["runs"], 2)
 
 
 class Decode(unittest.TestCase):

@@ -1,5 +1,6 @@
 #include "tools/bench_args.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -137,6 +138,45 @@ bool ParseIntList(const std::string& flag, const std::string& text, int64_t lo, 
   return true;
 }
 
+// "torch,ort" or "all": peer names from PeerNames(), added to *out, which keeps that order.
+bool ParsePeerList(const std::string& flag, const std::string& text,
+                   std::vector<std::string>* out, std::string* error) {
+  std::string names;
+  for (const std::string& p : PeerNames()) names += p + ", ";
+  const std::string expected =
+      flag + ": expected a comma-separated list of " + names + "or all, got ";
+  // Names already chosen (--compare-torch and --compare together) stay chosen.
+  const std::vector<std::string>& peers = PeerNames();
+  std::vector<bool> chosen(peers.size(), false);
+  for (size_t i = 0; i < peers.size(); ++i) {
+    chosen[i] = std::find(out->begin(), out->end(), peers[i]) != out->end();
+  }
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item =
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    bool known = false;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (item == "all" || item == peers[i]) {
+        chosen[i] = true;
+        known = true;
+      }
+    }
+    if (!known) {
+      *error = expected + Quoted(item) + (item == text ? "" : " in " + Quoted(text));
+      return false;
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  out->clear();
+  for (size_t i = 0; i < peers.size(); ++i) {
+    if (chosen[i]) out->push_back(peers[i]);
+  }
+  return true;
+}
+
 size_t HardwareThreads() {
   const unsigned n = std::thread::hardware_concurrency();
   return n == 0 ? 1 : n;  // 0 means "unknown"
@@ -171,6 +211,12 @@ bool ValidateShape(const Shape& s, std::string* error) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& PeerNames() {
+  static const std::vector<std::string>* const kNames =
+      new std::vector<std::string>{"torch", "sdpa", "ort", "openvino", "openvino-bf16"};
+  return *kNames;
+}
 
 ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   ParseResult r;
@@ -211,7 +257,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--causal") o->causal = true;
       if (arg == "--need-weights") o->need_weights = true;
       if (arg == "--breakdown") o->breakdown = true;
-      if (arg == "--compare-torch") o->compare_torch = true;
+      if (arg == "--compare-torch") ParsePeerList(arg, "torch", &o->compare, &r.error);
       if (arg == "--decode") o->decode = true;
       if (arg == "--no-prepack") o->no_prepack = true;
       if (arg == "--no-strassen") o->no_strassen = true;
@@ -220,7 +266,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     static const char* const kValueFlags[] = {
         "--batch",    "--seq",      "--kv-seq",     "--embed",     "--heads",        "--threads",
         "--min-time", "--min-runs", "--sgemm-size", "--tolerance", "--seed",         "--json",
-        "--csv",      "--trace",    "--contexts",   "--batches",   "--weights-dtype", "--rounds"};
+        "--csv",      "--trace",    "--contexts",   "--batches",   "--weights-dtype", "--rounds",
+        "--compare"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -270,6 +317,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         return r;
       }
       o->decode_weights_given = true;
+    } else if (arg == "--compare") {
+      if (!ParsePeerList(arg, value, &o->compare, &e)) return r;
     } else if (arg == "--threads") {
       if (!ParseThreadList(arg, value, &o->threads, &e)) return r;
     } else if (arg == "--min-time") {
@@ -305,7 +354,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                      {o->no_prepack, "--no-prepack"},
                      {o->no_strassen, "--no-strassen"},
                      {o->breakdown, "--breakdown"},
-                     {o->compare_torch, "--compare-torch"},
+                     {!o->compare.empty(), "--compare/--compare-torch"},
                      {o->rounds_given, "--rounds"},
                      {!o->trace_path.empty(), "--trace"}};
     for (const auto& c : conflicts) {
@@ -362,7 +411,7 @@ std::string HelpText() {
 
 Profiles mha's multi-head attention forward pass on this CPU: latency, GFLOP/s, efficiency
 relative to BLIS sgemm, memory, accuracy against a double-precision reference, and optionally a
-per-stage breakdown, a Chrome trace and a comparison with PyTorch.
+per-stage breakdown, a Chrome trace and a comparison with PyTorch, ONNX Runtime and OpenVINO.
 
 Default suite (batch, seq, embed, heads), each without and with --causal; self-attention
 (kv_seq = seq), batch-first inputs, random weights (fixed seed), need_weights off:
@@ -396,11 +445,29 @@ Measurement:
   --tolerance X      max absolute error accepted against the reference (default 1e-3)
   --seed N           random seed of weights and inputs (default 42)
   --breakdown        record per-task trace events and report time per stage (see below)
-  --compare-torch    also time torch.nn.MultiheadAttention: runs /usr/bin/python3
-                     tools/compare_torch.py (override the script path with the environment
-                     variable MHA_COMPARE_TORCH) right after each case with the same threads,
-                     --min-time and --min-runs; adds torch_ms and speedup = torch_ms / mha_ms.
-                     Without python3 or torch a note is printed and the run continues
+  --compare LIST     also time peer libraries on the same weights and inputs, each right
+                     after the case with the same threads, --min-time and --min-runs:
+                     a comma-separated list of (or all)
+                       torch          torch.nn.MultiheadAttention, eval, need_weights as the
+                                      case asks; causal: attn_mask + is_causal=True
+                       sdpa           F.linear + F.scaled_dot_product_attention + F.linear
+                       ort            ONNX Runtime com.microsoft Attention (unidirectional for
+                                      causal) + MatMul/Add, intra_op_num_threads = threads
+                       openvino       OpenVINO MatMul/Add -> ScaledDotProductAttention ->
+                                      MatMul/Add, INFERENCE_PRECISION_HINT f32,
+                                      INFERENCE_NUM_THREADS = threads
+                       openvino-bf16  the same with INFERENCE_PRECISION_HINT bf16
+                     Each peer runs in its own process of tools/peers.py, given a temporary
+                     safetensors file with mha's weights, inputs and output. Its first output is
+                     compared with mha's: max_err, marked '!' (and a note) above --tolerance
+                     for f32 peers, above 5e-2 for bf16 ones. Columns per peer: <peer>_ms (its
+                     median) and <peer>/mha = <peer>_ms / median_ms (above 1: mha is faster).
+                     A peer that cannot be imported, or lacks a feature the case needs
+                     (need_weights, cross-attention), prints a note and leaves its cells empty.
+                     Python: $MHA_BENCH_PEER_PYTHON, else the venv tools/dev peers creates
+                     (build/peers-venv), else /usr/bin/python3 (Debian's torch 1.13 only).
+                     Script: $MHA_BENCH_PEER_SCRIPT, else tools/peers.py of the source tree
+  --compare-torch    the same as --compare torch
 
 Incremental decoding (--decode runs this suite instead of the one above):
   --decode           time KvCache::Step for one new token per batch entry over a cache that
@@ -426,7 +493,7 @@ Incremental decoding (--decode runs this suite instead of the one above):
   split evenly over the same threads, best of 5 after a warm-up, counting bytes read + written
   (STREAM's convention). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed
   apply; --decode cannot be combined with shape flags, --causal, --need-weights, --breakdown,
-  --compare-torch, --rounds or --trace.
+  --compare, --rounds or --trace.
 
 Output (a table on stdout always; progress on stderr when it is a terminal):
   --json FILE        results as JSON: {"header": {...}, "results": [{...}, ...]}

@@ -42,11 +42,16 @@ struct BenchOptions {
   bool decode_weights_given = false;
 
   bool breakdown = false;
-  bool compare_torch = false;
+  // --compare LIST (--compare-torch = --compare torch): peers timed after each case, in the
+  // order of PeerNames().
+  std::vector<std::string> compare;
   std::string json_path;
   std::string csv_path;
   std::string trace_path;
 };
+
+// The peers --compare knows (tools/peers.py), in the order of the table's columns.
+const std::vector<std::string>& PeerNames();
 
 enum class ParseAction { kRun, kHelp, kVersion, kError };
 

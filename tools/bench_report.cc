@@ -1,5 +1,6 @@
 #include "tools/bench_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -42,9 +43,16 @@ json Rounded(double v, int decimals) {
 }
 constexpr int kMsDecimals = 6;  // 1 ns, in ms
 
-double Speedup(const CaseResult& r) {
-  return r.has_torch && r.median_ms > 0 ? r.torch_median_ms / r.median_ms : NAN;
+// A peer's time over mha's (above 1: mha is faster); NaN when the peer did not run.
+double PeerRatio(const CaseResult& r, const std::string& peer) {
+  const auto it = r.peers.find(peer);
+  return it != r.peers.end() && it->second.timed && r.median_ms > 0
+             ? it->second.median_ms / r.median_ms
+             : NAN;
 }
+
+// A peer's three table columns: <peer>_ms, <peer>/mha, <peer>_err, each at least 8 wide.
+int PeerWidth(const std::string& peer) { return std::max(8, static_cast<int>(peer.size()) + 4); }
 
 }  // namespace
 
@@ -88,15 +96,32 @@ void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
   } else {
     std::fprintf(out, "BLIS sgemm baseline: skipped (--sgemm-size 0), no efficiency column\n");
   }
-  if (h.compare_torch && !h.torch_version.empty()) {
-    std::fprintf(out, "torch %s: speedup = torch_ms / median_ms\n", h.torch_version.c_str());
+  if (!h.compare.empty()) {
+    std::string peers;
+    for (const std::string& p : h.compare) {
+      const auto v = h.peer_versions.find(p);
+      const auto prec = h.peer_precisions.find(p);
+      peers += (peers.empty() ? "" : ", ") + p + " " +
+               (v != h.peer_versions.end() ? v->second : std::string("(not run)"));
+      if (prec != h.peer_precisions.end() && prec->second != "f32") {
+        peers += " [" + prec->second + "]";
+      }
+    }
+    std::fprintf(out, "peers (%s): %s\n", h.peer_python.c_str(), peers.c_str());
+    std::fprintf(out,
+                 "(<peer>/mha = <peer>_ms / median_ms, above 1: mha is faster; <peer>_err = max "
+                 "|peer - mha| of its first output, '!' above its bound)\n");
   }
   std::fprintf(out, "\n");
   std::fprintf(out, "%5s %6s %6s %5s %5s %6s %7s %4s %9s %9s %9s %8s %6s %6s %8s %9s %8s %8s",
                "batch", "seq", "kv_seq", "embed", "heads", "causal", "weights", "thr", "median_ms",
                "p10_ms", "p90_ms", "GFLOP/s", "eff%", "sgemm", "wksp_MiB", "arena_MiB", "rss_MiB",
                "max_err");
-  if (h.compare_torch) std::fprintf(out, " %9s %7s", "torch_ms", "speedup");
+  for (const std::string& p : h.compare) {
+    const int w = PeerWidth(p);
+    std::fprintf(out, " %*s %*s %*s", w, (p + "_ms").c_str(), w, (p + "/mha").c_str(), w,
+                 (p + "_err").c_str());
+  }
   std::fprintf(out, "\n");
 }
 
@@ -121,12 +146,19 @@ void PrintRow(std::FILE* out, const RunHeader& h, const CaseResult& r) {
                FormatMs(r.p90_ms).c_str(), r.gflops, eff.c_str(), sgemm.c_str(),
                static_cast<double>(r.workspace_bytes) / kMiB,
                static_cast<double>(r.arena_high_water) / kMiB, r.peak_rss_mib, err);
-  if (h.compare_torch) {
-    if (r.has_torch) {
-      std::fprintf(out, " %9s %6.2fx", FormatMs(r.torch_median_ms).c_str(), Speedup(r));
-    } else {
-      std::fprintf(out, " %9s %7s", "-", "-");
+  for (const std::string& p : h.compare) {
+    const int w = PeerWidth(p);
+    const auto it = r.peers.find(p);
+    if (it == r.peers.end() || !it->second.timed) {
+      std::fprintf(out, " %*s %*s %*s", w, "-", w, "-", w, "-");
+      continue;
     }
+    const PeerResult& pr = it->second;
+    char e[32];
+    std::snprintf(e, sizeof(e), "%.1e%s", pr.max_abs_err,
+                  pr.max_abs_err <= pr.tolerance ? "" : "!");
+    std::fprintf(out, " %*s %*s %*s", w, FormatMs(pr.median_ms).c_str(), w,
+                 FormatFixed(PeerRatio(r, p), 2).c_str(), w, e);
   }
   std::fprintf(out, "\n");
 }
@@ -181,7 +213,19 @@ json HeaderJson(const RunHeader& h) {
             {"strassen", h.prepack && h.strassen},
             {"peak_rss_method", h.peak_rss_method},
             {"load_average", Number(h.load_average)}};
-  if (h.compare_torch) j["torch_version"] = h.torch_version;
+  if (!h.compare.empty()) {
+    j["compare"] = h.compare;
+    j["peer_python"] = h.peer_python;
+    json peers = json::object();
+    for (const std::string& p : h.compare) {
+      const auto v = h.peer_versions.find(p);
+      const auto prec = h.peer_precisions.find(p);
+      peers[p] = {{"version", v != h.peer_versions.end() ? json(v->second) : json(nullptr)},
+                  {"precision",
+                   prec != h.peer_precisions.end() ? json(prec->second) : json(nullptr)}};
+    }
+    j["peers"] = peers;
+  }
   return j;
 }
 
@@ -230,9 +274,23 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
   j["max_abs_err"] = Number(r.max_abs_err);
   j["rows_checked"] = r.rows_checked;
   if (r.has_breakdown) j["breakdown"] = BreakdownJson(r.breakdown);
-  if (h.compare_torch) {
-    j["torch_median_ms"] = r.has_torch ? Rounded(r.torch_median_ms, kMsDecimals) : json(nullptr);
-    j["speedup"] = Rounded(Speedup(r), 4);
+  if (!h.compare.empty()) {
+    json peers = json::object();
+    for (const std::string& p : h.compare) {
+      const auto it = r.peers.find(p);
+      const PeerResult pr = it != r.peers.end() ? it->second : PeerResult{};
+      const json none(nullptr);
+      peers[p] = {{"median_ms", pr.timed ? Rounded(pr.median_ms, kMsDecimals) : none},
+                  {"p10_ms", pr.timed ? Rounded(pr.p10_ms, kMsDecimals) : none},
+                  {"p90_ms", pr.timed ? Rounded(pr.p90_ms, kMsDecimals) : none},
+                  {"runs", pr.timed ? json(pr.runs) : none},
+                  {"ratio", Rounded(PeerRatio(r, p), 4)},
+                  {"max_abs_err", pr.timed ? Number(pr.max_abs_err) : none},
+                  {"agrees", pr.timed ? json(pr.max_abs_err <= pr.tolerance) : none},
+                  {"precision", pr.timed ? json(pr.precision) : none},
+                  {"note", pr.note}};
+    }
+    j["peers"] = peers;
   }
   return j;
 }
@@ -259,35 +317,44 @@ void WriteJson(std::ostream& out, const RunHeader& header, const std::vector<Cas
 }
 
 void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<CaseResult>& results) {
-  std::vector<std::string> columns = {
-      "batch",        "seq",         "kv_seq",          "embed",
-      "heads",        "causal",      "need_weights",    "threads",
-      "median_ms",    "p10_ms",      "p90_ms",          "runs",
-      "gflops",       "efficiency",  "sgemm_gflops",    "workspace_bytes", "arena_high_water",
-      "peak_rss_mib", "max_abs_err", "rows_checked"};
+  // Each column and where its value sits in ResultJson: a top-level field, or a field of an
+  // object in it (breakdown, peers/<peer>).
+  struct Column {
+    std::string name;
+    std::vector<std::string> path;
+  };
+  std::vector<Column> columns;
+  for (const char* name :
+       {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights", "threads",
+        "median_ms", "p10_ms", "p90_ms", "runs", "gflops", "efficiency", "sgemm_gflops",
+        "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err", "rows_checked"}) {
+    columns.push_back({name, {name}});
+  }
   if (header.breakdown) {
-    for (int st = 0; st < kNumStages; ++st) columns.push_back("breakdown_" + StageKey(st));
-    columns.push_back("breakdown_scheduling_overhead_ms");
-    columns.push_back("breakdown_wall_ms");
+    std::vector<std::string> keys;
+    for (int st = 0; st < kNumStages; ++st) keys.push_back(StageKey(st));
+    keys.push_back("scheduling_overhead_ms");
+    keys.push_back("wall_ms");
+    for (const std::string& k : keys) columns.push_back({"breakdown_" + k, {"breakdown", k}});
   }
-  if (header.compare_torch) {
-    columns.push_back("torch_median_ms");
-    columns.push_back("speedup");
+  for (const std::string& p : header.compare) {
+    columns.push_back({p + "_ms", {"peers", p, "median_ms"}});
+    columns.push_back({p + "_ratio", {"peers", p, "ratio"}});
+    columns.push_back({p + "_max_abs_err", {"peers", p, "max_abs_err"}});
   }
-  columns.push_back("error");
-  for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
+  columns.push_back({"error", {"error"}});
+  for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c].name;
   out << "\n";
   for (const CaseResult& r : results) {
     const json j = ResultJson(header, r);
     for (size_t c = 0; c < columns.size(); ++c) {
-      const std::string& name = columns[c];
-      json v = nullptr;
-      if (name.rfind("breakdown_", 0) == 0) {
-        if (j.contains("breakdown")) v = j["breakdown"].value(name.substr(10), json(nullptr));
-      } else if (j.contains(name)) {
-        v = j[name];
+      const json* v = &j;
+      for (const std::string& key : columns[c].path) {
+        const auto it = v->is_object() ? v->find(key) : v->end();
+        v = it != v->end() ? &*it : nullptr;
+        if (v == nullptr) break;
       }
-      out << (c ? "," : "") << CsvField(v);
+      out << (c ? "," : "") << CsvField(v != nullptr ? *v : json(nullptr));
     }
     out << "\n";
   }

@@ -39,8 +39,10 @@ struct RunHeader {
   bool strassen = true;  // with prepack: kOn (--no-strassen: kPlain)
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
   bool breakdown = false;
-  bool compare_torch = false;
-  std::string torch_version;  // when --compare-torch ran
+  std::vector<std::string> compare;  // --compare: the peers, in column order
+  std::string peer_python;           // the interpreter that ran them
+  // By peer name, as the peers reported them (a peer that never ran has no entry).
+  std::map<std::string, std::string> peer_versions, peer_precisions;
 };
 
 // Per-stage time of one forward, ms: sum of task durations of the stage / threads, averaged
@@ -59,6 +61,18 @@ struct RoundResult {
   double median_ms = 0;   // of this round's runs
   double gflops = 0;      // flops / median_ms
   double efficiency = 0;  // gflops / sgemm_gflops; NaN without a baseline
+};
+
+// One peer's figures for one case (--compare). Not timed: `note` says why, the cells stay
+// empty.
+struct PeerResult {
+  bool timed = false;
+  std::string note;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;
+  int64_t runs = 0;
+  double max_abs_err = 0;  // of its first output against mha's
+  double tolerance = 0;    // max_abs_err above it: the peer disagrees with mha
+  std::string precision;   // "f32", "bf16": what the peer ran
 };
 
 struct CaseResult {
@@ -82,12 +96,11 @@ struct CaseResult {
   int64_t rows_checked = 0;
   bool has_breakdown = false;
   Breakdown breakdown;
-  bool has_torch = false;  // a torch median is known for this case
-  double torch_median_ms = 0;
+  std::map<std::string, PeerResult> peers;  // by peer name, for every --compare peer
 };
 
 // The aligned table on stdout, printed as the run goes: PrintHeader (machine, library, options)
-// first; PrintColumnTitles (the sgemm baseline and torch lines, then the titles) once those are
+// first; PrintColumnTitles (the sgemm baseline and peer lines, then the titles) once those are
 // measured; then one row per case as it completes.
 void PrintHeader(std::FILE* out, const RunHeader& header);
 void PrintColumnTitles(std::FILE* out, const RunHeader& header);

@@ -2,10 +2,10 @@
 // shape) and thread count it measures the latency of MultiheadAttention::Forward, reports
 // GFLOP/s and efficiency relative to a BLIS sgemm measured in the same process, memory, and the
 // error against a double-precision reference; optionally a per-stage breakdown, a Chrome trace
-// and a PyTorch comparison. See HelpText() in bench_args.cc for the user-facing description.
+// and a comparison with peer libraries (bench_peers.h). See HelpText() in bench_args.cc for the
+// user-facing description.
 #include <blis.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,18 +35,14 @@
 #include "runtime/trace.h"
 #include "tools/bench_args.h"
 #include "tools/bench_check.h"
+#include "tools/bench_peers.h"
 #include "tools/bench_report.h"
 #include "tools/bench_workload.h"
-
-#ifndef MHA_SOURCE_DIR
-#define MHA_SOURCE_DIR "."
-#endif
 
 namespace mha {
 namespace bench {
 namespace {
 
-constexpr const char* kPython = "/usr/bin/python3";
 // Measured runs per case stop here even before --min-time: bounds the sample memory for tiny
 // cases with a long --min-time.
 constexpr int64_t kMaxRuns = 1000000;
@@ -189,123 +185,6 @@ double Percentile(const std::vector<double>& sorted, double p) {
   const size_t hi = std::min(lo + 1, sorted.size() - 1);
   const double frac = pos - static_cast<double>(lo);
   return sorted[lo] + (sorted[hi] - sorted[lo]) * frac;
-}
-
-// ---- --compare-torch -------------------------------------------------------------------------
-
-std::string CaseKey(int64_t b, int64_t l, int64_t s, int64_t e, int64_t h, bool causal,
-                    bool weights, size_t threads) {
-  return std::to_string(b) + "," + std::to_string(l) + "," + std::to_string(s) + "," +
-         std::to_string(e) + "," + std::to_string(h) + "," + (causal ? "1" : "0") + "," +
-         (weights ? "1" : "0") + "@" + std::to_string(threads);
-}
-
-std::string ShellQuote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-struct TorchResults {
-  std::map<std::string, double> median_ms;  // by CaseKey
-  std::string version;
-  // Set when python3, the script or torch is missing (after one note): no further attempts.
-  bool unavailable = false;
-};
-
-int64_t JsonInt(const nlohmann::json& j, const char* key) {
-  const auto it = j.find(key);
-  if (it == j.end()) return -1;
-  if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
-  if (it->is_number()) return it->get<int64_t>();
-  return -1;
-}
-
-// Times torch.nn.MultiheadAttention on `shape` with `threads` threads (compare_torch.py) and
-// adds the result to *results. mha-bench calls it right after measuring the same case, so that
-// the two times of a speedup see the machine in the same state. Notes go to stderr, and nothing
-// here is fatal: the mha measurements stand on their own.
-void RunTorchComparison(const Shape& shape, size_t threads, const BenchOptions& o,
-                        Progress* progress, TorchResults* results) {
-  if (results->unavailable) return;
-  const char* env = std::getenv("MHA_COMPARE_TORCH");
-  const std::string script = env != nullptr && *env != '\0'
-                                 ? env
-                                 : std::string(MHA_SOURCE_DIR) + "/tools/compare_torch.py";
-  if (access(kPython, X_OK) != 0) {
-    std::fprintf(stderr,
-                 "mha-bench: note: --compare-torch: %s not found; continuing without torch\n",
-                 kPython);
-    results->unavailable = true;
-    return;
-  }
-  if (access(script.c_str(), R_OK) != 0) {
-    std::fprintf(stderr,
-                 "mha-bench: note: --compare-torch: script %s not found (set MHA_COMPARE_TORCH); "
-                 "continuing without torch\n",
-                 script.c_str());
-    results->unavailable = true;
-    return;
-  }
-  char min_time[32];
-  std::snprintf(min_time, sizeof(min_time), "%g", o.min_time_s);
-  const std::string cmd = std::string(kPython) + " " + ShellQuote(script) + " --case " +
-                          std::to_string(shape.batch) + "," + std::to_string(shape.seq) + "," +
-                          std::to_string(shape.kv_seq) + "," + std::to_string(shape.embed) + "," +
-                          std::to_string(shape.heads) + "," + (shape.causal ? "1" : "0") + "," +
-                          (shape.need_weights ? "1" : "0") + " --threads " +
-                          std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
-                          std::to_string(o.min_runs);
-  progress->Show(ShapeLabel(shape) + ", " + std::to_string(threads) +
-                 " thread(s): timing torch.nn.MultiheadAttention...");
-  std::FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) {
-    progress->Clear();
-    std::fprintf(stderr, "mha-bench: note: --compare-torch: cannot run %s: %s\n", kPython,
-                 std::strerror(errno));
-    results->unavailable = true;
-    return;
-  }
-  std::string line;
-  char buf[4096];
-  std::vector<std::string> lines;
-  while (std::fgets(buf, sizeof(buf), pipe) != nullptr) {
-    line += buf;
-    if (!line.empty() && line.back() == '\n') {
-      lines.push_back(line);
-      line.clear();
-    }
-  }
-  if (!line.empty()) lines.push_back(line);
-  const int status = pclose(pipe);
-  progress->Clear();
-  for (const std::string& l : lines) {
-    const nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) continue;  // not a result line (e.g. a stray print)
-    if (j.contains("skipped")) {
-      std::fprintf(stderr, "mha-bench: note: --compare-torch skipped: %s\n",
-                   j["skipped"].is_string() ? j["skipped"].get<std::string>().c_str()
-                                            : j["skipped"].dump().c_str());
-      results->unavailable = true;
-      continue;
-    }
-    const auto median = j.find("median_ms");
-    if (median == j.end() || !median->is_number()) continue;
-    if (j.contains("torch_version") && j["torch_version"].is_string()) {
-      results->version = j["torch_version"].get<std::string>();
-    }
-    const int64_t t = JsonInt(j, "threads");
-    results->median_ms[CaseKey(JsonInt(j, "batch"), JsonInt(j, "seq"), JsonInt(j, "kv_seq"),
-                               JsonInt(j, "embed"), JsonInt(j, "heads"), JsonInt(j, "causal") == 1,
-                               JsonInt(j, "need_weights") == 1,
-                               t > 0 ? static_cast<size_t>(t) : threads)] = median->get<double>();
-  }
-  if (status != 0) {
-    std::fprintf(stderr,
-                 "mha-bench: note: --compare-torch: %s exited with status %d; torch columns "
-                 "may be incomplete\n",
-                 script.c_str(), WIFEXITED(status) ? WEXITSTATUS(status) : status);
-  }
 }
 
 // ---- one case ------------------------------------------------------------------------------
@@ -524,7 +403,7 @@ int Run(const BenchOptions& o) {
   header.peak_rss_method = rss.method();
   header.load_average = LoadAverage();
   header.breakdown = o.breakdown;
-  header.compare_torch = o.compare_torch;
+  header.compare = o.compare;
 
   PrintHeader(stdout, header);
   std::fflush(stdout);
@@ -538,9 +417,17 @@ int Run(const BenchOptions& o) {
     }
     progress.Clear();
   }
-  TorchResults torch;
-  // The column titles name the torch version, known after the first comparison: printed right
-  // before the first row.
+  std::unique_ptr<PeerComparison> peers;
+  if (!o.compare.empty()) peers = std::make_unique<PeerComparison>(o);
+  const auto show = [&progress](const std::string& text) {
+    if (text.empty()) {
+      progress.Clear();
+    } else {
+      progress.Show(text);
+    }
+  };
+  // The column titles name the peers' versions, known after the first comparison: printed
+  // right before the first row.
   bool titles_printed = false;
 
   std::vector<CaseResult> results;
@@ -564,17 +451,12 @@ int Run(const BenchOptions& o) {
         r.error = "MultiheadAttention::Create: " + st.ToString();
       } else {
         r = RunCase(*workload, t, o, &rss, &capture);
-        if (o.compare_torch) {
-          RunTorchComparison(shape, t, o, &progress, &torch);
-          if (header.torch_version.empty()) header.torch_version = torch.version;
+        // Right after mha's runs, on the same weights and inputs: the peers see the machine
+        // in the state mha did.
+        if (peers != nullptr && r.error.empty()) {
+          peers->Run(*workload, t, show, &r);
+          peers->Describe(&header);
         }
-      }
-      const auto it =
-          torch.median_ms.find(CaseKey(shape.batch, shape.seq, shape.kv_seq, shape.embed,
-                                       shape.heads, shape.causal, shape.need_weights, t));
-      if (it != torch.median_ms.end()) {
-        r.has_torch = true;
-        r.torch_median_ms = it->second;
       }
       progress.Clear();
       if (!titles_printed) {

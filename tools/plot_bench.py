@@ -5,11 +5,12 @@
 
 Input: {"header": {...}, "results": [{"batch", "seq", "kv_seq", "embed", "heads", "causal",
 "need_weights", "threads", "median_ms", "p10_ms", "p90_ms", "gflops", "efficiency",
-"torch_median_ms" (optional, may be null)}, ...]}. Results carrying an "error" are skipped.
+"peers": {"torch": {"median_ms", ...}, ...} (optional, from --compare)}, ...]}. Results
+carrying an "error" are skipped.
 
 One line per series (embed, heads, causal), plus batch, kv_seq (cross-attention), need_weights
 and threads when those vary across the file. mha is drawn solid with markers; where the results
-carry torch_median_ms, PyTorch is drawn dashed in the same colour (its GFLOP/s is mha's FLOP
+carry a torch peer time (--compare torch), PyTorch is drawn dashed in the same colour (its GFLOP/s is mha's FLOP
 count divided by its time). --metric latency plots the median in ms with a p10..p90 band for mha.
 The sequence axis is log2; latency is log-scale, GFLOP/s linear from 0. Needs matplotlib (python3-matplotlib); runs
 headless (Agg backend).
@@ -79,9 +80,12 @@ def label_of(key, fields):
 
 def header_line(header):
     items = []
-    for k in ("cpu", "simd_target", "mha_version", "torch_version", "date"):
+    for k in ("cpu", "simd_target", "mha_version", "date"):
         if header.get(k):
             items.append(str(header[k]))
+    torch_version = (header.get("peers", {}).get("torch") or {}).get("version")
+    if torch_version:
+        items.append("torch " + torch_version)
     if header.get("threads"):
         t = header["threads"]
         items.append("threads " + (",".join(map(str, t)) if isinstance(t, list) else str(t)))
@@ -126,7 +130,9 @@ def main():
             ax.fill_between(x, [r["p10_ms"] for r in rows], [r["p90_ms"] for r in rows],
                             color=color, alpha=0.15, linewidth=0)
         ax.plot(x, y, "-o", color=color, markersize=4, label=f"mha {label}")
-        torch_rows = [r for r in rows if r.get("torch_median_ms")]
+        for r in rows:
+            r["torch_median_ms"] = ((r.get("peers") or {}).get("torch") or {}).get("median_ms")
+        torch_rows = [r for r in rows if r["torch_median_ms"]]
         if torch_rows and not args.no_torch:
             any_torch = True
             tx = [as_int(r["seq"]) for r in torch_rows]

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""tools/perf_table.py on a recorded mha-bench --json file (tests/data/perf/), with and without
+peers: the machine and peers lines, one row per result with mha's time, efficiency and each
+peer's ratio, "–" for a peer that did not run, "(!)" for one that disagreed, the command line,
+and one-line errors for files that are not forward-pass reports.
+
+    /usr/bin/python3 tests/perf_table_test.py
+
+Registered from tools/meson.build (suite 'tools'). Needs only the standard library.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "tools", "perf_table.py")
+RECORDED = os.path.join(HERE, "data", "perf", "suite_2threads.json")
+
+
+def render(doc, *args):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "r.json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return subprocess.run([sys.executable, SCRIPT, path] + list(args), capture_output=True,
+                              text=True, timeout=60)
+
+
+def table_rows(markdown):
+    """The table's lines split into cells, title row first (separator dropped)."""
+    rows = [line for line in markdown.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in rows if "---" not in line]
+
+
+class Recorded(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(RECORDED) as f:
+            cls.doc = json.load(f)
+
+    def test_recorded_file_has_every_peer(self):
+        self.assertEqual(self.doc["header"]["compare"],
+                         ["torch", "sdpa", "ort", "openvino", "openvino-bf16"])
+
+    def test_machine_peers_and_rows(self):
+        p = render(self.doc, "--command", "build/tools/mha-bench --threads 2 --compare all")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        h = self.doc["header"]
+        out = p.stdout
+        for text in [h["cpu"], "SIMD target " + h["simd_target"], "BLIS " + h["blas_arch"],
+                     "2 thread(s)", h["date"][:10], "mha " + h["mha_version"]]:
+            self.assertIn(text, out)
+        for name, info in h["peers"].items():
+            self.assertIn(f"({name}) {info['version']}", out)
+        self.assertIn("    build/tools/mha-bench --threads 2 --compare all", out)
+        rows = table_rows(out)
+        self.assertEqual(rows[0], ["(B, L, E, H)", "causal", "mha ms", "eff %", "PyTorch nn.MHA",
+                                   "PyTorch SDPA", "ONNX Runtime", "OpenVINO f32",
+                                   "OpenVINO bf16"])
+        results = self.doc["results"]
+        self.assertEqual(len(rows) - 1, len(results))
+        for row, r in zip(rows[1:], results):
+            self.assertEqual(row[0], f"({r['batch']}, {r['seq']}, {r['embed']}, {r['heads']})")
+            self.assertEqual(row[1], "yes" if r["causal"] else "no")
+            self.assertAlmostEqual(float(row[2]), r["median_ms"], delta=1e-3 * r["median_ms"])
+            self.assertAlmostEqual(float(row[3]), 100 * r["efficiency"], delta=0.051)
+            for cell, name in zip(row[4:], h["compare"]):
+                peer = r["peers"][name]
+                if peer["ratio"] is None:
+                    self.assertEqual(cell, "–")
+                else:
+                    self.assertTrue(cell.startswith(f"{peer['ratio']:.2f}×"), (cell, peer))
+                    self.assertEqual(cell.endswith("(!)"), not peer["agrees"], (cell, peer))
+
+    def test_missing_and_disagreeing_peers(self):
+        doc = copy.deepcopy(self.doc)
+        first = doc["results"][0]["peers"]
+        first["ort"].update({"median_ms": None, "ratio": None, "agrees": None,
+                             "note": "onnxruntime cannot be imported"})
+        first["sdpa"]["agrees"] = False
+        p = render(doc)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        row = table_rows(p.stdout)[1]
+        self.assertEqual(row[6], "–")
+        self.assertTrue(row[5].endswith("× (!)"), row[5])
+        self.assertNotIn("Made with", p.stdout)
+
+    def test_without_peers(self):
+        doc = copy.deepcopy(self.doc)
+        for key in ("compare", "peers", "peer_python"):
+            doc["header"].pop(key)
+        for r in doc["results"]:
+            r.pop("peers")
+        p = render(doc)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("Peers:", p.stdout)
+        rows = table_rows(p.stdout)
+        self.assertEqual(rows[0], ["(B, L, E, H)", "causal", "mha ms", "eff %"])
+        self.assertEqual(len(rows) - 1, len(doc["results"]))
+
+    def test_several_thread_counts_add_a_column(self):
+        doc = copy.deepcopy(self.doc)
+        doc["results"][1]["threads"] = 1
+        rows = table_rows(render(doc).stdout)
+        self.assertEqual(rows[0][:4], ["(B, L, E, H)", "causal", "threads", "mha ms"])
+        self.assertEqual(rows[2][2], "1")
+
+
+class Errors(unittest.TestCase):
+    def check_error(self, content, needle):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "bad.json")
+            with open(path, "w") as f:
+                f.write(content)
+            p = subprocess.run([sys.executable, SCRIPT, path], capture_output=True, text=True,
+                               timeout=60)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertEqual(p.stdout, "")
+        lines = p.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, p.stderr)
+        self.assertIn("perf_table.py: ", lines[0])
+        self.assertIn("bad.json", lines[0])
+        self.assertIn(needle, lines[0])
+
+    def test_not_json(self):
+        self.check_error("not json", "expected an mha-bench --json file")
+
+    def test_wrong_shape(self):
+        self.check_error("[1, 2]", "expected an object with 'header' and 'results'")
+
+    def test_decode_file(self):
+        self.check_error(json.dumps({"header": {"mode": "decode"}, "results": []}), "--decode")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,234 @@
+#include "tools/bench_peers.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/safetensors.h"
+
+#ifndef MHA_SOURCE_DIR
+#define MHA_SOURCE_DIR "."
+#endif
+#ifndef MHA_BUILD_DIR
+#define MHA_BUILD_DIR "build"
+#endif
+
+namespace mha {
+namespace bench {
+namespace {
+
+constexpr const char* kSystemPython = "/usr/bin/python3";
+constexpr const char* kVenvPython = "/peers-venv/bin/python";
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+bool Executable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
+
+// $MHA_BENCH_PEER_PYTHON, else the venv of tools/dev peers in this build directory or in the
+// source tree's build/, else Debian's python3.
+std::string FindPython() {
+  const std::string env = Env("MHA_BENCH_PEER_PYTHON");
+  if (!env.empty()) return env;
+  for (const std::string& dir : {std::string(MHA_BUILD_DIR), std::string(MHA_SOURCE_DIR) + "/build"}) {
+    if (Executable(dir + kVenvPython)) return dir + kVenvPython;
+  }
+  return kSystemPython;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `cmd` through the shell; its stdout, and false when it could not be started.
+bool Capture(const std::string& cmd, std::string* out, int* status) {
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return false;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out->append(buf, n);
+  *status = pclose(pipe);
+  return true;
+}
+
+double JsonDouble(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : NAN;
+}
+
+std::string JsonString(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+}  // namespace
+
+PeerComparison::PeerComparison(const BenchOptions& options)
+    : options_(options), python_(FindPython()) {
+  script_ = Env("MHA_BENCH_PEER_SCRIPT");
+  if (script_.empty()) script_ = std::string(MHA_SOURCE_DIR) + "/tools/peers.py";
+  if (!Executable(python_)) {
+    Note("--compare: " + python_ + " not found or not executable; continuing without peers");
+    usable_ = false;
+  } else if (access(script_.c_str(), R_OK) != 0) {
+    Note("--compare: script " + script_ +
+         " not found (set MHA_BENCH_PEER_SCRIPT); continuing without peers");
+    usable_ = false;
+  }
+  const std::string tmp = Env("TMPDIR").empty() ? "/tmp" : Env("TMPDIR");
+  std::vector<char> templ(tmp.begin(), tmp.end());
+  const std::string suffix = "/mha-bench-peers-XXXXXX";
+  templ.insert(templ.end(), suffix.begin(), suffix.end());
+  templ.push_back('\0');
+  if (usable_ && mkdtemp(templ.data()) == nullptr) {
+    Note("--compare: cannot create a temporary directory in " + tmp + ": " +
+         std::strerror(errno) + "; continuing without peers");
+    usable_ = false;
+  } else if (usable_) {
+    dir_ = templ.data();
+    data_path_ = dir_ + "/case.safetensors";
+  }
+}
+
+PeerComparison::~PeerComparison() {
+  if (dir_.empty()) return;
+  std::remove(data_path_.c_str());
+  rmdir(dir_.c_str());
+}
+
+void PeerComparison::Note(const std::string& text) {
+  if (!notes_.insert(text).second) return;
+  std::fprintf(stderr, "mha-bench: note: %s\n", text.c_str());
+}
+
+bool PeerComparison::WriteData(const Workload& w) {
+  const Shape& s = w.shape();
+  const std::vector<int64_t> e = {s.embed}, ee = {s.embed, s.embed},
+                             q = {s.batch, s.seq, s.embed}, kv = {s.batch, s.kv_seq, s.embed};
+  SafeTensorsWriter writer;
+  Status st = writer.Add("in_proj_weight", DType::kF32, {3 * s.embed, s.embed},
+                         w.in_proj_weight().data());
+  if (st.ok()) st = writer.Add("in_proj_bias", DType::kF32, {3 * s.embed}, w.in_proj_bias().data());
+  if (st.ok()) st = writer.Add("out_proj.weight", DType::kF32, ee, w.out_proj_weight().data());
+  if (st.ok()) st = writer.Add("out_proj.bias", DType::kF32, e, w.out_proj_bias().data());
+  if (st.ok()) st = writer.Add("query", DType::kF32, q, w.query().data());
+  if (st.ok() && !s.self_attention()) {
+    st = writer.Add("key", DType::kF32, kv, w.key().data());
+    if (st.ok()) st = writer.Add("value", DType::kF32, kv, w.value().data());
+  }
+  if (st.ok()) st = writer.Add("output", DType::kF32, q, w.output().data());
+  if (st.ok()) st = writer.WriteFile(data_path_);
+  if (!st.ok()) Note("--compare: writing the peers' data file failed: " + st.ToString());
+  return st.ok();
+}
+
+void PeerComparison::Run(const Workload& w, size_t threads,
+                         const std::function<void(const std::string&)>& status,
+                         CaseResult* result) {
+  const Shape& s = w.shape();
+  const bool data_ok = usable_ && WriteData(w);
+  char min_time[32];
+  std::snprintf(min_time, sizeof(min_time), "%g", options_.min_time_s);
+  const std::string args =
+      " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) + "," +
+      std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," + std::to_string(s.heads) +
+      "," + (s.causal ? "1" : "0") + "," + (s.need_weights ? "1" : "0") + " --data " +
+      ShellQuote(data_path_) + " --threads " + std::to_string(threads) + " --min-time " +
+      min_time + " --min-runs " + std::to_string(options_.min_runs);
+  for (const std::string& peer : options_.compare) {
+    PeerResult& p = result->peers[peer];
+    if (!data_ok) {
+      p.note = "not run (see the note above)";
+      continue;
+    }
+    if (unavailable_.count(peer) != 0) {
+      p.note = "unavailable (see the note above)";
+      continue;
+    }
+    status(ShapeLabel(s) + ", " + std::to_string(threads) + " thread(s): timing " + peer + "...");
+    std::string out;
+    int exit_status = 0;
+    const std::string cmd =
+        ShellQuote(python_) + " " + ShellQuote(script_) + " --peer " + peer + args;
+    const bool started = Capture(cmd, &out, &exit_status);
+    status("");
+    if (!started) {
+      Note("--compare: cannot run " + python_ + ": " + std::strerror(errno));
+      usable_ = false;
+      p.note = "not run";
+      continue;
+    }
+    // The result is the last line that parses as a JSON object naming this peer.
+    nlohmann::json j;
+    size_t start = 0;
+    while (start < out.size()) {
+      size_t end = out.find('\n', start);
+      if (end == std::string::npos) end = out.size();
+      nlohmann::json line = nlohmann::json::parse(out.substr(start, end - start), nullptr,
+                                                  /*allow_exceptions=*/false);
+      if (line.is_object() && JsonString(line, "peer") == peer) j = std::move(line);
+      start = end + 1;
+    }
+    if (!j.is_object()) {
+      p.note = script_ + " printed no result (exit status " +
+               std::to_string(WIFEXITED(exit_status) ? WEXITSTATUS(exit_status) : exit_status) +
+               ")";
+      Note("--compare " + peer + ", " + ShapeLabel(s) + ": " + p.note);
+      continue;
+    }
+    if (j.contains("skipped")) {
+      p.note = JsonString(j, "skipped");
+      if (p.note.empty()) p.note = j["skipped"].dump();
+      const bool unavailable = j.value("unavailable", false);
+      if (unavailable) unavailable_.insert(peer);
+      Note("--compare " + peer + (unavailable ? "" : ", " + ShapeLabel(s)) + ": " + p.note);
+      continue;
+    }
+    p.median_ms = JsonDouble(j, "median_ms");
+    if (!(p.median_ms > 0)) {
+      p.note = "no median_ms in " + j.dump();
+      Note("--compare " + peer + ": " + p.note);
+      continue;
+    }
+    p.timed = true;
+    p.p10_ms = JsonDouble(j, "p10_ms");
+    p.p90_ms = JsonDouble(j, "p90_ms");
+    p.runs = j.value("runs", int64_t{0});
+    p.max_abs_err = JsonDouble(j, "max_abs_err");
+    p.precision = JsonString(j, "precision");
+    p.tolerance = p.precision == "bf16" ? kBf16PeerTolerance : options_.tolerance;
+    if (!(p.max_abs_err <= p.tolerance)) {
+      char text[160];
+      std::snprintf(text, sizeof(text),
+                    "%s output differs from mha's by %.3g (bound %g); its time is reported, "
+                    "its max_err marked '!'",
+                    peer.c_str(), p.max_abs_err, p.tolerance);
+      Note("--compare " + peer + ", " + ShapeLabel(s) + ", " + std::to_string(threads) +
+           " thread(s): " + text);
+    }
+    const std::string version = JsonString(j, "version");
+    if (!version.empty()) versions_[peer] = version;
+    if (!p.precision.empty()) precisions_[peer] = p.precision;
+  }
+}
+
+void PeerComparison::Describe(RunHeader* header) const {
+  header->peer_python = python_;
+  header->peer_versions = versions_;
+  header->peer_precisions = precisions_;
+}
+
+}  // namespace bench
+}  // namespace mha

@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Times one peer library's multi-head attention on the CPU, for mha-bench --compare.
+
+    build/peers-venv/bin/python tools/peers.py --peer ort --case 1,128,128,512,8,0,0 \
+        --data case.safetensors --threads 2 --min-time 0.5 --min-runs 5
+
+mha-bench runs it once per case, thread count and peer, right after timing the same case, with
+a safetensors file (--data) holding mha's weights, inputs and output for that case:
+in_proj_weight [3E, E], in_proj_bias [3E], out_proj.weight [E, E], out_proj.bias [E] (the
+nn.MultiheadAttention state_dict names), query [N, L, E], key and value [N, S, E] (only for
+cross-attention, S != L; self-attention uses query), output [N, L, E] (mha's result). --case is
+batch,seq,kv_seq,embed,heads,causal,need_weights; inputs are batch-first f32.
+
+Peers (each in its own process, so that one library's thread pool or allocator state never
+meets another's):
+  torch          torch.nn.MultiheadAttention(E, H, batch_first=True).eval(), need_weights as
+                 the case asks; causal as a float -inf attn_mask plus is_causal=True (PyTorch 2's
+                 fast path; torch 1.x has no is_causal and gets the mask alone)
+  sdpa           F.linear (fused QKV) + F.scaled_dot_product_attention(is_causal=causal) +
+                 F.linear
+  ort            ONNX Runtime: the com.microsoft Attention contrib op (one fused QKV GEMM,
+                 unidirectional=1 for causal) + MatMul/Add out-projection, CPU provider,
+                 intra_op_num_threads = threads; self-attention only
+  openvino       OpenVINO CPU plugin: MatMul/Add (fused QKV) -> ScaledDotProductAttention(causal)
+                 -> MatMul/Add, INFERENCE_PRECISION_HINT f32, INFERENCE_NUM_THREADS = threads
+  openvino-bf16  the same with INFERENCE_PRECISION_HINT bf16 (OpenVINO's default on CPUs with
+                 bf16 instructions); "precision" reports what the compiled model runs
+Torch peers run under torch.inference_mode() with torch.set_num_threads(threads). The first
+call's output is compared with mha's (max_abs_err). Timed calls are the library's Python call
+as a user makes it, inputs already in the library's tensor type.
+
+glibc's malloc is put in the state a long-running process reaches (fixed mmap threshold of 32
+MiB, no trimming; what PyTorch's CPU tuning guide gets with jemalloc or tcmalloc): in a fresh
+process, temporaries of a few hundred KiB are mmapped and unmapped on every call until the
+first large free raises glibc's dynamic threshold, which made torch's (1, 128, 512, 8) measure
+4.6-4.9 ms as the first case of a process and 4.0-4.1 ms after (2 threads). Set
+MHA_PEERS_MALLOC=default to measure without it.
+
+Per peer: warm-up calls (at least 3 and ~20% of --min-time: OpenVINO and ONNX Runtime pick and
+JIT their kernels in the first calls), then timed calls until both --min-time seconds and
+--min-runs calls are reached. Prints one JSON object on stdout:
+  {"peer", "version", "precision", "median_ms", "p10_ms", "p90_ms", "runs", "max_abs_err"}
+or, when the library cannot be imported or lacks a feature the case needs,
+  {"peer", "skipped": "<reason>", "unavailable": true|false}
+(unavailable: the peer cannot run any case, so mha-bench stops asking). Exit status 0 in both
+cases; 2 for a bad command line.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+PEERS = ("torch", "sdpa", "ort", "openvino", "openvino-bf16")
+
+
+class Skip(Exception):
+    """The peer cannot run this case (unavailable=True: nor any other)."""
+
+    def __init__(self, reason, unavailable=False):
+        super().__init__(reason)
+        self.unavailable = unavailable
+
+
+def parse_case(text):
+    parts = text.split(",")
+    if len(parts) != 7:
+        raise argparse.ArgumentTypeError(
+            f"--case {text!r}: expected 7 comma-separated integers "
+            "batch,seq,kv_seq,embed,heads,causal,need_weights")
+    try:
+        b, s, kv, e, h, causal, nw = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--case {text!r}: not all integers")
+    if min(b, s, kv, e, h) < 1 or causal not in (0, 1) or nw not in (0, 1):
+        raise argparse.ArgumentTypeError(
+            f"--case {text!r}: sizes must be >= 1, causal and need_weights 0 or 1")
+    if e % h:
+        raise argparse.ArgumentTypeError(f"--case {text!r}: embed {e} not divisible by heads {h}")
+    return {"batch": b, "seq": s, "kv_seq": kv, "embed": e, "heads": h, "causal": bool(causal),
+            "need_weights": bool(nw)}
+
+
+def percentile(sorted_values, p):
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    x = (len(sorted_values) - 1) * p / 100.0
+    lo = int(x)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (x - lo)
+
+
+def steady_malloc():
+    """glibc mallopt: M_MMAP_THRESHOLD (-3) 32 MiB, M_TRIM_THRESHOLD (-1) 1 GiB. No-op elsewhere."""
+    import ctypes
+    if os.environ.get("MHA_PEERS_MALLOC") == "default":
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)
+        libc.mallopt(-1, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
+def import_or_skip(name):
+    try:
+        return __import__(name, fromlist=["_"])
+    except Exception as e:  # ImportError, or a broken install raising something else
+        raise Skip(f"{name} cannot be imported by {sys.executable} ({type(e).__name__}: {e}); "
+                   "tools/dev peers installs it", unavailable=True)
+
+
+def self_attention_only(case, peer):
+    if case["kv_seq"] != case["seq"]:
+        raise Skip(f"{peer} runs self-attention only here, the case has kv_seq "
+                   f"{case['kv_seq']} != seq {case['seq']}")
+
+
+def no_weights(case, peer):
+    if case["need_weights"]:
+        raise Skip(f"{peer} does not return attention weights (need_weights)")
+
+
+# ---- peers: each returns (run, version, precision); run() returns the output as numpy ---------
+
+def torch_peer(case, data, threads, fused):
+    torch = import_or_skip("torch")
+    F = torch.nn.functional
+    name = "sdpa" if fused else "torch"
+    major = int(torch.__version__.split(".")[0])
+    if fused:
+        no_weights(case, name)
+        if not hasattr(F, "scaled_dot_product_attention"):
+            raise Skip(f"torch {torch.__version__} has no F.scaled_dot_product_attention",
+                       unavailable=True)
+    torch.set_num_threads(threads)
+    t = {k: torch.from_numpy(v) for k, v in data.items()}
+    b, l, s, e, h = case["batch"], case["seq"], case["kv_seq"], case["embed"], case["heads"]
+    x = t["query"]
+    key = t.get("key", x)
+    value = t.get("value", x)
+    causal = case["causal"]
+    if fused:
+        w, bias, wo, bo = (t["in_proj_weight"], t["in_proj_bias"], t["out_proj.weight"],
+                           t["out_proj.bias"])
+        d = e // h
+
+        def heads(y, n):  # [B, n, E] -> [B, H, n, D]
+            return y.view(b, n, h, d).transpose(1, 2)
+
+        def run():
+            if s == l:
+                q, k, v = F.linear(x, w, bias).chunk(3, dim=-1)
+            else:
+                q = F.linear(x, w[:e], bias[:e])
+                k = F.linear(key, w[e:2 * e], bias[e:2 * e])
+                v = F.linear(value, w[2 * e:], bias[2 * e:])
+            o = F.scaled_dot_product_attention(heads(q, l), heads(k, s), heads(v, s),
+                                               is_causal=causal)
+            return F.linear(o.transpose(1, 2).reshape(b, l, e), wo, bo)
+    else:
+        module = torch.nn.MultiheadAttention(e, h, batch_first=True).eval()
+        module.load_state_dict({k: t[k] for k in ("in_proj_weight", "in_proj_bias",
+                                                  "out_proj.weight", "out_proj.bias")})
+        kwargs = {"need_weights": case["need_weights"]}
+        if causal:
+            kwargs["attn_mask"] = torch.triu(torch.full((l, s), float("-inf")), diagonal=1)
+            if major >= 2:
+                kwargs["is_causal"] = True
+        if s == l:
+            key = value = x  # one tensor: the fast path's self-attention test is identity
+
+        def run():
+            return module(x, key, value, **kwargs)[0]
+
+    def run_numpy():
+        with torch.inference_mode():
+            return run().numpy()
+
+    # The timed call stays inside one inference_mode block (see time_peer's `context`).
+    return run, run_numpy, torch.__version__, "f32", torch.inference_mode
+
+
+def ort_peer(case, data, threads):
+    no_weights(case, "ort")
+    self_attention_only(case, "ort (com.microsoft Attention)")
+    ort = import_or_skip("onnxruntime")
+    onnx = import_or_skip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    e, h = case["embed"], case["heads"]
+    inits = [
+        # Attention computes input @ weights: [E, 3E], columns Q | K | V.
+        numpy_helper.from_array(np.ascontiguousarray(data["in_proj_weight"].T), "qkv_w"),
+        numpy_helper.from_array(data["in_proj_bias"], "qkv_b"),
+        numpy_helper.from_array(np.ascontiguousarray(data["out_proj.weight"].T), "out_w"),
+        numpy_helper.from_array(data["out_proj.bias"], "out_b"),
+    ]
+    nodes = [
+        helper.make_node("Attention", ["x", "qkv_w", "qkv_b"], ["attn"], domain="com.microsoft",
+                         num_heads=h, unidirectional=1 if case["causal"] else 0),
+        helper.make_node("MatMul", ["attn", "out_w"], ["proj"]),
+        helper.make_node("Add", ["proj", "out_b"], ["y"]),
+    ]
+    dims = ["batch", "seq", e]
+    graph = helper.make_graph(
+        nodes, "mha_peer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    feed = {"x": data["query"]}
+
+    def run():
+        return session.run(None, feed)[0]
+
+    return run, run, f"{ort.__version__} (onnx {onnx.__version__})", "f32", None
+
+
+def openvino_peer(case, data, threads, precision):
+    name = "openvino" if precision == "f32" else "openvino-bf16"
+    no_weights(case, name)
+    ov = import_or_skip("openvino")
+    ops = import_or_skip("openvino.opset13")
+    import numpy as np
+    b, l, s, e, h = case["batch"], case["seq"], case["kv_seq"], case["embed"], case["heads"]
+    d = e // h
+    x = ops.parameter([b, l, e], np.float32, name="query")
+    params = [x]
+
+    def linear(inp, w, bias):
+        return ops.add(ops.matmul(inp, ops.constant(w), False, True), ops.constant(bias))
+
+    def heads(y, n):  # [B, n, E] -> [B, H, n, D]
+        y = ops.reshape(y, ops.constant(np.array([b, n, h, d], np.int64)), False)
+        return ops.transpose(y, ops.constant(np.array([0, 2, 1, 3], np.int64)))
+
+    w, bias = data["in_proj_weight"], data["in_proj_bias"]
+    if s == l:
+        q, k, v = ops.split(linear(x, w, bias), ops.constant(np.int64(-1)), 3).outputs()
+    else:
+        mem_k = ops.parameter([b, s, e], np.float32, name="key")
+        mem_v = ops.parameter([b, s, e], np.float32, name="value")
+        params += [mem_k, mem_v]
+        q = linear(x, w[:e], bias[:e])
+        k = linear(mem_k, w[e:2 * e], bias[e:2 * e])
+        v = linear(mem_v, w[2 * e:], bias[2 * e:])
+    attn = ops.scaled_dot_product_attention(heads(q, l), heads(k, s), heads(v, s),
+                                            causal=case["causal"])
+    attn = ops.reshape(ops.transpose(attn, ops.constant(np.array([0, 2, 1, 3], np.int64))),
+                       ops.constant(np.array([b, l, e], np.int64)), False)
+    y = linear(attn, data["out_proj.weight"], data["out_proj.bias"])
+    model = ov.Model([y], params, "mha_peer")
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": precision,
+                                                      "INFERENCE_NUM_THREADS": threads})
+    actual = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()  # "f32", "bf16"
+    request = compiled.create_infer_request()
+    inputs = [data["query"]] + ([data["key"], data["value"]] if s != l else [])
+    for i, a in enumerate(inputs):
+        request.set_input_tensor(i, ov.Tensor(np.ascontiguousarray(a)))
+
+    def run():
+        request.infer()
+        return request.get_output_tensor(0).data
+
+    # "2026.4.1-22982-<commit>-releases/2026/4": the release is the part before the build.
+    return run, run, ov.get_version().split("-")[0], actual, None
+
+
+def make_peer(peer, case, data, threads):
+    if peer in ("torch", "sdpa"):
+        return torch_peer(case, data, threads, fused=peer == "sdpa")
+    if peer == "ort":
+        return ort_peer(case, data, threads)
+    return openvino_peer(case, data, threads, "f32" if peer == "openvino" else "bf16")
+
+
+def time_peer(run, run_numpy, context, expected, min_time, min_runs):
+    """Returns (max_abs_err of the first call, sorted call times in ms)."""
+    import contextlib
+    import numpy as np
+    got = np.asarray(run_numpy(), dtype=np.float32)
+    if got.shape != expected.shape:
+        raise RuntimeError(f"output shape {got.shape}, expected {expected.shape}")
+    err = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
+    with (context() if context else contextlib.nullcontext()):
+        warm_start = time.perf_counter()
+        warm_runs = 0
+        while warm_runs < 3 or time.perf_counter() - warm_start < 0.2 * min_time:
+            run()
+            warm_runs += 1
+        samples = []
+        start = time.perf_counter()
+        while len(samples) < min_runs or time.perf_counter() - start < min_time:
+            t0 = time.perf_counter()
+            run()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return err, sorted(samples)
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="Time one peer's multi-head attention; one JSON object on stdout.")
+    ap.add_argument("--peer", required=True, choices=PEERS)
+    ap.add_argument("--case", type=parse_case, required=True,
+                    metavar="B,SEQ,KV_SEQ,EMBED,HEADS,CAUSAL,NEED_WEIGHTS")
+    ap.add_argument("--data", required=True, help="safetensors file from mha-bench")
+    ap.add_argument("--threads", type=int, default=1, help="threads the peer may use (default 1)")
+    ap.add_argument("--min-time", type=float, default=1.0,
+                    help="minimum timed seconds (default 1.0)")
+    ap.add_argument("--min-runs", type=int, default=5, help="minimum timed calls (default 5)")
+    args = ap.parse_args()
+    if args.threads < 1 or args.min_runs < 1 or args.min_time < 0:
+        ap.error("--threads and --min-runs must be >= 1, --min-time >= 0")
+
+    steady_malloc()
+    result = {"peer": args.peer}
+    try:
+        np = import_or_skip("numpy")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from safetensors_py import load_file
+        data = {k: np.ascontiguousarray(v, dtype=np.float32)
+                for k, v in load_file(args.data)[0].items()}
+        run, run_numpy, version, precision, context = make_peer(args.peer, args.case, data,
+                                                                args.threads)
+        err, samples = time_peer(run, run_numpy, context, data["output"].astype(np.float64),
+                                 args.min_time, args.min_runs)
+        result.update({"version": version, "precision": precision,
+                       "median_ms": round(percentile(samples, 50), 6),
+                       "p10_ms": round(percentile(samples, 10), 6),
+                       "p90_ms": round(percentile(samples, 90), 6),
+                       "runs": len(samples), "max_abs_err": err})
+    except Skip as s:
+        result.update({"skipped": str(s), "unavailable": s.unavailable})
+    except Exception as e:  # the library failed on this case: report it, the run goes on
+        result.update({"skipped": f"{args.peer} failed: {type(e).__name__}: {e}",
+                       "unavailable": False})
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Turns mha-bench --json files into the README's performance tables (markdown on stdout).
+
+    /usr/bin/python3 tools/perf_table.py suite.json [more.json ...] \
+        [--command "build/tools/mha-bench --threads 2 --compare all --json suite.json"]
+
+Per file: a line naming the machine and the run (CPU model, SIMD target, BLIS architecture,
+threads, mha version, date, load average at the start), a line with the version and precision
+of every peer compared, then one row per case and thread count: the shape (B, L, E, H), causal,
+mha's median ms, its efficiency (GFLOP/s over the same run's BLIS sgemm, in percent) and, per
+peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster),
+"0.90×" that the peer was faster. A peer whose first output disagreed with mha's beyond its
+bound is marked "(!)"; a peer that did not run the case (not installed, or lacking the feature)
+is "–". --command adds the command that made the file. Only the standard library is needed.
+"""
+
+import argparse
+import json
+import sys
+
+# The peers' table titles and what each one is (mha-bench --help has the details).
+PEER_TITLES = {
+    "torch": "PyTorch nn.MHA",
+    "sdpa": "PyTorch SDPA",
+    "ort": "ONNX Runtime",
+    "openvino": "OpenVINO f32",
+    "openvino-bf16": "OpenVINO bf16",
+}
+
+
+def fail(message):
+    sys.exit(f"perf_table.py: {message}")
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{path}: expected an mha-bench --json file, got {type(e).__name__}: {e}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("header"), dict) or \
+            not isinstance(doc.get("results"), list):
+        fail(f"{path}: expected an object with 'header' and 'results', got {type(doc).__name__} "
+             f"with keys {sorted(doc) if isinstance(doc, dict) else []}")
+    if doc["header"].get("mode") == "decode":
+        fail(f"{path}: expected a forward-pass run, got an mha-bench --decode file")
+    return doc
+
+
+def fmt_ms(ms):
+    """4 significant digits below 1000 ms, whole ms above (as mha-bench's table)."""
+    return f"{ms:.0f}" if ms >= 1000 else f"{ms:.4g}"
+
+
+def machine_line(h):
+    threads = h.get("threads", [])
+    threads = ",".join(str(t) for t in threads) if isinstance(threads, list) else str(threads)
+    parts = [f"**{h.get('cpu', 'unknown CPU')}**", f"SIMD target {h.get('simd_target', '?')}",
+             f"BLIS {h.get('blas_arch', '?')}", f"{threads} thread(s)",
+             f"mha {h.get('mha_version', '?')}", str(h.get("date", "?"))[:10]]
+    if isinstance(h.get("load_average"), (int, float)):
+        parts.append(f"load average {h['load_average']:.2f} at the start")
+    if h.get("prepack") is False:
+        parts.append("--no-prepack")
+    elif h.get("strassen") is False:
+        parts.append("--no-strassen")
+    return " · ".join(parts)
+
+
+def peers_line(h):
+    peers = h.get("peers") or {}
+    items = []
+    for name in h.get("compare", []):
+        info = peers.get(name) or {}
+        version = info.get("version") or "not run"
+        precision = info.get("precision")
+        items.append(f"{PEER_TITLES.get(name, name)} ({name}) {version}" +
+                     (f", {precision}" if precision and precision != "f32" else ""))
+    return "Peers: " + "; ".join(items) + "." if items else ""
+
+
+def peer_cell(result, name):
+    p = (result.get("peers") or {}).get(name) or {}
+    ratio = p.get("ratio")
+    if not isinstance(ratio, (int, float)):
+        return "–"
+    return f"{ratio:.2f}×" + ("" if p.get("agrees", True) else " (!)")
+
+
+def table(doc):
+    h = doc["header"]
+    compare = h.get("compare", [])
+    results = doc["results"]
+    several_threads = len({r.get("threads") for r in results}) > 1
+    titles = ["(B, L, E, H)", "causal"] + (["threads"] if several_threads else []) + \
+        ["mha ms", "eff %"] + [PEER_TITLES.get(p, p) for p in compare]
+    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    for r in results:
+        shape = f"({r['batch']}, {r['seq']}, {r['embed']}, {r['heads']})"
+        if r.get("kv_seq", r["seq"]) != r["seq"]:
+            shape += f" S={r['kv_seq']}"
+        if r.get("need_weights"):
+            shape += " weights"
+        row = [shape, "yes" if r.get("causal") else "no"]
+        if several_threads:
+            row.append(str(r.get("threads")))
+        if r.get("error"):
+            row += [f"error: {r['error']}", ""] + [""] * len(compare)
+        else:
+            eff = r.get("efficiency")
+            row += [fmt_ms(r["median_ms"]),
+                    f"{100 * eff:.1f}" if isinstance(eff, (int, float)) else "–"]
+            row += [peer_cell(r, p) for p in compare]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def render(docs, command):
+    out = []
+    for doc in docs:
+        h = doc["header"]
+        out.append(machine_line(h) + "  ")
+        peers = peers_line(h)
+        if peers:
+            out.append(peers + "  ")
+            out.append("Peer columns: the peer's time over mha's (above 1×: mha is faster; "
+                       "(!): its output disagreed with mha's).")
+        out.append("")
+        out += table(doc)
+        out.append("")
+    if command:
+        out += ["Made with:", "", "    " + command, ""]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="mha-bench --json files -> markdown tables.")
+    ap.add_argument("json", nargs="+", help="mha-bench --json output files")
+    ap.add_argument("--command", default="", help="the command that made the files (printed)")
+    args = ap.parse_args()
+    sys.stdout.write(render([load(p) for p in args.json], args.command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
