@@ -543,7 +543,8 @@ class Decode(unittest.TestCase):
                      "error", "runs", "median_ms", "p10_ms", "p90_ms", "tokens_per_s",
                      "cache_bytes", "weight_bytes", "cache_gbs", "total_gbs", "copy_gbs",
                      "copy_ratio", "total_copy_ratio", "weights_dtype", "attn_ms", "attn_gbs",
-                     "attn_copy_ratio"}
+                     "attn_copy_ratio", "read_gbs", "read_ratio", "total_read_ratio",
+                     "attn_read_ratio"}
 
     def test_argument_errors(self):
         for args, text in [(["--decode", "--causal"], "--decode"),
@@ -564,7 +565,7 @@ class Decode(unittest.TestCase):
     def test_help_documents_decode(self):
         p = run(["--help"])
         for text in ["--decode", "--contexts", "--batches", "tokens/s", "copy bandwidth",
-                     "AppendProjected"]:
+                     "read bandwidth", "int8", "AppendProjected"]:
             self.assertIn(text, p.stdout)
 
     def test_json_csv_and_table(self):
@@ -575,6 +576,8 @@ class Decode(unittest.TestCase):
                      "--min-time", "0", "--min-runs", "2", "--json", jpath, "--csv", cpath])
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("copy bandwidth", p.stdout)
+            self.assertIn("read bandwidth", p.stdout)
+            self.assertIn("read%", p.stdout)
             self.assertIn("tokens/s", p.stdout)
             self.assertIn("+weights%", p.stdout)
             with open(jpath) as f:
@@ -583,9 +586,10 @@ class Decode(unittest.TestCase):
                 rows = list(csv.DictReader(f))
         self.assertEqual(doc["header"]["mode"], "decode")
         self.assertEqual(set(doc["header"]["copy_gbs"]), {"1", "2"})
+        self.assertEqual(set(doc["header"]["read_gbs"]), {"1", "2"})
         results = doc["results"]
-        # contexts x batches x {MHA, GQA} x {f32, bf16} x threads
-        self.assertEqual(len(results), 2 * 2 * 2 * 2 * 2)
+        # contexts x batches x {MHA, GQA} x {f32, bf16, i8} x threads
+        self.assertEqual(len(results), 2 * 2 * 2 * 3 * 2)
         self.assertEqual(len(rows), len(results))
         seen = set()
         for r in results:
@@ -597,15 +601,19 @@ class Decode(unittest.TestCase):
             self.assertLessEqual(r["median_ms"], r["p90_ms"])
             self.assertAlmostEqual(r["tokens_per_s"], r["batch"] / (r["median_ms"] * 1e-3),
                                    delta=1e-6 * r["tokens_per_s"])
-            size = 4 if r["cache_dtype"] == "f32" else 2
-            self.assertEqual(r["cache_bytes"],
-                             2 * r["batch"] * r["kv_heads"] * r["context"] * 64 * size)
+            row = {"f32": 64 * 4, "bf16": 64 * 2, "i8": 64 + 4}[r["cache_dtype"]]
+            self.assertEqual(r["cache_bytes"], 2 * r["batch"] * r["kv_heads"] * r["context"] * row)
             self.assertGreater(r["copy_gbs"], 0)
             self.assertGreater(r["total_gbs"], r["cache_gbs"])
             self.assertAlmostEqual(r["total_copy_ratio"], r["total_gbs"] / r["copy_gbs"],
                                    delta=1e-9 * r["total_copy_ratio"])
             self.assertAlmostEqual(r["copy_ratio"], r["cache_gbs"] / r["copy_gbs"],
                                    delta=1e-9 * r["copy_ratio"])
+            self.assertGreater(r["read_gbs"], 0)
+            self.assertEqual(r["read_gbs"], doc["header"]["read_gbs"][str(r["threads"])])
+            for ratio, gbs in [("read_ratio", "cache_gbs"), ("total_read_ratio", "total_gbs"),
+                               ("attn_read_ratio", "attn_gbs")]:
+                self.assertAlmostEqual(r[ratio], r[gbs] / r["read_gbs"], delta=1e-9 * r[ratio])
             self.assertEqual(r["weights_dtype"], "f32")
             self.assertEqual(r["weight_bytes"],
                              4 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))
@@ -629,7 +637,7 @@ class Decode(unittest.TestCase):
             self.assertIn("weights: bf16", p.stdout)
             with open(jpath) as f:
                 results = json.load(f)["results"]
-        self.assertEqual(len(results), 4)
+        self.assertEqual(len(results), 6)
         for r in results:
             self.assertEqual(r["weights_dtype"], "bf16")
             self.assertEqual(r["weight_bytes"],

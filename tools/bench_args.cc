@@ -241,7 +241,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
         arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch" ||
-        arg == "--decode" || arg == "--no-prepack" || arg == "--no-strassen") {
+        arg == "--decode" || arg == "--no-prepack" || arg == "--strassen") {
       if (has_inline_value) {
         r.error = arg + ": expected no value, got " + Quoted(value);
         return r;
@@ -260,7 +260,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--compare-torch") ParsePeerList(arg, "torch", &o->compare, &r.error);
       if (arg == "--decode") o->decode = true;
       if (arg == "--no-prepack") o->no_prepack = true;
-      if (arg == "--no-strassen") o->no_strassen = true;
+      if (arg == "--strassen") o->strassen = true;
       continue;
     }
     static const char* const kValueFlags[] = {
@@ -352,7 +352,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                      {o->causal, "--causal"},
                      {o->need_weights, "--need-weights"},
                      {o->no_prepack, "--no-prepack"},
-                     {o->no_strassen, "--no-strassen"},
+                     {o->strassen, "--strassen"},
                      {o->breakdown, "--breakdown"},
                      {!o->compare.empty(), "--compare/--compare-torch"},
                      {o->rounds_given, "--rounds"},
@@ -379,14 +379,14 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   if (!kv_seq_given) o->shape.kv_seq = o->shape.seq;
   o->shape.causal = o->causal;
   o->shape.need_weights = o->need_weights;
-  if (o->no_prepack && o->no_strassen) {
+  if (o->no_prepack && o->strassen) {
     r.error =
-        "--no-strassen: expected prepacked weights, got --no-prepack as well (the "
+        "--strassen: expected prepacked weights, got --no-prepack as well (the "
         "Strassen operands are part of the prepacking)";
     return r;
   }
   o->shape.prepack = !o->no_prepack;
-  o->shape.strassen = !o->no_strassen;
+  o->shape.strassen = o->strassen;
   if (o->custom_shape && !ValidateShape(o->shape, &r.error)) return r;
   if (o->threads.empty()) o->threads.push_back(HardwareThreads());
   r.action = ParseAction::kRun;
@@ -400,7 +400,7 @@ std::vector<Shape> CasesToRun(const BenchOptions& o) {
     if (o.causal && !s.causal) continue;
     s.need_weights = o.need_weights;
     s.prepack = !o.no_prepack;
-    s.strassen = !o.no_strassen;
+    s.strassen = o.strassen;
     cases.push_back(s);
   }
   return cases;
@@ -430,8 +430,8 @@ flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
   --no-prepack       create the layers with AttentionConfig::prepack = kOff: projection weights
                      kept only in nn.Linear layout and packed per forward (default: prepacked
                      once at creation, kOn; suite too)
-  --no-strassen      create the layers with AttentionConfig::prepack = kPlain: prepacked without
-                     the Strassen operands, every projection a plain product (suite too)
+  --strassen         create the layers with AttentionConfig::prepack = kStrassen: prepacked
+                     with the Strassen operands of the large matrices (opt-in; suite too)
 
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)
@@ -473,7 +473,7 @@ Incremental decoding (--decode runs this suite instead of the one above):
   --decode           time KvCache::Step for one new token per batch entry over a cache that
                      already holds `context` - 1 positions (so the token attends to `context`):
                      E 1024, 16 heads (head_dim 64), as MHA (16 kv heads) and GQA (4 kv heads),
-                     f32 and bf16 caches, for every context x batch. The cache is filled with
+                     f32, bf16 and int8 caches, for every context x batch. The cache is filled with
                      random projected keys/values (KvCache::AppendProjected) and truncated back
                      after each timed step, so every run sees the same context
   --contexts LIST    contexts to run, e.g. 512,4096 (default 512,1024,2048,4096,8192)
@@ -482,16 +482,18 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      weight bytes each step streams)
   Columns: median_ms (latency of one step: projections of the new token, cache append,
   attention over the cache, output projection), tokens/s = batch / median, cache_MiB (K+V bytes
-  read per step: batch * kv_heads * context * head_dim * 2 * dtype size), cache_GB/s = those
-  bytes / median (1 GB = 1e9 bytes), +weights_GB/s = (cache bytes + the four E x E / kv x E
-  projection weights in their storage dtype) / median, copy% = cache_GB/s / copy bandwidth,
-  +weights% = +weights_GB/s / copy bandwidth (every byte a step must read);
-  attn_ms = median time of the attention over the cache alone (first start to last end of its
-  tasks, from trace events), attn_GB/s = cache bytes / attn_ms, attn% = attn_GB/s / copy
-  bandwidth: how close reading the cache comes to the machine's bandwidth. The copy bandwidth
-  is measured once per thread count before the cases: memcpy of a 256 MiB buffer into another,
-  split evenly over the same threads, best of 5 after a warm-up, counting bytes read + written
-  (STREAM's convention). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed
+  read per step: batch * kv_heads * context * 2 * (head_dim * dtype size, or head_dim + 4 for
+  int8's codes and row scale)), cache_GB/s = those bytes / median (1 GB = 1e9 bytes),
+  +weights_GB/s = (cache bytes + the four E x E / kv x E projection weights in their storage
+  dtype) / median, read% = cache_GB/s / read bandwidth, +weights% = +weights_GB/s / read
+  bandwidth (every byte a step must read); attn_ms = median time of the attention over the
+  cache alone (first start to last end of its tasks, from trace events), attn_GB/s = cache
+  bytes / attn_ms, attn% = attn_GB/s / read bandwidth: how close reading the cache comes to
+  the machine's limit. The read bandwidth, a decode step's limit, is measured once per thread
+  count before the cases: a streaming sum of max(512 MiB, 4 x the last-level cache) split
+  evenly over the same threads, best of 8 after a warm-up; the copy bandwidth beside it: memcpy
+  of a 256 MiB buffer into another, best of 5, counting bytes read + written (STREAM's
+  convention); JSON has both (read_* and copy_* fields). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed
   apply; --decode cannot be combined with shape flags, --causal, --need-weights, --breakdown,
   --compare, --rounds or --trace.
 

@@ -20,7 +20,7 @@ struct BenchOptions {
   bool causal = false;
   bool need_weights = false;
   bool no_prepack = false;  // --no-prepack: layers without prepacked weights
-  bool no_strassen = false;  // --no-strassen: prepacked without Strassen operands (kPlain)
+  bool strassen = false;  // --strassen: prepacked with Strassen operands (kStrassen)
 
   std::vector<size_t> threads;  // default: {hardware threads}
   double min_time_s = 0.5;      // measured time per case, seconds

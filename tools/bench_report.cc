@@ -69,8 +69,8 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
                static_cast<unsigned long long>(h.seed), h.tolerance);
   std::fprintf(out, "weights: %s  |  peak RSS: %s",
                !h.prepack   ? "not prepacked (--no-prepack)"
-               : h.strassen ? "prepacked at creation, with Strassen operands"
-                            : "prepacked at creation, no Strassen operands (--no-strassen)",
+               : h.strassen ? "prepacked at creation, with Strassen operands (--strassen)"
+                            : "prepacked at creation",
                h.peak_rss_method.c_str());
   if (h.load_average >= 0) {
     std::fprintf(out, "  |  load average %.2f", h.load_average);

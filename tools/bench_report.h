@@ -36,7 +36,7 @@ struct RunHeader {
   double tolerance = 0;
   uint64_t seed = 0;
   bool prepack = true;   // layers created with AttentionConfig::prepack kOn (--no-prepack: off)
-  bool strassen = true;  // with prepack: kOn (--no-strassen: kPlain)
+  bool strassen = false;  // with prepack: kStrassen (--strassen) or kOn
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
   bool breakdown = false;
   std::vector<std::string> compare;  // --compare: the peers, in column order

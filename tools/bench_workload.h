@@ -29,7 +29,7 @@ struct Shape {
   bool causal = false;
   bool need_weights = false;
   bool prepack = true;   // AttentionConfig::prepack kOn or kPlain (false: kOff)
-  bool strassen = true;  // with prepack: kOn (false: kPlain)
+  bool strassen = false;  // with prepack: kStrassen (false: kOn)
 
   bool self_attention() const { return kv_seq == seq; }
 };
@@ -177,8 +177,8 @@ class Workload {
     config.num_heads = s.heads;
     config.batch_first = true;
     config.prepack = !s.prepack   ? WeightPrepack::kOff
-                     : s.strassen ? WeightPrepack::kOn
-                                  : WeightPrepack::kPlain;
+                     : s.strassen ? WeightPrepack::kStrassen
+                                  : WeightPrepack::kOn;
     AttentionWeights weights;
     weights.in_proj_weight = in_proj_weight_.data();
     weights.in_proj_bias = in_proj_bias_.data();

@@ -62,8 +62,8 @@ def machine_line(h):
         parts.append(f"load average {h['load_average']:.2f} at the start")
     if h.get("prepack") is False:
         parts.append("--no-prepack")
-    elif h.get("strassen") is False:
-        parts.append("--no-strassen")
+    elif h.get("strassen") is True:
+        parts.append("--strassen")
     return " · ".join(parts)
 
 
