@@ -34,6 +34,7 @@
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 #include "tools/bench_args.h"
+#include "tools/bench_bandwidth.h"
 #include "tools/bench_check.h"
 #include "tools/bench_peers.h"
 #include "tools/bench_report.h"
@@ -515,7 +516,6 @@ int Run(const BenchOptions& o) {
 // The decode suite's fixed model: E 1024, 16 heads of 64.
 constexpr int64_t kDecodeEmbed = 1024;
 constexpr int64_t kDecodeHeads = 16;
-constexpr int64_t kCopyBytes = int64_t{256} << 20;
 
 struct DecodeResult {
   int64_t context = 0, batch = 0, kv_heads = 0;
@@ -534,79 +534,10 @@ struct DecodeResult {
   double read_gbs = 0;               // and its streaming read bandwidth: a step's limit
 };
 
-// Bytes of a streaming read: 512 MiB or four times the last-level cache, whichever is larger,
-// so that the reads come from memory.
-size_t ReadBufferBytes() {
-  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return std::max<size_t>(size_t{512} << 20, llc > 0 ? 4 * static_cast<size_t>(llc) : 0);
-}
-
-// Streaming read bandwidth (bytes read per second, GB/s): ReadBufferBytes() split evenly over
-// `threads` threads of an mha pool, each summing its slice in four independent 64-bit lanes
-// (the reduction keeps the loads; the compiler vectorizes the loop), best of 8 after a warm-up
-// that also faults the pages in. What a decode step, which only reads the cache, can reach.
-double MeasureReadGbs(size_t threads) {
-  const size_t words = ReadBufferBytes() / sizeof(uint64_t);
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
-  for (size_t i = 0; i < words; ++i) buf[i] = i;
-  ThreadPool pool(threads);
-  const uint64_t parts = threads;
-  const size_t slice = words / parts;
-  std::vector<uint64_t> sums(parts);
-  double best_s = 0;
-  for (int rep = 0; rep < 9; ++rep) {
-    const int64_t t0 = TraceRecorder::NowNs();
-    pool.ParallelFor(parts, [&](uint64_t task, size_t /*worker*/) {
-      const uint64_t* p = buf.get() + task * slice;
-      const size_t n = task + 1 == parts ? words - task * slice : slice;
-      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-      size_t i = 0;
-      for (; i + 4 <= n; i += 4) {
-        s0 += p[i];
-        s1 += p[i + 1];
-        s2 += p[i + 2];
-        s3 += p[i + 3];
-      }
-      for (; i < n; ++i) s0 += p[i];
-      sums[task] = s0 + s1 + s2 + s3;
-    });
-    const double sec = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
-    if (rep > 0 && (best_s == 0 || sec < best_s)) best_s = sec;
-  }
-  // The sums must be used, or the loads could go.
-  uint64_t all = 0;
-  for (uint64_t s : sums) all += s;
-  if (all == 1) std::fputc('\0', stderr);
-  return best_s > 0 ? static_cast<double>(words * sizeof(uint64_t)) / best_s * 1e-9 : 0.0;
-}
-
-// Bytes of K and V for `rows` cache rows of hd elements in `dtype` (int8: codes + f32 scale).
+// Bytes of one cache row of hd elements in `dtype` (int8: its codes and f32 scale).
 double CacheRowBytes(DType dtype, int64_t hd) {
   return dtype == DType::kI8 ? static_cast<double>(hd + 4)
                              : static_cast<double>(hd) * static_cast<double>(DTypeSize(dtype));
-}
-
-// memcpy bandwidth (bytes read + written per second, GB/s) of kCopyBytes split evenly over
-// `threads` threads of an mha pool: best of 5 after a warm-up that also faults the pages in.
-double MeasureCopyGbs(size_t threads) {
-  std::unique_ptr<uint8_t[]> src(new uint8_t[kCopyBytes]), dst(new uint8_t[kCopyBytes]);
-  std::memset(src.get(), 1, kCopyBytes);
-  std::memset(dst.get(), 2, kCopyBytes);
-  ThreadPool pool(threads);
-  const uint64_t parts = threads;
-  const int64_t slice = kCopyBytes / static_cast<int64_t>(parts);
-  double best_s = 0;
-  for (int rep = 0; rep < 6; ++rep) {
-    const int64_t t0 = TraceRecorder::NowNs();
-    pool.ParallelFor(parts, [&](uint64_t task, size_t /*worker*/) {
-      const int64_t begin = static_cast<int64_t>(task) * slice;
-      const int64_t end = task + 1 == parts ? kCopyBytes : begin + slice;
-      std::memcpy(dst.get() + begin, src.get() + begin, static_cast<size_t>(end - begin));
-    });
-    const double sec = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
-    if (rep > 0 && (best_s == 0 || sec < best_s)) best_s = sec;
-  }
-  return best_s > 0 ? 2.0 * static_cast<double>(kCopyBytes) / best_s * 1e-9 : 0.0;
 }
 
 // A decode layer (separate q/k/v weights for the GQA variant) with random weights, plus random

@@ -1,0 +1,26 @@
+// mha-bench's host probes for --decode: the machine's memory bandwidth, the limit a decode step
+// (which streams the KV cache) is measured against.
+#ifndef MHA_TOOLS_BENCH_BANDWIDTH_H_
+#define MHA_TOOLS_BENCH_BANDWIDTH_H_
+
+#include <cstddef>
+
+namespace mha {
+
+// Bytes of the streaming read: 512 MiB or four times the last-level cache, whichever is larger,
+// so that the reads come from memory.
+size_t ReadBufferBytes();
+
+// Streaming read bandwidth (bytes read per second, in GB/s = 1e9 B/s): ReadBufferBytes() split
+// evenly over `threads` threads of an mha pool, each summing its slice with the widest vector
+// loads the CPU has (Highway, dispatched at run time), best of 8 after a warm-up that also faults
+// the pages in. What a decode step, which only reads the cache, can reach.
+double MeasureReadGbs(size_t threads);
+
+// memcpy bandwidth (bytes read + written per second, GB/s, STREAM's convention) of a 256 MiB
+// buffer into another, split evenly over `threads` threads, best of 5 after a warm-up.
+double MeasureCopyGbs(size_t threads);
+
+}  // namespace mha
+
+#endif  // MHA_TOOLS_BENCH_BANDWIDTH_H_
