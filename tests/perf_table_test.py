@@ -133,8 +133,31 @@ class Errors(unittest.TestCase):
     def test_wrong_shape(self):
         self.check_error("[1, 2]", "expected an object with 'header' and 'results'")
 
-    def test_decode_file(self):
-        self.check_error(json.dumps({"header": {"mode": "decode"}, "results": []}), "--decode")
+
+class Decode(unittest.TestCase):
+    """An mha-bench --decode file gives the decode table: read% from the file's own ratios."""
+
+    DOC = {"header": {"mode": "decode", "cpu": "Some CPU", "simd_target": "AVX2",
+                      "mha_version": "0.1.0", "read_gbs": {"2": 24.9}},
+           "results": [
+               {"context": 8192, "batch": 8, "kv_heads": 16, "cache_dtype": "f32", "threads": 2,
+                "error": "", "median_ms": 23.5, "tokens_per_s": 340.4,
+                "cache_bytes": 512 * 2**20, "read_ratio": 0.917, "total_read_ratio": 0.945,
+                "attn_read_ratio": 0.961},
+               {"context": 512, "batch": 1, "kv_heads": 4, "cache_dtype": "i8", "threads": 2,
+                "error": "KvCache::Step: failed"}]}
+
+    def test_table(self):
+        p = render(self.DOC)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("**Some CPU**", p.stdout)
+        self.assertIn("streaming read bandwidth 24.9 GB/s on 2 thread(s)", p.stdout)
+        rows = table_rows(p.stdout)
+        self.assertEqual(rows[0], ["context", "batch", "kv heads", "cache", "ms / step",
+                                   "tokens/s", "cache MiB", "read %", "+weights %", "attn %"])
+        self.assertEqual(rows[1], ["8192", "8", "16", "f32", "23.500", "340", "512.0", "92",
+                                   "94", "96"])
+        self.assertEqual(rows[2][:5], ["512", "1", "4", "i8", "error: KvCache::Step: failed"])
 
 
 if __name__ == "__main__":

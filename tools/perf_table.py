@@ -12,6 +12,11 @@ peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (m
 "0.90×" that the peer was faster. A peer whose first output disagreed with mha's beyond its
 bound is marked "(!)"; a peer that did not run the case (not installed, or lacking the feature)
 is "–". --command adds the command that made the file. Only the standard library is needed.
+
+An mha-bench --decode file gives the decode table instead: per context, batch, kv heads and
+cache storage, ms per step, tokens/s, the cache bytes read per step, read% (cache bytes per
+step time over the machine's streaming read bandwidth measured in the same run), +weights%
+(cache and projection weights) and attn% (the attention over the cache alone).
 """
 
 import argparse
@@ -42,8 +47,6 @@ def load(path):
             not isinstance(doc.get("results"), list):
         fail(f"{path}: expected an object with 'header' and 'results', got {type(doc).__name__} "
              f"with keys {sorted(doc) if isinstance(doc, dict) else []}")
-    if doc["header"].get("mode") == "decode":
-        fail(f"{path}: expected a forward-pass run, got an mha-bench --decode file")
     return doc
 
 
@@ -115,10 +118,45 @@ def table(doc):
     return lines
 
 
+def decode_machine_line(h):
+    read = h.get("read_gbs") or {}
+    bandwidth = ", ".join(f"{gbs:.1f} GB/s on {t} thread(s)" for t, gbs in sorted(read.items()))
+    return " · ".join([f"**{h.get('cpu', 'unknown CPU')}**",
+                       f"SIMD target {h.get('simd_target', '?')}",
+                       f"mha {h.get('mha_version', '?')}",
+                       f"streaming read bandwidth {bandwidth or '?'}"])
+
+
+def decode_table(doc):
+    results = doc["results"]
+    several_threads = len({r.get("threads") for r in results}) > 1
+    titles = ["context", "batch", "kv heads", "cache"] + \
+        (["threads"] if several_threads else []) + \
+        ["ms / step", "tokens/s", "cache MiB", "read %", "+weights %", "attn %"]
+    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    for r in results:
+        row = [str(r["context"]), str(r["batch"]), str(r["kv_heads"]), r["cache_dtype"]]
+        if several_threads:
+            row.append(str(r.get("threads")))
+        if r.get("error"):
+            row += [f"error: {r['error']}"] + [""] * 5
+        else:
+            pct = lambda key: f"{100 * r[key]:.0f}" if isinstance(r.get(key), (int, float)) \
+                else "–"
+            row += [f"{r['median_ms']:.3f}", f"{r['tokens_per_s']:.0f}",
+                    f"{r['cache_bytes'] / 2**20:.1f}", pct("read_ratio"),
+                    pct("total_read_ratio"), pct("attn_read_ratio")]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def render(docs, command):
     out = []
     for doc in docs:
         h = doc["header"]
+        if h.get("mode") == "decode":
+            out += [decode_machine_line(h) + "  ", ""] + decode_table(doc) + [""]
+            continue
         out.append(machine_line(h) + "  ")
         peers = peers_line(h)
         if peers:
