@@ -3,20 +3,22 @@
 #
 # On an x86 CPU with AVX2: MHA_TARGETS=AVX2 (any case) makes the kernels dispatch AVX2 and keeps
 # BLIS off its AVX-512 configurations (skx, knl); a name that is no supported target is said on
-# stderr, naming it, and changes nothing. Skips (77) elsewhere.
+# stderr, naming it, and changes nothing. Skips (77) elsewhere. Under a cross build meson names
+# the emulator that runs target binaries in MESON_EXE_WRAPPER.
 set -euo pipefail
 bench=${1:?usage: targets_env_test.sh MHA_BENCH}
+read -r -a wrapper <<< "${MESON_EXE_WRAPPER:-}"
 fail() {
   echo "FAIL: $*" >&2
   exit 1
 }
-default=$(env -u MHA_TARGETS "$bench" --version)
+default=$(env -u MHA_TARGETS "${wrapper[@]}" "$bench" --version)
 case "$default" in
   *"SIMD target: AVX3"* | *"SIMD target: AVX2"*) ;;
   *) echo "SKIP: no AVX2 target here: $default"; exit 77 ;;
 esac
 
-forced=$(MHA_TARGETS=avx2 "$bench" --version)
+forced=$(MHA_TARGETS=avx2 "${wrapper[@]}" "$bench" --version)
 case "$forced" in
   *"SIMD target: AVX2"*) ;;
   *) fail "MHA_TARGETS=avx2: expected SIMD target AVX2, got: $forced" ;;
@@ -28,7 +30,7 @@ echo "ok: MHA_TARGETS=avx2 -> $(echo "$forced" | tr '\n' ' ')"
 
 stderr_file=$(mktemp)
 trap 'rm -f "$stderr_file"' EXIT
-bogus=$(MHA_TARGETS=NOT_A_TARGET "$bench" --version 2> "$stderr_file")
+bogus=$(MHA_TARGETS=NOT_A_TARGET "${wrapper[@]}" "$bench" --version 2> "$stderr_file")
 message=$(cat "$stderr_file")
 case "$message" in
   *"MHA_TARGETS"*"NOT_A_TARGET"*"ignored"*) ;;
