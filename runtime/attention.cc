@@ -744,14 +744,6 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
   }
   sh->S = sh->k.tokens;
   sh->St = sh->S + Extra();
-  auto same_view = [](const TensorView& a, const TensorView& b) {
-    if (a.data != b.data || a.rank != b.rank) return false;
-    for (int i = 0; i < a.rank; ++i) {
-      if (a.shape[i] != b.shape[i] || a.strides[i] != b.strides[i]) return false;
-    }
-    return true;
-  };
-  sh->self_attention = same_view(q, kt) && same_view(kt, vt);
   auto same_shape = [](const TensorView& a, const TensorView& b) {
     if (a.rank != b.rank) return false;
     for (int i = 0; i < a.rank; ++i) {
@@ -759,6 +751,14 @@ Status MultiheadAttention::Impl::Validate(const AttentionInputs& in, const Atten
     }
     return true;
   };
+  auto same_view = [&](const TensorView& a, const TensorView& b) {
+    if (a.data != b.data || !same_shape(a, b)) return false;
+    for (int i = 0; i < a.rank; ++i) {
+      if (a.strides[i] != b.strides[i]) return false;
+    }
+    return true;
+  };
+  sh->self_attention = same_view(q, kt) && same_view(kt, vt);
   sh->self_possible = same_shape(q, kt) && same_shape(kt, vt);
 
   // Sizes must stay far from overflow: N * L * S' * H (the per-head weights) in 63 bits.

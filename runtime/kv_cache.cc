@@ -325,6 +325,8 @@ KvCache::~KvCache() = default;
 
 void KvCache::Reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
+namespace {
+
 // The forward of a prompt x [N, T, E] (batch-first, as the cache takes it) as the layer reads
 // it: [N, T, E] or [T, N, E] views of the same memory.
 Status PromptView(const MultiheadAttention& layer, const TensorView& x, int64_t N, int64_t T,
@@ -338,6 +340,25 @@ Status PromptView(const MultiheadAttention& layer, const TensorView& x, int64_t 
   return TensorView::Strided(x.data, DType::kF32, 3, shape, strides, view);
 }
 
+}  // namespace
+
+void KvCache::StoreTokens(ThreadPool& pool, const float* k, const float* v,
+                          ptrdiff_t batch_stride, ptrdiff_t token_stride, int64_t T,
+                          const int64_t* counts, int64_t offset) {
+  const int64_t KVH = kv_heads_, hd = head_dim_;
+  const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, hd},
+                             {static_cast<uint8_t*>(v_), v_scales_, dtype_, hd}};
+  pool.ParallelFor(static_cast<uint64_t>(batch_ * KVH), [&](uint64_t task, size_t /*worker*/) {
+    const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
+    const int64_t c = counts != nullptr ? counts[n] : T;
+    const int64_t row0 = (n * KVH + g) * capacity_ + lengths_[static_cast<size_t>(n)] + offset;
+    for (int mat = 0; mat < 2; ++mat) {
+      const float* src = (mat == 0 ? k : v) + n * batch_stride + g * hd;
+      for (int64_t t = 0; t < c; ++t) StoreRow(src + t * token_stride, rows[mat], row0 + t);
+    }
+  });
+}
+
 Status KvCache::Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
                         const TensorView& output, int64_t T) {
   AttentionInputs in;
@@ -348,22 +369,11 @@ Status KvCache::Prefill(Context& ctx, const MultiheadAttention& layer, const Ten
   in.causal = true;
   // Keys and values go into the cache as the forward projects them, in tasks over (entry, kv
   // head); nothing else in the cache changes until the forward succeeds.
+  // (Every length is 0 here: the keys of positions [begin, end) go to positions begin + t.)
   auto store = [](void* user, Context& c, const ProjectedKv& kv) {
-    KvCache& cache = *static_cast<KvCache*>(user);
-    const int64_t KVH = cache.kv_heads_, hd = cache.head_dim_;
-    const CacheRows rows[2] = {
-        {static_cast<uint8_t*>(cache.k_), cache.k_scales_, cache.dtype_, hd},
-        {static_cast<uint8_t*>(cache.v_), cache.v_scales_, cache.dtype_, hd}};
-    c.pool().ParallelFor(static_cast<uint64_t>(cache.batch_ * KVH), [&](uint64_t task, size_t) {
-      const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
-      const int64_t row0 = (n * KVH + g) * cache.capacity_;
-      for (int mat = 0; mat < 2; ++mat) {
-        const float* src = (mat == 0 ? kv.k : kv.v) + n * kv.batch_stride + g * hd;
-        for (int64_t p = kv.begin; p < kv.end; ++p) {
-          StoreRow(src + (p - kv.begin) * kv.token_stride, rows[mat], row0 + p);
-        }
-      }
-    });
+    static_cast<KvCache*>(user)->StoreTokens(c.pool(), kv.k, kv.v, kv.batch_stride,
+                                             kv.token_stride, kv.end - kv.begin, nullptr,
+                                             kv.begin);
   };
   s = ForwardWithKvSink(layer, ctx, in, out, store, this);
   if (!s.ok()) return s;
@@ -641,19 +651,8 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   // ---- 2. Store the new keys and values.
   const size_t elem = DTypeSize(dtype_);
   const ptrdiff_t head_stride = static_cast<ptrdiff_t>(capacity_ * hd);  // elements per (n, g)
-  const CacheRows rows_kv[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, hd},
-                                {static_cast<uint8_t*>(v_), v_scales_, dtype_, hd}};
   if (append) {
-    pool.ParallelFor(static_cast<uint64_t>(N * KVH), [&](uint64_t task, size_t /*worker*/) {
-      const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
-      const int64_t c = counts != nullptr ? counts[n] : T;
-      const int64_t len = lengths_[static_cast<size_t>(n)];
-      const int64_t row0 = (n * KVH + g) * capacity_ + len;
-      for (int mat = 0; mat < 2; ++mat) {
-        const float* src = (mat == 0 ? k_new : v_new) + n * T * kvE + g * hd;
-        for (int64_t t = 0; t < c; ++t) StoreRow(src + t * kvE, rows_kv[mat], row0 + t);
-      }
-    });
+    StoreTokens(pool, k_new, v_new, T * kvE, kvE, T, counts, 0);
     for (int64_t n = 0; n < N; ++n) {
       lengths_[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
     }

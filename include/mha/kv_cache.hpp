@@ -146,6 +146,12 @@ class MHA_API KvCache {
   Status Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
                  const TensorView* key, const TensorView* value, const TensorView* output,
                  const int64_t* counts, const char* op);
+  // Stores projected keys and values, f32 [N, T, kvE] (entry n's token t at k + n * batch_stride
+  // + t * token_stride elements, likewise v), in the storage type: count_n tokens of entry n
+  // (counts null: T) at positions length(n) + offset + t, in tasks over (entry, kv head) on
+  // `pool`. Lengths are left to the caller.
+  void StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrdiff_t batch_stride,
+                   ptrdiff_t token_stride, int64_t T, const int64_t* counts, int64_t offset);
   // A validated Step of T prompt tokens into an empty cache: the layer's causal forward, which
   // stores its projected keys and values here as it goes.
   Status Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
