@@ -183,47 +183,70 @@ HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c,
   }
 }
 
-// One step of row r of a tile: s_c += x * v_c for the first kC vectors. x is pinned to a
+// The kC accumulators of one row of a tile, named (no arrays: SVE vectors are sizeless types,
+// and with an array GCC 12 stored every accumulator to the stack on each k step: a throwaway
+// AVX2 6 x 2 tile ran at 35 instead of 99 GFLOP/s). Unused ones are dropped by the compiler.
+template <class V>
+struct RowAcc {
+  V s0, s1, s2, s3;
+};
+
+// One step of a row of a tile: s_c += x * v_c for the first kC vectors. x is pinned to a
 // register (gemv_detail::KeepInRegister): otherwise GCC folds its broadcast into each
 // multiply-add as a memory operand, one load per multiply-add.
 template <size_t kC, class V>
-HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3) {
+HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, RowAcc<V>& r) {
   if constexpr (kC > 1) KeepInRegister(x);
-  s0 = hn::MulAdd(x, v0, s0);
-  if constexpr (kC > 1) s1 = hn::MulAdd(x, v1, s1);
-  if constexpr (kC > 2) s2 = hn::MulAdd(x, v2, s2);
-  if constexpr (kC > 3) s3 = hn::MulAdd(x, v3, s3);
+  r.s0 = hn::MulAdd(x, v0, r.s0);
+  if constexpr (kC > 1) r.s1 = hn::MulAdd(x, v1, r.s1);
+  if constexpr (kC > 2) r.s2 = hn::MulAdd(x, v2, r.s2);
+  if constexpr (kC > 3) r.s3 = hn::MulAdd(x, v3, r.s3);
 }
 
-// The kR x kC tile (kR in 1..6, kC in 1..4). The accumulators are named variables, not an
-// array indexed in loops: with an array GCC 12 stored every accumulator to the stack on each k
-// step (a throwaway AVX2 6 x 2 tile ran at 35 instead of 99 GFLOP/s); unused ones are dropped
-// by the compiler. Not inlined, so that each tile shape gets all the registers (as
-// gemv_detail::Tile).
+// Row kI of a kR-row tile: its step if the tile has that row. a_row: the row's first element.
+template <size_t kI, size_t kR, size_t kC, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void StepIf(DF df, const float* HWY_RESTRICT a_row, ptrdiff_t ao, V v0, V v1, V v2,
+                       V v3, RowAcc<V>& r) {
+  if constexpr (kI < kR) RowStep<kC>(hn::Set(df, a_row[ao]), v0, v1, v2, v3, r);
+}
+
+// Stores row kI of a kR-row tile if the tile has that row (see Tile).
+template <size_t kI, size_t kR, size_t kC, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void StoreIf(DF df, const TileArgs& t, bool whole, const RowAcc<V>& r) {
+  if constexpr (kI < kR) {
+    if (whole) {
+      float* HWY_RESTRICT c = t.c + static_cast<ptrdiff_t>(kI) * t.c_rs;
+      float* HWY_RESTRICT c2 = t.c2 != nullptr ? t.c2 + static_cast<ptrdiff_t>(kI) * t.c2_rs : nullptr;
+      StoreWholeRow<kC>(df, t, c, c2, r.s0, r.s1, r.s2, r.s3);
+    } else {
+      StoreRow<kC>(df, r.s0, r.s1, r.s2, r.s3, t, kI);
+    }
+  }
+}
+
+// The kR x kC tile (kR in 1..kRows, kC in 1..4). Not inlined, so that each tile shape gets all
+// the registers (as gemv_detail::Tile).
 template <size_t kR, size_t kC, class DF>
 HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
   static_assert(kR >= 1 && kR <= kRows, "tile rows: 1..6");
   static_assert(kC >= 1 && kC <= 4, "tile vectors: 1..4");
   using V = hn::Vec<DF>;
+  // Row i of a at a_i; rows past kR alias row 0 and are never read.
+  const ptrdiff_t rs = kR > 1 ? t.a_rs : 0;
   const float* HWY_RESTRICT a0 = t.a;
-  const float* HWY_RESTRICT a1 = kR > 1 ? a0 + t.a_rs : a0;
-  const float* HWY_RESTRICT a2 = kR > 2 ? a1 + t.a_rs : a0;
-  const float* HWY_RESTRICT a3 = kR > 3 ? a2 + t.a_rs : a0;
-  const float* HWY_RESTRICT a4 = kR > 4 ? a3 + t.a_rs : a0;
-  const float* HWY_RESTRICT a5 = kR > 5 ? a4 + t.a_rs : a0;
+  const float* HWY_RESTRICT a1 = a0 + rs;
+  const float* HWY_RESTRICT a2 = a1 + rs;
+  const float* HWY_RESTRICT a3 = a2 + rs;
+  const float* HWY_RESTRICT a4 = a3 + rs;
+  const float* HWY_RESTRICT a5 = a4 + rs;
   const float* HWY_RESTRICT b0 = t.b[0];
   const float* HWY_RESTRICT b1 = kC > 1 ? t.b[1] : b0;
   const float* HWY_RESTRICT b2 = kC > 2 ? t.b[2] : b0;
   const float* HWY_RESTRICT b3 = kC > 3 ? t.b[3] : b0;
   const ptrdiff_t a_cs = t.a_cs;
   const size_t step = t.b_step;
-  // Named accumulators and vectors (no arrays: SVE vectors are sizeless types).
-  V s00 = hn::Zero(df), s01 = s00, s02 = s00, s03 = s00;
-  V s10 = s00, s11 = s00, s12 = s00, s13 = s00;
-  V s20 = s00, s21 = s00, s22 = s00, s23 = s00;
-  V s30 = s00, s31 = s00, s32 = s00, s33 = s00;
-  V s40 = s00, s41 = s00, s42 = s00, s43 = s00;
-  V s50 = s00, s51 = s00, s52 = s00, s53 = s00;
+  const V z = hn::Zero(df);
+  RowAcc<V> r0{z, z, z, z}, r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0;
   // One offset into a's rows and one into b's vectors for all of them (base + index
   // addressing): a pointer per row and per vector advanced separately cost seven more integer
   // adds per k step on 5 x 2, which measured ~6% slower.
@@ -241,32 +264,21 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
       if constexpr (kC > 2) KeepInRegister(v2);
       if constexpr (kC > 3) KeepInRegister(v3);
     }
-    RowStep<kC>(hn::Set(df, a0[ao]), v0, v1, v2, v3, s00, s01, s02, s03);
-    if constexpr (kR > 1) RowStep<kC>(hn::Set(df, a1[ao]), v0, v1, v2, v3, s10, s11, s12, s13);
-    if constexpr (kR > 2) RowStep<kC>(hn::Set(df, a2[ao]), v0, v1, v2, v3, s20, s21, s22, s23);
-    if constexpr (kR > 3) RowStep<kC>(hn::Set(df, a3[ao]), v0, v1, v2, v3, s30, s31, s32, s33);
-    if constexpr (kR > 4) RowStep<kC>(hn::Set(df, a4[ao]), v0, v1, v2, v3, s40, s41, s42, s43);
-    if constexpr (kR > 5) RowStep<kC>(hn::Set(df, a5[ao]), v0, v1, v2, v3, s50, s51, s52, s53);
+    StepIf<0, kR, kC>(df, a0, ao, v0, v1, v2, v3, r0);
+    StepIf<1, kR, kC>(df, a1, ao, v0, v1, v2, v3, r1);
+    StepIf<2, kR, kC>(df, a2, ao, v0, v1, v2, v3, r2);
+    StepIf<3, kR, kC>(df, a3, ao, v0, v1, v2, v3, r3);
+    StepIf<4, kR, kC>(df, a4, ao, v0, v1, v2, v3, r4);
+    StepIf<5, kR, kC>(df, a5, ao, v0, v1, v2, v3, r5);
   }
-  if (t.c_cs == 1 && t.cols == kC * hn::Lanes(df)) {
-    // c2 (null when there is none) advances with c; one copy of the stores per tile shape.
-    float* HWY_RESTRICT c = t.c;
-    float* HWY_RESTRICT c2 = t.c2;
-    const auto next2 = [&t](float* row) { return row != nullptr ? row + t.c2_rs : nullptr; };
-    StoreWholeRow<kC>(df, t, c, c2, s00, s01, s02, s03);
-    if constexpr (kR > 1) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s10, s11, s12, s13);
-    if constexpr (kR > 2) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s20, s21, s22, s23);
-    if constexpr (kR > 3) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s30, s31, s32, s33);
-    if constexpr (kR > 4) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s40, s41, s42, s43);
-    if constexpr (kR > 5) StoreWholeRow<kC>(df, t, c += t.c_rs, c2 = next2(c2), s50, s51, s52, s53);
-    return;
-  }
-  StoreRow<kC>(df, s00, s01, s02, s03, t, 0);
-  if constexpr (kR > 1) StoreRow<kC>(df, s10, s11, s12, s13, t, 1);
-  if constexpr (kR > 2) StoreRow<kC>(df, s20, s21, s22, s23, t, 2);
-  if constexpr (kR > 3) StoreRow<kC>(df, s30, s31, s32, s33, t, 3);
-  if constexpr (kR > 4) StoreRow<kC>(df, s40, s41, s42, s43, t, 4);
-  if constexpr (kR > 5) StoreRow<kC>(df, s50, s51, s52, s53, t, 5);
+  // Whole rows at unit column stride store without StoreAcc's checks and lane buffer.
+  const bool whole = t.c_cs == 1 && t.cols == kC * hn::Lanes(df);
+  StoreIf<0, kR, kC>(df, t, whole, r0);
+  StoreIf<1, kR, kC>(df, t, whole, r1);
+  StoreIf<2, kR, kC>(df, t, whole, r2);
+  StoreIf<3, kR, kC>(df, t, whole, r3);
+  StoreIf<4, kR, kC>(df, t, whole, r4);
+  StoreIf<5, kR, kC>(df, t, whole, r5);
 }
 
 // Rows of the next tile when `left` rows remain: full tiles while two or more remain, then the
@@ -293,7 +305,7 @@ HWY_INLINE void TileRows(DF df, size_t rows, const TileArgs& t) {
     case 5:
       return Tile<5, kC>(df, t);
     default:
-      return Tile<6, kC>(df, t);
+      return Tile<kRows, kC>(df, t);
   }
 }
 
@@ -313,6 +325,22 @@ HWY_INLINE void TileShape(DF df, size_t rows, size_t cols, const TileArgs& t) {
 }
 
 }  // namespace gemm_direct_detail
+
+// Rows of a product up to which the direct kernel beats BLIS's micro-kernel with a packed a
+// (kernels::GemmPackedB): above them the packed a pays for itself where the tile is small. x86
+// below AVX-512 (6 x 2 tiles, BLIS's haswell/zen shape): one thread, AVX2, Zen 3 class, weights
+// in cache, GFLOP/s direct / GemmPackedB: [128, 512] x [512, 256] 92.6 / 91.4; [168, 1024] x
+// [1024, 512] 90.2 / 94.1, so 128. AVX-512 (6 x 4 tiles): the direct kernel wins at every size
+// against BLIS's haswell kernel, which BLIS 0.9.0 selects on AVX-512 CPUs it does not know
+// (one thread, Emerald Rapids, bench/kernels_bench BM_GemmPackedOperand: [128, 512] x
+// [512, 512] 162-174 against 88 GFLOP/s). Other targets keep 128 (not measured).
+inline size_t PackedBDirectMaxRows() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return ~size_t{0};
+#else
+  return 128;
+#endif
+}
 
 // Whether NR-wide micro-panels are whole vectors of this target.
 inline bool PackedBDirectSupported(size_t nr) {

@@ -16,10 +16,13 @@ namespace kernels {
 
 HWY_EXPORT(PackedBDirectSupported);
 HWY_EXPORT(PackedBDirect);
+HWY_EXPORT(PackedBDirectMaxRows);
 
 bool GemmPackedBDirectSupported() {
   return HWY_DYNAMIC_DISPATCH(PackedBDirectSupported)(GemmBlocking().nr);
 }
+
+size_t GemmPackedBDirectMaxRows() { return HWY_DYNAMIC_DISPATCH(PackedBDirectMaxRows)(); }
 
 namespace {
 

@@ -45,6 +45,10 @@ namespace kernels {
 // target (kernels::ForceTarget).
 bool GemmPackedBDirectSupported();
 
+// Rows of a product by a packed b up to which GemmPackedBDirect is faster than GemmPackedB on
+// the dispatched target (measured per target: gemm_direct-inl.h); unlimited on AVX-512.
+size_t GemmPackedBDirectMaxRows();
+
 // c = alpha * a * b + beta * c with Gemm's contract for alpha and beta (beta == 0 does not read
 // c; b.k == 0 or alpha == 0 gives c = beta * c), then, if bias is not null, c[i, j] += bias[j]
 // (bias [b.n], contiguous): one more rounded add per element in the last k block's store, so

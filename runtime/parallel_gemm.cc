@@ -43,7 +43,7 @@ void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
 }
 
 bool UsesDirect(size_t rows) {
-  return rows <= kDirectMaxRows && kernels::GemmPackedBDirectSupported();
+  return kernels::GemmPackedBDirectSupported() && rows <= kernels::GemmPackedBDirectMaxRows();
 }
 
 bool StrassenPacks(size_t in, size_t out) {
@@ -259,7 +259,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
   const size_t n_jobs = std::min(num_jobs, kMaxJobs);
   kernels::PackedB packing[kMaxJobs] = {};
   bool shared[kMaxJobs] = {false};  // packed once here or prepacked: runs MultiplyPacked
-  bool direct[kMaxJobs] = {false};  // prepacked, with UsesDirect of the job's rows
+  bool direct[kMaxJobs] = {false};  // shared, with UsesDirect of the job's rows
   bool strassen[kMaxJobs] = {false};  // prepacked, Strassen panels (UsesStrassen)
   PanelShape panels[kMaxJobs] = {};
   uint64_t first_pack[kMaxJobs + 1] = {0};
@@ -288,6 +288,11 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       used += bytes;
       packs = CeilDiv(job.c.cols, packed_panel.cols);
       panels[j] = packed_panel;
+      // Only where the direct kernel wins at every size (AVX-512, with FMA): there its
+      // arithmetic is that of BLIS's 6 x 16 kernel, so the 16-bit twin of the layer (GemmHalfB
+      // through BLIS's kernel) keeps the same bits; without FMA (SSE4) it would not.
+      direct[j] = kernels::GemmPackedBDirectSupported() &&
+                  kernels::GemmPackedBDirectMaxRows() == ~size_t{0};
     }
     first_pack[j + 1] = first_pack[j] + packs;
     first_task[j + 1] = first_task[j] + PanelTasks(strassen[j] ? HalfColumns(job) : job, panels[j]);

@@ -71,21 +71,14 @@ struct WeightMatrix {
 // the GEMV's 64-column tasks balance better and GemmPackedB packs a on every call.
 inline constexpr size_t kPrepackedMinRows = kernels::kGemvMaxRows + 1;
 
-// Rows of a product up to which products by packed weights run kernels::GemmPackedBDirect (when
-// it can run): it reads a in place, where GemmPackedB packs it per call and pads the last row
-// tile to MR rows. One thread, AVX2, Zen 3 class, weights in cache, interleaved runs of a
-// throwaway loop (GFLOP/s direct / GemmPackedB / Gemv): [1, 256] x [256, 768] 31.5 / 15.5 /
-// 26.4; [4, 256] x [256, 768] 89.9 / 59.2 / 57.3; [16, 256] x [256, 768] 92.1 / 83.9 / 69.2;
-// [128, 512] x [512, 256] 92.6 / 91.4 / 61.2; [168, 1024] x [1024, 512] 90.2 / 94.1 / 55.2:
-// above ~128 rows BLIS's packed a pays for itself. The choice depends on the product's rows
-// only (a job's, not a panel's), so every panel of a product runs the same kernel.
-inline constexpr size_t kDirectMaxRows = 128;
-
-// Whether a product of `rows` rows by packed weights runs kernels::GemmPackedBDirect.
+// Whether a product of `rows` rows by packed weights runs kernels::GemmPackedBDirect: where it
+// runs, up to kernels::GemmPackedBDirectMaxRows() rows (the target's measured crossover with
+// BLIS's packed a). The choice depends on the product's rows only (a job's, not a panel's), so
+// every panel of a product runs the same kernel.
 bool UsesDirect(size_t rows);
 
 // The fewest rows of a product that multiplies prepacked weights: 1 where products of
-// kDirectMaxRows rows or fewer run kernels::GemmPackedBDirect (faster than the GEMV from one
+// small products run kernels::GemmPackedBDirect (faster than the GEMV from one
 // row), else kPrepackedMinRows.
 size_t PrepackedMinRows();
 
@@ -177,9 +170,11 @@ struct GemmJob {
 // products run as above. The results are bitwise the same either way on row-preferring
 // micro-kernels (kernels::GemmPackedB), except where the unpacked partition has an edge panel
 // of kernels::kGemvMaxRows rows or fewer (the GEMV path sums in another order); in any case
-// they do not depend on the thread count. (These products never take GemmPackedBDirect: an f32
-// layer without prepacked weights computes exactly what a 16-bit layer computes, whose
-// products pack their widened weights the same way: AttentionConfig::weight_dtype.)
+// they do not depend on the thread count. They take kernels::GemmPackedBDirect where it wins at
+// every size (AVX-512, GemmPackedBDirectMaxRows), whose arithmetic is that of the 6 x 16 BLIS kernels it needs
+// (kernels/gemm_direct.h), so an f32 layer without prepacked weights still computes exactly what
+// a 16-bit layer computes, whose products pack their widened weights through BLIS's kernel
+// (AttentionConfig::weight_dtype; tests/weights16_test.cc).
 //
 // A job with prepacked weights (b_packed, and PrepackedMinRows() rows or more per product)
 // needs neither step nor room in `packed`: each panel task (PrepackedPanelsOf) multiplies its

@@ -172,7 +172,7 @@ Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
 
 // Prepacked weights (GemmJob::b_packed): from PrepackedMinRows() rows per product, every panel
 // multiplies the packing, so the result is bitwise one MultiplyPacked call over each whole
-// product (GemmPackedBDirect for kDirectMaxRows rows or fewer where it runs, else GemmPackedB;
+// product (GemmPackedBDirect where UsesDirect, else GemmPackedB;
 // plus the bias), for any thread count and whether or not there is room to pack; fewer rows
 // take the unpacked path (GEMV) and give its bits.
 TEST(ParallelGemmTest, PrepackedWeights) {
