@@ -36,7 +36,7 @@ RESULT_FIELDS = {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_wei
                  "sgemm_gflops", "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err",
                  "rows_checked"}
 HEADER_FIELDS = {"cpu", "simd_target", "blas_arch", "threads", "mha_version", "sgemm_gflops",
-                 "date", "rounds"}
+                 "sgemm_arch", "date", "rounds"}
 ROUND_FIELDS = {"sgemm_gflops", "runs", "median_ms", "gflops", "efficiency"}
 
 
@@ -122,6 +122,15 @@ class HelpAndVersion(unittest.TestCase):
         self.assertIn("2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)", p.stdout)
         self.assertIn("4*N*L*S*E, halved when causal", p.stdout)
 
+    def test_sgemm_probe(self):
+        # The child side of the skx baseline: "<GFLOP/s> <BLIS arch>", usage errors exit 2.
+        p = run(["--sgemm-probe", "64", "1"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        gflops, arch = p.stdout.split()
+        self.assertGreater(float(gflops), 0)
+        self.assertTrue(arch)
+        self.assertEqual(run(["--sgemm-probe", "0", "1"]).returncode, 2)
+
     def test_version(self):
         p = run(["--version"])
         self.assertEqual(p.returncode, 0)
@@ -166,6 +175,13 @@ class Outputs(unittest.TestCase):
         self.assertEqual(set(header["sgemm_gflops"]), {"1", "2"})
         for g in header["sgemm_gflops"].values():
             self.assertGreater(g, 0)
+        # The baseline's BLIS configuration: BLIS's own, or skx on an AVX-512 target (measured
+        # by a child process), named in the table's header too.
+        expected = {header["blas_arch"]}
+        if header["simd_target"].startswith("AVX3"):
+            expected.add("skx")
+        self.assertIn(header["sgemm_arch"], expected)
+        self.assertIn("BLIS sgemm 64^3 (%s kernels" % header["sgemm_arch"], self.proc.stdout)
         self.assertRegex(header["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
         results = doc["results"]
         self.assertEqual([r["threads"] for r in results], [1, 2])

@@ -441,7 +441,10 @@ Measurement:
                      the BLIS baseline, then mha for 1/N of --min-time and of --min-runs
   --sgemm-size M     BLIS baseline: the fastest of 3 M x M x M sgemm products with the same
                      threads, at the start of every round, and once at the start of the run for
-                     the header (default 2048; 0 skips it and leaves efficiency empty)
+                     the header (default 2048; 0 skips it and leaves efficiency empty). On an
+                     AVX-512 target it uses BLIS's skx kernels when they are faster than the
+                     configuration BLIS selects (BLIS 0.9.0 picks its AVX2 kernels on AVX-512
+                     CPUs it does not know), measured in a child process; the header names it
   --tolerance X      max absolute error accepted against the reference (default 1e-3)
   --seed N           random seed of weights and inputs (default 42)
   --breakdown        record per-task trace events and report time per stage (see below)

@@ -84,8 +84,8 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
 
 void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
   if (h.sgemm_size > 0) {
-    std::fprintf(out, "BLIS sgemm %lld^3 (best of 3) at the start:",
-                 static_cast<long long>(h.sgemm_size));
+    std::fprintf(out, "BLIS sgemm %lld^3 (%s kernels, best of 3) at the start:",
+                 static_cast<long long>(h.sgemm_size), h.sgemm_arch.c_str());
     for (const auto& [t, g] : h.sgemm_gflops) {
       std::fprintf(out, "  %zu thread%s %.1f GFLOP/s", t, t == 1 ? "" : "s", g);
     }
@@ -203,6 +203,7 @@ json HeaderJson(const RunHeader& h) {
             {"mha_version", h.mha_version},
             {"sgemm_size", h.sgemm_size},
             {"sgemm_gflops", sgemm},
+            {"sgemm_arch", h.sgemm_arch},
             {"date", h.date},
             {"min_time_s", h.min_time_s},
             {"min_runs", h.min_runs},

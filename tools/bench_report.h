@@ -29,6 +29,7 @@ struct RunHeader {
   double load_average = -1;  // 1-minute load average at start (/proc/loadavg); < 0 unknown
   std::vector<size_t> threads;
   int64_t sgemm_size = 0;                 // 0: no baseline measured
+  std::string sgemm_arch;                 // BLIS configuration of the baseline (e.g. "skx")
   std::map<size_t, double> sgemm_gflops;  // by thread count
   double min_time_s = 0;
   int64_t min_runs = 0;

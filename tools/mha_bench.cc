@@ -105,9 +105,9 @@ class Progress {
 };
 
 // The BLIS sgemm baseline: GFLOP/s of the fastest of kSgemmReps n x n x n products on `threads`
-// threads (BLIS's own threading, one rntm_t per call). The buffers are filled first, which
-// faults their pages in, and freed on return, so that the mha runs measured after it are not
-// charged for them (peak RSS); BLIS initializes itself in the first call of the process.
+// threads (BLIS's own threading, one rntm_t per call). The buffers are filled first, which faults their pages in, and freed on
+// return, so that the mha runs measured after it are not charged for them (peak RSS); BLIS
+// initializes itself in the first call of the process.
 constexpr int kSgemmReps = 3;
 
 double MeasureSgemmGflops(size_t n, size_t threads) {
@@ -133,6 +133,64 @@ double MeasureSgemmGflops(size_t n, size_t threads) {
   const double flops =
       2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
   return best_s > 0 ? flops / best_s * 1e-9 : 0.0;
+}
+
+// The BLIS configuration of the baseline: the one BLIS selects or, when mha dispatches an
+// AVX-512 target, BLIS's skx configuration if it is faster. BLIS 0.9.0 selects its AVX2 haswell
+// kernels on AVX-512 CPUs it does not know by model (Intel Emerald Rapids: 87 GFLOP/s per core
+// against 162 with skx), which would make the baseline, and mha's efficiency against it, the
+// AVX2 one. Debian's libblis does not export the lookup of another configuration's context and
+// reads BLIS_ARCH_TYPE once per process, so the skx baseline runs in a child process
+// (`mha-bench --sgemm-probe N T` with BLIS_ARCH_TYPE set), right where the in-process one would.
+// With MHA_TARGETS forcing AVX2 the baseline stays BLIS's own choice.
+constexpr const char kSgemmProbeFlag[] = "--sgemm-probe";
+
+struct SgemmBaseline {
+  bool child = false;  // measured by a child process with BLIS's skx configuration
+  std::string arch;
+};
+
+// GFLOP/s of the skx baseline measured by a child process of this executable; 0 on failure.
+double ProbeSgemmGflops(size_t n, size_t threads) {
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (len <= 0) return 0.0;
+  exe[len] = '\0';
+  const std::string cmd = "BLIS_ARCH_TYPE=" + std::to_string(static_cast<int>(BLIS_ARCH_SKX)) +
+                          " '" + exe + "' " + kSgemmProbeFlag + " " + std::to_string(n) + " " +
+                          std::to_string(threads) + " 2>/dev/null";
+  std::FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return 0.0;
+  double gflops = 0.0;
+  char arch[32] = {};
+  const bool read = std::fscanf(pipe, "%lf %31s", &gflops, arch) == 2;
+  const int status = pclose(pipe);
+  return read && status == 0 && std::string(arch) == "skx" ? gflops : 0.0;
+}
+
+double MeasureBaseline(const SgemmBaseline& baseline, size_t n, size_t threads) {
+  return baseline.child ? ProbeSgemmGflops(n, threads) : MeasureSgemmGflops(n, threads);
+}
+
+SgemmBaseline ChooseSgemmBaseline(size_t n, size_t threads) {
+  SgemmBaseline chosen{false, OrUnknown(BlasArch())};
+  if (OrUnknown(SimdTarget()).rfind("AVX3", 0) != 0 || chosen.arch == "skx") return chosen;
+  MeasureSgemmGflops(n, threads);  // initializes BLIS, warms up
+  const double own = MeasureSgemmGflops(n, threads);
+  if (ProbeSgemmGflops(n, threads) > own) chosen = {true, "skx"};
+  return chosen;
+}
+
+// The child's side of ProbeSgemmGflops: prints "<GFLOP/s> <BLIS arch>" of the best of two
+// measurements (the first also initializes BLIS).
+int RunSgemmProbe(int argc, char** argv) {
+  if (argc != 4) return kExitUsage;
+  const long long n = std::atoll(argv[2]), threads = std::atoll(argv[3]);
+  if (n <= 0 || n > 16384 || threads <= 0 || threads > 4096) return kExitUsage;
+  const double first = MeasureSgemmGflops(static_cast<size_t>(n), static_cast<size_t>(threads));
+  const double second = MeasureSgemmGflops(static_cast<size_t>(n), static_cast<size_t>(threads));
+  std::printf("%.3f %s\n", std::max(first, second), OrUnknown(BlasArch()).c_str());
+  return kExitOk;
 }
 
 // Peak RSS per case on Linux: writing "5" to /proc/self/clear_refs resets the kernel's
@@ -205,8 +263,8 @@ struct TraceCapture {
 // this runs on the machine's speed moves by tens of percent within seconds (the baseline read
 // 90 and 155 GFLOP/s for two consecutive cases of one run), which a single baseline per case
 // turned straight into the efficiency.
-CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, PeakRss* rss,
-                   TraceCapture* capture) {
+CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, const SgemmBaseline& baseline,
+                   PeakRss* rss, TraceCapture* capture) {
   CaseResult r;
   r.shape = w.shape();
   r.threads = threads;
@@ -264,7 +322,8 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, PeakRss* 
   for (int64_t round = 0; round < rounds; ++round) {
     RoundResult rr;
     if (o.sgemm_size > 0) {
-      rr.sgemm_gflops = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), threads);
+      rr.sgemm_gflops =
+          MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), threads);
     }
     rss->Reset();
     round_ms.clear();
@@ -408,13 +467,18 @@ int Run(const BenchOptions& o) {
 
   PrintHeader(stdout, header);
   std::fflush(stdout);
+  SgemmBaseline baseline;
   if (o.sgemm_size > 0) {
+    progress.Show("choosing the BLIS configuration of the sgemm baseline...");
+    baseline = ChooseSgemmBaseline(static_cast<size_t>(o.sgemm_size),
+                                   *std::max_element(o.threads.begin(), o.threads.end()));
+    header.sgemm_arch = baseline.arch;
     for (size_t t : o.threads) {
       progress.Show("measuring the BLIS sgemm baseline (" + std::to_string(o.sgemm_size) + "^3, " +
                     std::to_string(t) + " thread(s))...");
       // Twice: the first call of the process also initializes BLIS and its packing buffers.
-      MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
-      header.sgemm_gflops[t] = MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
+      MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), t);
+      header.sgemm_gflops[t] = MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), t);
     }
     progress.Clear();
   }
@@ -451,7 +515,7 @@ int Run(const BenchOptions& o) {
         r.threads = t;
         r.error = "MultiheadAttention::Create: " + st.ToString();
       } else {
-        r = RunCase(*workload, t, o, &rss, &capture);
+        r = RunCase(*workload, t, o, baseline, &rss, &capture);
         // Right after mha's runs, on the same weights and inputs: the peers see the machine
         // in the state mha did.
         if (peers != nullptr && r.error.empty()) {
@@ -838,6 +902,7 @@ int RunDecode(const BenchOptions& o) {
 }  // namespace
 
 int Main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], kSgemmProbeFlag) == 0) return RunSgemmProbe(argc, argv);
   BenchOptions options;
   const ParseResult parsed = ParseArgs(argc, argv, &options);
   switch (parsed.action) {
