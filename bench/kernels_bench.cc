@@ -5,7 +5,9 @@
 // - GEMM (kernels/gemm.h) for the scores Q K^T, the weighted sum P V and an input projection,
 //   and a projection split into ParallelGemm's panels with and without the weights packed once;
 //   products by a packed operand through BLIS's micro-kernel and mha's direct one
-//   (kernels/gemm_direct.h) at the operator's shapes.
+//   (kernels/gemm_direct.h) at the operator's shapes;
+// - the attention core of one head (scores, online softmax, P V in strips), on every target this
+//   CPU supports, against its two products alone (BM_AttentionCore).
 //
 // Units: items/s counts elements (softmax: scores; conversions: values); bytes/s counts one read
 // and one write of each element (the kernel's minimum traffic; softmax actually makes three
@@ -16,12 +18,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/elementwise.h"
@@ -335,7 +339,88 @@ BENCHMARK(BM_GemmPackedOperand)
     ->ArgsProduct({{16}, {256}, {768}, {0, 1}})
     ->ArgsProduct({{24}, {64}, {128}, {0, 1}})
     ->ArgsProduct({{24}, {512}, {64}, {0, 1}})
-    ->ArgsProduct({{64}, {64}, {512}, {0, 1}});
+    ->ArgsProduct({{64}, {64}, {512}, {0, 1}})
+    ->ArgsProduct({{64}, {512}, {512}, {0, 1}});
+
+// The attention core of one (batch, head) alone, as the operator's online path runs it
+// (runtime/attention.cc, RunAttention): Q [L, hd], K and V [S, hd] rows of [tokens, E]-strided
+// buffers (E = 8 hd); per key block of 512 keys K^T and V packed once (kernels::PackB), then
+// strips of 24 query rows: scores = scale Q_strip K^T (kernels::GemmPackedBDirect, Q read in
+// place), kernels::OnlineSoftmaxUpdate, acc += P V; kernels::OnlineSoftmaxFinish at the end.
+// L = S = 1024, no mask. range(0): index into the targets this CPU supports (ForceTarget);
+// range(1): head_dim (64 or 128); range(2) = 1 skips the softmax (the two products alone, on
+// the same packed operands: the core's GEMM ceiling in the same process). FLOPS counts the two
+// products' 4 L S hd flops. Targets where the direct kernel does not run (NR of BLIS's
+// configuration not a multiple of the target's lanes) are skipped with the reason.
+void BM_AttentionCore(benchmark::State& state) {
+  kernels::ForceTarget(0);
+  const std::vector<int64_t> targets = kernels::SupportedTargets();
+  const size_t index = static_cast<size_t>(state.range(0));
+  if (index >= targets.size()) {
+    state.SkipWithError("this CPU supports fewer targets");
+    return;
+  }
+  kernels::ForceTarget(targets[index]);
+  state.SetLabel(std::string(kernels::TargetName(kernels::ActiveTarget())) +
+                 (state.range(2) == 1 ? " products only" : ""));
+  if (!kernels::GemmPackedBDirectSupported()) {
+    kernels::ForceTarget(0);
+    state.SkipWithError("the direct micro-kernel does not run on this target");
+    return;
+  }
+  const size_t len = 1024, hd = static_cast<size_t>(state.range(1)), ld = 8 * hd;
+  const size_t key_block = 512, strip = 24;
+  const bool softmax = state.range(2) == 0;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> q = RandomFloats(len * ld, -1.0f, 1.0f, 20);
+  std::vector<float> k = RandomFloats(len * ld, -1.0f, 1.0f, 21);
+  std::vector<float> v = RandomFloats(len * ld, -1.0f, 1.0f, 22);
+  std::vector<float> scores(strip * key_block), acc(len * hd), row_max(len), row_sum(len);
+  const auto packed_k = PackedBuffer(hd, key_block);
+  const auto packed_v = PackedBuffer(key_block, hd);
+  if (!packed_k || !packed_v) {
+    kernels::ForceTarget(0);
+    state.SkipWithError("cannot allocate the packed operands");
+    return;
+  }
+  const auto rows_of = [ld](std::vector<float>& x, size_t r0, size_t n, size_t cols) {
+    return MatrixView{x.data() + r0 * ld, n, cols, static_cast<ptrdiff_t>(ld), 1};
+  };
+  for (auto _ : state) {
+    std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
+    std::fill(row_sum.begin(), row_sum.end(), 0.0f);
+    for (size_t k0 = 0; k0 < len; k0 += key_block) {
+      const kernels::PackedB kp = kernels::PackB(rows_of(k, k0, key_block, hd).Transposed(),
+                                                 static_cast<float*>(packed_k.get()));
+      const kernels::PackedB vp =
+          kernels::PackB(rows_of(v, k0, key_block, hd), static_cast<float*>(packed_v.get()));
+      for (size_t r0 = 0; r0 < len; r0 += strip) {
+        const size_t sr = std::min(strip, len - r0);
+        const MatrixView s_view{scores.data(), sr, key_block, static_cast<ptrdiff_t>(key_block), 1};
+        const MatrixView a_view{acc.data() + r0 * hd, sr, hd, static_cast<ptrdiff_t>(hd), 1};
+        kernels::GemmPackedBDirect(scale, rows_of(q, r0, sr, hd), kp, 0.0f, s_view);
+        if (softmax) {
+          kernels::OnlineSoftmaxUpdate(scores.data(), sr, key_block,
+                                       static_cast<ptrdiff_t>(key_block), 1.0f, SoftmaxMasks(),
+                                       row_max.data() + r0, row_sum.data() + r0, a_view.data, hd,
+                                       a_view.row_stride);
+        }
+        kernels::GemmPackedBDirect(1.0f, s_view, vp, k0 == 0 ? 0.0f : 1.0f, a_view);
+      }
+    }
+    if (softmax) {
+      kernels::OnlineSoftmaxFinish(acc.data(), len, hd, static_cast<ptrdiff_t>(hd),
+                                   row_sum.data());
+    }
+    benchmark::DoNotOptimize(acc.data());
+    benchmark::ClobberMemory();
+  }
+  kernels::ForceTarget(0);
+  const double flops = 4.0 * static_cast<double>(len * len * hd);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_AttentionCore)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {64, 128}, {0, 1}});
 
 // Packed input projection: X [512 tokens, E = 512] x W^T [512, 3 E = 1536] (W stored
 // [1536, 512] as nn.Linear, read through a transposed view).
