@@ -61,14 +61,52 @@ HWY_INLINE float RowScale(const float* HWY_RESTRICT scales, size_t j) {
   }
 }
 
-// Sum of the lanes of `acc`, then the scalar tail q[hv..hd) . k[hv..hd).
-template <class Row, class DF>
-HWY_INLINE float FinishDot(DF df, hn::Vec<DF> acc, const float* HWY_RESTRICT q,
-                           const typename Row::T* HWY_RESTRICT k, size_t hv, size_t hd) {
-  float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+// The scalar tail q[hv..hd) . k[hv..hd) added in order to `sum`.
+template <class Row>
+HWY_INLINE float AddTail(float sum, const float* HWY_RESTRICT q,
+                         const typename Row::T* HWY_RESTRICT k, size_t hv, size_t hd) {
   for (size_t d = hv; d < hd; ++d) sum += q[d] * Row::Scalar(k[d]);
   return sum;
 }
+
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+// Sums of the lanes of four vectors at once, out[i] = sum of a_i's lanes: within each 128-bit
+// block a 4 x 4 transpose by interleaves folded into adds (each output lane adds lanes of one
+// input only), then the blocks added pairwise. A quarter of the shuffles of four SumOfLanes,
+// which dominated the scores of grouped-query decoding (G query rows per key). The tree an
+// input's lanes go through does not depend on the other inputs, so a sum alone (zeros beside
+// it) has the bits it has in a group.
+template <class D>
+HWY_INLINE hn::Vec<hn::Full128<float>> AddBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(d) <= 4) {
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return AddBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE void SumLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out) {
+  const V t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const V t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const hn::Repartition<double, DF> dd;
+  const auto lo = hn::InterleaveLower(dd, hn::BitCast(dd, t01), hn::BitCast(dd, t23));
+  const auto hi = hn::InterleaveUpper(dd, hn::BitCast(dd, t01), hn::BitCast(dd, t23));
+  hn::StoreU(AddBlocks(df, hn::Add(hn::BitCast(df, lo), hn::BitCast(df, hi))),
+             hn::Full128<float>(), out);
+}
+#else
+// Targets without 128-bit blocks of four lanes (scalar, EMU128, SVE's scalable vectors, Arm
+// NEON kept on Highway's reduction): one reduction per input.
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE void SumLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out) {
+  out[0] = hn::GetLane(hn::SumOfLanes(df, a0));
+  out[1] = hn::GetLane(hn::SumOfLanes(df, a1));
+  out[2] = hn::GetLane(hn::SumOfLanes(df, a2));
+  out[3] = hn::GetLane(hn::SumOfLanes(df, a3));
+}
+#endif
 
 // Four streams: both kernels split the n cache rows into four equal runs and read them side by
 // side (row i of each run in turn), then the n % 4 remaining rows in order. One sequential stream
@@ -92,6 +130,76 @@ HWY_INLINE void PrefetchStreams(const void* row, size_t bytes, size_t stream_byt
   }
 }
 
+// Query rows per pass (the G query heads of a kv head, grouped-query attention): each key or
+// value vector is loaded, and widened from 16-bit or int8, once per pass and multiplied into the
+// accumulators of every row of the pass, instead of once per row. kGroupRows rows of 4
+// accumulators (scores: 4 keys; weighted sums: 4 vectors of the output row) with 4 loaded
+// vectors: 13 registers for 2 rows on x86 below AVX-512 (16 registers), 21 for 4 rows elsewhere.
+// Each (row, key) or (row, output vector) accumulator runs the same chain of operations as with
+// one row per pass, so the results do not depend on the grouping.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kGroupRows = 2;
+#else
+constexpr size_t kGroupRows = 4;
+#endif
+
+// Four accumulators of one query row.
+template <class V>
+struct Acc4 {
+  V a0, a1, a2, a3;
+};
+
+// acc.a_i += x * v_i for the four vectors v_i.
+template <class V>
+HWY_INLINE void MulAdd4(V x, V v0, V v1, V v2, V v3, Acc4<V>& acc) {
+  acc.a0 = hn::MulAdd(x, v0, acc.a0);
+  acc.a1 = hn::MulAdd(x, v1, acc.a1);
+  acc.a2 = hn::MulAdd(x, v2, acc.a2);
+  acc.a3 = hn::MulAdd(x, v3, acc.a3);
+}
+
+// Scores of kR query rows (row r at q + r * q_stride) against keys k0..k3 (hd elements each,
+// rows i, run + i, 2 run + i, 3 run + i of the block): scores[r * score_stride + {0, run, 2 run,
+// 3 run}]; scales s0..s3 multiply the four dot products.
+template <class Row, size_t kR, class DF>
+HWY_INLINE void ScoreRows(DF df, const float* HWY_RESTRICT q, ptrdiff_t q_stride,
+                          const typename Row::T* HWY_RESTRICT k0,
+                          const typename Row::T* HWY_RESTRICT k1,
+                          const typename Row::T* HWY_RESTRICT k2,
+                          const typename Row::T* HWY_RESTRICT k3, size_t hv, size_t hd,
+                          const float (&scale)[4], size_t run, float* HWY_RESTRICT scores,
+                          ptrdiff_t score_stride) {
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  const V z = hn::Zero(df);
+  Acc4<V> x0{z, z, z, z}, x1 = x0, x2 = x0, x3 = x0;
+  const float* HWY_RESTRICT q0 = q;
+  const float* HWY_RESTRICT q1 = q0 + (kR > 1 ? q_stride : 0);
+  const float* HWY_RESTRICT q2 = q1 + (kR > 2 ? q_stride : 0);
+  const float* HWY_RESTRICT q3 = q2 + (kR > 3 ? q_stride : 0);
+  for (size_t d = 0; d < hv; d += N) {
+    const V v0 = Row::Load(df, k0 + d), v1 = Row::Load(df, k1 + d);
+    const V v2 = Row::Load(df, k2 + d), v3 = Row::Load(df, k3 + d);
+    MulAdd4(hn::LoadU(df, q0 + d), v0, v1, v2, v3, x0);
+    if constexpr (kR > 1) MulAdd4(hn::LoadU(df, q1 + d), v0, v1, v2, v3, x1);
+    if constexpr (kR > 2) MulAdd4(hn::LoadU(df, q2 + d), v0, v1, v2, v3, x2);
+    if constexpr (kR > 3) MulAdd4(hn::LoadU(df, q3 + d), v0, v1, v2, v3, x3);
+  }
+  const auto store = [&](const Acc4<V>& x, const float* HWY_RESTRICT qr, size_t r) {
+    HWY_ALIGN float sums[4];
+    SumLanes4(df, x.a0, x.a1, x.a2, x.a3, sums);
+    float* sr = scores + static_cast<ptrdiff_t>(r) * score_stride;
+    sr[0] = AddTail<Row>(sums[0], qr, k0, hv, hd) * scale[0];
+    sr[run] = AddTail<Row>(sums[1], qr, k1, hv, hd) * scale[1];
+    sr[2 * run] = AddTail<Row>(sums[2], qr, k2, hv, hd) * scale[2];
+    sr[3 * run] = AddTail<Row>(sums[3], qr, k3, hv, hd) * scale[3];
+  };
+  store(x0, q0, 0);
+  if constexpr (kR > 1) store(x1, q1, 1);
+  if constexpr (kR > 2) store(x2, q2, 2);
+  if constexpr (kR > 3) store(x3, q3, 3);
+}
+
 template <class Row>
 HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
                        const typename Row::T* HWY_RESTRICT keys, ptrdiff_t key_stride,
@@ -111,21 +219,20 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
     const T* k2 = k1 + run_stride;
     const T* k3 = k2 + run_stride;
     PrefetchStreams(k0, hd * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
-    for (size_t r = 0; r < rows; ++r) {
-      const float* qr = q + static_cast<ptrdiff_t>(r) * q_stride;
-      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-      for (size_t d = 0; d < hv; d += N) {
-        const auto vq = hn::LoadU(df, qr + d);
-        a0 = hn::MulAdd(vq, Row::Load(df, k0 + d), a0);
-        a1 = hn::MulAdd(vq, Row::Load(df, k1 + d), a1);
-        a2 = hn::MulAdd(vq, Row::Load(df, k2 + d), a2);
-        a3 = hn::MulAdd(vq, Row::Load(df, k3 + d), a3);
-      }
-      float* sr = scores + static_cast<ptrdiff_t>(r) * score_stride + i;
-      sr[0] = FinishDot<Row>(df, a0, qr, k0, hv, hd) * RowScale<Row>(key_scales, i);
-      sr[run] = FinishDot<Row>(df, a1, qr, k1, hv, hd) * RowScale<Row>(key_scales, run + i);
-      sr[2 * run] = FinishDot<Row>(df, a2, qr, k2, hv, hd) * RowScale<Row>(key_scales, 2 * run + i);
-      sr[3 * run] = FinishDot<Row>(df, a3, qr, k3, hv, hd) * RowScale<Row>(key_scales, 3 * run + i);
+    const float scale[4] = {RowScale<Row>(key_scales, i), RowScale<Row>(key_scales, run + i),
+                            RowScale<Row>(key_scales, 2 * run + i),
+                            RowScale<Row>(key_scales, 3 * run + i)};
+    size_t r = 0;
+    for (; r + kGroupRows <= rows; r += kGroupRows) {
+      ScoreRows<Row, kGroupRows>(df, q + static_cast<ptrdiff_t>(r) * q_stride, q_stride, k0, k1,
+                                 k2, k3, hv, hd, scale, run,
+                                 scores + static_cast<ptrdiff_t>(r) * score_stride + i,
+                                 score_stride);
+    }
+    for (; r < rows; ++r) {
+      ScoreRows<Row, 1>(df, q + static_cast<ptrdiff_t>(r) * q_stride, q_stride, k0, k1, k2, k3,
+                        hv, hd, scale, run, scores + static_cast<ptrdiff_t>(r) * score_stride + i,
+                        score_stride);
     }
   }
   // Remaining keys: the same operations per key as above.
@@ -136,10 +243,70 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
       auto a0 = hn::Zero(df);
       for (size_t d = 0; d < hv; d += N)
         a0 = hn::MulAdd(hn::LoadU(df, qr + d), Row::Load(df, k0 + d), a0);
+      // Through the same reduction as the keys above (the zeros beside it change nothing).
+      HWY_ALIGN float sums[4];
+      SumLanes4(df, a0, hn::Zero(df), hn::Zero(df), hn::Zero(df), sums);
       scores[static_cast<ptrdiff_t>(r) * score_stride + j] =
-          FinishDot<Row>(df, a0, qr, k0, hv, hd) * RowScale<Row>(key_scales, j);
+          AddTail<Row>(sums[0], qr, k0, hv, hd) * RowScale<Row>(key_scales, j);
     }
   }
+}
+
+// acc rows [r, r + kR) (row i at ar + i * acc_stride, weights at pr + i * p_stride), output
+// columns [d, d + 4N): += sum_j weight_j v_j over the n rows in WeightedValues' order, each value
+// vector loaded once for the kR rows. prefetch: request the streams ahead (the first pass over
+// this block of columns streams V from memory; later passes find it in cache).
+template <class Row, size_t kR, class DF, class Weight>
+HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
+                             const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
+                             size_t n, size_t run, const Weight& weight, bool prefetch,
+                             float* HWY_RESTRICT ar, ptrdiff_t acc_stride) {
+  using T = typename Row::T;
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
+  const size_t tail = kStreams * run;
+  const auto load = [&](size_t r) {
+    float* a = ar + static_cast<ptrdiff_t>(r) * acc_stride;
+    return Acc4<V>{hn::LoadU(df, a), hn::LoadU(df, a + N), hn::LoadU(df, a + 2 * N),
+                   hn::LoadU(df, a + 3 * N)};
+  };
+  Acc4<V> x0 = load(0), x1 = x0, x2 = x0, x3 = x0;
+  if constexpr (kR > 1) x1 = load(1);
+  if constexpr (kR > 2) x2 = load(2);
+  if constexpr (kR > 3) x3 = load(3);
+  const float* HWY_RESTRICT p0 = pr;
+  const float* HWY_RESTRICT p1 = p0 + (kR > 1 ? p_stride : 0);
+  const float* HWY_RESTRICT p2 = p1 + (kR > 2 ? p_stride : 0);
+  const float* HWY_RESTRICT p3 = p2 + (kR > 3 ? p_stride : 0);
+  // Value row j (at v) into every row of the pass.
+  const auto step = [&](const T* HWY_RESTRICT v, size_t j) {
+    const V v0 = Row::Load(df, v), v1 = Row::Load(df, v + N);
+    const V v2 = Row::Load(df, v + 2 * N), v3 = Row::Load(df, v + 3 * N);
+    MulAdd4(hn::Set(df, weight(p0, j)), v0, v1, v2, v3, x0);
+    if constexpr (kR > 1) MulAdd4(hn::Set(df, weight(p1, j)), v0, v1, v2, v3, x1);
+    if constexpr (kR > 2) MulAdd4(hn::Set(df, weight(p2, j)), v0, v1, v2, v3, x2);
+    if constexpr (kR > 3) MulAdd4(hn::Set(df, weight(p3, j)), v0, v1, v2, v3, x3);
+  };
+  // Rows i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
+  const T* v = values;
+  for (size_t i = 0; i < run; ++i, v += value_stride) {
+    if (prefetch) PrefetchStreams(v, 4 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
+    for (size_t s = 0; s < kStreams; ++s) step(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
+  }
+  v = values + static_cast<ptrdiff_t>(tail) * value_stride;
+  for (size_t j = tail; j < n; ++j, v += value_stride) step(v, j);
+  const auto store = [&](const Acc4<V>& x, size_t r) {
+    float* a = ar + static_cast<ptrdiff_t>(r) * acc_stride;
+    hn::StoreU(x.a0, df, a);
+    hn::StoreU(x.a1, df, a + N);
+    hn::StoreU(x.a2, df, a + 2 * N);
+    hn::StoreU(x.a3, df, a + 3 * N);
+  };
+  store(x0, 0);
+  if constexpr (kR > 1) store(x1, 1);
+  if constexpr (kR > 2) store(x2, 2);
+  if constexpr (kR > 3) store(x3, 3);
 }
 
 template <class Row>
@@ -157,41 +324,26 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
   auto weight = [value_scales](const float* pr, size_t j) {
     return pr[j] * RowScale<Row>(value_scales, j);
   };
+  // Output columns in blocks of four vectors, kGroupRows rows per pass (WeightedRows), in the
+  // order i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
+  const size_t d4 = hd / (4 * N) * (4 * N);
+  for (size_t d = 0; d < d4; d += 4 * N) {
+    size_t r = 0;
+    for (; r + kGroupRows <= rows; r += kGroupRows) {
+      WeightedRows<Row, kGroupRows>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride,
+                                    values + d, value_stride, n, run, weight, r == 0,
+                                    acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
+    }
+    for (; r < rows; ++r) {
+      WeightedRows<Row, 1>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride, values + d,
+                           value_stride, n, run, weight, r == 0,
+                           acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
+    }
+  }
   for (size_t r = 0; r < rows; ++r) {
     const float* pr = p + static_cast<ptrdiff_t>(r) * p_stride;
     float* ar = acc + static_cast<ptrdiff_t>(r) * acc_stride;
-    size_t d = 0;
-    // Four vectors of the output row stay in registers over all n value rows, taken in the order
-    // i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
-    for (; d + 4 * N <= hd; d += 4 * N) {
-      auto a0 = hn::LoadU(df, ar + d), a1 = hn::LoadU(df, ar + d + N);
-      auto a2 = hn::LoadU(df, ar + d + 2 * N), a3 = hn::LoadU(df, ar + d + 3 * N);
-      const T* v = values + d;
-      for (size_t i = 0; i < run; ++i, v += value_stride) {
-        // The first row pass streams V from memory; later rows find it in cache.
-        if (r == 0) PrefetchStreams(v, 4 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
-        for (size_t s = 0; s < kStreams; ++s) {
-          const T* vs = v + static_cast<ptrdiff_t>(s) * run_stride;
-          const auto pj = hn::Set(df, weight(pr, s * run + i));
-          a0 = hn::MulAdd(pj, Row::Load(df, vs), a0);
-          a1 = hn::MulAdd(pj, Row::Load(df, vs + N), a1);
-          a2 = hn::MulAdd(pj, Row::Load(df, vs + 2 * N), a2);
-          a3 = hn::MulAdd(pj, Row::Load(df, vs + 3 * N), a3);
-        }
-      }
-      v = values + d + static_cast<ptrdiff_t>(tail) * value_stride;
-      for (size_t j = tail; j < n; ++j, v += value_stride) {
-        const auto pj = hn::Set(df, weight(pr, j));
-        a0 = hn::MulAdd(pj, Row::Load(df, v), a0);
-        a1 = hn::MulAdd(pj, Row::Load(df, v + N), a1);
-        a2 = hn::MulAdd(pj, Row::Load(df, v + 2 * N), a2);
-        a3 = hn::MulAdd(pj, Row::Load(df, v + 3 * N), a3);
-      }
-      hn::StoreU(a0, df, ar + d);
-      hn::StoreU(a1, df, ar + d + N);
-      hn::StoreU(a2, df, ar + d + 2 * N);
-      hn::StoreU(a3, df, ar + d + 3 * N);
-    }
+    size_t d = d4;
     for (; d + N <= hd; d += N) {
       auto a0 = hn::LoadU(df, ar + d);
       const T* v = values + d;

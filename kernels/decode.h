@@ -17,7 +17,8 @@
 // depends on the rows and n of the call (its summation order below), never on anything else.
 // Both may differ between SIMD targets (lane count changes the summation order).
 // - QueryKeyScores: lane-wise multiply-adds (fused where the target has FMA) over hd in
-//   increasing order, then a sum over lanes, then the hd % lanes remaining products added in
+//   increasing order, then a sum over lanes (on x86: a fixed tree, pairs of lanes within each
+//   128-bit block, then the blocks pairwise), then the hd % lanes remaining products added in
 //   order. Error against the exact dot product of the f32 values:
 //   <= 2 * (hd + 4) * 2^-24 * sum_d |q_d k_d|.
 // - AccumulateWeightedValues: acc[d] + sum_j p_j v_jd by multiply-adds, one running sum, in an

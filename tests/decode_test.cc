@@ -103,7 +103,7 @@ TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
     for (CacheType type : kTypes) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67}) {
         for (size_t n : {1, 3, 4, 5, 13, 67, 70}) {
-          for (size_t rows : {1, 3, 5}) {
+          for (size_t rows : {1, 3, 5, 8}) {
             SCOPED_TRACE(::testing::Message()
                          << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
             const size_t key_stride = hd + 3, q_stride = hd + 1, s_stride = n + 2;
@@ -168,7 +168,7 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
     for (CacheType type : kTypes) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67, 130}) {
         for (size_t n : {1, 2, 4, 5, 13, 67, 70, 256}) {
-          for (size_t rows : {1, 4}) {
+          for (size_t rows : {1, 3, 4, 8}) {
             SCOPED_TRACE(::testing::Message()
                          << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
             const size_t v_stride = hd + 5, p_stride = n + 1, a_stride = hd + 2;
