@@ -4,8 +4,10 @@
 --trace file (valid Chrome trace JSON, one thread_name lane per worker, "X" events named after
 the operator's stages), --compare with a stand-in peer script (MHA_BENCH_PEER_SCRIPT, so no peer
 library is needed) and, where Debian's torch is installed, with tools/peers.py's torch peer, and
-the --decode suite (its arguments, table, JSON and CSV). Never asserts a time, only that times
-are positive and ordered.
+the --decode suite (its arguments, table, JSON and CSV, its prefill rows, and --compare ort,sdpa
+with a stand-in decode peer that recomputes mha's step from the data file, and with the real
+peers where the peers venv exists, or their notes where it does not). Never asserts a time,
+only that times are positive and ordered.
 
     /usr/bin/python3 tests/mha_bench_test.py build/tools/mha-bench
 
@@ -81,8 +83,13 @@ class ArgumentErrors(unittest.TestCase):
         (["--compare", "torch,onnx"], "'onnx' in 'torch,onnx'"),
         (["--compare"], "--compare: expected a value"),
         (["--compare-torch=1"], "--compare-torch"),
-        (["--decode", "--compare", "ort"], "--decode"),
+        (["--decode", "--compare", "torch"], "--decode: expected --compare peers among ort, sdpa"),
+        (["--decode", "--compare", "ort,openvino"], "'openvino'"),
         (["--decode", "--compare-torch"], "--decode"),
+        (["--prefill", "512"], "--prefill: expected --decode as well"),
+        (["--decode", "--prefill", "0"], "--prefill"),
+        (["--decode", "--prefill", "64,64"], "--prefill"),
+        (["--decode", "--prefill", "all"], "--prefill"),
     ]
 
     def test_bad_arguments_exit_2_with_one_line(self):
@@ -355,34 +362,42 @@ PEER_FIELDS = {"median_ms", "p10_ms", "p90_ms", "runs", "ratio", "max_abs_err", 
 PEERS = ["torch", "sdpa", "ort", "openvino", "openvino-bf16"]
 
 
+def run_with_peers(bench_args, script, extra_env=None, timeout=120):
+    """Runs mha-bench with bench_args and --json/--csv in a temporary directory (also its
+    TMPDIR), `script` (text; None: mha-bench's own choice of script and interpreter) being the
+    peer script this interpreter runs. Returns the process, the calls the script logged, the
+    JSON document, the CSV rows and the peers' data directories left behind."""
+    with tempfile.TemporaryDirectory() as d:
+        log, jpath, cpath = (os.path.join(d, n) for n in ("log", "r.json", "r.csv"))
+        env = dict(os.environ, FAKE_PEERS_LOG=log, TMPDIR=d)
+        if script is not None:
+            path = os.path.join(d, "fake.py")
+            with open(path, "w") as f:
+                f.write(script)
+            env.update(MHA_BENCH_PEER_SCRIPT=path, MHA_BENCH_PEER_PYTHON=sys.executable)
+        env.update(extra_env or {})
+        p = subprocess.run(WRAPPER + [BENCH] + bench_args + ["--json", jpath, "--csv", cpath],
+                           capture_output=True, text=True, timeout=timeout, env=env)
+        calls, doc, rows = [], None, None
+        if os.path.exists(log):
+            with open(log) as f:
+                calls = [json.loads(line) for line in f]
+        if os.path.exists(jpath):
+            with open(jpath) as f:
+                doc = json.load(f)
+        if os.path.exists(cpath):
+            with open(cpath, newline="") as f:
+                rows = list(csv.DictReader(f))
+        leftovers = [n for n in os.listdir(d) if n.startswith("mha-bench-peers")]
+    return p, calls, doc, rows, leftovers
+
+
 class Compare(unittest.TestCase):
     """--compare through the stand-in script: one call per peer, case and thread count, right
     after that case, on the case's data; the ratio, agreement, notes and empty cells."""
 
     def run_fake(self, compare_args, extra_env=None):
-        with tempfile.TemporaryDirectory() as d:
-            script, log, jpath, cpath = (os.path.join(d, n)
-                                         for n in ("fake.py", "log", "r.json", "r.csv"))
-            with open(script, "w") as f:
-                f.write(FAKE_PEERS)
-            env = dict(os.environ, MHA_BENCH_PEER_SCRIPT=script, FAKE_PEERS_LOG=log,
-                       MHA_BENCH_PEER_PYTHON=sys.executable, TMPDIR=d)
-            env.update(extra_env or {})
-            p = subprocess.run(WRAPPER + [BENCH] + TINY + ["--threads", "1,2", "--json", jpath,
-                                                           "--csv", cpath] + compare_args,
-                               capture_output=True, text=True, timeout=120, env=env)
-            calls, doc, rows = [], None, None
-            if os.path.exists(log):
-                with open(log) as f:
-                    calls = [json.loads(line) for line in f]
-            if os.path.exists(jpath):
-                with open(jpath) as f:
-                    doc = json.load(f)
-            if os.path.exists(cpath):
-                with open(cpath, newline="") as f:
-                    rows = list(csv.DictReader(f))
-            leftovers = [n for n in os.listdir(d) if n.startswith("mha-bench-peers")]
-        return p, calls, doc, rows, leftovers
+        return run_with_peers(TINY + ["--threads", "1,2"] + compare_args, FAKE_PEERS, extra_env)
 
     def test_all_peers(self):
         p, calls, doc, rows, leftovers = self.run_fake(["--compare", "all"])
@@ -581,7 +596,9 @@ class Decode(unittest.TestCase):
     def test_help_documents_decode(self):
         p = run(["--help"])
         for text in ["--decode", "--contexts", "--batches", "tokens/s", "copy bandwidth",
-                     "read bandwidth", "int8", "AppendProjected"]:
+                     "read bandwidth", "int8", "AppendProjected", "--prefill LIST", "step/fwd",
+                     "GroupQueryAttention", "IOBinding", "seqlens_k", "total_sequence_length",
+                     "enable_gqa", "<peer>/mha"]:
             self.assertIn(text, p.stdout)
 
     def test_json_csv_and_table(self):
@@ -589,7 +606,8 @@ class Decode(unittest.TestCase):
             jpath = os.path.join(tmp, "d.json")
             cpath = os.path.join(tmp, "d.csv")
             p = run(["--decode", "--contexts", "16,300", "--batches", "1,2", "--threads", "1,2",
-                     "--min-time", "0", "--min-runs", "2", "--json", jpath, "--csv", cpath])
+                     "--min-time", "0", "--min-runs", "2", "--prefill", "none", "--json", jpath,
+                     "--csv", cpath])
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("copy bandwidth", p.stdout)
             self.assertIn("read bandwidth", p.stdout)
@@ -601,6 +619,10 @@ class Decode(unittest.TestCase):
             with open(cpath) as f:
                 rows = list(csv.DictReader(f))
         self.assertEqual(doc["header"]["mode"], "decode")
+        self.assertNotIn("compare", doc["header"])
+        self.assertEqual(doc["prefill"], [])
+        self.assertNotIn("prefill", p.stdout)
+        self.assertNotIn("ort_ms", p.stdout)
         self.assertEqual(set(doc["header"]["copy_gbs"]), {"1", "2"})
         self.assertEqual(set(doc["header"]["read_gbs"]), {"1", "2"})
         results = doc["results"]
@@ -643,21 +665,223 @@ class Decode(unittest.TestCase):
         self.assertEqual({k for (_, _, k, _, _) in seen}, {16, 4})
         self.assertEqual(set(rows[0]), self.DECODE_FIELDS)
 
-    def test_sixteen_bit_weights(self):
+    def run_json(self, args):
+        """mha-bench with `args` and --json; the process (exit status 0) and the document."""
         with tempfile.TemporaryDirectory() as tmp:
             jpath = os.path.join(tmp, "d.json")
-            p = run(["--decode", "--contexts", "40", "--batches", "1", "--threads", "1",
-                     "--min-time", "0", "--min-runs", "1", "--weights-dtype", "bf16",
-                     "--json", jpath])
+            p = run(args + ["--json", jpath])
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("weights: bf16", p.stdout)
             with open(jpath) as f:
-                results = json.load(f)["results"]
+                return p, json.load(f)
+
+    def test_sixteen_bit_weights(self):
+        p, doc = self.run_json(["--decode", "--contexts", "40", "--batches", "1", "--threads",
+                                "1", "--min-time", "0", "--min-runs", "1", "--weights-dtype",
+                                "bf16", "--prefill", "none"])
+        self.assertIn("weights: bf16", p.stdout)
+        results = doc["results"]
         self.assertEqual(len(results), 6)
         for r in results:
             self.assertEqual(r["weights_dtype"], "bf16")
             self.assertEqual(r["weight_bytes"],
                              2 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))
+
+
+    PREFILL_FIELDS = {"tokens", "batch", "embed", "heads", "kv_heads", "threads", "error", "runs",
+                      "step_ms", "step_p10_ms", "step_p90_ms", "forward_ms", "forward_p10_ms",
+                      "forward_p90_ms", "ratio", "max_abs_diff"}
+
+    def test_prefill_rows(self):
+        # 8 tokens: the step runs the decode kernels; 64: the causal forward (KvCache::Prefill).
+        p, doc = self.run_json(["--decode", "--contexts", "16", "--batches", "1", "--threads",
+                                "1,2", "--min-time", "0", "--min-runs", "2", "--prefill", "8,64"])
+        for text in ["prefill:", "step_ms", "forward_ms", "step/fwd", "max_diff"]:
+            self.assertIn(text, p.stdout)
+        rows = doc["prefill"]
+        # (E, heads, kv heads, batch) x tokens x threads; the batch-8 layer too at <= 512 tokens
+        shapes = [(1024, 16, 16, 1), (1024, 16, 4, 1), (768, 12, 12, 8)]
+        self.assertEqual(sorted((r["embed"], r["heads"], r["kv_heads"], r["batch"], r["tokens"],
+                                 r["threads"]) for r in rows),
+                         sorted(s + (t, th) for s in shapes for t in (8, 64) for th in (1, 2)))
+        for r in rows:
+            self.assertEqual(set(r), self.PREFILL_FIELDS)
+            self.assertEqual(r["error"], "")
+            self.assertGreaterEqual(r["runs"], 2)
+            for what in ("step", "forward"):
+                self.assertGreater(r[what + "_ms"], 0)
+                self.assertLessEqual(r[what + "_p10_ms"], r[what + "_ms"])
+                self.assertLessEqual(r[what + "_ms"], r[what + "_p90_ms"])
+            self.assertAlmostEqual(r["ratio"], r["step_ms"] / r["forward_ms"],
+                                   delta=1e-9 * r["ratio"])
+            self.assertLess(r["max_abs_diff"], 1e-4)
+
+    def test_prefill_skips_the_batched_layer_above_512_tokens(self):
+        _, doc = self.run_json(["--decode", "--contexts", "16", "--batches", "1", "--threads",
+                                "1", "--min-time", "0", "--min-runs", "1", "--prefill", "513"])
+        rows = doc["prefill"]
+        self.assertEqual(sorted((r["embed"], r["kv_heads"], r["batch"]) for r in rows),
+                         [(1024, 4, 1), (1024, 16, 1)])
+
+
+# A stand-in for tools/peers.py --decode: checks the data file mha-bench hands it (names, shapes,
+# dtypes), recomputes mha's decode step from it with numpy where numpy is importable (the layer,
+# the cached keys/values and the token must give mha's output), logs its call, and answers as
+# the real script can: ort agrees (its error is the recomputation's), sdpa disagrees.
+FAKE_DECODE_PEERS = r"""
+import json, os, struct, sys
+args = sys.argv[1:]
+arg = lambda name: args[args.index(name) + 1]
+peer = arg("--peer")
+b, ctx, e, h, kvh = (int(x) for x in arg("--decode").split(","))
+d = e // h
+kve = kvh * d
+path = arg("--data")
+with open(path, "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+want = {"q_proj_weight": [e, e], "k_proj_weight": [kve, e], "v_proj_weight": [kve, e],
+        "in_proj_bias": [e + 2 * kve], "out_proj.weight": [e, e], "out_proj.bias": [e],
+        "past_key": [b, kvh, ctx - 1, d], "past_value": [b, kvh, ctx - 1, d],
+        "query": [b, 1, e], "output": [b, 1, e]}
+data_ok = shapes == want and all(v["dtype"] == "F32" for k, v in header.items()
+                                 if k != "__metadata__")
+err = None
+try:
+    import numpy as np
+except ImportError:
+    np = None
+if np is not None and data_ok:
+    t = {}
+    with open(path, "rb") as f:
+        f.seek(8 + n)
+        blob = f.read()
+    for k, v in header.items():
+        if k != "__metadata__":
+            lo, hi = v["data_offsets"]
+            t[k] = np.frombuffer(blob[lo:hi], np.float32).reshape(v["shape"]).astype(np.float64)
+    x = t["query"][:, 0]
+    bias = t["in_proj_bias"]
+    q = (x @ t["q_proj_weight"].T + bias[:e]).reshape(b, h, d)
+    k = (x @ t["k_proj_weight"].T + bias[e:e + kve]).reshape(b, kvh, 1, d)
+    v = (x @ t["v_proj_weight"].T + bias[e + kve:]).reshape(b, kvh, 1, d)
+    keys = np.concatenate([t["past_key"], k], axis=2)
+    values = np.concatenate([t["past_value"], v], axis=2)
+    o = np.zeros((b, h, d))
+    for head in range(h):
+        g = head // (h // kvh)
+        s = np.einsum("bd,bpd->bp", q[:, head], keys[:, g]) / np.sqrt(d)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        o[:, head] = np.einsum("bp,bpd->bd", p, values[:, g])
+    y = o.reshape(b, e) @ t["out_proj.weight"].T + t["out_proj.bias"]
+    err = float(np.max(np.abs(y - t["output"][:, 0])))
+with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
+    f.write(json.dumps({"peer": peer, "args": args, "data_ok": data_ok, "err": err}) + "\n")
+ms = {"ort": 0.5, "sdpa": 3.0}[peer]
+print(json.dumps({"peer": peer, "version": "fake-" + peer, "precision": "f32", "median_ms": ms,
+                  "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "runs": 3,
+                  "max_abs_err": (err or 0.0) if peer == "ort" else 0.5}))
+"""
+
+DECODE_PEER_FIELDS = {"median_ms", "p10_ms", "p90_ms", "runs", "ratio", "max_abs_err", "agrees",
+                      "precision", "note"}
+
+
+class DecodeCompare(unittest.TestCase):
+    """--decode --compare: the peers get each f32 row's layer, cache, token and mha's output,
+    once per (context, batch, kv heads, threads); the columns, JSON and CSV carry their times."""
+
+    def run_decode(self, extra_args, env=None, script=FAKE_DECODE_PEERS):
+        return run_with_peers(["--decode", "--contexts", "16", "--batches", "1,2", "--threads",
+                               "1", "--min-time", "0", "--min-runs", "2", "--prefill", "none"] +
+                              extra_args, script, env, timeout=240)
+
+    def test_stand_in_peers(self):
+        for weights in ("f32", "bf16"):
+            with self.subTest(weights=weights):
+                self.check_stand_in(weights)
+
+    def check_stand_in(self, weights):
+        p, calls, doc, rows, leftovers = self.run_decode(["--compare", "all",
+                                                          "--weights-dtype", weights])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(leftovers, [])
+        # f32 rows only: {MHA, GQA} x batches {1, 2}, each ort then sdpa ("all": the decode
+        # peers).
+        self.assertEqual([(c["peer"], c["args"][c["args"].index("--decode") + 1]) for c in calls],
+                         [(peer, f"{b},16,1024,16,{kvh}") for kvh in (16, 4) for b in (1, 2)
+                          for peer in ("ort", "sdpa")])
+        for c in calls:
+            self.assertTrue(c["data_ok"], c)
+            self.assertEqual(c["args"][c["args"].index("--threads") + 1], "1")
+            self.assertEqual(c["args"][c["args"].index("--min-runs") + 1], "2")
+            if c["err"] is not None:  # numpy: the file's layer, cache and token give mha's output
+                self.assertLess(c["err"], 1e-4, c)
+        for title in ["ort_ms", "ort/mha", "sdpa_ms", "sdpa/mha", "fake-ort", "fake-sdpa"]:
+            self.assertIn(title, p.stdout)
+        table = [line for line in p.stdout.splitlines() if line.strip().startswith("16 ")]
+        self.assertEqual(len(table), 12)
+        for line in table:
+            self.assertTrue(line.endswith("!"), line)  # sdpa disagrees: its ratio is marked
+        notes = [line for line in p.stderr.splitlines() if "note" in line]
+        self.assertEqual(sum("sdpa" in n and "differs" in n for n in notes), 4, p.stderr)
+
+        header = doc["header"]
+        self.assertEqual(header["compare"], ["ort", "sdpa"])
+        self.assertEqual(header["peer_python"], sys.executable)
+        self.assertEqual(header["peers"]["ort"], {"version": "fake-ort", "precision": "f32"})
+        results = doc["results"]
+        self.assertEqual(len(results), 12)
+        for r in results:
+            peers = r["peers"]
+            self.assertEqual(set(peers), {"ort", "sdpa"})
+            for name, ms in (("ort", 0.5), ("sdpa", 3.0)):
+                self.assertEqual(set(peers[name]), DECODE_PEER_FIELDS)
+                self.assertEqual(peers[name]["median_ms"], ms)
+                # Every cache type's row: the f32 peer time over the row's own median.
+                self.assertAlmostEqual(peers[name]["ratio"], ms / r["median_ms"],
+                                       delta=1e-3 * peers[name]["ratio"])
+            self.assertIs(peers["ort"]["agrees"], True)
+            self.assertIs(peers["sdpa"]["agrees"], False)
+        self.assertEqual(len(rows), len(results))
+        for row, r in zip(rows, results):
+            for name in ("ort", "sdpa"):
+                self.assertAlmostEqual(float(row[name + "_ms"]), r["peers"][name]["median_ms"])
+                self.assertAlmostEqual(float(row[name + "_ratio"]), r["peers"][name]["ratio"],
+                                       delta=1e-3 * r["peers"][name]["ratio"])
+                self.assertIn(name + "_max_abs_err", row)
+
+    def test_real_peers_or_their_note(self):
+        # No stand-in: the interpreter mha-bench finds itself. With the peers venv (tools/dev
+        # peers) ONNX Runtime and PyTorch run and must agree with mha; without it each peer is
+        # a note and the run goes on.
+        build = os.path.dirname(os.path.dirname(BENCH))
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        venv = any(os.access(os.path.join(d, "peers-venv", "bin", "python"), os.X_OK)
+                   for d in (build, os.path.join(source, "build")))
+        env = {k: "" for k in ("MHA_BENCH_PEER_PYTHON", "MHA_BENCH_PEER_SCRIPT")}
+        p, _, doc, _, _ = self.run_decode(["--compare", "ort,sdpa", "--batches", "1"], env=env,
+                                          script=None)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("ort/mha", p.stdout)
+        f32 = [r for r in doc["results"] if r["cache_dtype"] == "f32"]
+        self.assertEqual(len(f32), 2)
+        if venv:
+            for r in f32:
+                for name in ("ort", "sdpa"):
+                    peer = r["peers"][name]
+                    self.assertGreater(peer["median_ms"] or 0, 0, peer)
+                    self.assertIs(peer["agrees"], True, peer)
+                    self.assertLess(peer["max_abs_err"], 1e-4)
+        else:
+            notes = [line for line in p.stderr.splitlines() if "note" in line]
+            self.assertTrue(any("ort" in n for n in notes), p.stderr)
+            self.assertTrue(any("sdpa" in n for n in notes), p.stderr)
+            for r in f32:
+                for name in ("ort", "sdpa"):
+                    self.assertIsNone(r["peers"][name]["median_ms"])
+                    self.assertNotEqual(r["peers"][name]["note"], "")
 
 
 if __name__ == "__main__":

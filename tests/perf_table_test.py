@@ -2,7 +2,8 @@
 """tools/perf_table.py on a recorded mha-bench --json file (tests/data/perf/), with and without
 peers: the machine and peers lines, one row per result with mha's time, efficiency and each
 peer's ratio, "–" for a peer that did not run, "(!)" for one that disagreed, the command line,
-and one-line errors for files that are not forward-pass reports.
+and one-line errors for files that are not forward-pass reports; and on --decode files: the
+decode table with and without its peers (ONNX Runtime GQA, PyTorch SDPA) and the prefill table.
 
     /usr/bin/python3 tests/perf_table_test.py
 
@@ -158,6 +159,66 @@ class Decode(unittest.TestCase):
         self.assertEqual(rows[1], ["8192", "8", "16", "f32", "23.500", "340", "512.0", "92",
                                    "94", "96"])
         self.assertEqual(rows[2][:5], ["512", "1", "4", "i8", "error: KvCache::Step: failed"])
+        self.assertEqual(len(rows), 3)  # no prefill table, no peer columns
+        self.assertNotIn("Peers:", p.stdout)
+        self.assertNotIn("Prefill", p.stdout)
+
+    def with_peers_and_prefill(self):
+        doc = copy.deepcopy(self.DOC)
+        doc["header"].update({"compare": ["ort", "sdpa"], "peer_python": "/venv/bin/python",
+                              "peers": {"ort": {"version": "1.32.0 (onnx 1.23.2)",
+                                                "precision": "f32"},
+                                        "sdpa": {"version": None, "precision": None}}})
+        doc["results"][0]["peers"] = {
+            "ort": {"median_ms": 14.1, "ratio": 0.6, "agrees": True},
+            "sdpa": {"median_ms": None, "ratio": None, "agrees": None,
+                     "note": "torch cannot be imported"}}
+        doc["results"][1]["peers"] = {"ort": {"ratio": None}, "sdpa": {"ratio": None}}
+        doc["prefill"] = [
+            {"tokens": 2048, "batch": 1, "embed": 1024, "heads": 16, "kv_heads": 4, "threads": 2,
+             "error": "", "step_ms": 121.3, "forward_ms": 120.1, "ratio": 121.3 / 120.1},
+            {"tokens": 512, "batch": 8, "embed": 768, "heads": 12, "kv_heads": 12, "threads": 2,
+             "error": "KvCache::Step: out of memory"}]
+        return doc
+
+    def test_peers_columns(self):
+        p = render(self.with_peers_and_prefill())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("Peers: ONNX Runtime GQA (ort) 1.32.0 (onnx 1.23.2); PyTorch SDPA (sdpa) "
+                      "not run.", p.stdout)
+        self.assertIn("f32 decode step", p.stdout)
+        rows = table_rows(p.stdout)
+        self.assertEqual(rows[0][-3:], ["attn %", "ONNX Runtime GQA", "PyTorch SDPA"])
+        self.assertEqual(rows[1][-2:], ["0.60×", "–"])
+        self.assertEqual(len(rows[2]), len(rows[0]))  # an error row keeps every column
+
+    def test_disagreeing_peer_is_marked(self):
+        doc = self.with_peers_and_prefill()
+        doc["results"][0]["peers"]["ort"]["agrees"] = False
+        rows = table_rows(render(doc).stdout)
+        self.assertEqual(rows[1][-2], "0.60× (!)")
+
+    def test_prefill_table(self):
+        p = render(self.with_peers_and_prefill())
+        self.assertIn("Prefill:", p.stdout)
+        rows = table_rows(p.stdout)
+        at = [r[0] for r in rows].index("T")
+        self.assertEqual(rows[at], ["T", "batch", "E", "heads", "kv heads", "Step ms (prefill)",
+                                    "Forward ms (causal)", "Step / Forward"])
+        self.assertEqual(rows[at + 1], ["2048", "1", "1024", "16", "4", "121.3", "120.1",
+                                        "1.01×"])
+        self.assertEqual(rows[at + 2][:6], ["512", "8", "768", "12", "12",
+                                            "error: KvCache::Step: out of memory"])
+        self.assertEqual(len(rows), at + 3)
+
+    def test_prefill_threads_column(self):
+        doc = self.with_peers_and_prefill()
+        doc["prefill"][1].update({"threads": 1, "error": "", "step_ms": 150.0,
+                                  "forward_ms": 140.0, "ratio": 150.0 / 140.0})
+        rows = table_rows(render(doc).stdout)
+        at = [r[0] for r in rows].index("T")
+        self.assertEqual(rows[at][5], "threads")
+        self.assertEqual(rows[at + 2][5:], ["1", "150", "140", "1.07×"])
 
 
 if __name__ == "__main__":

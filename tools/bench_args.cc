@@ -138,9 +138,10 @@ bool ParseIntList(const std::string& flag, const std::string& text, int64_t lo, 
   return true;
 }
 
-// "torch,ort" or "all": peer names from PeerNames(), added to *out, which keeps that order.
-bool ParsePeerList(const std::string& flag, const std::string& text,
-                   std::vector<std::string>* out, std::string* error) {
+// "torch,ort" or "all": peer names from PeerNames(), added to *out, which keeps that order;
+// *all_given is set when "all" is one of them.
+bool ParsePeerList(const std::string& flag, const std::string& text, std::vector<std::string>* out,
+                   bool* all_given, std::string* error) {
   std::string names;
   for (const std::string& p : PeerNames()) names += p + ", ";
   const std::string expected =
@@ -157,6 +158,7 @@ bool ParsePeerList(const std::string& flag, const std::string& text,
     const std::string item =
         text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     bool known = false;
+    if (item == "all") *all_given = true;
     for (size_t i = 0; i < peers.size(); ++i) {
       if (item == "all" || item == peers[i]) {
         chosen[i] = true;
@@ -218,10 +220,16 @@ const std::vector<std::string>& PeerNames() {
   return *kNames;
 }
 
+const std::vector<std::string>& DecodePeerNames() {
+  static const std::vector<std::string>* const kNames = new std::vector<std::string>{"ort", "sdpa"};
+  return *kNames;
+}
+
 ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   ParseResult r;
   r.action = ParseAction::kError;
   bool kv_seq_given = false;
+  bool compare_all = false;  // "all" in --compare: with --decode, every decode peer
   o->shape.batch = kDefaultBatch;
   o->shape.seq = kDefaultSeq;
   o->shape.embed = kDefaultEmbed;
@@ -257,17 +265,19 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--causal") o->causal = true;
       if (arg == "--need-weights") o->need_weights = true;
       if (arg == "--breakdown") o->breakdown = true;
-      if (arg == "--compare-torch") ParsePeerList(arg, "torch", &o->compare, &r.error);
+      if (arg == "--compare-torch") {
+        ParsePeerList(arg, "torch", &o->compare, &compare_all, &r.error);
+      }
       if (arg == "--decode") o->decode = true;
       if (arg == "--no-prepack") o->no_prepack = true;
       if (arg == "--strassen") o->strassen = true;
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",    "--seq",      "--kv-seq",     "--embed",     "--heads",        "--threads",
-        "--min-time", "--min-runs", "--sgemm-size", "--tolerance", "--seed",         "--json",
-        "--csv",      "--trace",    "--contexts",   "--batches",   "--weights-dtype", "--rounds",
-        "--compare"};
+        "--batch",   "--seq",           "--kv-seq",   "--embed",      "--heads",
+        "--threads", "--min-time",      "--min-runs", "--sgemm-size", "--tolerance",
+        "--seed",    "--json",          "--csv",      "--trace",      "--contexts",
+        "--batches", "--weights-dtype", "--rounds",   "--compare",    "--prefill"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -305,6 +315,14 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!ParseIntList(arg, value, 1, kMaxDecodeBatch, "batch sizes", &o->decode_batches, &e)) {
         return r;
       }
+    } else if (arg == "--prefill") {
+      o->prefill_given = true;
+      if (value == "none") {
+        o->prefill_tokens.clear();
+      } else if (!ParseIntList(arg, value, 1, kMaxDecodeContext, "prompt lengths (or none)",
+                               &o->prefill_tokens, &e)) {
+        return r;
+      }
     } else if (arg == "--weights-dtype") {
       if (value == "f32") {
         o->decode_weights = DType::kF32;
@@ -318,7 +336,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
       o->decode_weights_given = true;
     } else if (arg == "--compare") {
-      if (!ParsePeerList(arg, value, &o->compare, &e)) return r;
+      if (!ParsePeerList(arg, value, &o->compare, &compare_all, &e)) return r;
     } else if (arg == "--threads") {
       if (!ParseThreadList(arg, value, &o->threads, &e)) return r;
     } else if (arg == "--min-time") {
@@ -354,7 +372,6 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                      {o->no_prepack, "--no-prepack"},
                      {o->strassen, "--strassen"},
                      {o->breakdown, "--breakdown"},
-                     {!o->compare.empty(), "--compare/--compare-torch"},
                      {o->rounds_given, "--rounds"},
                      {!o->trace_path.empty(), "--trace"}};
     for (const auto& c : conflicts) {
@@ -366,10 +383,32 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         return r;
       }
     }
+    // Only the decode peers time a decode step; "all" means all of them.
+    std::vector<std::string> decode_peers;
+    for (const std::string& p : DecodePeerNames()) {
+      if (std::find(o->compare.begin(), o->compare.end(), p) != o->compare.end()) {
+        decode_peers.push_back(p);
+      }
+    }
+    for (const std::string& p : o->compare) {
+      if (!compare_all &&
+          std::find(decode_peers.begin(), decode_peers.end(), p) == decode_peers.end()) {
+        r.error =
+            "--decode: expected --compare peers among ort, sdpa (or all), the peers that "
+            "time a decode step, got " +
+            Quoted(p);
+        return r;
+      }
+    }
+    o->compare = decode_peers;
     if (o->decode_contexts.empty()) o->decode_contexts = {512, 1024, 2048, 4096, 8192};
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
+    if (!o->prefill_given) o->prefill_tokens = {512, 2048};
   } else if (o->decode_weights_given) {
     r.error = "--weights-dtype: expected --decode as well, got --weights-dtype without --decode";
+    return r;
+  } else if (o->prefill_given) {
+    r.error = "--prefill: expected --decode as well, got --prefill without --decode";
     return r;
   } else if (!o->decode_contexts.empty() || !o->decode_batches.empty()) {
     r.error = std::string("--contexts/--batches: expected --decode as well, got ") +
@@ -469,7 +508,8 @@ Measurement:
                      (need_weights, cross-attention), prints a note and leaves its cells empty.
                      Python: $MHA_BENCH_PEER_PYTHON, else the venv tools/dev peers creates
                      (build/peers-venv), else /usr/bin/python3 (Debian's torch 1.13 only).
-                     Script: $MHA_BENCH_PEER_SCRIPT, else tools/peers.py of the source tree
+                     Script: $MHA_BENCH_PEER_SCRIPT, else tools/peers.py of the source tree.
+                     With --decode: the decode peers ort and sdpa (see below)
   --compare-torch    the same as --compare torch
 
 Incremental decoding (--decode runs this suite instead of the one above):
@@ -482,7 +522,33 @@ Incremental decoding (--decode runs this suite instead of the one above):
   --contexts LIST    contexts to run, e.g. 512,4096 (default 512,1024,2048,4096,8192)
   --batches LIST     batch sizes to run, e.g. 1,8 (default 1,4,8)
   --weights-dtype T  the layer's weight storage: f32 (default), bf16 or f16 (halves the
-                     weight bytes each step streams)
+                     weight bytes each step streams; the peers get the rounded weights in f32)
+  --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
+                     heads, threads), right after mha's, with the same threads, weights, cache
+                     contents and token, --min-time and --min-runs: ort, sdpa or all
+                       ort   ONNX Runtime com.microsoft GroupQueryAttention (its generative
+                             decoders' op): one MatMul+Add for packed q|k|v, GroupQueryAttention
+                             with past_key/past_value [batch, kv_heads, context, head_dim] bound
+                             through IOBinding to its present_key/present_value outputs (one
+                             shared buffer, nothing copied per step), seqlens_k = context - 1,
+                             total_sequence_length = context, MatMul+Add;
+                             intra_op_num_threads = threads
+                       sdpa  F.linear (packed q|k|v), the new key/value written into a
+                             preallocated cache tensor, F.scaled_dot_product_attention
+                             (enable_gqa where torch has it, else repeat_interleave), F.linear
+                     Columns <peer>_ms (its median) and <peer>/mha = <peer>_ms / median_ms
+                     (above 1: mha is faster), '!' when its first output differs from mha's f32
+                     step by more than --tolerance (with a note). The bf16 and i8 rows repeat
+                     the f32 row's peer time against their own median. Without the peers (no
+                     venv, tools/dev peers creates it), a note is printed and the run goes on
+  --prefill LIST     prompt lengths T of the prefill rows (default 512,2048; none skips them):
+                     for each T, KvCache::Step of T tokens per entry into an empty f32 cache
+                     against MultiheadAttention::Forward with causal of the same input, same
+                     layer and threads, alternating (step first, then forward first), medians
+                     over --min-time/--min-runs; layers (E, heads, kv heads, batch):
+                     (1024, 16, 16, 1), (1024, 16, 4, 1), and for T <= 512 (768, 12, 12, 8).
+                     Columns step_ms, forward_ms, step/fwd = step_ms / forward_ms, max_diff =
+                     max |step output - forward output| ('!' above --tolerance: exit status 3)
   Columns: median_ms (latency of one step: projections of the new token, cache append,
   attention over the cache, output projection), tokens/s = batch / median, cache_MiB (K+V bytes
   read per step: batch * kv_heads * context * 2 * (head_dim * dtype size, or head_dim + 4 for
@@ -496,9 +562,11 @@ Incremental decoding (--decode runs this suite instead of the one above):
   count before the cases: a streaming sum of max(512 MiB, 4 x the last-level cache) split
   evenly over the same threads, best of 8 after a warm-up; the copy bandwidth beside it: memcpy
   of a 256 MiB buffer into another, best of 5, counting bytes read + written (STREAM's
-  convention); JSON has both (read_* and copy_* fields). --json/--csv write these fields; --min-time/--min-runs/--threads/--seed
+  convention); JSON has both (read_* and copy_* fields). --json/--csv write these fields (JSON:
+  "peers" per row as in the forward suite, the prefill rows under "prefill"; CSV: the decode
+  rows with <peer>_ms, <peer>_ratio, <peer>_max_abs_err); --min-time/--min-runs/--threads/--seed
   apply; --decode cannot be combined with shape flags, --causal, --need-weights, --breakdown,
-  --compare, --rounds or --trace.
+  --rounds or --trace.
 
 Output (a table on stdout always; progress on stderr when it is a terminal):
   --json FILE        results as JSON: {"header": {...}, "results": [{...}, ...]}

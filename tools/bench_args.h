@@ -40,10 +40,14 @@ struct BenchOptions {
   std::vector<int64_t> decode_batches;   // default {1, 4, 8}
   DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage
   bool decode_weights_given = false;
+  // --prefill: prompt lengths T of the prefill rows (KvCache::Step of T tokens into an empty
+  // cache against the causal Forward); default {512, 2048}, empty after --prefill none.
+  std::vector<int64_t> prefill_tokens;
+  bool prefill_given = false;
 
   bool breakdown = false;
   // --compare LIST (--compare-torch = --compare torch): peers timed after each case, in the
-  // order of PeerNames().
+  // order of PeerNames(); with --decode, peers of DecodePeerNames() in that order.
   std::vector<std::string> compare;
   std::string json_path;
   std::string csv_path;
@@ -52,6 +56,8 @@ struct BenchOptions {
 
 // The peers --compare knows (tools/peers.py), in the order of the table's columns.
 const std::vector<std::string>& PeerNames();
+// The peers that time a decode step (--decode --compare), in the order of its columns.
+const std::vector<std::string>& DecodePeerNames();
 
 enum class ParseAction { kRun, kHelp, kVersion, kError };
 

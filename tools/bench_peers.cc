@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -113,22 +114,12 @@ void PeerComparison::Note(const std::string& text) {
   std::fprintf(stderr, "mha-bench: note: %s\n", text.c_str());
 }
 
-bool PeerComparison::WriteData(const Workload& w) {
-  const Shape& s = w.shape();
-  const std::vector<int64_t> e = {s.embed}, ee = {s.embed, s.embed},
-                             q = {s.batch, s.seq, s.embed}, kv = {s.batch, s.kv_seq, s.embed};
+bool PeerComparison::WriteData(const std::vector<Tensor>& tensors) {
   SafeTensorsWriter writer;
-  Status st = writer.Add("in_proj_weight", DType::kF32, {3 * s.embed, s.embed},
-                         w.in_proj_weight().data());
-  if (st.ok()) st = writer.Add("in_proj_bias", DType::kF32, {3 * s.embed}, w.in_proj_bias().data());
-  if (st.ok()) st = writer.Add("out_proj.weight", DType::kF32, ee, w.out_proj_weight().data());
-  if (st.ok()) st = writer.Add("out_proj.bias", DType::kF32, e, w.out_proj_bias().data());
-  if (st.ok()) st = writer.Add("query", DType::kF32, q, w.query().data());
-  if (st.ok() && !s.self_attention()) {
-    st = writer.Add("key", DType::kF32, kv, w.key().data());
-    if (st.ok()) st = writer.Add("value", DType::kF32, kv, w.value().data());
+  Status st;
+  for (const Tensor& t : tensors) {
+    if (st.ok()) st = writer.Add(t.name, DType::kF32, t.shape, t.data);
   }
-  if (st.ok()) st = writer.Add("output", DType::kF32, q, w.output().data());
   if (st.ok()) st = writer.WriteFile(data_path_);
   if (!st.ok()) Note("--compare: writing the peers' data file failed: " + st.ToString());
   return st.ok();
@@ -138,17 +129,79 @@ void PeerComparison::Run(const Workload& w, size_t threads,
                          const std::function<void(const std::string&)>& status,
                          CaseResult* result) {
   const Shape& s = w.shape();
-  const bool data_ok = usable_ && WriteData(w);
+  bool data_ok = usable_;
+  if (data_ok) {
+    const std::vector<int64_t> e = {s.embed}, ee = {s.embed, s.embed},
+                               q = {s.batch, s.seq, s.embed}, kv = {s.batch, s.kv_seq, s.embed};
+    std::vector<Tensor> tensors = {
+        {"in_proj_weight", {3 * s.embed, s.embed}, w.in_proj_weight().data()},
+        {"in_proj_bias", {3 * s.embed}, w.in_proj_bias().data()},
+        {"out_proj.weight", ee, w.out_proj_weight().data()},
+        {"out_proj.bias", e, w.out_proj_bias().data()},
+        {"query", q, w.query().data()},
+        {"output", q, w.output().data()}};
+    if (!s.self_attention()) {
+      tensors.push_back({"key", kv, w.key().data()});
+      tensors.push_back({"value", kv, w.value().data()});
+    }
+    data_ok = WriteData(tensors);
+  }
+  const std::string args = " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) +
+                           "," + std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," +
+                           std::to_string(s.heads) + "," + (s.causal ? "1" : "0") + "," +
+                           (s.need_weights ? "1" : "0");
+  RunPeers(data_ok, ShapeLabel(s), args, threads, status, &result->peers);
+}
+
+void PeerComparison::RunDecode(const DecodePeerCase& c, size_t threads,
+                               const std::function<void(const std::string&)>& status,
+                               std::map<std::string, PeerResult>* peers) {
+  const int64_t E = c.embed, hd = c.embed / c.heads, kvE = c.kv_heads * hd, past = c.context - 1;
+  bool data_ok = usable_;
+  if (data_ok) {
+    // The cached positions, dense [batch, kv_heads, context - 1, head_dim].
+    std::vector<float> k(static_cast<size_t>(c.batch * kvE * past)), v(k.size());
+    size_t i = 0;
+    for (int64_t n = 0; n < c.batch; ++n) {
+      for (int64_t g = 0; g < c.kv_heads; ++g) {
+        const int64_t at = n * c.batch_stride + g * c.head_stride;
+        const size_t count = static_cast<size_t>(past * hd);
+        std::copy(c.keys + at, c.keys + at + count, k.begin() + i);
+        std::copy(c.values + at, c.values + at + count, v.begin() + i);
+        i += count;
+      }
+    }
+    const std::vector<int64_t> cache = {c.batch, c.kv_heads, past, hd}, token = {c.batch, 1, E};
+    data_ok = WriteData({{"q_proj_weight", {E, E}, c.q_weight},
+                         {"k_proj_weight", {kvE, E}, c.k_weight},
+                         {"v_proj_weight", {kvE, E}, c.v_weight},
+                         {"in_proj_bias", {E + 2 * kvE}, c.in_bias},
+                         {"out_proj.weight", {E, E}, c.out_weight},
+                         {"out_proj.bias", {E}, c.out_bias},
+                         {"past_key", cache, k.data()},
+                         {"past_value", cache, v.data()},
+                         {"query", token, c.x},
+                         {"output", token, c.output}});
+  }
+  const std::string args = " --decode " + std::to_string(c.batch) + "," +
+                           std::to_string(c.context) + "," + std::to_string(E) + "," +
+                           std::to_string(c.heads) + "," + std::to_string(c.kv_heads);
+  const std::string label = "decode (context " + std::to_string(c.context) + ", batch " +
+                            std::to_string(c.batch) + ", kv heads " + std::to_string(c.kv_heads) +
+                            ")";
+  RunPeers(data_ok, label, args, threads, status, peers);
+}
+
+void PeerComparison::RunPeers(bool data_ok, const std::string& label, const std::string& case_args,
+                              size_t threads, const std::function<void(const std::string&)>& status,
+                              std::map<std::string, PeerResult>* peers) {
   char min_time[32];
   std::snprintf(min_time, sizeof(min_time), "%g", options_.min_time_s);
-  const std::string args =
-      " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) + "," +
-      std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," + std::to_string(s.heads) +
-      "," + (s.causal ? "1" : "0") + "," + (s.need_weights ? "1" : "0") + " --data " +
-      ShellQuote(data_path_) + " --threads " + std::to_string(threads) + " --min-time " +
-      min_time + " --min-runs " + std::to_string(options_.min_runs);
+  const std::string args = case_args + " --data " + ShellQuote(data_path_) + " --threads " +
+                           std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
+                           std::to_string(options_.min_runs);
   for (const std::string& peer : options_.compare) {
-    PeerResult& p = result->peers[peer];
+    PeerResult& p = (*peers)[peer];
     if (!data_ok) {
       p.note = "not run (see the note above)";
       continue;
@@ -157,7 +210,7 @@ void PeerComparison::Run(const Workload& w, size_t threads,
       p.note = "unavailable (see the note above)";
       continue;
     }
-    status(ShapeLabel(s) + ", " + std::to_string(threads) + " thread(s): timing " + peer + "...");
+    status(label + ", " + std::to_string(threads) + " thread(s): timing " + peer + "...");
     std::string out;
     int exit_status = 0;
     const std::string cmd =
@@ -185,7 +238,7 @@ void PeerComparison::Run(const Workload& w, size_t threads,
       p.note = script_ + " printed no result (exit status " +
                std::to_string(WIFEXITED(exit_status) ? WEXITSTATUS(exit_status) : exit_status) +
                ")";
-      Note("--compare " + peer + ", " + ShapeLabel(s) + ": " + p.note);
+      Note("--compare " + peer + ", " + label + ": " + p.note);
       continue;
     }
     if (j.contains("skipped")) {
@@ -193,7 +246,7 @@ void PeerComparison::Run(const Workload& w, size_t threads,
       if (p.note.empty()) p.note = j["skipped"].dump();
       const bool unavailable = j.value("unavailable", false);
       if (unavailable) unavailable_.insert(peer);
-      Note("--compare " + peer + (unavailable ? "" : ", " + ShapeLabel(s)) + ": " + p.note);
+      Note("--compare " + peer + (unavailable ? "" : ", " + label) + ": " + p.note);
       continue;
     }
     p.median_ms = JsonDouble(j, "median_ms");
@@ -213,9 +266,9 @@ void PeerComparison::Run(const Workload& w, size_t threads,
       char text[160];
       std::snprintf(text, sizeof(text),
                     "%s output differs from mha's by %.3g (bound %g); its time is reported, "
-                    "its max_err marked '!'",
+                    "marked '!'",
                     peer.c_str(), p.max_abs_err, p.tolerance);
-      Note("--compare " + peer + ", " + ShapeLabel(s) + ", " + std::to_string(threads) +
+      Note("--compare " + peer + ", " + label + ", " + std::to_string(threads) +
            " thread(s): " + text);
     }
     const std::string version = JsonString(j, "version");

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tools/bench_args.h"
 #include "tools/bench_report.h"
@@ -20,6 +21,26 @@ namespace bench {
 // significant bits (relative rounding 2^-9 ~ 2e-3 per operand) in inputs, weights and
 // intermediates of three chained products; f32 peers use --tolerance.
 inline constexpr double kBf16PeerTolerance = 5e-2;
+
+// One decode step for the peers (mha-bench --decode --compare): a layer with separate q/k/v
+// weights in nn.Linear layout, the cache mha's step attended (context - 1 positions per entry
+// and kv head before the step's own token), the step's input and mha's output; all f32.
+struct DecodePeerCase {
+  int64_t batch = 0, context = 0, embed = 0, heads = 0, kv_heads = 0;
+  const float* q_weight = nullptr;    // [E, E]
+  const float* k_weight = nullptr;    // [kv_heads * head_dim, E]
+  const float* v_weight = nullptr;    // [kv_heads * head_dim, E]
+  const float* in_bias = nullptr;     // [E + 2 * kv_heads * head_dim]: q, k, v
+  const float* out_weight = nullptr;  // [E, E]
+  const float* out_bias = nullptr;    // [E]
+  // Cached position p of kv head g of entry n: head_dim values at keys (values) + n *
+  // batch_stride + g * head_stride + p * head_dim.
+  const float* keys = nullptr;
+  const float* values = nullptr;
+  int64_t batch_stride = 0, head_stride = 0;
+  const float* x = nullptr;       // [batch, 1, E], the step's token
+  const float* output = nullptr;  // [batch, 1, E], mha's output of the step
+};
 
 class PeerComparison {
  public:
@@ -36,13 +57,29 @@ class PeerComparison {
   // on their own.
   void Run(const Workload& w, size_t threads,
            const std::function<void(const std::string&)>& status, CaseResult* result);
+  // The same for one decode step (tools/peers.py --decode): fills *peers by peer name.
+  void RunDecode(const DecodePeerCase& c, size_t threads,
+                 const std::function<void(const std::string&)>& status,
+                 std::map<std::string, PeerResult>* peers);
 
   // The peers' versions and precisions as reported so far (by peer name), and the interpreter.
   void Describe(RunHeader* header) const;
 
  private:
-  // Writes the weights, inputs and mha's output of `w` to data_path_; false after a note.
-  bool WriteData(const Workload& w);
+  // A tensor of the peers' data file: f32, dense.
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    const float* data;
+  };
+  // Writes `tensors` to data_path_; false after a note.
+  bool WriteData(const std::vector<Tensor>& tensors);
+  // Runs every peer of options.compare on the data file just written (`data_ok`: it was),
+  // with `case_args` (tools/peers.py's --case or --decode) and `threads`; `label` names the
+  // case in notes and progress.
+  void RunPeers(bool data_ok, const std::string& label, const std::string& case_args,
+                size_t threads, const std::function<void(const std::string&)>& status,
+                std::map<std::string, PeerResult>* peers);
   void Note(const std::string& text);
 
   const BenchOptions& options_;

@@ -10,7 +10,8 @@ namespace bench {
 
 namespace {
 
-using nlohmann::json;
+// Ordered: keys keep the order they are written in (the decode report's CSV follows it).
+using json = nlohmann::ordered_json;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -43,18 +44,57 @@ json Rounded(double v, int decimals) {
 }
 constexpr int kMsDecimals = 6;  // 1 ns, in ms
 
-// A peer's time over mha's (above 1: mha is faster); NaN when the peer did not run.
 double PeerRatio(const CaseResult& r, const std::string& peer) {
-  const auto it = r.peers.find(peer);
-  return it != r.peers.end() && it->second.timed && r.median_ms > 0
-             ? it->second.median_ms / r.median_ms
-             : NAN;
+  return PeerRatio(r.peers, peer, r.median_ms);
 }
 
 // A peer's three table columns: <peer>_ms, <peer>/mha, <peer>_err, each at least 8 wide.
 int PeerWidth(const std::string& peer) { return std::max(8, static_cast<int>(peer.size()) + 4); }
 
 }  // namespace
+
+double PeerRatio(const std::map<std::string, PeerResult>& peers, const std::string& peer,
+                 double mha_median_ms) {
+  const auto it = peers.find(peer);
+  return it != peers.end() && it->second.timed && mha_median_ms > 0
+             ? it->second.median_ms / mha_median_ms
+             : NAN;
+}
+
+void AddPeersHeaderJson(const RunHeader& h, json* j) {
+  if (h.compare.empty()) return;
+  (*j)["compare"] = h.compare;
+  (*j)["peer_python"] = h.peer_python;
+  json peers = json::object();
+  for (const std::string& p : h.compare) {
+    const auto v = h.peer_versions.find(p);
+    const auto prec = h.peer_precisions.find(p);
+    peers[p] = {
+        {"version", v != h.peer_versions.end() ? json(v->second) : json(nullptr)},
+        {"precision", prec != h.peer_precisions.end() ? json(prec->second) : json(nullptr)}};
+  }
+  (*j)["peers"] = peers;
+}
+
+json PeerResultsJson(const std::vector<std::string>& compare,
+                     const std::map<std::string, PeerResult>& results, double mha_median_ms) {
+  json peers = json::object();
+  for (const std::string& p : compare) {
+    const auto it = results.find(p);
+    const PeerResult pr = it != results.end() ? it->second : PeerResult{};
+    const json none(nullptr);
+    peers[p] = {{"median_ms", pr.timed ? Rounded(pr.median_ms, kMsDecimals) : none},
+                {"p10_ms", pr.timed ? Rounded(pr.p10_ms, kMsDecimals) : none},
+                {"p90_ms", pr.timed ? Rounded(pr.p90_ms, kMsDecimals) : none},
+                {"runs", pr.timed ? json(pr.runs) : none},
+                {"ratio", Rounded(PeerRatio(results, p, mha_median_ms), 4)},
+                {"max_abs_err", pr.timed ? Number(pr.max_abs_err) : none},
+                {"agrees", pr.timed ? json(pr.max_abs_err <= pr.tolerance) : none},
+                {"precision", pr.timed ? json(pr.precision) : none},
+                {"note", pr.note}};
+  }
+  return peers;
+}
 
 void PrintHeader(std::FILE* out, const RunHeader& h) {
   std::fprintf(out, "mha-bench  mha %s  |  CPU: %s  |  SIMD: %s  |  BLIS: %s\n",
@@ -214,19 +254,7 @@ json HeaderJson(const RunHeader& h) {
             {"strassen", h.prepack && h.strassen},
             {"peak_rss_method", h.peak_rss_method},
             {"load_average", Number(h.load_average)}};
-  if (!h.compare.empty()) {
-    j["compare"] = h.compare;
-    j["peer_python"] = h.peer_python;
-    json peers = json::object();
-    for (const std::string& p : h.compare) {
-      const auto v = h.peer_versions.find(p);
-      const auto prec = h.peer_precisions.find(p);
-      peers[p] = {{"version", v != h.peer_versions.end() ? json(v->second) : json(nullptr)},
-                  {"precision",
-                   prec != h.peer_precisions.end() ? json(prec->second) : json(nullptr)}};
-    }
-    j["peers"] = peers;
-  }
+  AddPeersHeaderJson(h, &j);
   return j;
 }
 
@@ -275,24 +303,7 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
   j["max_abs_err"] = Number(r.max_abs_err);
   j["rows_checked"] = r.rows_checked;
   if (r.has_breakdown) j["breakdown"] = BreakdownJson(r.breakdown);
-  if (!h.compare.empty()) {
-    json peers = json::object();
-    for (const std::string& p : h.compare) {
-      const auto it = r.peers.find(p);
-      const PeerResult pr = it != r.peers.end() ? it->second : PeerResult{};
-      const json none(nullptr);
-      peers[p] = {{"median_ms", pr.timed ? Rounded(pr.median_ms, kMsDecimals) : none},
-                  {"p10_ms", pr.timed ? Rounded(pr.p10_ms, kMsDecimals) : none},
-                  {"p90_ms", pr.timed ? Rounded(pr.p90_ms, kMsDecimals) : none},
-                  {"runs", pr.timed ? json(pr.runs) : none},
-                  {"ratio", Rounded(PeerRatio(r, p), 4)},
-                  {"max_abs_err", pr.timed ? Number(pr.max_abs_err) : none},
-                  {"agrees", pr.timed ? json(pr.max_abs_err <= pr.tolerance) : none},
-                  {"precision", pr.timed ? json(pr.precision) : none},
-                  {"note", pr.note}};
-    }
-    j["peers"] = peers;
-  }
+  if (!h.compare.empty()) j["peers"] = PeerResultsJson(h.compare, r.peers, r.median_ms);
   return j;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -99,6 +100,18 @@ struct CaseResult {
   Breakdown breakdown;
   std::map<std::string, PeerResult> peers;  // by peer name, for every --compare peer
 };
+
+// A peer's time over mha's median (above 1: mha is faster); NaN when the peer did not run.
+double PeerRatio(const std::map<std::string, PeerResult>& peers, const std::string& peer,
+                 double mha_median_ms);
+// --compare in a JSON header: "compare", "peer_python" and "peers" (each peer's version and
+// precision) added to *j; nothing without --compare.
+void AddPeersHeaderJson(const RunHeader& header, nlohmann::ordered_json* j);
+// One result's "peers" object: for each peer of `compare` its times, runs, ratio (its median
+// over mha_median_ms), max_abs_err, agrees, precision and note (null figures when not run).
+nlohmann::ordered_json PeerResultsJson(const std::vector<std::string>& compare,
+                                       const std::map<std::string, PeerResult>& results,
+                                       double mha_median_ms);
 
 // The aligned table on stdout, printed as the run goes: PrintHeader (machine, library, options)
 // first; PrintColumnTitles (the sgemm baseline and peer lines, then the titles) once those are

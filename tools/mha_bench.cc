@@ -16,6 +16,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <new>
@@ -29,6 +30,7 @@
 #include <malloc.h>  // malloc_trim
 #endif
 
+#include "kernels/elementwise.h"
 #include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
 #include "runtime/thread_pool.h"
@@ -90,6 +92,14 @@ class Progress {
     std::fprintf(stderr, "\r\033[K%s", text.c_str());
     std::fflush(stderr);
     shown_ = true;
+  }
+  // Show(text), or Clear() for "" (the peers' status callback).
+  void ShowOrClear(const std::string& text) {
+    if (text.empty()) {
+      Clear();
+    } else {
+      Show(text);
+    }
   }
   // Erases the line before anything else is printed.
   void Clear() {
@@ -484,13 +494,7 @@ int Run(const BenchOptions& o) {
   }
   std::unique_ptr<PeerComparison> peers;
   if (!o.compare.empty()) peers = std::make_unique<PeerComparison>(o);
-  const auto show = [&progress](const std::string& text) {
-    if (text.empty()) {
-      progress.Clear();
-    } else {
-      progress.Show(text);
-    }
-  };
+  const auto show = [&progress](const std::string& text) { progress.ShowOrClear(text); };
   // The column titles name the peers' versions, known after the first comparison: printed
   // right before the first row.
   bool titles_printed = false;
@@ -596,6 +600,9 @@ struct DecodeResult {
   double attn_ms = 0, attn_gbs = 0;  // the attention over the cache alone (trace events)
   double copy_gbs = 0;               // the machine's copy bandwidth at this thread count
   double read_gbs = 0;               // and its streaming read bandwidth: a step's limit
+  // --compare: the peers' f32 decode step of this (context, batch, kv heads, threads), timed
+  // right after mha's f32 row; rows of other cache types show the same peer times.
+  std::map<std::string, PeerResult> peers;
 };
 
 // Bytes of one cache row of hd elements in `dtype` (int8: its codes and f32 scale).
@@ -604,21 +611,38 @@ double CacheRowBytes(DType dtype, int64_t hd) {
                              : static_cast<double>(hd) * static_cast<double>(DTypeSize(dtype));
 }
 
-// A decode layer (separate q/k/v weights for the GQA variant) with random weights, plus random
-// projected keys/values for the largest batch and context, viewed per case.
+// A layer with separate q/k/v weights (the GQA layout, kept for kv_heads = heads too) and random
+// weights, plus random projected keys/values for the largest batch and context (none for the
+// prefill rows), viewed per case.
 struct DecodeModel {
-  int64_t kv_heads = 0;
+  int64_t embed = 0, heads = 0, kv_heads = 0;
+  // The weights as the layer holds them: a 16-bit layer's matrices rounded to its dtype (and
+  // widened back), so that the peers get the very values mha multiplies.
   std::vector<float> wq, wk, wv, bias, wo, bo;
   std::unique_ptr<MultiheadAttention> layer;
   std::vector<float> kv;  // [2][max_batch, kv_heads, max_context, hd]
   int64_t max_batch = 0, max_context = 0;
 };
 
-Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context, uint64_t seed,
-                       DType weights, DecodeModel* m) {
-  const int64_t E = kDecodeEmbed, hd = E / kDecodeHeads, kvE = kv_heads * hd;
+// Rounds *w to `dtype` (bf16 or f16, nearest even, as a kCopy layer stores it) and back to f32.
+void RoundWeights(DType dtype, std::vector<float>* w) {
+  std::vector<uint16_t> bits(w->size());
+  if (dtype == DType::kBF16) {
+    kernels::F32ToBF16(w->data(), bits.data(), w->size());
+    kernels::BF16ToF32(bits.data(), w->data(), w->size());
+  } else {
+    kernels::F32ToF16(w->data(), bits.data(), w->size());
+    kernels::F16ToF32(bits.data(), w->data(), w->size());
+  }
+}
+
+Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
+                       int64_t max_context, uint64_t seed, DType weights, DecodeModel* m) {
+  const int64_t E = embed, hd = E / heads, kvE = kv_heads * hd;
   Random rng(seed + static_cast<uint64_t>(kv_heads));
   const float bound = 1.0f / std::sqrt(static_cast<float>(E));
+  m->embed = embed;
+  m->heads = heads;
   m->kv_heads = kv_heads;
   m->wq.resize(E * E);
   m->wk.resize(kvE * E);
@@ -627,9 +651,13 @@ Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context,
   m->wo.resize(E * E);
   m->bo.resize(E);
   for (auto* w : {&m->wq, &m->wk, &m->wv, &m->bias, &m->wo, &m->bo}) rng.Fill(w, bound);
+  if (weights != DType::kF32) {
+    // Biases stay f32 in a 16-bit layer.
+    for (auto* w : {&m->wq, &m->wk, &m->wv, &m->wo}) RoundWeights(weights, w);
+  }
   AttentionConfig c;
   c.embed_dim = E;
-  c.num_heads = kDecodeHeads;
+  c.num_heads = heads;
   c.num_kv_heads = kv_heads;
   c.batch_first = true;
   c.weight_dtype = weights;
@@ -644,12 +672,15 @@ Status MakeDecodeModel(int64_t kv_heads, int64_t max_batch, int64_t max_context,
   m->max_context = max_context;
   m->kv.resize(2 * static_cast<size_t>(max_batch * kv_heads * max_context * hd));
   rng.Fill(&m->kv, 1.0f);
-  // kCopy: rounds the f32 weights once into a 16-bit layer's storage.
+  // kCopy: a 16-bit layer stores the (already rounded, so unchanged) weights in 16 bits.
   return MultiheadAttention::Create(c, w, WeightBinding::kCopy, &m->layer);
 }
 
+// Times KvCache::Step of one token per entry over `context` - 1 cached positions; with `peers`
+// (an f32 cache only), then the peers' step on the same layer, cache contents and token.
 DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
-                           size_t threads, const BenchOptions& o) {
+                           size_t threads, const BenchOptions& o, PeerComparison* peers,
+                           const std::function<void(const std::string&)>& status) {
   DecodeResult r;
   r.context = context;
   r.batch = batch;
@@ -657,7 +688,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.dtype = dtype;
   r.weights = m.layer->config().weight_dtype;
   r.threads = threads;
-  const int64_t E = kDecodeEmbed, hd = E / kDecodeHeads, kvh = m.kv_heads;
+  const int64_t E = m.embed, hd = E / m.heads, kvh = m.kv_heads;
   ContextOptions co;
   co.num_threads = threads;
   std::unique_ptr<Context> ctx;
@@ -667,11 +698,14 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
     st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
   // Fill context - 1 positions from the model's random keys/values (a strided view of them).
   const int64_t prior = context - 1;
+  const int64_t batch_stride = kvh * m.max_context * hd, head_stride = m.max_context * hd;
+  const float* keys = m.kv.data();
+  const float* values = keys + m.kv.size() / 2;
   if (st.ok() && prior > 0) {
     const int64_t shape[4] = {batch, kvh, prior, hd};
-    const int64_t strides[4] = {kvh * m.max_context * hd, m.max_context * hd, hd, 1};
-    float* k = const_cast<float*>(m.kv.data());
-    float* v = k + m.kv.size() / 2;
+    const int64_t strides[4] = {batch_stride, head_stride, hd, 1};
+    float* k = const_cast<float*>(keys);
+    float* v = const_cast<float*>(values);
     TensorView kt, vt;
     st = TensorView::Strided(k, DType::kF32, 4, shape, strides, &kt, "k");
     if (st.ok()) st = TensorView::Strided(v, DType::kF32, 4, shape, strides, &vt, "v");
@@ -699,7 +733,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   std::vector<double> samples_ms, attn_samples_ms;
   // The attention tasks of one step record events here (at most batch * kv_heads * chunks
   // + batch * heads of them; generously sized, never reallocated while timing).
-  TraceRecorder recorder(static_cast<size_t>(4 * batch * kDecodeHeads * (context / 64 + 2)));
+  TraceRecorder recorder(static_cast<size_t>(4 * batch * m.heads * (context / 64 + 2)));
   ctx->set_trace(&recorder);
   const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
   const int64_t start_ns = TraceRecorder::NowNs();
@@ -740,7 +774,223 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.cache_gbs = r.cache_bytes / sec * 1e-9;
   r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
   r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;
+  if (peers != nullptr && dtype == DType::kF32) {
+    // mha's threads and cache go first: the peers get the machine as mha had it.
+    ctx.reset();
+    cache.reset();
+    // `out` holds the last timed step's output: every step attends the same cache and token.
+    DecodePeerCase c;
+    c.batch = batch;
+    c.context = context;
+    c.embed = E;
+    c.heads = m.heads;
+    c.kv_heads = kvh;
+    c.q_weight = m.wq.data();
+    c.k_weight = m.wk.data();
+    c.v_weight = m.wv.data();
+    c.in_bias = m.bias.data();
+    c.out_weight = m.wo.data();
+    c.out_bias = m.bo.data();
+    c.keys = keys;
+    c.values = values;
+    c.batch_stride = batch_stride;
+    c.head_stride = head_stride;
+    c.x = x.data();
+    c.output = out.data();
+    peers->RunDecode(c, threads, status, &r.peers);
+  }
   return r;
+}
+
+// ---- --decode: prefill rows ------------------------------------------------------------------
+
+// One prefill row: KvCache::Step of `tokens` prompt tokens per entry into an empty f32 cache
+// against MultiheadAttention::Forward with causal on the same layer, input and threads.
+struct PrefillResult {
+  int64_t tokens = 0, batch = 0, embed = 0, heads = 0, kv_heads = 0;
+  size_t threads = 1;
+  std::string error;
+  int64_t runs = 0;  // timed runs of each
+  double step_ms = 0, step_p10_ms = 0, step_p90_ms = 0;
+  double forward_ms = 0, forward_p10_ms = 0, forward_p90_ms = 0;
+  double max_abs_diff = 0;  // between the step's and the forward's outputs
+};
+
+// The prefill rows' layers and batch, for every prompt length of --prefill; the batch-8 row only
+// up to kPrefillBatchedMaxTokens tokens (at 2048 tokens each of its calls takes about a second,
+// over 10 s per thread count with the warm-up and 5 runs of each).
+struct PrefillShape {
+  int64_t embed, heads, kv_heads, batch;
+};
+constexpr PrefillShape kPrefillShapes[] = {{1024, 16, 16, 1}, {1024, 16, 4, 1}, {768, 12, 12, 8}};
+constexpr int64_t kPrefillBatchedMaxTokens = 512;
+
+PrefillResult RunPrefillCase(const DecodeModel& m, int64_t tokens, int64_t batch, size_t threads,
+                             const BenchOptions& o) {
+  PrefillResult r;
+  r.tokens = tokens;
+  r.batch = batch;
+  r.embed = m.embed;
+  r.heads = m.heads;
+  r.kv_heads = m.kv_heads;
+  r.threads = threads;
+  const int64_t E = m.embed;
+  ContextOptions co;
+  co.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  Status st = Context::Create(co, &ctx);
+  std::unique_ptr<KvCache> cache;
+  if (st.ok()) {
+    st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, tokens, DType::kF32), &cache);
+  }
+  const size_t n = static_cast<size_t>(batch * tokens * E);
+  std::vector<float> x(n), step_out(n), forward_out(n);
+  Random rng(o.seed);
+  rng.Fill(&x, 1.0f);
+  const int64_t shape[3] = {batch, tokens, E};
+  AttentionInputs in;
+  in.causal = true;
+  AttentionOutputs forward_outputs;
+  TensorView step_view;
+  if (st.ok()) st = TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query, "x");
+  if (st.ok()) {
+    st = TensorView::Dense(step_out.data(), DType::kF32, 3, shape, &step_view, "step output");
+  }
+  if (st.ok()) {
+    st = TensorView::Dense(forward_out.data(), DType::kF32, 3, shape, &forward_outputs.output,
+                           "forward output");
+  }
+  // One call of either; the step always starts from an empty cache.
+  const char* op = "prefill";
+  const auto call = [&](bool step) {
+    op = step ? "KvCache::Step" : "MultiheadAttention::Forward";
+    if (!step) return m.layer->Forward(*ctx, in, forward_outputs);
+    cache->Reset();
+    return cache->Step(*ctx, *m.layer, in.query, step_view);
+  };
+  // Warm-up, one of each: the arena grows to the larger plan, pages settle.
+  if (st.ok()) st = call(true);
+  if (st.ok()) st = call(false);
+  std::vector<double> step_ms, forward_ms;
+  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
+  const int64_t start_ns = TraceRecorder::NowNs();
+  for (int64_t run = 0; st.ok(); ++run) {
+    // A/B alternating: the step first on even runs, the forward first on odd ones, so that
+    // neither always follows the other (warm caches, the machine's drift within seconds).
+    for (int k = 0; k < 2 && st.ok(); ++k) {
+      const bool step = (k == 0) == (run % 2 == 0);
+      const int64_t t0 = TraceRecorder::NowNs();
+      st = call(step);
+      (step ? step_ms : forward_ms)
+          .push_back(static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-6);
+    }
+    const int64_t runs = run + 1;
+    if ((runs >= o.min_runs && TraceRecorder::NowNs() - start_ns >= min_time_ns) ||
+        runs >= kMaxRuns) {
+      break;
+    }
+  }
+  if (!st.ok()) {
+    r.error = std::string(op) + ": " + st.ToString();
+    return r;
+  }
+  r.runs = static_cast<int64_t>(step_ms.size());
+  std::sort(step_ms.begin(), step_ms.end());
+  std::sort(forward_ms.begin(), forward_ms.end());
+  r.step_ms = Percentile(step_ms, 0.5);
+  r.step_p10_ms = Percentile(step_ms, 0.1);
+  r.step_p90_ms = Percentile(step_ms, 0.9);
+  r.forward_ms = Percentile(forward_ms, 0.5);
+  r.forward_p10_ms = Percentile(forward_ms, 0.1);
+  r.forward_p90_ms = Percentile(forward_ms, 0.9);
+  for (size_t i = 0; i < n; ++i) {
+    r.max_abs_diff =
+        std::max(r.max_abs_diff, static_cast<double>(std::fabs(step_out[i] - forward_out[i])));
+  }
+  return r;
+}
+
+// The prefill rows of --decode: prints their table, fills *results; false if any failed.
+bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillResult>* results) {
+  std::printf(
+      "\nprefill: KvCache::Step of `tokens` prompt tokens per entry into an empty f32 cache "
+      "against MultiheadAttention::Forward with causal of the same shape (same layer, input and "
+      "threads; alternating, medians); step/fwd = step_ms / forward_ms, max_diff = max |step "
+      "output - forward output|\n");
+  std::printf("%7s %6s %5s %5s %4s %7s %10s %10s %8s %9s\n", "tokens", "batch", "embed", "heads",
+              "kvh", "threads", "step_ms", "forward_ms", "step/fwd", "max_diff");
+  std::fflush(stdout);
+  bool ok = true;
+  for (const PrefillShape& shape : kPrefillShapes) {
+    DecodeModel model;
+    Status st;
+    bool made = false;
+    for (int64_t tokens : o.prefill_tokens) {
+      if (shape.batch > 1 && tokens > kPrefillBatchedMaxTokens) continue;
+      if (!made) {
+        progress->Show("preparing the prefill layer (E " + std::to_string(shape.embed) + ", " +
+                       std::to_string(shape.heads) + " heads)...");
+        st = MakeDecodeModel(shape.embed, shape.heads, shape.kv_heads, 0, 0, o.seed,
+                             o.decode_weights, &model);
+        made = true;
+      }
+      for (size_t t : o.threads) {
+        progress->Show("prefill " + std::to_string(tokens) + " tokens, E " +
+                       std::to_string(shape.embed) + ", batch " + std::to_string(shape.batch) +
+                       ", " + std::to_string(t) + " thread(s)");
+        PrefillResult r;
+        if (st.ok()) {
+          r = RunPrefillCase(model, tokens, shape.batch, t, o);
+        } else {
+          r.tokens = tokens;
+          r.batch = shape.batch;
+          r.embed = shape.embed;
+          r.heads = shape.heads;
+          r.kv_heads = shape.kv_heads;
+          r.threads = t;
+          r.error = "MultiheadAttention::Create: " + st.ToString();
+        }
+        progress->Clear();
+        std::printf("%7lld %6lld %5lld %5lld %4lld %7zu ", static_cast<long long>(r.tokens),
+                    static_cast<long long>(r.batch), static_cast<long long>(r.embed),
+                    static_cast<long long>(r.heads), static_cast<long long>(r.kv_heads), t);
+        if (!r.error.empty()) {
+          ok = false;
+          std::printf(" FAILED\n");
+          std::fprintf(stderr, "mha-bench: prefill %lld tokens, E %lld, batch %lld: %s\n",
+                       static_cast<long long>(r.tokens), static_cast<long long>(r.embed),
+                       static_cast<long long>(r.batch), r.error.c_str());
+        } else {
+          std::printf("%10.3f %10.3f %8.3f %8.1e%s\n", r.step_ms, r.forward_ms,
+                      r.step_ms / r.forward_ms, r.max_abs_diff,
+                      r.max_abs_diff <= o.tolerance ? "" : "!");
+        }
+        std::fflush(stdout);
+        results->push_back(std::move(r));
+      }
+    }
+  }
+  return ok;
+}
+
+// ---- --decode: the run ----------------------------------------------------------------------
+
+// The peers' cells of a decode row: <peer>_ms and <peer>/mha ('!' when its output disagreed).
+std::string PeerCells(const std::vector<std::string>& compare, const DecodeResult& r) {
+  std::string cells;
+  for (const std::string& p : compare) {
+    const auto it = r.peers.find(p);
+    char buf[64];
+    if (it == r.peers.end() || !it->second.timed) {
+      std::snprintf(buf, sizeof(buf), " %9s %9s", "-", "-");
+    } else {
+      std::snprintf(buf, sizeof(buf), " %9.3f %8.2f%s", it->second.median_ms,
+                    PeerRatio(r.peers, p, r.median_ms),
+                    it->second.max_abs_err <= it->second.tolerance ? " " : "!");
+    }
+    cells += buf;
+  }
+  return cells;
 }
 
 int RunDecode(const BenchOptions& o) {
@@ -767,10 +1017,23 @@ int RunDecode(const BenchOptions& o) {
                 ReadBufferBytes() >> 20, t, read_gbs[t]);
   }
   std::printf("weights: %s\n", DTypeName(o.decode_weights));
-  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %9s %8s %9s %6s\n",
-              "context", "batch", "kvh", "cache", "threads", "median_ms", "p90_ms", "tokens/s",
-              "cache_MiB", "cache_GB/s", "+weights_GB/s", "read%", "+weights%", "attn_ms",
-              "attn_GB/s", "attn%");
+  std::unique_ptr<PeerComparison> peers;
+  if (!o.compare.empty()) {
+    peers = std::make_unique<PeerComparison>(o);
+    std::printf(
+        "peers: <peer>_ms = the peer's f32 decode step on the same layer, cache contents, token "
+        "and threads, timed right after mha's f32 row (the bf16 and i8 rows repeat it); "
+        "<peer>/mha = <peer>_ms / median_ms, above 1: mha is faster; '!': its output differs "
+        "from mha's f32 step by more than --tolerance\n");
+  }
+  const auto status = [&progress](const std::string& text) { progress.ShowOrClear(text); };
+  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %9s %8s %9s %6s", "context",
+              "batch", "kvh", "cache", "threads", "median_ms", "p90_ms", "tokens/s", "cache_MiB",
+              "cache_GB/s", "+weights_GB/s", "read%", "+weights%", "attn_ms", "attn_GB/s", "attn%");
+  for (const std::string& p : o.compare) {
+    std::printf(" %9s %9s", (p + "_ms").c_str(), (p + "/mha").c_str());
+  }
+  std::printf("\n");
   std::fflush(stdout);
   const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
   const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
@@ -780,11 +1043,13 @@ int RunDecode(const BenchOptions& o) {
     progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
                   " layer and random keys/values...");
     DecodeModel model;
-    const Status st =
-        MakeDecodeModel(kvh, max_batch, max_context, o.seed, o.decode_weights, &model);
+    const Status st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context,
+                                      o.seed, o.decode_weights, &model);
     progress.Clear();
     for (int64_t context : o.decode_contexts) {
       for (int64_t batch : o.decode_batches) {
+        // The peers' results of the f32 rows, by thread count, for the other cache types' rows.
+        std::map<size_t, std::map<std::string, PeerResult>> f32_peers;
         for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
           for (size_t t : o.threads) {
             progress.Show("context " + std::to_string(context) + ", batch " +
@@ -799,7 +1064,12 @@ int RunDecode(const BenchOptions& o) {
               r.threads = t;
               r.error = "MultiheadAttention::Create: " + st.ToString();
             } else {
-              r = RunDecodeCase(model, context, batch, dtype, t, o);
+              r = RunDecodeCase(model, context, batch, dtype, t, o, peers.get(), status);
+            }
+            if (dtype == DType::kF32) {
+              f32_peers[t] = r.peers;
+            } else {
+              r.peers = f32_peers[t];
             }
             r.copy_gbs = copy_gbs[t];
             r.read_gbs = read_gbs[t];
@@ -815,19 +1085,46 @@ int RunDecode(const BenchOptions& o) {
             } else {
               std::printf(
                   "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f "
-                  "%9.1f %8.3f %9.2f %6.1f\n",
+                  "%9.1f %8.3f %9.2f %6.1f%s\n",
                   static_cast<long long>(context), static_cast<long long>(batch),
                   static_cast<long long>(kvh), DTypeName(dtype), t, r.median_ms, r.p90_ms,
                   r.tokens_per_s, r.cache_bytes / (1024.0 * 1024.0), r.cache_gbs, r.total_gbs,
                   r.read_gbs > 0 ? 100.0 * r.cache_gbs / r.read_gbs : NAN,
                   r.read_gbs > 0 ? 100.0 * r.total_gbs / r.read_gbs : NAN, r.attn_ms, r.attn_gbs,
-                  r.read_gbs > 0 ? 100.0 * r.attn_gbs / r.read_gbs : NAN);
+                  r.read_gbs > 0 ? 100.0 * r.attn_gbs / r.read_gbs : NAN,
+                  PeerCells(o.compare, r).c_str());
             }
             std::fflush(stdout);
             results.push_back(std::move(r));
           }
         }
       }
+    }
+  }
+  RunHeader peer_header;  // the peers' versions, once they ran
+  if (peers != nullptr) {
+    peer_header.compare = o.compare;
+    peers->Describe(&peer_header);
+    std::string line;
+    for (const std::string& p : o.compare) {
+      const auto v = peer_header.peer_versions.find(p);
+      line += (line.empty() ? "" : ", ") + p + " " +
+              (v != peer_header.peer_versions.end() ? v->second : std::string("(not run)"));
+    }
+    std::printf("peers (%s): %s\n", peer_header.peer_python.c_str(), line.c_str());
+  }
+  std::vector<PrefillResult> prefill;
+  bool prefill_ok = true;
+  if (!o.prefill_tokens.empty()) prefill_ok = RunPrefill(o, &progress, &prefill);
+  bool inaccurate = false;
+  for (const PrefillResult& r : prefill) {
+    if (r.error.empty() && !(r.max_abs_diff <= o.tolerance)) {
+      inaccurate = true;
+      std::fprintf(stderr,
+                   "mha-bench: prefill %lld tokens, E %lld, batch %lld, %zu thread(s): the step's "
+                   "output differs from the forward's by %.3g, above the tolerance %g\n",
+                   static_cast<long long>(r.tokens), static_cast<long long>(r.embed),
+                   static_cast<long long>(r.batch), r.threads, r.max_abs_diff, o.tolerance);
     }
   }
   bool io_ok = true;
@@ -872,15 +1169,51 @@ int RunDecode(const BenchOptions& o) {
     doc["header"]["seed"] = o.seed;
     for (const auto& [t, g] : copy_gbs) doc["header"]["copy_gbs"][std::to_string(t)] = g;
     for (const auto& [t, g] : read_gbs) doc["header"]["read_gbs"][std::to_string(t)] = g;
+    doc["header"]["tolerance"] = o.tolerance;
+    AddPeersHeaderJson(peer_header, &doc["header"]);
     doc["results"] = nlohmann::ordered_json::array();
-    for (const DecodeResult& r : results) doc["results"].push_back(fields(r));
+    for (const DecodeResult& r : results) {
+      nlohmann::ordered_json j = fields(r);
+      if (!o.compare.empty()) j["peers"] = PeerResultsJson(o.compare, r.peers, r.median_ms);
+      doc["results"].push_back(std::move(j));
+    }
+    doc["prefill"] = nlohmann::ordered_json::array();
+    for (const PrefillResult& r : prefill) {
+      nlohmann::ordered_json j;
+      j["tokens"] = r.tokens;
+      j["batch"] = r.batch;
+      j["embed"] = r.embed;
+      j["heads"] = r.heads;
+      j["kv_heads"] = r.kv_heads;
+      j["threads"] = r.threads;
+      j["error"] = r.error;
+      j["runs"] = r.runs;
+      j["step_ms"] = r.step_ms;
+      j["step_p10_ms"] = r.step_p10_ms;
+      j["step_p90_ms"] = r.step_p90_ms;
+      j["forward_ms"] = r.forward_ms;
+      j["forward_p10_ms"] = r.forward_p10_ms;
+      j["forward_p90_ms"] = r.forward_p90_ms;
+      j["ratio"] = r.forward_ms > 0 ? r.step_ms / r.forward_ms : 0.0;
+      j["max_abs_diff"] = r.max_abs_diff;
+      doc["prefill"].push_back(std::move(j));
+    }
     json_out << doc.dump(2) << "\n";
     io_ok = FinishOutput("--json", o.json_path, &json_out) && io_ok;
   }
   if (!o.csv_path.empty()) {
     bool first = true;
     for (const DecodeResult& r : results) {
-      const nlohmann::ordered_json j = fields(r);
+      nlohmann::ordered_json j = fields(r);
+      // The peers flattened as the forward suite's CSV has them (empty when not timed).
+      for (const std::string& p : o.compare) {
+        const auto it = r.peers.find(p);
+        const bool timed = it != r.peers.end() && it->second.timed;
+        j[p + "_ms"] = timed ? nlohmann::ordered_json(it->second.median_ms) : nullptr;
+        j[p + "_ratio"] =
+            timed ? nlohmann::ordered_json(PeerRatio(r.peers, p, r.median_ms)) : nullptr;
+        j[p + "_max_abs_err"] = timed ? nlohmann::ordered_json(it->second.max_abs_err) : nullptr;
+      }
       if (first) {
         std::string line;
         for (auto it = j.begin(); it != j.end(); ++it) line += (line.empty() ? "" : ",") + it.key();
@@ -889,14 +1222,17 @@ int RunDecode(const BenchOptions& o) {
       }
       std::string line;
       for (auto it = j.begin(); it != j.end(); ++it) {
-        const std::string v = it->is_string() ? it->get<std::string>() : it->dump();
+        const std::string v = it->is_string() ? it->get<std::string>()
+                              : it->is_null() ? std::string()
+                                              : it->dump();
         line += (it == j.begin() ? "" : ",") + v;
       }
       csv_out << line << "\n";
     }
     io_ok = FinishOutput("--csv", o.csv_path, &csv_out) && io_ok;
   }
-  return failed || !io_ok ? kExitFailure : kExitOk;
+  if (failed || !prefill_ok || !io_ok) return kExitFailure;
+  return inaccurate ? kExitInaccurate : kExitOk;
 }
 
 }  // namespace

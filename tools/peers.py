@@ -3,6 +3,8 @@
 
     build/peers-venv/bin/python tools/peers.py --peer ort --case 1,128,128,512,8,0,0 \
         --data case.safetensors --threads 2 --min-time 0.5 --min-runs 5
+    build/peers-venv/bin/python tools/peers.py --peer ort --decode 1,4096,1024,16,4 \
+        --data step.safetensors --threads 2 --min-time 0.5 --min-runs 5
 
 mha-bench runs it once per case, thread count and peer, right after timing the same case, with
 a safetensors file (--data) holding mha's weights, inputs and output for that case:
@@ -26,7 +28,30 @@ meets another's):
   openvino-bf16  the same with INFERENCE_PRECISION_HINT bf16 (OpenVINO's default on CPUs with
                  bf16 instructions); "precision" reports what the compiled model runs
 Torch peers run under torch.inference_mode() with torch.set_num_threads(threads). The first
-call's output is compared with mha's (max_abs_err). Timed calls are the library's Python call
+call's output is compared with mha's (max_abs_err).
+
+--decode B,CONTEXT,EMBED,HEADS,KV_HEADS (mha-bench --decode --compare) times one decode step
+instead: B entries each add one token to a cache that holds CONTEXT - 1 positions and attend
+all CONTEXT of them. The data file holds the layer (q_proj_weight [E, E], k_proj_weight and
+v_proj_weight [kvE, E] with kvE = KV_HEADS * head_dim, in_proj_bias [E + 2 kvE] for q, k, v,
+out_proj.weight, out_proj.bias), the cached keys and values past_key and past_value
+[B, KV_HEADS, CONTEXT - 1, head_dim] (projected, as mha's cache holds them), the token query
+[B, 1, E] and mha's output [B, 1, E]. Each peer allocates a cache of CONTEXT positions once,
+fills the first CONTEXT - 1 and writes the step's key and value at position CONTEXT - 1 on
+every call (so every call does the same work, as mha's step rewound after each run):
+  ort   ONNX Runtime's com.microsoft GroupQueryAttention, the op its generative decoders use:
+        one MatMul + Add for q, k and v (packed into GroupQueryAttention's query input), then
+        GroupQueryAttention(num_heads, kv_num_heads) with past_key/past_value [B, KV_HEADS,
+        CONTEXT, head_dim] (BNSH) bound through IOBinding to the same OrtValues as its
+        present_key/present_value outputs (shared buffer: the op writes the new token in place
+        and copies nothing per step), seqlens_k = CONTEXT - 1 per entry (total length - 1) and
+        total_sequence_length = CONTEXT, then MatMul + Add; output bound to a preallocated
+        buffer; intra_op_num_threads = threads
+  sdpa  PyTorch: F.linear (packed q, k, v weights), the new key and value written into a
+        preallocated cache tensor, F.scaled_dot_product_attention over it (grouped-query
+        layers: enable_gqa=True where torch has it, else repeat_interleave of the cache),
+        F.linear
+The other peers have no decode step here and report themselves unavailable. Timed calls are the library's Python call
 as a user makes it, inputs already in the library's tensor type.
 
 glibc's malloc is put in the state a long-running process reaches (fixed mmap threshold of 32
@@ -53,6 +78,7 @@ import sys
 import time
 
 PEERS = ("torch", "sdpa", "ort", "openvino", "openvino-bf16")
+DECODE_PEERS = ("ort", "sdpa")
 
 
 class Skip(Exception):
@@ -63,16 +89,21 @@ class Skip(Exception):
         self.unavailable = unavailable
 
 
-def parse_case(text):
+def parse_ints(flag, text, names):
+    """`text` as len(names) comma-separated integers, else argparse's error naming them."""
     parts = text.split(",")
-    if len(parts) != 7:
+    if len(parts) != len(names):
         raise argparse.ArgumentTypeError(
-            f"--case {text!r}: expected 7 comma-separated integers "
-            "batch,seq,kv_seq,embed,heads,causal,need_weights")
+            f"{flag} {text!r}: expected {len(names)} comma-separated integers {','.join(names)}")
     try:
-        b, s, kv, e, h, causal, nw = (int(p) for p in parts)
+        return [int(p) for p in parts]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--case {text!r}: not all integers")
+        raise argparse.ArgumentTypeError(f"{flag} {text!r}: not all integers")
+
+
+def parse_case(text):
+    b, s, kv, e, h, causal, nw = parse_ints(
+        "--case", text, ["batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights"])
     if min(b, s, kv, e, h) < 1 or causal not in (0, 1) or nw not in (0, 1):
         raise argparse.ArgumentTypeError(
             f"--case {text!r}: sizes must be >= 1, causal and need_weights 0 or 1")
@@ -80,6 +111,15 @@ def parse_case(text):
         raise argparse.ArgumentTypeError(f"--case {text!r}: embed {e} not divisible by heads {h}")
     return {"batch": b, "seq": s, "kv_seq": kv, "embed": e, "heads": h, "causal": bool(causal),
             "need_weights": bool(nw)}
+
+
+def parse_decode(text):
+    b, ctx, e, h, kvh = parse_ints("--decode", text,
+                                   ["batch", "context", "embed", "heads", "kv_heads"])
+    if min(b, ctx, e, h, kvh) < 1 or e % h or h % kvh:
+        raise argparse.ArgumentTypeError(
+            f"--decode {text!r}: sizes must be >= 1, embed divisible by heads, heads by kv_heads")
+    return {"batch": b, "context": ctx, "embed": e, "heads": h, "kv_heads": kvh}
 
 
 def percentile(sorted_values, p):
@@ -184,6 +224,18 @@ def torch_peer(case, data, threads, fused):
     return run, run_numpy, torch.__version__, "f32", torch.inference_mode
 
 
+def ort_session(ort, helper, graph, threads):
+    """An ONNX Runtime CPU session of `graph` (opset 17 plus the com.microsoft contrib ops) on
+    `threads` intra-op threads, every graph optimization on."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
 def ort_peer(case, data, threads):
     no_weights(case, "ort")
     self_attention_only(case, "ort (com.microsoft Attention)")
@@ -209,14 +261,7 @@ def ort_peer(case, data, threads):
     graph = helper.make_graph(
         nodes, "mha_peer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("com.microsoft", 1)])
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(model.SerializeToString(), so,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(ort, helper, graph, threads)
     feed = {"x": data["query"]}
 
     def run():
@@ -275,6 +320,147 @@ def openvino_peer(case, data, threads, precision):
     return run, run, ov.get_version().split("-")[0], actual, None
 
 
+# ---- decode peers: the same (run, run_numpy, version, precision, context) ----------------------
+
+def packed_qkv_weight(data):
+    """The q, k and v projections as one [E + 2 kvE, E] matrix (nn.Linear layout)."""
+    import numpy as np
+    return np.concatenate([data["q_proj_weight"], data["k_proj_weight"], data["v_proj_weight"]])
+
+
+def decode_cache(data, case):
+    """Key and value caches [B, kv_heads, context, head_dim]: the first context - 1 positions
+    from the data file, the last one for the step's own token."""
+    import numpy as np
+    b, ctx, kvh = case["batch"], case["context"], case["kv_heads"]
+    d = case["embed"] // case["heads"]
+    caches = []
+    for name in ("past_key", "past_value"):
+        c = np.zeros((b, kvh, ctx, d), np.float32)
+        c[:, :, :ctx - 1] = data[name]
+        caches.append(c)
+    return caches
+
+
+def ort_decode_peer(case, data, threads):
+    ort = import_or_skip("onnxruntime")
+    onnx = import_or_skip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    b, ctx, e, h, kvh = (case[k] for k in ("batch", "context", "embed", "heads", "kv_heads"))
+    d = e // h
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(packed_qkv_weight(data).T), "qkv_w"),
+        numpy_helper.from_array(data["in_proj_bias"], "qkv_b"),
+        numpy_helper.from_array(np.ascontiguousarray(data["out_proj.weight"].T), "out_w"),
+        numpy_helper.from_array(data["out_proj.bias"], "out_b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "qkv_w"], ["qkv_raw"]),
+        helper.make_node("Add", ["qkv_raw", "qkv_b"], ["qkv"]),
+        # Packed q|k|v in `query`, key and value omitted.
+        helper.make_node("GroupQueryAttention",
+                         ["qkv", "", "", "past_key", "past_value", "seqlens_k",
+                          "total_sequence_length"],
+                         ["attn", "present_key", "present_value"], domain="com.microsoft",
+                         num_heads=h, kv_num_heads=kvh),
+        helper.make_node("MatMul", ["attn", "out_w"], ["proj"]),
+        helper.make_node("Add", ["proj", "out_b"], ["y"]),
+    ]
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    cache = [b, kvh, ctx, d]
+    graph = helper.make_graph(
+        nodes, "mha_decode_peer",
+        [helper.make_tensor_value_info("x", f32, [b, 1, e]),
+         helper.make_tensor_value_info("past_key", f32, cache),
+         helper.make_tensor_value_info("past_value", f32, cache),
+         helper.make_tensor_value_info("seqlens_k", i32, [b]),
+         helper.make_tensor_value_info("total_sequence_length", i32, [1])],
+        [helper.make_tensor_value_info("y", f32, [b, 1, e]),
+         helper.make_tensor_value_info("present_key", f32, cache),
+         helper.make_tensor_value_info("present_value", f32, cache)],
+        initializer=inits)
+    session = ort_session(ort, helper, graph, threads)
+    k_cache, v_cache = decode_cache(data, case)
+    value = ort.OrtValue.ortvalue_from_numpy
+    keys, values = value(k_cache), value(v_cache)
+    y = value(np.zeros((b, 1, e), np.float32))
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("x", value(np.ascontiguousarray(data["query"])))
+    # past and present share one buffer: GroupQueryAttention writes the new token in place.
+    binding.bind_ortvalue_input("past_key", keys)
+    binding.bind_ortvalue_output("present_key", keys)
+    binding.bind_ortvalue_input("past_value", values)
+    binding.bind_ortvalue_output("present_value", values)
+    binding.bind_ortvalue_input("seqlens_k", value(np.full(b, ctx - 1, np.int32)))
+    binding.bind_ortvalue_input("total_sequence_length", value(np.array([ctx], np.int32)))
+    binding.bind_ortvalue_output("y", y)
+
+    def run():
+        session.run_with_iobinding(binding)
+
+    def run_numpy():
+        run()
+        return y.numpy()
+
+    return run, run_numpy, f"{ort.__version__} (onnx {onnx.__version__})", "f32", None
+
+
+def sdpa_decode_peer(case, data, threads):
+    torch = import_or_skip("torch")
+    F = torch.nn.functional
+    if not hasattr(F, "scaled_dot_product_attention"):
+        raise Skip(f"torch {torch.__version__} has no F.scaled_dot_product_attention",
+                   unavailable=True)
+    torch.set_num_threads(threads)
+    b, ctx, e, h, kvh = (case[k] for k in ("batch", "context", "embed", "heads", "kv_heads"))
+    d, kve, group = e // h, kvh * (e // h), h // kvh
+    w = torch.from_numpy(packed_qkv_weight(data))
+    bias, wo, bo = (torch.from_numpy(data[k]) for k in ("in_proj_bias", "out_proj.weight",
+                                                         "out_proj.bias"))
+    x = torch.from_numpy(data["query"])
+    k_cache, v_cache = (torch.from_numpy(c) for c in decode_cache(data, case))
+    pos = ctx - 1
+    enable_gqa = False
+    if group > 1:
+        try:  # torch >= 2.5
+            F.scaled_dot_product_attention(torch.zeros(1, 2, 1, 8), torch.zeros(1, 1, 1, 8),
+                                           torch.zeros(1, 1, 1, 8), enable_gqa=True)
+            enable_gqa = True
+        except TypeError:
+            pass
+
+    def attend(q):
+        if group == 1:
+            return F.scaled_dot_product_attention(q, k_cache, v_cache)
+        if enable_gqa:
+            return F.scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k_cache.repeat_interleave(group, 1),
+                                              v_cache.repeat_interleave(group, 1))
+
+    def run():
+        q, k, v = F.linear(x, w, bias).split([e, kve, kve], dim=-1)
+        k_cache[:, :, pos] = k.view(b, kvh, d)
+        v_cache[:, :, pos] = v.view(b, kvh, d)
+        o = attend(q.view(b, 1, h, d).transpose(1, 2))
+        return F.linear(o.transpose(1, 2).reshape(b, 1, e), wo, bo)
+
+    def run_numpy():
+        with torch.inference_mode():
+            return run().numpy()
+
+    return run, run_numpy, torch.__version__, "f32", torch.inference_mode
+
+
+def make_decode_peer(peer, case, data, threads):
+    if peer == "ort":
+        return ort_decode_peer(case, data, threads)
+    if peer == "sdpa":
+        return sdpa_decode_peer(case, data, threads)
+    raise Skip(f"{peer} has no decode step here (--decode compares {', '.join(DECODE_PEERS)})",
+               unavailable=True)
+
+
 def make_peer(peer, case, data, threads):
     if peer in ("torch", "sdpa"):
         return torch_peer(case, data, threads, fused=peer == "sdpa")
@@ -310,8 +496,11 @@ def main():
     ap = argparse.ArgumentParser(
         description="Time one peer's multi-head attention; one JSON object on stdout.")
     ap.add_argument("--peer", required=True, choices=PEERS)
-    ap.add_argument("--case", type=parse_case, required=True,
-                    metavar="B,SEQ,KV_SEQ,EMBED,HEADS,CAUSAL,NEED_WEIGHTS")
+    shape = ap.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--case", type=parse_case,
+                       metavar="B,SEQ,KV_SEQ,EMBED,HEADS,CAUSAL,NEED_WEIGHTS")
+    shape.add_argument("--decode", type=parse_decode, metavar="B,CONTEXT,EMBED,HEADS,KV_HEADS",
+                       help="time one decode step over a cache (see the module doc)")
     ap.add_argument("--data", required=True, help="safetensors file from mha-bench")
     ap.add_argument("--threads", type=int, default=1, help="threads the peer may use (default 1)")
     ap.add_argument("--min-time", type=float, default=1.0,
@@ -329,8 +518,9 @@ def main():
         from safetensors_py import load_file
         data = {k: np.ascontiguousarray(v, dtype=np.float32)
                 for k, v in load_file(args.data)[0].items()}
-        run, run_numpy, version, precision, context = make_peer(args.peer, args.case, data,
-                                                                args.threads)
+        make = make_decode_peer if args.decode else make_peer
+        run, run_numpy, version, precision, context = make(
+            args.peer, args.decode or args.case, data, args.threads)
         err, samples = time_peer(run, run_numpy, context, data["output"].astype(np.float64),
                                  args.min_time, args.min_runs)
         result.update({"version": version, "precision": precision,

@@ -16,7 +16,11 @@ is "–". --command adds the command that made the file. Only the standard libra
 An mha-bench --decode file gives the decode table instead: per context, batch, kv heads and
 cache storage, ms per step, tokens/s, the cache bytes read per step, read% (cache bytes per
 step time over the machine's streaming read bandwidth measured in the same run), +weights%
-(cache and projection weights) and attn% (the attention over the cache alone).
+(cache and projection weights) and attn% (the attention over the cache alone); with --compare,
+per decode peer its f32 step time over mha's step time of the row (the bf16 and i8 rows against
+the same f32 peer time). Its prefill rows follow as a second table: prompt tokens T, batch, E,
+heads, kv heads, the medians of KvCache::Step of the prompt into an empty cache and of the
+causal Forward of the same shape, and their ratio.
 """
 
 import argparse
@@ -30,6 +34,11 @@ PEER_TITLES = {
     "ort": "ONNX Runtime",
     "openvino": "OpenVINO f32",
     "openvino-bf16": "OpenVINO bf16",
+}
+# The decode peers' titles: the f32 decode step each one times (mha-bench --help).
+DECODE_PEER_TITLES = {
+    "ort": "ONNX Runtime GQA",
+    "sdpa": "PyTorch SDPA",
 }
 
 
@@ -70,14 +79,14 @@ def machine_line(h):
     return " · ".join(parts)
 
 
-def peers_line(h):
+def peers_line(h, titles=PEER_TITLES):
     peers = h.get("peers") or {}
     items = []
     for name in h.get("compare", []):
         info = peers.get(name) or {}
         version = info.get("version") or "not run"
         precision = info.get("precision")
-        items.append(f"{PEER_TITLES.get(name, name)} ({name}) {version}" +
+        items.append(f"{titles.get(name, name)} ({name}) {version}" +
                      (f", {precision}" if precision and precision != "f32" else ""))
     return "Peers: " + "; ".join(items) + "." if items else ""
 
@@ -129,23 +138,47 @@ def decode_machine_line(h):
 
 def decode_table(doc):
     results = doc["results"]
+    compare = doc["header"].get("compare", [])
     several_threads = len({r.get("threads") for r in results}) > 1
     titles = ["context", "batch", "kv heads", "cache"] + \
         (["threads"] if several_threads else []) + \
-        ["ms / step", "tokens/s", "cache MiB", "read %", "+weights %", "attn %"]
+        ["ms / step", "tokens/s", "cache MiB", "read %", "+weights %", "attn %"] + \
+        [DECODE_PEER_TITLES.get(p, p) for p in compare]
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
     for r in results:
         row = [str(r["context"]), str(r["batch"]), str(r["kv_heads"]), r["cache_dtype"]]
         if several_threads:
             row.append(str(r.get("threads")))
         if r.get("error"):
-            row += [f"error: {r['error']}"] + [""] * 5
+            row += [f"error: {r['error']}"] + [""] * (5 + len(compare))
         else:
             pct = lambda key: f"{100 * r[key]:.0f}" if isinstance(r.get(key), (int, float)) \
                 else "–"
             row += [f"{r['median_ms']:.3f}", f"{r['tokens_per_s']:.0f}",
                     f"{r['cache_bytes'] / 2**20:.1f}", pct("read_ratio"),
                     pct("total_read_ratio"), pct("attn_read_ratio")]
+            row += [peer_cell(r, p) for p in compare]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def prefill_table(doc):
+    rows = doc.get("prefill") or []
+    if not rows:
+        return []
+    several_threads = len({r.get("threads") for r in rows}) > 1
+    titles = ["T", "batch", "E", "heads", "kv heads"] + \
+        (["threads"] if several_threads else []) + \
+        ["Step ms (prefill)", "Forward ms (causal)", "Step / Forward"]
+    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    for r in rows:
+        row = [str(r[k]) for k in ("tokens", "batch", "embed", "heads", "kv_heads")]
+        if several_threads:
+            row.append(str(r.get("threads")))
+        if r.get("error"):
+            row += [f"error: {r['error']}", "", ""]
+        else:
+            row += [fmt_ms(r["step_ms"]), fmt_ms(r["forward_ms"]), f"{r['ratio']:.2f}×"]
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -155,7 +188,19 @@ def render(docs, command):
     for doc in docs:
         h = doc["header"]
         if h.get("mode") == "decode":
-            out += [decode_machine_line(h) + "  ", ""] + decode_table(doc) + [""]
+            out.append(decode_machine_line(h) + "  ")
+            peers = peers_line(h, DECODE_PEER_TITLES)
+            if peers:
+                out.append(peers + "  ")
+                out.append("Peer columns: the peer's f32 decode step time over mha's step time "
+                           "of the row (above 1×: mha is faster; the bf16 and i8 rows against the "
+                           "same f32 peer time; (!): its output disagreed with mha's).")
+            out += [""] + decode_table(doc) + [""]
+            prefill = prefill_table(doc)
+            if prefill:
+                out += ["Prefill: `KvCache::Step` of T prompt tokens into an empty f32 cache "
+                        "against `Forward` with causal of the same shape (medians, alternating):",
+                        ""] + prefill + [""]
             continue
         out.append(machine_line(h) + "  ")
         peers = peers_line(h)
