@@ -38,6 +38,16 @@ def table_rows(markdown):
     return [[c.strip() for c in line.strip("|").split("|")] for line in rows if "---" not in line]
 
 
+class SgemmBaseline(unittest.TestCase):
+    def test_baseline_named_when_not_blas_own(self):
+        with open(RECORDED) as f:
+            doc = json.load(f)
+        doc["header"]["sgemm_arch"] = "skx"
+        p = render(doc)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("sgemm baseline on BLIS skx", p.stdout)
+
+
 class Recorded(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -59,6 +69,7 @@ class Recorded(unittest.TestCase):
         for name, info in h["peers"].items():
             self.assertIn(f"({name}) {info['version']}", out)
         self.assertIn("    build/tools/mha-bench --threads 2 --compare all", out)
+        self.assertNotIn("sgemm baseline on", out)  # the recorded run predates sgemm_arch
         rows = table_rows(out)
         self.assertEqual(rows[0], ["(B, L, E, H)", "causal", "mha ms", "eff %", "PyTorch nn.MHA",
                                    "PyTorch SDPA", "ONNX Runtime", "OpenVINO f32",

@@ -70,6 +70,9 @@ def machine_line(h):
     parts = [f"**{h.get('cpu', 'unknown CPU')}**", f"SIMD target {h.get('simd_target', '?')}",
              f"BLIS {h.get('blas_arch', '?')}", f"{threads} thread(s)",
              f"mha {h.get('mha_version', '?')}", str(h.get("date", "?"))[:10]]
+    # The efficiency's baseline, when it is not the BLIS configuration named above.
+    if h.get("sgemm_arch") and h.get("sgemm_arch") != h.get("blas_arch"):
+        parts.append(f"sgemm baseline on BLIS {h['sgemm_arch']}")
     if isinstance(h.get("load_average"), (int, float)):
         parts.append(f"load average {h['load_average']:.2f} at the start")
     if h.get("prepack") is False:
