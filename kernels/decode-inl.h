@@ -143,19 +143,14 @@ constexpr size_t kGroupRows = 2;
 constexpr size_t kGroupRows = 4;
 #endif
 
-// Four accumulators of one query row.
+// a_i += x * v_i for four vectors v_i (four accumulators of one query row; named variables, not
+// a struct or array: SVE vectors are sizeless types).
 template <class V>
-struct Acc4 {
-  V a0, a1, a2, a3;
-};
-
-// acc.a_i += x * v_i for the four vectors v_i.
-template <class V>
-HWY_INLINE void MulAdd4(V x, V v0, V v1, V v2, V v3, Acc4<V>& acc) {
-  acc.a0 = hn::MulAdd(x, v0, acc.a0);
-  acc.a1 = hn::MulAdd(x, v1, acc.a1);
-  acc.a2 = hn::MulAdd(x, v2, acc.a2);
-  acc.a3 = hn::MulAdd(x, v3, acc.a3);
+HWY_INLINE void MulAdd4(V x, V v0, V v1, V v2, V v3, V& a0, V& a1, V& a2, V& a3) {
+  a0 = hn::MulAdd(x, v0, a0);
+  a1 = hn::MulAdd(x, v1, a1);
+  a2 = hn::MulAdd(x, v2, a2);
+  a3 = hn::MulAdd(x, v3, a3);
 }
 
 // Scores of kR query rows (row r at q + r * q_stride) against keys k0..k3 (hd elements each,
@@ -171,8 +166,9 @@ HWY_INLINE void ScoreRows(DF df, const float* HWY_RESTRICT q, ptrdiff_t q_stride
                           ptrdiff_t score_stride) {
   using V = hn::Vec<DF>;
   const size_t N = hn::Lanes(df);
-  const V z = hn::Zero(df);
-  Acc4<V> x0{z, z, z, z}, x1 = x0, x2 = x0, x3 = x0;
+  V x00 = hn::Zero(df), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00;
+  V x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00;
+  V x33 = x00;
   const float* HWY_RESTRICT q0 = q;
   const float* HWY_RESTRICT q1 = q0 + (kR > 1 ? q_stride : 0);
   const float* HWY_RESTRICT q2 = q1 + (kR > 2 ? q_stride : 0);
@@ -180,24 +176,24 @@ HWY_INLINE void ScoreRows(DF df, const float* HWY_RESTRICT q, ptrdiff_t q_stride
   for (size_t d = 0; d < hv; d += N) {
     const V v0 = Row::Load(df, k0 + d), v1 = Row::Load(df, k1 + d);
     const V v2 = Row::Load(df, k2 + d), v3 = Row::Load(df, k3 + d);
-    MulAdd4(hn::LoadU(df, q0 + d), v0, v1, v2, v3, x0);
-    if constexpr (kR > 1) MulAdd4(hn::LoadU(df, q1 + d), v0, v1, v2, v3, x1);
-    if constexpr (kR > 2) MulAdd4(hn::LoadU(df, q2 + d), v0, v1, v2, v3, x2);
-    if constexpr (kR > 3) MulAdd4(hn::LoadU(df, q3 + d), v0, v1, v2, v3, x3);
+    MulAdd4(hn::LoadU(df, q0 + d), v0, v1, v2, v3, x00, x01, x02, x03);
+    if constexpr (kR > 1) MulAdd4(hn::LoadU(df, q1 + d), v0, v1, v2, v3, x10, x11, x12, x13);
+    if constexpr (kR > 2) MulAdd4(hn::LoadU(df, q2 + d), v0, v1, v2, v3, x20, x21, x22, x23);
+    if constexpr (kR > 3) MulAdd4(hn::LoadU(df, q3 + d), v0, v1, v2, v3, x30, x31, x32, x33);
   }
-  const auto store = [&](const Acc4<V>& x, const float* HWY_RESTRICT qr, size_t r) {
+  const auto store = [&](V a0, V a1, V a2, V a3, const float* HWY_RESTRICT qr, size_t r) {
     HWY_ALIGN float sums[4];
-    SumLanes4(df, x.a0, x.a1, x.a2, x.a3, sums);
+    SumLanes4(df, a0, a1, a2, a3, sums);
     float* sr = scores + static_cast<ptrdiff_t>(r) * score_stride;
     sr[0] = AddTail<Row>(sums[0], qr, k0, hv, hd) * scale[0];
     sr[run] = AddTail<Row>(sums[1], qr, k1, hv, hd) * scale[1];
     sr[2 * run] = AddTail<Row>(sums[2], qr, k2, hv, hd) * scale[2];
     sr[3 * run] = AddTail<Row>(sums[3], qr, k3, hv, hd) * scale[3];
   };
-  store(x0, q0, 0);
-  if constexpr (kR > 1) store(x1, q1, 1);
-  if constexpr (kR > 2) store(x2, q2, 2);
-  if constexpr (kR > 3) store(x3, q3, 3);
+  store(x00, x01, x02, x03, q0, 0);
+  if constexpr (kR > 1) store(x10, x11, x12, x13, q1, 1);
+  if constexpr (kR > 2) store(x20, x21, x22, x23, q2, 2);
+  if constexpr (kR > 3) store(x30, x31, x32, x33, q3, 3);
 }
 
 template <class Row>
@@ -266,15 +262,24 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
   const size_t N = hn::Lanes(df);
   const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
   const size_t tail = kStreams * run;
-  const auto load = [&](size_t r) {
-    float* a = ar + static_cast<ptrdiff_t>(r) * acc_stride;
-    return Acc4<V>{hn::LoadU(df, a), hn::LoadU(df, a + N), hn::LoadU(df, a + 2 * N),
-                   hn::LoadU(df, a + 3 * N)};
-  };
-  Acc4<V> x0 = load(0), x1 = x0, x2 = x0, x3 = x0;
-  if constexpr (kR > 1) x1 = load(1);
-  if constexpr (kR > 2) x2 = load(2);
-  if constexpr (kR > 3) x3 = load(3);
+  // Accumulators: row i's four output vectors in xi0..xi3 (rows past kR stay unused).
+  const auto row = [&](size_t r) { return ar + static_cast<ptrdiff_t>(r) * acc_stride; };
+  V x00 = hn::LoadU(df, row(0)), x01 = hn::LoadU(df, row(0) + N);
+  V x02 = hn::LoadU(df, row(0) + 2 * N), x03 = hn::LoadU(df, row(0) + 3 * N);
+  V x10 = x00, x11 = x00, x12 = x00, x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00;
+  V x30 = x00, x31 = x00, x32 = x00, x33 = x00;
+  if constexpr (kR > 1) {
+    x10 = hn::LoadU(df, row(1)), x11 = hn::LoadU(df, row(1) + N);
+    x12 = hn::LoadU(df, row(1) + 2 * N), x13 = hn::LoadU(df, row(1) + 3 * N);
+  }
+  if constexpr (kR > 2) {
+    x20 = hn::LoadU(df, row(2)), x21 = hn::LoadU(df, row(2) + N);
+    x22 = hn::LoadU(df, row(2) + 2 * N), x23 = hn::LoadU(df, row(2) + 3 * N);
+  }
+  if constexpr (kR > 3) {
+    x30 = hn::LoadU(df, row(3)), x31 = hn::LoadU(df, row(3) + N);
+    x32 = hn::LoadU(df, row(3) + 2 * N), x33 = hn::LoadU(df, row(3) + 3 * N);
+  }
   const float* HWY_RESTRICT p0 = pr;
   const float* HWY_RESTRICT p1 = p0 + (kR > 1 ? p_stride : 0);
   const float* HWY_RESTRICT p2 = p1 + (kR > 2 ? p_stride : 0);
@@ -283,10 +288,10 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
   const auto step = [&](const T* HWY_RESTRICT v, size_t j) {
     const V v0 = Row::Load(df, v), v1 = Row::Load(df, v + N);
     const V v2 = Row::Load(df, v + 2 * N), v3 = Row::Load(df, v + 3 * N);
-    MulAdd4(hn::Set(df, weight(p0, j)), v0, v1, v2, v3, x0);
-    if constexpr (kR > 1) MulAdd4(hn::Set(df, weight(p1, j)), v0, v1, v2, v3, x1);
-    if constexpr (kR > 2) MulAdd4(hn::Set(df, weight(p2, j)), v0, v1, v2, v3, x2);
-    if constexpr (kR > 3) MulAdd4(hn::Set(df, weight(p3, j)), v0, v1, v2, v3, x3);
+    MulAdd4(hn::Set(df, weight(p0, j)), v0, v1, v2, v3, x00, x01, x02, x03);
+    if constexpr (kR > 1) MulAdd4(hn::Set(df, weight(p1, j)), v0, v1, v2, v3, x10, x11, x12, x13);
+    if constexpr (kR > 2) MulAdd4(hn::Set(df, weight(p2, j)), v0, v1, v2, v3, x20, x21, x22, x23);
+    if constexpr (kR > 3) MulAdd4(hn::Set(df, weight(p3, j)), v0, v1, v2, v3, x30, x31, x32, x33);
   };
   // Rows i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
   const T* v = values;
@@ -296,17 +301,16 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
   }
   v = values + static_cast<ptrdiff_t>(tail) * value_stride;
   for (size_t j = tail; j < n; ++j, v += value_stride) step(v, j);
-  const auto store = [&](const Acc4<V>& x, size_t r) {
-    float* a = ar + static_cast<ptrdiff_t>(r) * acc_stride;
-    hn::StoreU(x.a0, df, a);
-    hn::StoreU(x.a1, df, a + N);
-    hn::StoreU(x.a2, df, a + 2 * N);
-    hn::StoreU(x.a3, df, a + 3 * N);
+  const auto store = [&](V a0, V a1, V a2, V a3, size_t r) {
+    hn::StoreU(a0, df, row(r));
+    hn::StoreU(a1, df, row(r) + N);
+    hn::StoreU(a2, df, row(r) + 2 * N);
+    hn::StoreU(a3, df, row(r) + 3 * N);
   };
-  store(x0, 0);
-  if constexpr (kR > 1) store(x1, 1);
-  if constexpr (kR > 2) store(x2, 2);
-  if constexpr (kR > 3) store(x3, 3);
+  store(x00, x01, x02, x03, 0);
+  if constexpr (kR > 1) store(x10, x11, x12, x13, 1);
+  if constexpr (kR > 2) store(x20, x21, x22, x23, 2);
+  if constexpr (kR > 3) store(x30, x31, x32, x33, 3);
 }
 
 template <class Row>

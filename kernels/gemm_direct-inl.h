@@ -183,43 +183,35 @@ HWY_INLINE void StoreWholeRow(DF df, const TileArgs& t, float* HWY_RESTRICT c,
   }
 }
 
-// The kC accumulators of one row of a tile, named (no arrays: SVE vectors are sizeless types,
-// and with an array GCC 12 stored every accumulator to the stack on each k step: a throwaway
-// AVX2 6 x 2 tile ran at 35 instead of 99 GFLOP/s). Unused ones are dropped by the compiler.
-template <class V>
-struct RowAcc {
-  V s0, s1, s2, s3;
-};
-
 // One step of a row of a tile: s_c += x * v_c for the first kC vectors. x is pinned to a
 // register (gemv_detail::KeepInRegister): otherwise GCC folds its broadcast into each
 // multiply-add as a memory operand, one load per multiply-add.
 template <size_t kC, class V>
-HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, RowAcc<V>& r) {
+HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3) {
   if constexpr (kC > 1) KeepInRegister(x);
-  r.s0 = hn::MulAdd(x, v0, r.s0);
-  if constexpr (kC > 1) r.s1 = hn::MulAdd(x, v1, r.s1);
-  if constexpr (kC > 2) r.s2 = hn::MulAdd(x, v2, r.s2);
-  if constexpr (kC > 3) r.s3 = hn::MulAdd(x, v3, r.s3);
+  s0 = hn::MulAdd(x, v0, s0);
+  if constexpr (kC > 1) s1 = hn::MulAdd(x, v1, s1);
+  if constexpr (kC > 2) s2 = hn::MulAdd(x, v2, s2);
+  if constexpr (kC > 3) s3 = hn::MulAdd(x, v3, s3);
 }
 
 // Row kI of a kR-row tile: its step if the tile has that row. a_row: the row's first element.
 template <size_t kI, size_t kR, size_t kC, class DF, class V = hn::Vec<DF>>
 HWY_INLINE void StepIf(DF df, const float* HWY_RESTRICT a_row, ptrdiff_t ao, V v0, V v1, V v2,
-                       V v3, RowAcc<V>& r) {
-  if constexpr (kI < kR) RowStep<kC>(hn::Set(df, a_row[ao]), v0, v1, v2, v3, r);
+                       V v3, V& s0, V& s1, V& s2, V& s3) {
+  if constexpr (kI < kR) RowStep<kC>(hn::Set(df, a_row[ao]), v0, v1, v2, v3, s0, s1, s2, s3);
 }
 
 // Stores row kI of a kR-row tile if the tile has that row (see Tile).
 template <size_t kI, size_t kR, size_t kC, class DF, class V = hn::Vec<DF>>
-HWY_INLINE void StoreIf(DF df, const TileArgs& t, bool whole, const RowAcc<V>& r) {
+HWY_INLINE void StoreIf(DF df, const TileArgs& t, bool whole, V s0, V s1, V s2, V s3) {
   if constexpr (kI < kR) {
     if (whole) {
       float* HWY_RESTRICT c = t.c + static_cast<ptrdiff_t>(kI) * t.c_rs;
       float* HWY_RESTRICT c2 = t.c2 != nullptr ? t.c2 + static_cast<ptrdiff_t>(kI) * t.c2_rs : nullptr;
-      StoreWholeRow<kC>(df, t, c, c2, r.s0, r.s1, r.s2, r.s3);
+      StoreWholeRow<kC>(df, t, c, c2, s0, s1, s2, s3);
     } else {
-      StoreRow<kC>(df, r.s0, r.s1, r.s2, r.s3, t, kI);
+      StoreRow<kC>(df, s0, s1, s2, s3, t, kI);
     }
   }
 }
@@ -245,8 +237,15 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
   const float* HWY_RESTRICT b3 = kC > 3 ? t.b[3] : b0;
   const ptrdiff_t a_cs = t.a_cs;
   const size_t step = t.b_step;
-  const V z = hn::Zero(df);
-  RowAcc<V> r0{z, z, z, z}, r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0;
+  // Named accumulators and vectors (no arrays or structs: SVE vectors are sizeless types, and
+  // with an array GCC 12 stored every accumulator to the stack on each k step); unused ones are
+  // dropped by the compiler.
+  V s00 = hn::Zero(df), s01 = s00, s02 = s00, s03 = s00;
+  V s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+  V s20 = s00, s21 = s00, s22 = s00, s23 = s00;
+  V s30 = s00, s31 = s00, s32 = s00, s33 = s00;
+  V s40 = s00, s41 = s00, s42 = s00, s43 = s00;
+  V s50 = s00, s51 = s00, s52 = s00, s53 = s00;
   // One offset into a's rows and one into b's vectors for all of them (base + index
   // addressing): a pointer per row and per vector advanced separately cost seven more integer
   // adds per k step on 5 x 2, which measured ~6% slower.
@@ -264,21 +263,21 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
       if constexpr (kC > 2) KeepInRegister(v2);
       if constexpr (kC > 3) KeepInRegister(v3);
     }
-    StepIf<0, kR, kC>(df, a0, ao, v0, v1, v2, v3, r0);
-    StepIf<1, kR, kC>(df, a1, ao, v0, v1, v2, v3, r1);
-    StepIf<2, kR, kC>(df, a2, ao, v0, v1, v2, v3, r2);
-    StepIf<3, kR, kC>(df, a3, ao, v0, v1, v2, v3, r3);
-    StepIf<4, kR, kC>(df, a4, ao, v0, v1, v2, v3, r4);
-    StepIf<5, kR, kC>(df, a5, ao, v0, v1, v2, v3, r5);
+    StepIf<0, kR, kC>(df, a0, ao, v0, v1, v2, v3, s00, s01, s02, s03);
+    StepIf<1, kR, kC>(df, a1, ao, v0, v1, v2, v3, s10, s11, s12, s13);
+    StepIf<2, kR, kC>(df, a2, ao, v0, v1, v2, v3, s20, s21, s22, s23);
+    StepIf<3, kR, kC>(df, a3, ao, v0, v1, v2, v3, s30, s31, s32, s33);
+    StepIf<4, kR, kC>(df, a4, ao, v0, v1, v2, v3, s40, s41, s42, s43);
+    StepIf<5, kR, kC>(df, a5, ao, v0, v1, v2, v3, s50, s51, s52, s53);
   }
   // Whole rows at unit column stride store without StoreAcc's checks and lane buffer.
   const bool whole = t.c_cs == 1 && t.cols == kC * hn::Lanes(df);
-  StoreIf<0, kR, kC>(df, t, whole, r0);
-  StoreIf<1, kR, kC>(df, t, whole, r1);
-  StoreIf<2, kR, kC>(df, t, whole, r2);
-  StoreIf<3, kR, kC>(df, t, whole, r3);
-  StoreIf<4, kR, kC>(df, t, whole, r4);
-  StoreIf<5, kR, kC>(df, t, whole, r5);
+  StoreIf<0, kR, kC>(df, t, whole, s00, s01, s02, s03);
+  StoreIf<1, kR, kC>(df, t, whole, s10, s11, s12, s13);
+  StoreIf<2, kR, kC>(df, t, whole, s20, s21, s22, s23);
+  StoreIf<3, kR, kC>(df, t, whole, s30, s31, s32, s33);
+  StoreIf<4, kR, kC>(df, t, whole, s40, s41, s42, s43);
+  StoreIf<5, kR, kC>(df, t, whole, s50, s51, s52, s53);
 }
 
 // Rows of the next tile when `left` rows remain: full tiles while two or more remain, then the
