@@ -130,16 +130,22 @@ void BM_OnlineSoftmaxUpdate(benchmark::State& state) {
 }
 BENCHMARK(BM_OnlineSoftmaxUpdate)->DenseRange(0, 2)->UseManualTime();
 
-// Softmax of 16 x 1024 on each target this CPU supports (argument = index into the list).
-void BM_SoftmaxRowsPerTarget(benchmark::State& state) {
+// Forces dispatch to the index-th target this CPU supports (kernels::SupportedTargets); false,
+// with the benchmark skipped, where there are fewer. The caller restores with ForceTarget(0).
+bool ForceTargetAt(benchmark::State& state, size_t index) {
   kernels::ForceTarget(0);
   const std::vector<int64_t> targets = kernels::SupportedTargets();
-  const size_t index = static_cast<size_t>(state.range(0));
   if (index >= targets.size()) {
     state.SkipWithError("this CPU supports fewer targets");
-    return;
+    return false;
   }
   kernels::ForceTarget(targets[index]);
+  return true;
+}
+
+// Softmax of 16 x 1024 on each target this CPU supports (argument = index into the list).
+void BM_SoftmaxRowsPerTarget(benchmark::State& state) {
+  if (!ForceTargetAt(state, static_cast<size_t>(state.range(0)))) return;
   state.SetLabel(kernels::TargetName(kernels::ActiveTarget()));
   const size_t cols = 1024;
   std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 6);
@@ -353,14 +359,7 @@ BENCHMARK(BM_GemmPackedOperand)
 // products' 4 L S hd flops. Targets where the direct kernel does not run (NR of BLIS's
 // configuration not a multiple of the target's lanes) are skipped with the reason.
 void BM_AttentionCore(benchmark::State& state) {
-  kernels::ForceTarget(0);
-  const std::vector<int64_t> targets = kernels::SupportedTargets();
-  const size_t index = static_cast<size_t>(state.range(0));
-  if (index >= targets.size()) {
-    state.SkipWithError("this CPU supports fewer targets");
-    return;
-  }
-  kernels::ForceTarget(targets[index]);
+  if (!ForceTargetAt(state, static_cast<size_t>(state.range(0)))) return;
   state.SetLabel(std::string(kernels::TargetName(kernels::ActiveTarget())) +
                  (state.range(2) == 1 ? " products only" : ""));
   if (!kernels::GemmPackedBDirectSupported()) {
