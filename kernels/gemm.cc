@@ -12,6 +12,7 @@
 #endif
 
 #include "kernels/elementwise.h"
+#include "kernels/gemm_direct.h"
 #include "kernels/gemv.h"
 
 namespace mha {
@@ -341,6 +342,26 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
   float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
   float* const widen =
       reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.widen_offset_bytes);
+  // Where mha's direct micro-kernel beats BLIS's at every size (AVX-512 with BLIS's 6 x 16
+  // packing: gemm_direct.h), each packed B block is multiplied by a read in place instead of
+  // packed A panels through BLIS's kernel. Same arithmetic (the direct kernel's is the 6 x 16
+  // kernel's, and the k blocks accumulate the same way), so the same bits.
+  if (op_a.f32 != nullptr && cfg.prefers_rows && GemmPackedBDirectSupported() &&
+      GemmPackedBDirectMaxRows() == ~size_t{0}) {
+    for (size_t jc = 0; jc < n; jc += cfg.nc) {
+      const size_t nc = std::min(cfg.nc, n - jc);
+      for (size_t pc = 0; pc < k; pc += cfg.kc) {
+        const size_t kc = std::min(cfg.kc, k - pc);
+        PackBlock(cfg.pack_b, op_b.At(pc, jc).Transposed(), nc, kc, cfg.nr, cfg.packnr, widen,
+                  b_pack);
+        const MatrixView a_blk{const_cast<float*>(op_a.At(0, pc).f32), m, kc, op_a.row_stride,
+                               op_a.col_stride};
+        GemmPackedBDirect(alpha, a_blk, PackedB{b_pack, kc, nc, nc, 0, kc}, pc == 0 ? beta : 1.0f,
+                          op_c.Block(0, jc, m, nc));
+      }
+    }
+    return;
+  }
   float alpha_v = alpha;
   float one = 1.0f;
   for (size_t jc = 0; jc < n; jc += cfg.nc) {
