@@ -558,9 +558,12 @@ Incremental decoding (--decode runs this suite instead of the one above):
   bandwidth (every byte a step must read); attn_ms = median time of the attention over the
   cache alone (first start to last end of its tasks, from trace events), attn_GB/s = cache
   bytes / attn_ms, attn% = attn_GB/s / read bandwidth: how close reading the cache comes to
-  the machine's limit. The read bandwidth, a decode step's limit, is measured once per thread
-  count before the cases: a streaming sum of max(512 MiB, 4 x the last-level cache) split
-  evenly over the same threads, best of 8 after a warm-up; the copy bandwidth beside it: memcpy
+  the machine's limit. The read bandwidth, a decode step's limit, is a streaming sum of
+  max(512 MiB, 4 x the last-level cache) split evenly over the same threads: best of 8 after a
+  warm-up once per thread count before the cases (the header, and every row's divisor), and for
+  a row whose cache exceeds the last-level cache (read from memory) best of 3 again right after
+  the case, which that row's read% and attn% divide by (the probe's buffer stays allocated for
+  the run); the copy bandwidth beside it, once per thread count: memcpy
   of a 256 MiB buffer into another, best of 5, counting bytes read + written (STREAM's
   convention); JSON has both (read_* and copy_* fields). --json/--csv write these fields (JSON:
   "peers" per row as in the forward suite, the prefill rows under "prefill"; CSV: the decode

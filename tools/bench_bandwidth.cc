@@ -51,25 +51,31 @@ namespace mha {
 
 HWY_EXPORT(SumFloats);
 
-size_t ReadBufferBytes() {
+size_t LastLevelCacheBytes() {
   const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return std::max<size_t>(size_t{512} << 20, llc > 0 ? 4 * static_cast<size_t>(llc) : 0);
+  return llc > 0 ? static_cast<size_t>(llc) : 0;
 }
 
-double MeasureReadGbs(size_t threads) {
-  // Slices of a multiple of 1024 floats: whole groups of four vectors on every target.
-  const size_t parts = threads;
-  const size_t slice = ReadBufferBytes() / sizeof(float) / parts / 1024 * 1024;
-  const size_t floats = slice * parts;
-  std::unique_ptr<float[]> buf(new float[floats]);
-  std::fill(buf.get(), buf.get() + floats, 1.0f);
-  ThreadPool pool(threads);
+size_t ReadBufferBytes() { return std::max<size_t>(size_t{512} << 20, 4 * LastLevelCacheBytes()); }
+
+ReadProbe::ReadProbe() {
+  // A multiple of 1024 floats per slice for any thread count up to 64 (whole groups of four
+  // vectors on every target); the last slice takes the remainder.
+  floats_ = ReadBufferBytes() / sizeof(float) / (64 * 1024) * (64 * 1024);
+  buf_.reset(new float[floats_]);
+  std::fill(buf_.get(), buf_.get() + floats_, 1.0f);
+}
+
+double ReadProbe::Measure(size_t threads, int reps) const {
+  const size_t parts = std::max<size_t>(threads, 1);
+  const size_t slice = floats_ / parts / 1024 * 1024;
+  ThreadPool pool(parts);
   std::vector<float> sums(parts);
   double best_s = 0;
-  for (int rep = 0; rep < 9; ++rep) {
+  for (int rep = 0; rep <= reps; ++rep) {
     const int64_t t0 = TraceRecorder::NowNs();
     pool.ParallelFor(parts, [&](uint64_t task, size_t /*worker*/) {
-      sums[task] = HWY_DYNAMIC_DISPATCH(SumFloats)(buf.get() + task * slice, slice);
+      sums[task] = HWY_DYNAMIC_DISPATCH(SumFloats)(buf_.get() + task * slice, slice);
     });
     const double sec = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
     if (rep > 0 && (best_s == 0 || sec < best_s)) best_s = sec;
@@ -78,8 +84,10 @@ double MeasureReadGbs(size_t threads) {
   float all = 0;
   for (float s : sums) all += s;
   if (all < 0) std::fputc('\0', stderr);
-  return best_s > 0 ? static_cast<double>(floats * sizeof(float)) / best_s * 1e-9 : 0.0;
+  return best_s > 0 ? static_cast<double>(slice * parts * sizeof(float)) / best_s * 1e-9 : 0.0;
 }
+
+double MeasureReadGbs(size_t threads) { return ReadProbe().Measure(threads, 8); }
 
 double MeasureCopyGbs(size_t threads) {
   constexpr int64_t kCopyBytes = int64_t{256} << 20;

@@ -4,17 +4,35 @@
 #define MHA_TOOLS_BENCH_BANDWIDTH_H_
 
 #include <cstddef>
+#include <memory>
 
 namespace mha {
+
+// Bytes of the last-level cache (sysconf), 0 if unknown.
+size_t LastLevelCacheBytes();
 
 // Bytes of the streaming read: 512 MiB or four times the last-level cache, whichever is larger,
 // so that the reads come from memory.
 size_t ReadBufferBytes();
 
 // Streaming read bandwidth (bytes read per second, in GB/s = 1e9 B/s): ReadBufferBytes() split
-// evenly over `threads` threads of an mha pool, each summing its slice with the widest vector
-// loads the CPU has (Highway, dispatched at run time), best of 8 after a warm-up that also faults
-// the pages in. What a decode step, which only reads the cache, can reach.
+// evenly over the threads of an mha pool, each summing its slice with the widest vector loads
+// the CPU has (Highway, dispatched at run time). What a decode step, which only reads the cache,
+// can reach. The buffer is allocated and its pages faulted in once, so the probe can be repeated
+// right before each measurement it is compared with (a shared machine's bandwidth moves by tens
+// of percent within minutes).
+class ReadProbe {
+ public:
+  ReadProbe();
+  // Best of `reps` reads of the whole buffer on `threads` threads, after one warm-up read.
+  double Measure(size_t threads, int reps) const;
+
+ private:
+  size_t floats_ = 0;
+  std::unique_ptr<float[]> buf_;
+};
+
+// ReadProbe().Measure(threads, 8).
 double MeasureReadGbs(size_t threads);
 
 // memcpy bandwidth (bytes read + written per second, GB/s, STREAM's convention) of a 256 MiB
