@@ -346,8 +346,7 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
   // packing: gemm_direct.h), each packed B block is multiplied by a read in place instead of
   // packed A panels through BLIS's kernel. Same arithmetic (the direct kernel's is the 6 x 16
   // kernel's, and the k blocks accumulate the same way), so the same bits.
-  if (op_a.f32 != nullptr && cfg.prefers_rows && GemmPackedBDirectSupported() &&
-      GemmPackedBDirectMaxRows() == ~size_t{0}) {
+  if (op_a.f32 != nullptr && cfg.prefers_rows && GemmPackedBDirectAlwaysWins()) {
     for (size_t jc = 0; jc < n; jc += cfg.nc) {
       const size_t nc = std::min(cfg.nc, n - jc);
       for (size_t pc = 0; pc < k; pc += cfg.kc) {

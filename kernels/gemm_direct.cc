@@ -24,6 +24,10 @@ bool GemmPackedBDirectSupported() {
 
 size_t GemmPackedBDirectMaxRows() { return HWY_DYNAMIC_DISPATCH(PackedBDirectMaxRows)(); }
 
+bool GemmPackedBDirectAlwaysWins() {
+  return GemmPackedBDirectSupported() && GemmPackedBDirectMaxRows() == ~size_t{0};
+}
+
 namespace {
 
 // GemmPackedBDirect, with a second destination when c2 is not null (GemmPackedBDirectDual).

@@ -49,6 +49,10 @@ bool GemmPackedBDirectSupported();
 // the dispatched target (measured per target: gemm_direct-inl.h); unlimited on AVX-512.
 size_t GemmPackedBDirectMaxRows();
 
+// Whether GemmPackedBDirect runs and beats BLIS's micro-kernel at every size (AVX-512 with a
+// 6 x 16 configuration): the blocked driver and the weights-packed-once products then take it.
+bool GemmPackedBDirectAlwaysWins();
+
 // c = alpha * a * b + beta * c with Gemm's contract for alpha and beta (beta == 0 does not read
 // c; b.k == 0 or alpha == 0 gives c = beta * c), then, if bias is not null, c[i, j] += bias[j]
 // (bias [b.n], contiguous): one more rounded add per element in the last k block's store, so

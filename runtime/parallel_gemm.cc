@@ -291,8 +291,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       // Only where the direct kernel wins at every size (AVX-512, with FMA): there its
       // arithmetic is that of BLIS's 6 x 16 kernel, so the 16-bit twin of the layer (GemmHalfB
       // through BLIS's kernel) keeps the same bits; without FMA (SSE4) it would not.
-      direct[j] = kernels::GemmPackedBDirectSupported() &&
-                  kernels::GemmPackedBDirectMaxRows() == ~size_t{0};
+      direct[j] = kernels::GemmPackedBDirectAlwaysWins();
     }
     first_pack[j + 1] = first_pack[j] + packs;
     first_task[j + 1] = first_task[j] + PanelTasks(strassen[j] ? HalfColumns(job) : job, panels[j]);
