@@ -155,7 +155,7 @@ HWY_INLINE void MulAdd4(V x, V v0, V v1, V v2, V v3, V& a0, V& a1, V& a2, V& a3)
 
 // Scores of kR query rows (row r at q + r * q_stride) against keys k0..k3 (hd elements each,
 // rows i, run + i, 2 run + i, 3 run + i of the block): scores[r * score_stride + {0, run, 2 run,
-// 3 run}]; scales s0..s3 multiply the four dot products.
+// 3 run}]; scale[0..3] multiply the four dot products.
 template <class Row, size_t kR, class DF>
 HWY_INLINE void ScoreRows(DF df, const float* HWY_RESTRICT q, ptrdiff_t q_stride,
                           const typename Row::T* HWY_RESTRICT k0,

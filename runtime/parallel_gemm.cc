@@ -288,9 +288,9 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       used += bytes;
       packs = CeilDiv(job.c.cols, packed_panel.cols);
       panels[j] = packed_panel;
-      // Only where the direct kernel wins at every size (AVX-512, with FMA): there its
-      // arithmetic is that of BLIS's 6 x 16 kernel, so the 16-bit twin of the layer (GemmHalfB
-      // through BLIS's kernel) keeps the same bits; without FMA (SSE4) it would not.
+      // Only where the direct kernel wins at every size (AVX-512, with FMA), where GemmHalfB's
+      // driver takes it too: the 16-bit twin of the layer keeps the same bits. Elsewhere the
+      // twin runs BLIS's kernel, whose bits the direct kernel's match only with FMA (not SSE4).
       direct[j] = kernels::GemmPackedBDirectAlwaysWins();
     }
     first_pack[j + 1] = first_pack[j] + packs;
