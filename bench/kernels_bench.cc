@@ -399,17 +399,15 @@ void BM_AttentionCore(benchmark::State& state) {
         const MatrixView a_view{acc.data() + r0 * hd, sr, hd, static_cast<ptrdiff_t>(hd), 1};
         kernels::GemmPackedBDirect(scale, rows_of(q, r0, sr, hd), kp, 0.0f, s_view);
         if (softmax) {
-          kernels::OnlineSoftmaxUpdate(scores.data(), sr, key_block,
-                                       static_cast<ptrdiff_t>(key_block), 1.0f, SoftmaxMasks(),
-                                       row_max.data() + r0, row_sum.data() + r0, a_view.data, hd,
-                                       a_view.row_stride);
+          kernels::OnlineSoftmaxUpdate(
+              scores.data(), sr, key_block, static_cast<ptrdiff_t>(key_block), 1.0f, SoftmaxMasks(),
+              row_max.data() + r0, row_sum.data() + r0, a_view.data, hd, a_view.row_stride);
         }
         kernels::GemmPackedBDirect(1.0f, s_view, vp, k0 == 0 ? 0.0f : 1.0f, a_view);
       }
     }
     if (softmax) {
-      kernels::OnlineSoftmaxFinish(acc.data(), len, hd, static_cast<ptrdiff_t>(hd),
-                                   row_sum.data());
+      kernels::OnlineSoftmaxFinish(acc.data(), len, hd, static_cast<ptrdiff_t>(hd), row_sum.data());
     }
     benchmark::DoNotOptimize(acc.data());
     benchmark::ClobberMemory();

@@ -93,8 +93,8 @@ HWY_INLINE void SumLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out
   const hn::Repartition<double, DF> dd;
   const auto lo = hn::InterleaveLower(dd, hn::BitCast(dd, t01), hn::BitCast(dd, t23));
   const auto hi = hn::InterleaveUpper(dd, hn::BitCast(dd, t01), hn::BitCast(dd, t23));
-  hn::StoreU(AddBlocks(df, hn::Add(hn::BitCast(df, lo), hn::BitCast(df, hi))),
-             hn::Full128<float>(), out);
+  hn::StoreU(AddBlocks(df, hn::Add(hn::BitCast(df, lo), hn::BitCast(df, hi))), hn::Full128<float>(),
+             out);
 }
 #else
 // Targets without 128-bit blocks of four lanes (scalar, EMU128, SVE's scalable vectors, Arm
@@ -220,14 +220,13 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
                             RowScale<Row>(key_scales, 3 * run + i)};
     size_t r = 0;
     for (; r + kGroupRows <= rows; r += kGroupRows) {
-      ScoreRows<Row, kGroupRows>(df, q + static_cast<ptrdiff_t>(r) * q_stride, q_stride, k0, k1,
-                                 k2, k3, hv, hd, scale, run,
-                                 scores + static_cast<ptrdiff_t>(r) * score_stride + i,
-                                 score_stride);
+      ScoreRows<Row, kGroupRows>(
+          df, q + static_cast<ptrdiff_t>(r) * q_stride, q_stride, k0, k1, k2, k3, hv, hd, scale,
+          run, scores + static_cast<ptrdiff_t>(r) * score_stride + i, score_stride);
     }
     for (; r < rows; ++r) {
-      ScoreRows<Row, 1>(df, q + static_cast<ptrdiff_t>(r) * q_stride, q_stride, k0, k1, k2, k3,
-                        hv, hd, scale, run, scores + static_cast<ptrdiff_t>(r) * score_stride + i,
+      ScoreRows<Row, 1>(df, q + static_cast<ptrdiff_t>(r) * q_stride, q_stride, k0, k1, k2, k3, hv,
+                        hd, scale, run, scores + static_cast<ptrdiff_t>(r) * score_stride + i,
                         score_stride);
     }
   }
@@ -296,8 +295,10 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
   // Rows i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
   const T* v = values;
   for (size_t i = 0; i < run; ++i, v += value_stride) {
-    if (prefetch) PrefetchStreams(v, 4 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
-    for (size_t s = 0; s < kStreams; ++s) step(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
+    if (prefetch)
+      PrefetchStreams(v, 4 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
+    for (size_t s = 0; s < kStreams; ++s)
+      step(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
   }
   v = values + static_cast<ptrdiff_t>(tail) * value_stride;
   for (size_t j = tail; j < n; ++j, v += value_stride) step(v, j);

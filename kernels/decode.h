@@ -1,7 +1,7 @@
 // Decode kernels: the two products of attention over a key/value cache whose rows are stored as
 // f32, bf16, f16 or int8 codes with a per-row f32 scale, read directly (each element is widened
-// exactly to f32 in registers; all arithmetic is f32). Plain declarations; per-target code in decode-inl.h, dispatch in
-// decode.cc.
+// exactly to f32 in registers; all arithmetic is f32). Plain declarations; per-target code in
+// decode-inl.h, dispatch in decode.cc.
 //
 // Why not the BLIS GEMM: decoding one token multiplies a few query rows (the query heads that
 // share a key/value head, times the new tokens) by long K and V blocks, so it is bound by

@@ -197,8 +197,8 @@ HWY_INLINE void RowStep(V x, V v0, V v1, V v2, V v3, V& s0, V& s1, V& s2, V& s3)
 
 // Row kI of a kR-row tile: its step if the tile has that row. a_row: the row's first element.
 template <size_t kI, size_t kR, size_t kC, class DF, class V = hn::Vec<DF>>
-HWY_INLINE void StepIf(DF df, const float* HWY_RESTRICT a_row, ptrdiff_t ao, V v0, V v1, V v2,
-                       V v3, V& s0, V& s1, V& s2, V& s3) {
+HWY_INLINE void StepIf(DF df, const float* HWY_RESTRICT a_row, ptrdiff_t ao, V v0, V v1, V v2, V v3,
+                       V& s0, V& s1, V& s2, V& s3) {
   if constexpr (kI < kR) RowStep<kC>(hn::Set(df, a_row[ao]), v0, v1, v2, v3, s0, s1, s2, s3);
 }
 
@@ -208,7 +208,8 @@ HWY_INLINE void StoreIf(DF df, const TileArgs& t, bool whole, V s0, V s1, V s2, 
   if constexpr (kI < kR) {
     if (whole) {
       float* HWY_RESTRICT c = t.c + static_cast<ptrdiff_t>(kI) * t.c_rs;
-      float* HWY_RESTRICT c2 = t.c2 != nullptr ? t.c2 + static_cast<ptrdiff_t>(kI) * t.c2_rs : nullptr;
+      float* HWY_RESTRICT c2 =
+          t.c2 != nullptr ? t.c2 + static_cast<ptrdiff_t>(kI) * t.c2_rs : nullptr;
       StoreWholeRow<kC>(df, t, c, c2, s0, s1, s2, s3);
     } else {
       StoreRow<kC>(df, s0, s1, s2, s3, t, kI);

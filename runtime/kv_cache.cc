@@ -342,9 +342,9 @@ Status PromptView(const MultiheadAttention& layer, const TensorView& x, int64_t 
 
 }  // namespace
 
-void KvCache::StoreTokens(ThreadPool& pool, const float* k, const float* v,
-                          ptrdiff_t batch_stride, ptrdiff_t token_stride, int64_t T,
-                          const int64_t* counts, int64_t offset) {
+void KvCache::StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrdiff_t batch_stride,
+                          ptrdiff_t token_stride, int64_t T, const int64_t* counts,
+                          int64_t offset) {
   const int64_t KVH = kv_heads_, hd = head_dim_;
   const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, hd},
                              {static_cast<uint8_t*>(v_), v_scales_, dtype_, hd}};
@@ -371,9 +371,8 @@ Status KvCache::Prefill(Context& ctx, const MultiheadAttention& layer, const Ten
   // head); nothing else in the cache changes until the forward succeeds.
   // (Every length is 0 here: the keys of positions [begin, end) go to positions begin + t.)
   auto store = [](void* user, Context& c, const ProjectedKv& kv) {
-    static_cast<KvCache*>(user)->StoreTokens(c.pool(), kv.k, kv.v, kv.batch_stride,
-                                             kv.token_stride, kv.end - kv.begin, nullptr,
-                                             kv.begin);
+    static_cast<KvCache*>(user)->StoreTokens(c.pool(), kv.k, kv.v, kv.batch_stride, kv.token_stride,
+                                             kv.end - kv.begin, nullptr, kv.begin);
   };
   s = ForwardWithKvSink(layer, ctx, in, out, store, this);
   if (!s.ok()) return s;

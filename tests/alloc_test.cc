@@ -13,9 +13,8 @@
 
 #include "kernels/gemm.h"
 #include "mha/mha.hpp"
-#include "tests/attention_test_util.h"
-
 #include "tests/alloc_counter.h"
+#include "tests/attention_test_util.h"
 
 namespace mha {
 namespace {
@@ -190,7 +189,8 @@ TEST(AllocTest, LayerHoldsItsWeightsPlusOnePackedCopy) {
   EXPECT_NEAR(copy_off, 1.0, 0.05);
   // Strassen's operands (opt-in) cost 1.75x the large matrices' packed bytes more, where the
   // direct micro-kernel runs (they are not made elsewhere).
-  const double view_strassen = LayerBytesOverWeights(WeightBinding::kView, WeightPrepack::kStrassen);
+  const double view_strassen =
+      LayerBytesOverWeights(WeightBinding::kView, WeightPrepack::kStrassen);
   EXPECT_GE(view_strassen, view_on);
   EXPECT_LE(view_strassen, 2.85);
 #endif

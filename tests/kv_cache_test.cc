@@ -333,12 +333,11 @@ TEST(KvCacheTest, PromptPrefillRunsTheForward) {
 
 // int8 storage against an f32 cache on the same layer: 64 tokens decoded one by one after a
 // prompt, random unit-scale inputs (E 256, 4 heads of 64: mha-bench --decode's head size), MHA
-// and GQA, every target. Max and mean |int8 - f32| of the outputs are printed and bounded relative to
-// the largest output: an element is stored within scale / 2 = max|row| / 254 of its value
-// (4e-3 of the row's largest), which moves scores and outputs by about that fraction of their
-// scale (as bf16's 2^-9 per element does). Bounds: max 2e-2, mean 2e-3 of the output scale;
-// measured on every target: max 4.9e-3, mean 7.9e-4 (max |err| 8.2e-4 and mean 1.32e-4 at an
-// output scale of 0.167).
+// and GQA, every target. Max and mean |int8 - f32| of the outputs are printed and bounded relative
+// to the largest output: an element is stored within scale / 2 = max|row| / 254 of its value (4e-3
+// of the row's largest), which moves scores and outputs by about that fraction of their scale (as
+// bf16's 2^-9 per element does). Bounds: max 2e-2, mean 2e-3 of the output scale; measured on every
+// target: max 4.9e-3, mean 7.9e-4 (max |err| 8.2e-4 and mean 1.32e-4 at an output scale of 0.167).
 TEST(KvCacheTest, Int8CacheAgainstF32CacheOver64DecodedTokens) {
   double worst_max = 0, worst_mean = 0;
   for (const int64_t kv_heads : {4, 2}) {

@@ -115,9 +115,9 @@ class Progress {
 };
 
 // The BLIS sgemm baseline: GFLOP/s of the fastest of kSgemmReps n x n x n products on `threads`
-// threads (BLIS's own threading, one rntm_t per call). The buffers are filled first, which faults their pages in, and freed on
-// return, so that the mha runs measured after it are not charged for them (peak RSS); BLIS
-// initializes itself in the first call of the process.
+// threads (BLIS's own threading, one rntm_t per call). The buffers are filled first, which faults
+// their pages in, and freed on return, so that the mha runs measured after it are not charged for
+// them (peak RSS); BLIS initializes itself in the first call of the process.
 constexpr int kSgemmReps = 3;
 
 double MeasureSgemmGflops(size_t n, size_t threads) {
@@ -273,8 +273,8 @@ struct TraceCapture {
 // this runs on the machine's speed moves by tens of percent within seconds (the baseline read
 // 90 and 155 GFLOP/s for two consecutive cases of one run), which a single baseline per case
 // turned straight into the efficiency.
-CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, const SgemmBaseline& baseline,
-                   PeakRss* rss, TraceCapture* capture) {
+CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
+                   const SgemmBaseline& baseline, PeakRss* rss, TraceCapture* capture) {
   CaseResult r;
   r.shape = w.shape();
   r.threads = threads;
@@ -332,8 +332,7 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o, const Sge
   for (int64_t round = 0; round < rounds; ++round) {
     RoundResult rr;
     if (o.sgemm_size > 0) {
-      rr.sgemm_gflops =
-          MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), threads);
+      rr.sgemm_gflops = MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), threads);
     }
     rss->Reset();
     round_ms.clear();
