@@ -13,8 +13,9 @@
 
 #include "kernels/gemm.h"
 #include "mha/mha.hpp"
-#include "tests/alloc_counter.h"
 #include "tests/attention_test_util.h"
+
+#include "tests/alloc_counter.h"
 
 namespace mha {
 namespace {
