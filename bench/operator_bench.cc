@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "mha/mha.hpp"
+#include "runtime/context_internal.h"
 #include "tools/bench_workload.h"
 
 namespace mha {
@@ -31,7 +32,7 @@ void RunForward(benchmark::State& state, const Shape& shape, size_t threads) {
   if (st.ok()) {
     st = workload->layer().Plan(workload->inputs(), workload->outputs(), threads, &workspace);
   }
-  if (st.ok()) st = context->Reserve(workspace);
+  if (st.ok()) st = ReserveArena(*context, workspace);
   // Warm-up: faults in the arena and BLIS's packing buffers before timing.
   if (st.ok()) st = workload->layer().Forward(*context, workload->inputs(), workload->outputs());
   if (!st.ok()) {

@@ -46,6 +46,7 @@
 #include "kernels/gemm_direct.h"
 #include "kernels/softmax.h"
 #include "mha/mha.hpp"
+#include "runtime/context_internal.h"
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
 #include "runtime/parallel_gemm.h"
@@ -327,7 +328,7 @@ struct MultiheadAttention::Impl : LayerWeights {
 MultiheadAttention::MultiheadAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MultiheadAttention::~MultiheadAttention() = default;
 const AttentionConfig& MultiheadAttention::config() const { return impl_->config; }
-const LayerWeights& LayerWeightsOf(const MultiheadAttention& layer) { return layer.impl(); }
+const LayerWeights& LayerWeightsOf(const MultiheadAttention& layer) { return ImplOf(layer); }
 int64_t MultiheadAttention::head_dim() const { return impl_->hd; }
 
 // ---------------------------------------------------------------------------------------------
@@ -1098,10 +1099,10 @@ Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
                                        const AttentionOutputs& outputs, size_t num_threads,
                                        size_t* bytes) {
   Shapes sh;
-  Status s = layer.impl().Validate(inputs, &outputs, &sh);
+  Status s = ImplOf(layer).Validate(inputs, &outputs, &sh);
   if (!s.ok()) return s;
   Workspace ws;
-  layer.impl().PlanWorkspace(sh, std::max<size_t>(num_threads, 1), &ws);
+  ImplOf(layer).PlanWorkspace(sh, std::max<size_t>(num_threads, 1), &ws);
   *bytes = ws.total;
   return Status::Ok();
 }
@@ -1179,7 +1180,7 @@ void MultiheadAttention::Impl::RunProjections(Context& ctx, const Shapes& sh, co
     jobs[num_jobs++] = ProjectionJob(k, N, w_k, b_k, kvE, k_buf, ws.kv_layout, ws.kv_ld);
     jobs[num_jobs++] = ProjectionJob(v, N, w_v, b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld);
   }
-  ParallelGemm(ctx.pool(), jobs, num_jobs, base + ws.scratch, ws.scratch_per_worker, ctx.trace(),
+  ParallelGemm(PoolOf(ctx), jobs, num_jobs, base + ws.scratch, ws.scratch_per_worker, TraceOf(ctx),
                base + ws.packed_w, ws.packed_w_bytes);
   if (pos < 0) return;
   // Appended key/value positions: bias_k / bias_v at S, zeros at S (or S + 1) for add_zero_attn.
@@ -1274,7 +1275,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   float* const concat = ws.acc_in_output ? sh.out : reinterpret_cast<float*>(base + ws.concat);
   const TokenLayout concat_layout = ws.acc_in_output ? sh.out_layout : ws.concat_layout;
   uint8_t* scratch_base = base + ws.scratch;
-  TraceRecorder* trace = ctx.trace();
+  TraceRecorder* trace = TraceOf(ctx);
 
   // Masks of query rows [q0, q0 + rows) for (n, h), columns from k0.
   auto masks_for = [&](int64_t n, int64_t h, int64_t q0, int64_t k0) {
@@ -1363,7 +1364,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
 
   if (sh.need_weights && sh.average) {
     // Tasks over (n, query block); heads in a fixed order so the average is deterministic.
-    ctx.pool().ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
+    PoolOf(ctx).ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
       const int64_t n = task / q_blocks, blk = task % q_blocks;
       const int64_t q0 = blk * qb;
       const size_t rows = std::min<int64_t>(qb, L - q0);
@@ -1388,7 +1389,7 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
   }
 
   const bool direct = OnlineUsesDirectKernel();
-  ctx.pool().ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
+  PoolOf(ctx).ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
     // Causal blocks cost more the later they start: each head's run from its last block down,
     // so the tasks left for stealing at the end of a worker's range are its cheapest.
     const int64_t blk = causal ? q_blocks - 1 - static_cast<int64_t>(task % q_blocks)
@@ -1568,8 +1569,8 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
   const int64_t N = sh.N, L = sh.L;
   const int64_t blocks = (L + kOutRows - 1) / kOutRows;
   const float* row_sum = reinterpret_cast<const float*>(base + ws.row_sum);
-  TraceRecorder* trace = ctx.trace();
-  ctx.pool().ParallelFor(N * blocks, [&](uint64_t task, size_t worker) {
+  TraceRecorder* trace = TraceOf(ctx);
+  PoolOf(ctx).ParallelFor(N * blocks, [&](uint64_t task, size_t worker) {
     const int64_t n = task / blocks;
     const TraceSpan span(trace, worker, Stage::kOutProjection, n, -1, static_cast<int64_t>(task));
     const int64_t r0 = (task % blocks) * kOutRows;
@@ -1604,7 +1605,7 @@ Status MultiheadAttention::Forward(Context& ctx, const AttentionInputs& inputs,
 Status ForwardWithKvSink(const MultiheadAttention& layer, Context& ctx,
                          const AttentionInputs& inputs, const AttentionOutputs& outputs,
                          KvSinkFn sink, void* user) {
-  return layer.impl().RunForward(ctx, inputs, outputs, sink, user);
+  return ImplOf(layer).RunForward(ctx, inputs, outputs, sink, user);
 }
 
 Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs& inputs,
@@ -1616,9 +1617,9 @@ Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs&
   if (!s.ok()) return s;
   Workspace ws;
   m.PlanWorkspace(sh, ctx.num_threads(), &ws);
-  s = ctx.Reserve(ws.total);
+  s = ReserveArena(ctx, ws.total);
   if (!s.ok()) return s;
-  Arena& arena = ctx.arena();
+  Arena& arena = ArenaOf(ctx);
   arena.Reset();
   void* base = nullptr;
   s = arena.Allocate(ws.total, &base, "forward workspace");
@@ -1628,7 +1629,7 @@ Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs&
   m.RunProjections(ctx, sh, ws, b, nullptr);
   if (ws.chunked) {
     m.RunChunked(ctx, sh, ws, b, sink, user);
-    return ctx.TakeDispatchError();
+    return TakeDispatchError(ctx);
   }
   m.SinkKv(ctx, ws, b, 0, sh.S, sink, user);
   m.RunAttention(ctx, sh, ws, b, KeyChunk{0, sh.St, true, true});
@@ -1658,9 +1659,9 @@ Status MultiheadAttention::Impl::RunForward(Context& ctx, const AttentionInputs&
     job.a_batch_stride = ws.concat_layout.batch;
     job.c_batch_stride = sh.out_layout.batch;
   }
-  ParallelGemm(ctx.pool(), &job, 1, b + ws.scratch, ws.scratch_per_worker, ctx.trace(),
+  ParallelGemm(PoolOf(ctx), &job, 1, b + ws.scratch, ws.scratch_per_worker, TraceOf(ctx),
                b + ws.packed_w, ws.packed_w_bytes);
-  return ctx.TakeDispatchError();
+  return TakeDispatchError(ctx);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1727,11 +1728,11 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   Status s = m.ValidateProject(inputs, outputs, &sh);
   if (!s.ok()) return s;
   const size_t bytes = ProjectWorkspaceBytes(ctx.num_threads());
-  s = ctx.Reserve(bytes);
+  s = ReserveArena(ctx, bytes);
   if (!s.ok()) return s;
-  ctx.arena().Reset();
+  ArenaOf(ctx).Reset();
   void* scratch = nullptr;
-  s = ctx.arena().Allocate(bytes, &scratch, "projection workspace");
+  s = ArenaOf(ctx).Allocate(bytes, &scratch, "projection workspace");
   if (!s.ok()) return s;
   const size_t scratch_stride = bytes / ctx.num_threads();
   const int64_t N = sh.N, hd = m.hd;
@@ -1743,7 +1744,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   float* outs[3] = {outputs.q.As<float>(), outputs.k.As<float>(), outputs.v.As<float>()};
   const int64_t rows_out[3] = {sh.L, sh.St, sh.St};
   const uint64_t per_kind = static_cast<uint64_t>(N) * m.H;  // upper bound over kinds
-  ctx.pool().ParallelFor(3 * per_kind, [&](uint64_t task, size_t worker) {
+  PoolOf(ctx).ParallelFor(3 * per_kind, [&](uint64_t task, size_t worker) {
     const int kind = static_cast<int>(task / per_kind);
     const int64_t n = (task % per_kind) / m.H;
     const int64_t h = (task % per_kind) % m.H;
@@ -1768,7 +1769,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
       if (m.config.add_zero_attn) std::memset(dst + p * hd, 0, hd * sizeof(float));
     }
   });
-  return ctx.TakeDispatchError();
+  return TakeDispatchError(ctx);
 }
 
 // ---------------------------------------------------------------------------------------------

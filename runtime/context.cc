@@ -7,6 +7,7 @@
 #include "kernels/targets.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
+#include "runtime/context_internal.h"
 #include "runtime/thread_pool.h"
 
 namespace mha {
@@ -35,45 +36,44 @@ Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* 
     threads = workers;
   }
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  std::unique_ptr<Context> ctx(new Context());
-  ctx->arena_ = std::make_unique<Arena>();
+  auto impl = std::make_unique<Context::Impl>();
   if (options.arena_buffer != nullptr) {
-    Status s = ctx->arena_->InitBorrowed(options.arena_buffer, options.arena_bytes);
+    Status s = impl->arena.InitBorrowed(options.arena_buffer, options.arena_bytes);
     if (!s.ok()) return s;
-    ctx->borrowed_ = true;
+    impl->borrowed = true;
   } else if (options.arena_bytes > 0) {
-    Status s = ctx->arena_->Init(options.arena_bytes);
+    Status s = impl->arena.Init(options.arena_bytes);
     if (!s.ok()) return s;
   }
   kernels::GemmInit();
   // num_workers() was read once, above.
-  ctx->pool_ = options.executor != nullptr
+  impl->pool = options.executor != nullptr
                    ? std::make_unique<ThreadPool>(*options.executor, threads)
                    : std::make_unique<ThreadPool>(threads);
-  *out = std::move(ctx);
+  out->reset(new Context(std::move(impl)));
   return Status::Ok();
 }
 
+Context::Context(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Context::~Context() = default;
 
-size_t Context::num_threads() const { return pool_->NumThreads(); }
-size_t Context::arena_capacity() const { return arena_->capacity(); }
-size_t Context::arena_high_water() const { return arena_->high_water(); }
-ThreadPool& Context::pool() { return *pool_; }
-Arena& Context::arena() { return *arena_; }
+size_t Context::num_threads() const { return impl_->pool->NumThreads(); }
+size_t Context::arena_capacity() const { return impl_->arena.capacity(); }
+size_t Context::arena_high_water() const { return impl_->arena.high_water(); }
 
-Status Context::TakeDispatchError() { return pool_->TakeError(); }
+Status TakeDispatchError(Context& context) { return PoolOf(context).TakeError(); }
 
-Status Context::Reserve(size_t bytes) {
-  if (arena_->capacity() >= bytes) return Status::Ok();
-  if (borrowed_) {
+Status ReserveArena(Context& context, size_t bytes) {
+  auto& c = InternalAccess::Of(context);
+  if (c.arena.capacity() >= bytes) return Status::Ok();
+  if (c.borrowed) {
     return OutOfMemory("context arena: this call needs " + std::to_string(bytes) +
                        " bytes of workspace, which a caller-provided buffer of " +
                        std::to_string(ArenaBytesFor(bytes)) +
                        " bytes holds at any address (the figure its plan returns); this buffer "
-                       "holds " + std::to_string(arena_->capacity()) + " usable bytes");
+                       "holds " + std::to_string(c.arena.capacity()) + " usable bytes");
   }
-  return arena_->Init(bytes);
+  return c.arena.Init(bytes);
 }
 
 const char* Version() { return "0.1.0"; }

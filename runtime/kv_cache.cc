@@ -22,6 +22,7 @@
 // output element is reduced in a fixed order, so results are bitwise identical for any number
 // of threads.
 #include "mha/kv_cache.hpp"
+#include "runtime/context_internal.h"
 
 #include <algorithm>
 #include <cmath>
@@ -371,7 +372,7 @@ Status KvCache::Prefill(Context& ctx, const MultiheadAttention& layer, const Ten
   // head); nothing else in the cache changes until the forward succeeds.
   // (Every length is 0 here: the keys of positions [begin, end) go to positions begin + t.)
   auto store = [](void* user, Context& c, const ProjectedKv& kv) {
-    static_cast<KvCache*>(user)->StoreTokens(c.pool(), kv.k, kv.v, kv.batch_stride, kv.token_stride,
+    static_cast<KvCache*>(user)->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride,
                                              kv.end - kv.begin, nullptr, kv.begin);
   };
   s = ForwardWithKvSink(layer, ctx, in, out, store, this);
@@ -619,9 +620,9 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   const StepWorkspace ws = PlanStep(m, N, T, capacity_, append, forward, threads);
   const size_t per_worker = ws.per_worker;
   const size_t off = ws.total;
-  s = ctx.Reserve(off);
+  s = ReserveArena(ctx, off);
   if (!s.ok()) return s;
-  Arena& arena = ctx.arena();
+  Arena& arena = ArenaOf(ctx);
   arena.Reset();
   void* base_ptr = nullptr;
   s = arena.Allocate(off, &base_ptr, "KV cache workspace");
@@ -631,7 +632,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   float* q_buf = reinterpret_cast<float*>(base + ws.q);
   float* k_new = reinterpret_cast<float*>(base + ws.k);
   float* v_new = reinterpret_cast<float*>(base + ws.v);
-  ThreadPool& pool = ctx.pool();
+  ThreadPool& pool = PoolOf(ctx);
 
   // ---- 1. Projections.
   {
@@ -644,7 +645,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       jobs[num_jobs++] = ProjectionJob(k, N, m.kd, m.w_k, m.b_k, kvE, k_new, Stage::kQkvProjection);
       jobs[num_jobs++] = ProjectionJob(v, N, m.vd, m.w_v, m.b_v, kvE, v_new, Stage::kQkvProjection);
     }
-    ParallelGemm(pool, jobs, num_jobs, scratch, per_worker, ctx.trace());
+    ParallelGemm(pool, jobs, num_jobs, scratch, per_worker, TraceOf(ctx));
   }
 
   // ---- 2. Store the new keys and values.
@@ -656,7 +657,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       lengths_[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
     }
   }
-  if (!forward) return ctx.TakeDispatchError();
+  if (!forward) return TakeDispatchError(ctx);
 
   // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
   const kernels::CacheType ctype = static_cast<kernels::CacheType>(static_cast<int>(dtype_));
@@ -678,7 +679,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   };
   const float scale = m.scale;
   // One trace event per attention task (mha-bench --decode times the attention from them).
-  TraceRecorder* const trace = ctx.trace();
+  TraceRecorder* const trace = TraceOf(ctx);
 
   if (split) {
     // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
@@ -807,7 +808,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       job.a_batch_stride = static_cast<ptrdiff_t>(T * E);
       job.c_batch_stride = out.batch_stride;
     }
-    ParallelGemm(pool, &job, 1, scratch, per_worker, ctx.trace());
+    ParallelGemm(pool, &job, 1, scratch, per_worker, TraceOf(ctx));
   }
   if (counts != nullptr) {
     for (int64_t n = 0; n < N; ++n) {
@@ -816,7 +817,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       }
     }
   }
-  return ctx.TakeDispatchError();
+  return TakeDispatchError(ctx);
 }
 
 }  // namespace mha

@@ -33,6 +33,7 @@
 #include "kernels/elementwise.h"
 #include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
+#include "runtime/context_internal.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 #include "tools/bench_args.h"
@@ -293,7 +294,7 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
     return r;
   }
   r.workspace_bytes = workspace;
-  st = context->Reserve(workspace);
+  st = ReserveArena(*context, workspace);
   if (!st.ok()) {
     r.error = "Context::Reserve: " + st.ToString();
     return r;
@@ -303,10 +304,10 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
   // sizes the recorder so that the measured runs drop none.
   const bool record = o.breakdown || capture->wanted;
   TraceRecorder probe(1);
-  if (record) context->set_trace(&probe);
+  if (record) SetTrace(*context, &probe);
   w.ClearOutputs();
   st = w.layer().Forward(*context, w.inputs(), w.outputs());
-  context->set_trace(nullptr);
+  SetTrace(*context, nullptr);
   if (!st.ok()) {
     r.error = "Forward: " + st.ToString();
     return r;
@@ -341,13 +342,13 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
       const bool record_this = o.breakdown || (capture->wanted && !capture->captured);
       if (record_this) {
         recorder->Clear();
-        context->set_trace(recorder.get());
+        SetTrace(*context, recorder.get());
       }
       const int64_t t0 = TraceRecorder::NowNs();
       st = w.layer().Forward(*context, w.inputs(), w.outputs());
       const int64_t t1 = TraceRecorder::NowNs();
       if (!st.ok()) {
-        context->set_trace(nullptr);
+        SetTrace(*context, nullptr);
         r.error = "Forward (measured run " + std::to_string(samples_ms.size() + 1) +
                   "): " + st.ToString();
         return r;
@@ -355,7 +356,7 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
       round_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
       samples_ms.push_back(round_ms.back());
       if (record_this) {
-        context->set_trace(nullptr);
+        SetTrace(*context, nullptr);
         const size_t n = recorder->size();
         dropped += recorder->dropped.load();
         for (size_t i = 0; i < n; ++i) {
@@ -734,7 +735,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   // The attention tasks of one step record events here (at most batch * kv_heads * chunks
   // + batch * heads of them; generously sized, never reallocated while timing).
   TraceRecorder recorder(static_cast<size_t>(4 * batch * m.heads * (context / 64 + 2)));
-  ctx->set_trace(&recorder);
+  SetTrace(*ctx, &recorder);
   const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
   const int64_t start_ns = TraceRecorder::NowNs();
   for (;;) {

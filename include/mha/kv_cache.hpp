@@ -70,6 +70,8 @@
 
 namespace mha {
 
+class ThreadPool;  // runtime/thread_pool.h: StoreTokens only
+
 struct MHA_API KvCacheOptions {
   int64_t batch = 1;          // N: sequences (batch entries)
   int64_t capacity = 0;       // positions per entry (max sequence length)

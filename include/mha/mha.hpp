@@ -31,9 +31,8 @@
 
 namespace mha {
 
-class ThreadPool;
-class Arena;
-struct TraceRecorder;
+// The runtime's access to Context and MultiheadAttention internals (runtime/context_internal.h).
+struct InternalAccess;
 
 // A host application's thread pool, on which a Context runs its parallel loops instead of
 // threads of its own (ContextOptions::executor). A context with an executor never starts a
@@ -101,24 +100,12 @@ class MHA_API Context {
   size_t arena_capacity() const;
   size_t arena_high_water() const;
 
-  // Internal (runtime/): the pool, the arena, and the optional trace recorder used by
-  // mha-bench's --breakdown and --trace. Not part of the stable API.
-  ThreadPool& pool();
-  Arena& arena();
-  // Ensures the arena can serve `bytes` (grows an owned arena; fails for a borrowed one).
-  Status Reserve(size_t bytes);
-  // The executor's breach of its contract (see Executor) since the last call, which clears it;
-  // Ok for a context with its own pool. An entry point that dispatched tasks returns it.
-  Status TakeDispatchError();
-  void set_trace(TraceRecorder* trace) { trace_ = trace; }
-  TraceRecorder* trace() const { return trace_; }
 
  private:
-  Context() = default;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Arena> arena_;
-  bool borrowed_ = false;
-  TraceRecorder* trace_ = nullptr;
+  struct Impl;  // threads, arena, trace hook: runtime/context_internal.h
+  explicit Context(std::unique_ptr<Impl> impl);
+  friend struct InternalAccess;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Order of the rows of a packed in_proj_weight [3 * E, in] (and in_proj_bias [3 * E]).
@@ -308,12 +295,11 @@ class MHA_API MultiheadAttention {
   Status Project(Context& context, const AttentionInputs& inputs,
                  const ProjectionOutputs& outputs) const;
 
-  // Internal (runtime/attention_impl.h): the resolved configuration and bound weights.
-  struct Impl;
-  const Impl& impl() const { return *impl_; }
 
  private:
+  struct Impl;  // resolved configuration and bound weights: runtime/attention.cc
   explicit MultiheadAttention(std::unique_ptr<Impl> impl);
+  friend struct InternalAccess;
   std::unique_ptr<Impl> impl_;
 };
 

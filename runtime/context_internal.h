@@ -1,0 +1,53 @@
+// The runtime's access to what the public objects hide: a Context's pool, arena and trace hook,
+// and a MultiheadAttention's resolved Impl. Internal: not installed; tools (mha-bench) reach the
+// internals only through this header.
+#ifndef MHA_RUNTIME_CONTEXT_INTERNAL_H_
+#define MHA_RUNTIME_CONTEXT_INTERNAL_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "mha/mha.hpp"
+#include "runtime/arena.h"
+#include "runtime/thread_pool.h"
+
+namespace mha {
+
+struct TraceRecorder;
+
+struct Context::Impl {
+  std::unique_ptr<ThreadPool> pool;  // the context's own threads, or the host's executor
+  Arena arena;                       // every temporary of a forward pass
+  bool borrowed = false;             // arena over a caller-provided buffer: never grows
+  TraceRecorder* trace = nullptr;    // mha-bench's --breakdown / --trace; null = off
+};
+
+// The one friend of Context and MultiheadAttention; the free functions below are its interface.
+struct InternalAccess {
+  using LayerImpl = MultiheadAttention::Impl;
+  static Context::Impl& Of(Context& context) { return *context.impl_; }
+  static const LayerImpl& Of(const MultiheadAttention& layer) { return *layer.impl_; }
+};
+
+inline ThreadPool& PoolOf(Context& context) { return *InternalAccess::Of(context).pool; }
+inline Arena& ArenaOf(Context& context) { return InternalAccess::Of(context).arena; }
+inline TraceRecorder* TraceOf(Context& context) { return InternalAccess::Of(context).trace; }
+// Installs (or, with null, removes) a recorder; see runtime/trace.h.
+inline void SetTrace(Context& context, TraceRecorder* trace) {
+  InternalAccess::Of(context).trace = trace;
+}
+// The layer's resolved configuration and bound weights.
+inline const InternalAccess::LayerImpl& ImplOf(const MultiheadAttention& layer) {
+  return InternalAccess::Of(layer);
+}
+
+// Ensures the arena can serve `bytes`: grows an owned arena (one allocation), or returns
+// OutOfMemory naming the bytes needed for a caller-provided buffer too small.
+Status ReserveArena(Context& context, size_t bytes);
+// The executor's breach of its contract (see Executor) since the last call, which clears it;
+// Ok for a context with its own pool. An entry point that dispatched tasks returns it.
+Status TakeDispatchError(Context& context);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_CONTEXT_INTERNAL_H_
