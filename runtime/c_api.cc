@@ -180,7 +180,7 @@ Status CheckWeightDtype(int32_t v, const char* name) {
 }
 
 Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
-  const std::pair<int32_t, const char*> flags[] = {{c.bias, "config->bias"},
+  const std::pair<int32_t, const char*> flags[] = {{c.no_bias, "config->no_bias"},
                                                     {c.add_bias_kv, "config->add_bias_kv"},
                                                     {c.add_zero_attn, "config->add_zero_attn"},
                                                     {c.batch_first, "config->batch_first"}};
@@ -205,7 +205,7 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   out->q_dim = c.q_dim;
   out->kdim = c.kdim;
   out->vdim = c.vdim;
-  out->bias = c.bias != 0;
+  out->bias = c.no_bias == 0;
   out->add_bias_kv = c.add_bias_kv != 0;
   out->add_zero_attn = c.add_zero_attn != 0;
   out->batch_first = c.batch_first != 0;
@@ -302,7 +302,6 @@ mha_status mha_layer_config_init(mha_layer_config* config) {
   return Guard("mha_layer_config_init", [&]() -> Status {
     if (config == nullptr) return NullArg("config");
     std::memset(config, 0, sizeof(*config));
-    config->bias = 1;
     return Status::Ok();
   });
 }
@@ -398,7 +397,7 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.q_dim = c.q_dim;
     r.kdim = c.kdim;
     r.vdim = c.vdim;
-    r.bias = c.bias ? 1 : 0;
+    r.no_bias = c.bias ? 0 : 1;
     r.add_bias_kv = c.add_bias_kv ? 1 : 0;
     r.add_zero_attn = c.add_zero_attn ? 1 : 0;
     r.batch_first = c.batch_first ? 1 : 0;

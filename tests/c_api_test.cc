@@ -54,7 +54,7 @@ mha_layer_config ConfigOf(const AttentionConfig& c) {
   r.q_dim = c.q_dim;
   r.kdim = c.kdim;
   r.vdim = c.vdim;
-  r.bias = c.bias;
+  r.no_bias = c.bias ? 0 : 1;
   r.add_bias_kv = c.add_bias_kv;
   r.add_zero_attn = c.add_zero_attn;
   r.batch_first = c.batch_first;
@@ -163,6 +163,75 @@ TEST(CApiTest, LibraryInformation) {
   EXPECT_STREQ(mha_status_name(MHA_STATUS_FORMAT_ERROR), "FormatError");
   EXPECT_STREQ(mha_status_name(99), "Unknown");
   EXPECT_STREQ(mha_status_name(-1), "Unknown");
+}
+
+// A zero-initialized options struct means the defaults: for the layer config it equals
+// mha_layer_config_init's, field by field, and a layer made from either computes the same.
+TEST(CApiTest, ZeroInitializedOptionsAreTheDefaults) {
+  mha_layer_config zero;
+  std::memset(&zero, 0, sizeof(zero));
+  mha_layer_config init;
+  std::memset(&init, 0xff, sizeof(init));
+  ASSERT_EQ(mha_layer_config_init(&init), MHA_STATUS_OK);
+  EXPECT_EQ(zero.embed_dim, init.embed_dim);
+  EXPECT_EQ(zero.num_heads, init.num_heads);
+  EXPECT_EQ(zero.num_kv_heads, init.num_kv_heads);
+  EXPECT_EQ(zero.q_dim, init.q_dim);
+  EXPECT_EQ(zero.kdim, init.kdim);
+  EXPECT_EQ(zero.vdim, init.vdim);
+  EXPECT_EQ(zero.no_bias, init.no_bias);
+  EXPECT_EQ(zero.add_bias_kv, init.add_bias_kv);
+  EXPECT_EQ(zero.add_zero_attn, init.add_zero_attn);
+  EXPECT_EQ(zero.batch_first, init.batch_first);
+  EXPECT_EQ(zero.scale, init.scale);
+  EXPECT_EQ(zero.weight_dtype, init.weight_dtype);
+  EXPECT_EQ(zero.prepack, init.prepack);
+  EXPECT_EQ(std::memcmp(&zero, &init, sizeof(zero)), 0) << "a field the test does not list";
+
+  // The defaults are the C++ API's (AttentionConfig{}), biases included.
+  Small s;
+  for (mha_layer_config* c : {&zero, &init}) {
+    c->embed_dim = Small::E;
+    c->num_heads = Small::H;
+  }
+  mha_layer_weights w = s.Weights();
+  mha_layer* from_zero = nullptr;
+  mha_layer* from_init = nullptr;
+  ASSERT_EQ(mha_layer_create(&zero, &w, MHA_WEIGHTS_VIEW, &from_zero), MHA_STATUS_OK)
+      << mha_last_error_message();
+  ASSERT_EQ(mha_layer_create(&init, &w, MHA_WEIGHTS_VIEW, &from_init), MHA_STATUS_OK)
+      << mha_last_error_message();
+  mha_layer_config got;
+  ASSERT_EQ(mha_layer_get_config(from_zero, &got), MHA_STATUS_OK);
+  const AttentionConfig defaults;
+  EXPECT_EQ(got.no_bias, defaults.bias ? 0 : 1);
+  EXPECT_EQ(got.prepack, static_cast<int32_t>(defaults.prepack));
+  EXPECT_EQ(got.weight_dtype, static_cast<int32_t>(defaults.weight_dtype));
+
+  // A zero-initialized context options struct is the same as none.
+  mha_context_options zero_ctx;
+  std::memset(&zero_ctx, 0, sizeof(zero_ctx));
+  mha_context* ctx_zero = nullptr;
+  mha_context* ctx_null = nullptr;
+  ASSERT_EQ(mha_context_create(&zero_ctx, &ctx_zero), MHA_STATUS_OK);
+  ASSERT_EQ(mha_context_create(nullptr, &ctx_null), MHA_STATUS_OK);
+  size_t threads_zero = 0, threads_null = 0;
+  ASSERT_EQ(mha_context_num_threads(ctx_zero, &threads_zero), MHA_STATUS_OK);
+  ASSERT_EQ(mha_context_num_threads(ctx_null, &threads_null), MHA_STATUS_OK);
+  EXPECT_EQ(threads_zero, threads_null);
+
+  std::vector<float> out_zero(s.output.size(), kSentinel), out_init(s.output.size(), kSentinel);
+  mha_tensor t_zero = Dense(out_zero.data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+  mha_tensor t_init = Dense(out_init.data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+  ASSERT_EQ(mha_layer_forward(from_zero, ctx_zero, &s.in, &t_zero, nullptr, 0), MHA_STATUS_OK)
+      << mha_last_error_message();
+  ASSERT_EQ(mha_layer_forward(from_init, ctx_null, &s.in, &t_init, nullptr, 0), MHA_STATUS_OK)
+      << mha_last_error_message();
+  EXPECT_EQ(std::memcmp(out_zero.data(), out_init.data(), out_zero.size() * sizeof(float)), 0);
+  mha_layer_destroy(from_zero);
+  mha_layer_destroy(from_init);
+  mha_context_destroy(ctx_zero);
+  mha_context_destroy(ctx_null);
 }
 
 TEST(CApiTest, NullPointersAreNamed) {
@@ -632,7 +701,7 @@ TEST(CApiTest, CreateFromSafetensors) {
   ASSERT_EQ(mha_layer_get_config(layer, &c), MHA_STATUS_OK);
   EXPECT_EQ(c.embed_dim, E);
   EXPECT_EQ(c.num_heads, Small::H);
-  EXPECT_EQ(c.bias, 1);
+  EXPECT_EQ(c.no_bias, 0);
   EXPECT_EQ(c.add_bias_kv, 0);
 
   std::vector<float> from_file(s.output.size());

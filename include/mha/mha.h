@@ -199,8 +199,10 @@ typedef enum mha_prepack {
   MHA_PREPACK_STRASSEN = 3  /* MHA_PREPACK_ON plus Strassen operands (opt-in, 1.75x more) */
 } mha_prepack;
 
-/* Fields as mha::AttentionConfig; booleans are 0/1. mha_layer_config_init sets PyTorch's
- * defaults (bias = 1, everything else 0); a zero-initialized config has bias = 0. */
+/* Fields as mha::AttentionConfig; booleans are 0/1. A zero-initialized config is PyTorch's
+ * defaults (with biases), as mha_layer_config_init gives; embed_dim and num_heads must be set.
+ * ABI note: `no_bias` replaced `int32_t bias` (1 = biases) in 0.1.x so that 0 means the
+ * default in every field; code that sets `bias` no longer compiles. */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */
@@ -208,7 +210,7 @@ typedef struct mha_layer_config {
   int64_t q_dim;        /* query input features; 0 = E */
   int64_t kdim;         /* key input features; 0 = E */
   int64_t vdim;         /* value input features; 0 = E */
-  int32_t bias;         /* in_proj and out_proj biases */
+  int32_t no_bias;      /* 1: no in_proj and out_proj biases (nn.MultiheadAttention bias=False) */
   int32_t add_bias_kv;  /* bias_k, bias_v appended as one more key/value position */
   int32_t add_zero_attn; /* a zero key/value position appended (after bias_kv) */
   int32_t batch_first;  /* batched inputs are [N, L, features] instead of [L, N, features] */
@@ -217,16 +219,12 @@ typedef struct mha_layer_config {
    * MHA_DTYPE_BF16 or MHA_DTYPE_F16. 16-bit weights are widened exactly inside the products
    * (f32 arithmetic): the only error is their rounding (relative 2^-9 bf16, 2^-11 f16). */
   int32_t weight_dtype;
-  /* An mha_prepack. MHA_PREPACK_ON (0, the default): an f32 layer also stores its four
-   * projection matrices packed for this CPU's GEMM micro-kernel, once, at creation (about the
-   * bytes of the f32 weights again, also for MHA_WEIGHTS_VIEW); projections then pack nothing
-   * per forward (from one token where mha's micro-kernel over the packing runs, e.g. x86-64
-   * with BLIS's haswell/zen kernels; elsewhere from 17, fewer stream the weights as dot
-   * products). MHA_PREPACK_STRASSEN (opt-in) also stores the seven Strassen operands of each
-   * matrix with >= 512 inputs and >= 256 outputs (1.75x its bytes again; products of >= 64
-   * tokens then do 7/8 of the multiplications, see mha::AttentionConfig::prepack).
-   * MHA_PREPACK_OFF keeps the memory. Nothing is packed for 16-bit weights. Results agree to
-   * rounding any way. */
+  /* An mha_prepack (see mha::WeightPrepack for the contract). MHA_PREPACK_ON (0, the default):
+   * an f32 layer keeps a second, CPU-specific copy of its projection weights (about their f32
+   * bytes again, also for MHA_WEIGHTS_VIEW) so that no forward repacks them; fastest for short
+   * inputs and decoding. MHA_PREPACK_OFF: no copy, slower projections. MHA_PREPACK_STRASSEN:
+   * opt-in, 1.75x the bytes of large matrices again for fewer multiplications on long inputs,
+   * at a few times the rounding error. Ignored for 16-bit weights. */
   int32_t prepack;
 } mha_layer_config;
 
@@ -269,8 +267,8 @@ typedef struct mha_load_options {
   int32_t prepack;
 } mha_load_options;
 
-/* Sets *config to PyTorch's defaults: bias = 1, all other fields 0 (embed_dim and num_heads
- * must then be set). */
+/* Sets *config to the defaults: all fields 0, as a zero-initialized config (embed_dim and
+ * num_heads must then be set). */
 MHA_API mha_status mha_layer_config_init(mha_layer_config* config);
 
 /* Validates the configuration and weights (every error names the field) and creates a layer. */

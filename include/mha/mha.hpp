@@ -115,13 +115,19 @@ enum class QkvLayout : int {
                  // output is reshaped to [..., heads, 3 * head_dim] and chunked)
 };
 
-// Whether an f32 layer keeps copies of its projection weights packed for the GEMM micro-kernel
-// (AttentionConfig::prepack).
+// Whether an f32 layer keeps a second copy of its projection weights in the layout this CPU's
+// matrix kernels read (AttentionConfig::prepack). Ignored for 16-bit weights. Any choice gives
+// the same results to rounding (the products sum in another order), each bitwise independent of
+// the thread count.
 enum class WeightPrepack : int {
-  kOn = 0,        // pack at creation (the default): about the f32 weights' bytes again
-  kOff = 1,       // keep only the nn.Linear layout; pack per forward where it pays
-  kPlain = 2,     // the same as kOn (the name of plain packing when kOn also held Strassen's)
-  kStrassen = 3,  // kOn plus the Strassen operands of the large matrices: opt-in, 1.75x more
+  kOn = 0,        // the default: about the f32 weights' bytes again (E = 1024: 16 MiB, also for
+                  // a kView layer); no forward repacks weights, fastest for short inputs/decode
+  kOff = 1,       // no copy: the least memory, slower projections
+  kPlain = 2,     // the same as kOn
+  kStrassen = 3,  // opt-in: kOn plus 1.75x the bytes of each large matrix (>= 512 inputs, >= 256
+                  // outputs) again; products of >= 64 tokens do 7/8 of the multiplications, with
+                  // a few times kOn's rounding error (~1e-6 relative on unit-scale data). Its
+                  // speed depends on the CPU: measure before choosing it
 };
 
 struct AttentionConfig {
@@ -142,26 +148,7 @@ struct AttentionConfig {
   // an f32 layer holding the rounded weights computes with prepack kOff; the only error is the
   // weights' rounding (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
   DType weight_dtype = DType::kF32;
-  // kOn (and kPlain): an f32 layer also stores its four projection matrices transposed and packed
-  // in the layout of the GEMM micro-kernel selected for this CPU, once, at creation
-  // (kernels::PackB; about the bytes of the f32 weights again: E = 1024 adds 16 MiB, also for a
-  // kView layer). Projections then multiply the packing directly: nothing is packed per
-  // forward, and the forward workspace has no room for packed weights. Where mha's own
-  // micro-kernel over the packing runs (its vectors divide the packing's panels: x86-64 with
-  // BLIS's haswell/zen kernels, among others) that holds from one token on, the tokens read in
-  // place; elsewhere from 17 tokens, and 16 or fewer keep streaming the f32 weights as dot
-  // products. kOff keeps the memory.
-  // kStrassen (opt-in) also stores, where mha's micro-kernel runs, the seven Strassen operands
-  // of every matrix with at least 512 inputs and 256 outputs (outputs a multiple of twice the
-  // micro-kernel's NR, 32 on x86-64): 1.75x the bytes of that matrix again (E = 1024: 28 MiB
-  // more). Products of 64 tokens or more by such a matrix then run one level of
-  // Strassen-Winograd (kernels/gemm_strassen.h): 7/8 of the multiplications; the rounding error
-  // is a few times the plain product's (still ~1e-6 relative on unit-scale data). Not the
-  // default: it measured 0.94x the time at (1, 128, 512, 8) on a Zen 3 but slower than no
-  // prepacking at all on a Zen 4, and its memory is not spent where its speed is unmeasured.
-  // Ignored (nothing packed) for 16-bit weights, whose products widen the weights as they read
-  // them, and on CPUs whose micro-kernel stores C column-wise. Results: the same to rounding any
-  // way (the products sum in another order), each bitwise independent of the thread count.
+  // Memory against speed of the projections: see WeightPrepack.
   WeightPrepack prepack = WeightPrepack::kOn;
 };
 

@@ -257,7 +257,7 @@ class Runner {
     config.num_heads = c_.H;
     config.num_kv_heads = c_.KVH;
     config.q_dim = config.kdim = config.vdim = d;
-    config.bias = c_.bias;
+    config.no_bias = c_.bias ? 0 : 1;
     config.add_zero_attn = zero_attn;
     config.batch_first = c_.batch_first;
     config.weight_dtype = c_.wdtype;

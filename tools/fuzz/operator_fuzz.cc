@@ -463,7 +463,7 @@ class Runner {
       config.kdim = c_.kd;
       config.vdim = c_.vd;
     }
-    config.bias = c_.bias;
+    config.no_bias = c_.bias ? 0 : 1;
     config.add_bias_kv = c_.bias_kv;
     config.add_zero_attn = c_.zero_attn;
     config.batch_first = c_.batch_first;
