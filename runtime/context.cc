@@ -9,6 +9,7 @@
 #include "runtime/arena.h"
 #include "runtime/context_internal.h"
 #include "runtime/thread_pool.h"
+#include "runtime/version.h"
 
 namespace mha {
 
@@ -76,7 +77,7 @@ Status ReserveArena(Context& context, size_t bytes) {
   return c.arena.Init(bytes);
 }
 
-const char* Version() { return "0.1.0"; }
+const char* Version() { return MHA_VERSION; }
 
 const char* SimdTarget() { return kernels::TargetName(kernels::ActiveTarget()); }
 

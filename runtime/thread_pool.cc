@@ -1,5 +1,6 @@
 #include "runtime/thread_pool.h"
 
+#include <cassert>
 #include <chrono>
 
 #include "hwy/cache_control.h"  // hwy::Pause: portable spin-wait hint
@@ -71,6 +72,15 @@ void ThreadPool::RunTasks(size_t worker) {
 }
 
 void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
+#ifndef NDEBUG
+  const bool nested = in_dispatch_.exchange(true, std::memory_order_acq_rel);
+  assert(!nested && "ThreadPool::ParallelFor is not reentrant: called from a task or two threads");
+  struct Leave {
+    std::atomic<bool>* flag;
+    ~Leave() { flag->store(false, std::memory_order_release); }
+  } leave{&in_dispatch_};
+  (void)nested;
+#endif
   if (host_ != nullptr) {
     host_->Run(num_tasks, fn, closure);
     return;
@@ -155,12 +165,10 @@ void ThreadPool::WorkerLoop(size_t worker) {
     RunTasks(worker);
     // The last worker out wakes the owner if it went to sleep, deciding under mu_: the owner sets
     // owner_sleeping_ and checks for workers inside under mu_ too, so either it checked after
-    // our unlock (and sees our leave) or we lock after it waits (and see owner_sleeping_). This
-    // relies only on the mutex's acquire/release. (It used to read owner_sleeping_ without the
-    // lock, a store-load handshake that needs sequential consistency of the two atomics: under
-    // qemu-aarch64 on an x86-64 host, which does not order an STLR before a later LDAR, the
-    // owner and the last worker each missed the other's write and the owner slept forever in
-    // kv_cache_test, once in one CI run.) One uncontended lock per dispatch.
+    // our unlock (and sees our leave) or we lock after it waits (and see owner_sleeping_). Only
+    // the mutex's acquire/release is relied on: a store-load handshake of two atomics would need
+    // sequential consistency, which qemu-aarch64 on x86-64 does not give. One uncontended lock
+    // per dispatch.
     const uint64_t before = state_.fetch_sub(kOneWorker, std::memory_order_seq_cst);
     if (WorkersIn(before) == 1) {
       std::lock_guard<std::mutex> lock(mu_);

@@ -12,8 +12,7 @@
 //   order. Worker w claims tasks from its own range first (one atomic counter per range), then
 //   from the others' in turn. So while every worker keeps up, a task runs on the same worker
 //   from one dispatch to the next (cache affinity: a projection panel's weights stay in that
-//   core's L2 across forwards; mha-bench (1, 16, 256, 4), 2 threads, four A/B pairs: 0.0773 ->
-//   0.0725 ms median against one shared counter), and when one does not (a descheduled vCPU,
+//   core's L2 across forwards), and when one does not (a descheduled vCPU,
 //   unequal tasks) the others take its tasks. Which worker runs a task can vary from run to
 //   run: results must depend only on `task`, never on `worker`. `worker` (0..N-1) only selects
 //   per-thread scratch.
@@ -22,13 +21,12 @@
 // - Idle workers spin for a short, bounded time (kSpinMicros) and then sleep on a condition
 //   variable: the VMs we run on may deschedule a vCPU, so no unbounded spinning.
 // - A dispatch ends when its tasks are done, not when every worker has looked at it: a worker
-//   that is asleep (or whose vCPU the hypervisor has descheduled) when a dispatch starts and
-//   wakes after the others have run every task takes no part and delays nothing. (The first
-//   version waited for every worker to check in; a trace of mha-bench (1,128,512,8) on the
-//   2-vCPU VM showed the caller idle for 3.6 ms of a 9.5 ms forward waiting for a worker that
-//   had no task left to run.) Workers join a dispatch through one atomic word (see state_).
-// - ParallelFor is not reentrant and must be called from one thread at a time (the owner).
-//   Destruction while idle joins all workers.
+//   that is asleep (or whose vCPU is descheduled) when a dispatch starts and wakes after the
+//   others have run every task takes no part and delays nothing. Workers join a dispatch through
+//   one atomic word (see state_).
+// - ParallelFor is not reentrant: one thread (the owner) calls it, one call at a time, never
+//   from inside a task (a task's nested call would rewrite the running dispatch). Debug builds
+//   assert this. Destruction while idle joins all workers.
 #ifndef MHA_RUNTIME_THREAD_POOL_H_
 #define MHA_RUNTIME_THREAD_POOL_H_
 
@@ -65,7 +63,7 @@ class ThreadPool {
   size_t NumThreads() const { return num_threads_; }
 
   // Runs func(task, worker) for every task in [0, num_tasks) exactly once and returns when all
-  // have finished. func must not throw.
+  // have finished. func must not throw. Not reentrant (see the file comment).
   template <typename Func>
   void ParallelFor(uint64_t num_tasks, const Func& func) {
     Run(num_tasks, &Trampoline<Func>, &func);
@@ -118,6 +116,7 @@ class ThreadPool {
   std::atomic<int> sleeping_workers_{0};
   std::atomic<bool> owner_sleeping_{false};
   std::atomic<bool> stop_{false};  // written under mu_ so sleeping workers see it
+  std::atomic<bool> in_dispatch_{false};  // debug builds: a ParallelFor is running
 };
 
 }  // namespace mha

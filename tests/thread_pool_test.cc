@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace mha {
@@ -76,14 +78,56 @@ TEST(ThreadPoolTest, LateWorkersNeverRunAFinishedDispatch) {
   }
 }
 
+// Workers asleep between dispatches wake up and each runs a task: NumThreads() tasks that each
+// wait for all NumThreads() to have started can only all meet if each runs on its own worker (a
+// worker waiting in one task cannot start another). A worker may miss one wake-up (where the
+// store-load ordering is not honoured, the dispatch then runs without it and the next one wakes
+// it), so the check retries; each wait is bounded so that a broken pool fails, never hangs.
 TEST(ThreadPoolTest, WorkersSleepAndWakeUp) {
-  ThreadPool pool(4);
-  std::atomic<int> count{0};
-  pool.ParallelFor(16, [&](uint64_t, size_t) { count++; });
-  // Long enough for every worker to pass its spin phase and block on the condition variable.
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  pool.ParallelFor(16, [&](uint64_t, size_t) { count++; });
-  EXPECT_EQ(count.load(), 32);
+  constexpr size_t kThreads = 4;
+  constexpr int kAttempts = 5;
+  ThreadPool pool(kThreads);
+  std::vector<size_t> ran_on;
+  bool all_met = false;
+  for (int attempt = 0; attempt < kAttempts && !all_met; ++attempt) {
+    // Long enough for every worker to pass its spin phase and block on the condition variable.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::atomic<size_t> started{0}, met{0};
+    std::vector<std::atomic<int>> tasks_of(kThreads);
+    pool.ParallelFor(kThreads, [&](uint64_t, size_t worker) {
+      tasks_of[worker]++;
+      started++;
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (started.load() < kThreads && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+      if (started.load() == kThreads) met++;
+    });
+    all_met = met.load() == kThreads;
+    ran_on.clear();
+    for (size_t w = 0; w < kThreads; ++w) {
+      if (tasks_of[w].load() > 0) ran_on.push_back(w);
+    }
+  }
+  EXPECT_TRUE(all_met) << "in " << kAttempts << " dispatches after the workers slept, never all "
+                       << kThreads << " workers running at once; last dispatch ran on "
+                       << ran_on.size() << " worker(s)";
+  EXPECT_EQ(ran_on.size(), kThreads);
+}
+
+// ParallelFor is not reentrant (thread_pool.h): debug builds stop a call from inside a task.
+TEST(ThreadPoolDeathTest, NestedParallelForAsserts) {
+#ifdef NDEBUG
+  GTEST_SKIP() << "the reentrancy check is a debug assert";
+#else
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        ThreadPool pool(2);
+        pool.ParallelFor(2, [&](uint64_t, size_t) { pool.ParallelFor(1, [](uint64_t, size_t) {}); });
+      },
+      "not reentrant");
+#endif
 }
 
 TEST(ThreadPoolTest, WorkerIndexSelectsPrivateScratch) {
