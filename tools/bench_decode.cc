@@ -1,0 +1,290 @@
+// mha-bench's decode and prefill cases (tools/bench_decode.h).
+#include "tools/bench_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "mha/kv_cache.hpp"
+#include "runtime/context_internal.h"
+#include "runtime/trace.h"
+#include "tools/bench_output.h"
+#include "tools/bench_workload.h"
+
+namespace mha {
+namespace bench {
+
+namespace {
+
+// Rounds *w to `dtype` (bf16 or f16, nearest even, as a kCopy layer stores it) and back to f32.
+void RoundWeights(DType dtype, std::vector<float>* w) {
+  std::vector<uint16_t> bits(w->size());
+  if (dtype == DType::kBF16) {
+    kernels::F32ToBF16(w->data(), bits.data(), w->size());
+    kernels::BF16ToF32(bits.data(), w->data(), w->size());
+  } else {
+    kernels::F32ToF16(w->data(), bits.data(), w->size());
+    kernels::F16ToF32(bits.data(), w->data(), w->size());
+  }
+}
+
+}  // namespace
+
+double CacheRowBytes(DType dtype, int64_t hd) {
+  return dtype == DType::kI8 ? static_cast<double>(hd + 4)
+                             : static_cast<double>(hd) * static_cast<double>(DTypeSize(dtype));
+}
+
+Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
+                       int64_t max_context, uint64_t seed, DType weights, DecodeModel* m) {
+  const int64_t E = embed, hd = E / heads, kvE = kv_heads * hd;
+  Random rng(seed + static_cast<uint64_t>(kv_heads));
+  const float bound = 1.0f / std::sqrt(static_cast<float>(E));
+  m->embed = embed;
+  m->heads = heads;
+  m->kv_heads = kv_heads;
+  m->wq.resize(E * E);
+  m->wk.resize(kvE * E);
+  m->wv.resize(kvE * E);
+  m->bias.resize(E + 2 * kvE);
+  m->wo.resize(E * E);
+  m->bo.resize(E);
+  for (auto* w : {&m->wq, &m->wk, &m->wv, &m->bias, &m->wo, &m->bo}) rng.Fill(w, bound);
+  if (weights != DType::kF32) {
+    // Biases stay f32 in a 16-bit layer.
+    for (auto* w : {&m->wq, &m->wk, &m->wv, &m->wo}) RoundWeights(weights, w);
+  }
+  AttentionConfig c;
+  c.embed_dim = E;
+  c.num_heads = heads;
+  c.num_kv_heads = kv_heads;
+  c.batch_first = true;
+  c.weight_dtype = weights;
+  AttentionWeights w;
+  w.q_proj_weight = m->wq.data();
+  w.k_proj_weight = m->wk.data();
+  w.v_proj_weight = m->wv.data();
+  w.in_proj_bias = m->bias.data();
+  w.out_proj_weight = m->wo.data();
+  w.out_proj_bias = m->bo.data();
+  m->max_batch = max_batch;
+  m->max_context = max_context;
+  m->kv.resize(2 * static_cast<size_t>(max_batch * kv_heads * max_context * hd));
+  rng.Fill(&m->kv, 1.0f);
+  // kCopy: a 16-bit layer stores the (already rounded, so unchanged) weights in 16 bits.
+  return MultiheadAttention::Create(c, w, WeightBinding::kCopy, &m->layer);
+}
+
+DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
+                           size_t threads, const BenchOptions& o, PeerComparison* peers,
+                           const std::function<void(const std::string&)>& status) {
+  DecodeResult r;
+  r.context = context;
+  r.batch = batch;
+  r.kv_heads = m.kv_heads;
+  r.dtype = dtype;
+  r.weights = m.layer->config().weight_dtype;
+  r.threads = threads;
+  const int64_t E = m.embed, hd = E / m.heads, kvh = m.kv_heads;
+  ContextOptions co;
+  co.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  Status st = Context::Create(co, &ctx);
+  std::unique_ptr<KvCache> cache;
+  if (st.ok())
+    st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
+  // Fill context - 1 positions from the model's random keys/values (a strided view of them).
+  const int64_t prior = context - 1;
+  const int64_t batch_stride = kvh * m.max_context * hd, head_stride = m.max_context * hd;
+  const float* keys = m.kv.data();
+  const float* values = keys + m.kv.size() / 2;
+  if (st.ok() && prior > 0) {
+    const int64_t shape[4] = {batch, kvh, prior, hd};
+    const int64_t strides[4] = {batch_stride, head_stride, hd, 1};
+    float* k = const_cast<float*>(keys);
+    float* v = const_cast<float*>(values);
+    TensorView kt, vt;
+    st = TensorView::Strided(k, DType::kF32, 4, shape, strides, &kt, "k");
+    if (st.ok()) st = TensorView::Strided(v, DType::kF32, 4, shape, strides, &vt, "v");
+    if (st.ok()) st = cache->AppendProjected(kt, vt);
+  }
+  std::vector<float> x(batch * E), out(batch * E);
+  Random rng(o.seed);
+  rng.Fill(&x, 1.0f);
+  const int64_t xs[3] = {batch, 1, E};
+  TensorView xv, ov;
+  if (st.ok()) st = TensorView::Dense(x.data(), DType::kF32, 3, xs, &xv, "x");
+  if (st.ok()) st = TensorView::Dense(out.data(), DType::kF32, 3, xs, &ov, "output");
+  auto rewind = [&] {
+    for (int64_t n = 0; n < batch && st.ok(); ++n) st = cache->Truncate(n, prior);
+  };
+  // Warm-up: the arena grows to the plan, caches and pages settle.
+  for (int i = 0; i < 2 && st.ok(); ++i) {
+    st = cache->Step(*ctx, *m.layer, xv, ov);
+    rewind();
+  }
+  if (!st.ok()) {
+    r.error = st.ToString();
+    return r;
+  }
+  std::vector<double> samples_ms, attn_samples_ms;
+  // The attention tasks of one step record events here (at most batch * kv_heads * chunks
+  // + batch * heads of them; generously sized, never reallocated while timing).
+  TraceRecorder recorder(static_cast<size_t>(4 * batch * m.heads * (context / 64 + 2)));
+  SetTrace(*ctx, &recorder);
+  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
+  const int64_t start_ns = TraceRecorder::NowNs();
+  for (;;) {
+    recorder.Clear();
+    const int64_t t0 = TraceRecorder::NowNs();
+    st = cache->Step(*ctx, *m.layer, xv, ov);
+    const int64_t t1 = TraceRecorder::NowNs();
+    if (st.ok()) rewind();
+    if (!st.ok()) {
+      r.error = "KvCache::Step: " + st.ToString();
+      return r;
+    }
+    samples_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
+    int64_t first = 0, last = 0;
+    for (size_t i = 0; i < recorder.size(); ++i) {
+      const TraceEvent& e = recorder.events[i];
+      if (e.stage != Stage::kCacheAttention) continue;
+      first = first == 0 ? e.begin_ns : std::min(first, e.begin_ns);
+      last = std::max(last, e.end_ns);
+    }
+    attn_samples_ms.push_back(static_cast<double>(last - first) * 1e-6);
+    const int64_t runs = static_cast<int64_t>(samples_ms.size());
+    if ((runs >= o.min_runs && t1 - start_ns >= min_time_ns) || runs >= kMaxRuns) break;
+  }
+  r.runs = static_cast<int64_t>(samples_ms.size());
+  std::sort(samples_ms.begin(), samples_ms.end());
+  r.median_ms = Percentile(samples_ms, 0.5);
+  r.p10_ms = Percentile(samples_ms, 0.1);
+  r.p90_ms = Percentile(samples_ms, 0.9);
+  std::sort(attn_samples_ms.begin(), attn_samples_ms.end());
+  r.attn_ms = Percentile(attn_samples_ms, 0.5);
+  const double sec = r.median_ms * 1e-3;
+  r.tokens_per_s = static_cast<double>(batch) / sec;
+  r.cache_bytes = 2.0 * static_cast<double>(batch * kvh * context) * CacheRowBytes(dtype, hd);
+  r.weight_bytes = static_cast<double>(DTypeSize(m.layer->config().weight_dtype)) *
+                   static_cast<double>(2 * E * E + 2 * kvh * hd * E);
+  r.cache_gbs = r.cache_bytes / sec * 1e-9;
+  r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
+  r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;
+  if (peers != nullptr && dtype == DType::kF32) {
+    // mha's threads and cache go first: the peers get the machine as mha had it.
+    ctx.reset();
+    cache.reset();
+    // `out` holds the last timed step's output: every step attends the same cache and token.
+    DecodePeerCase c;
+    c.batch = batch;
+    c.context = context;
+    c.embed = E;
+    c.heads = m.heads;
+    c.kv_heads = kvh;
+    c.q_weight = m.wq.data();
+    c.k_weight = m.wk.data();
+    c.v_weight = m.wv.data();
+    c.in_bias = m.bias.data();
+    c.out_weight = m.wo.data();
+    c.out_bias = m.bo.data();
+    c.keys = keys;
+    c.values = values;
+    c.batch_stride = batch_stride;
+    c.head_stride = head_stride;
+    c.x = x.data();
+    c.output = out.data();
+    peers->RunDecode(c, threads, status, &r.peers);
+  }
+  return r;
+}
+
+PrefillResult RunPrefillCase(const DecodeModel& m, int64_t tokens, int64_t batch, size_t threads,
+                             const BenchOptions& o) {
+  PrefillResult r;
+  r.tokens = tokens;
+  r.batch = batch;
+  r.embed = m.embed;
+  r.heads = m.heads;
+  r.kv_heads = m.kv_heads;
+  r.threads = threads;
+  const int64_t E = m.embed;
+  ContextOptions co;
+  co.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  Status st = Context::Create(co, &ctx);
+  std::unique_ptr<KvCache> cache;
+  if (st.ok()) {
+    st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, tokens, DType::kF32), &cache);
+  }
+  const size_t n = static_cast<size_t>(batch * tokens * E);
+  std::vector<float> x(n), step_out(n), forward_out(n);
+  Random rng(o.seed);
+  rng.Fill(&x, 1.0f);
+  const int64_t shape[3] = {batch, tokens, E};
+  AttentionInputs in;
+  in.causal = true;
+  AttentionOutputs forward_outputs;
+  TensorView step_view;
+  if (st.ok()) st = TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query, "x");
+  if (st.ok()) {
+    st = TensorView::Dense(step_out.data(), DType::kF32, 3, shape, &step_view, "step output");
+  }
+  if (st.ok()) {
+    st = TensorView::Dense(forward_out.data(), DType::kF32, 3, shape, &forward_outputs.output,
+                           "forward output");
+  }
+  // One call of either; the step always starts from an empty cache.
+  const char* op = "prefill";
+  const auto call = [&](bool step) {
+    op = step ? "KvCache::Step" : "MultiheadAttention::Forward";
+    if (!step) return m.layer->Forward(*ctx, in, forward_outputs);
+    cache->Reset();
+    return cache->Step(*ctx, *m.layer, in.query, step_view);
+  };
+  // Warm-up, one of each: the arena grows to the larger plan, pages settle.
+  if (st.ok()) st = call(true);
+  if (st.ok()) st = call(false);
+  std::vector<double> step_ms, forward_ms;
+  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
+  const int64_t start_ns = TraceRecorder::NowNs();
+  for (int64_t run = 0; st.ok(); ++run) {
+    // A/B alternating: the step first on even runs, the forward first on odd ones, so that
+    // neither always follows the other (warm caches, the machine's drift within seconds).
+    for (int k = 0; k < 2 && st.ok(); ++k) {
+      const bool step = (k == 0) == (run % 2 == 0);
+      const int64_t t0 = TraceRecorder::NowNs();
+      st = call(step);
+      (step ? step_ms : forward_ms)
+          .push_back(static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-6);
+    }
+    const int64_t runs = run + 1;
+    if ((runs >= o.min_runs && TraceRecorder::NowNs() - start_ns >= min_time_ns) ||
+        runs >= kMaxRuns) {
+      break;
+    }
+  }
+  if (!st.ok()) {
+    r.error = std::string(op) + ": " + st.ToString();
+    return r;
+  }
+  r.runs = static_cast<int64_t>(step_ms.size());
+  std::sort(step_ms.begin(), step_ms.end());
+  std::sort(forward_ms.begin(), forward_ms.end());
+  r.step_ms = Percentile(step_ms, 0.5);
+  r.step_p10_ms = Percentile(step_ms, 0.1);
+  r.step_p90_ms = Percentile(step_ms, 0.9);
+  r.forward_ms = Percentile(forward_ms, 0.5);
+  r.forward_p10_ms = Percentile(forward_ms, 0.1);
+  r.forward_p90_ms = Percentile(forward_ms, 0.9);
+  for (size_t i = 0; i < n; ++i) {
+    r.max_abs_diff =
+        std::max(r.max_abs_diff, static_cast<double>(std::fabs(step_out[i] - forward_out[i])));
+  }
+  return r;
+}
+
+}  // namespace bench
+}  // namespace mha

@@ -1,0 +1,361 @@
+// mha-bench --decode (tools/bench_decode.h): the decode rows over cache lengths, batches, key/
+// value heads, cache types and thread counts, then the prefill rows.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "tools/bench_bandwidth.h"
+#include "tools/bench_decode.h"
+#include "tools/bench_host.h"
+#include "tools/bench_output.h"
+#include "tools/bench_report.h"
+
+namespace mha {
+namespace bench {
+
+namespace {
+
+// The prefill rows of --decode: prints their table, fills *results; false if any failed.
+bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillResult>* results) {
+  std::printf(
+      "\nprefill: KvCache::Step of `tokens` prompt tokens per entry into an empty f32 cache "
+      "against MultiheadAttention::Forward with causal of the same shape (same layer, input and "
+      "threads; alternating, medians); step/fwd = step_ms / forward_ms, max_diff = max |step "
+      "output - forward output|\n");
+  std::printf("%7s %6s %5s %5s %4s %7s %10s %10s %8s %9s\n", "tokens", "batch", "embed", "heads",
+              "kvh", "threads", "step_ms", "forward_ms", "step/fwd", "max_diff");
+  std::fflush(stdout);
+  bool ok = true;
+  for (const PrefillShape& shape : kPrefillShapes) {
+    DecodeModel model;
+    Status st;
+    bool made = false;
+    for (int64_t tokens : o.prefill_tokens) {
+      if (shape.batch > 1 && tokens > kPrefillBatchedMaxTokens) continue;
+      if (!made) {
+        progress->Show("preparing the prefill layer (E " + std::to_string(shape.embed) + ", " +
+                       std::to_string(shape.heads) + " heads)...");
+        st = MakeDecodeModel(shape.embed, shape.heads, shape.kv_heads, 0, 0, o.seed,
+                             o.decode_weights, &model);
+        made = true;
+      }
+      for (size_t t : o.threads) {
+        progress->Show("prefill " + std::to_string(tokens) + " tokens, E " +
+                       std::to_string(shape.embed) + ", batch " + std::to_string(shape.batch) +
+                       ", " + std::to_string(t) + " thread(s)");
+        PrefillResult r;
+        if (st.ok()) {
+          r = RunPrefillCase(model, tokens, shape.batch, t, o);
+        } else {
+          r.tokens = tokens;
+          r.batch = shape.batch;
+          r.embed = shape.embed;
+          r.heads = shape.heads;
+          r.kv_heads = shape.kv_heads;
+          r.threads = t;
+          r.error = "MultiheadAttention::Create: " + st.ToString();
+        }
+        progress->Clear();
+        std::printf("%7lld %6lld %5lld %5lld %4lld %7zu ", static_cast<long long>(r.tokens),
+                    static_cast<long long>(r.batch), static_cast<long long>(r.embed),
+                    static_cast<long long>(r.heads), static_cast<long long>(r.kv_heads), t);
+        if (!r.error.empty()) {
+          ok = false;
+          std::printf(" FAILED\n");
+          std::fprintf(stderr, "mha-bench: prefill %lld tokens, E %lld, batch %lld: %s\n",
+                       static_cast<long long>(r.tokens), static_cast<long long>(r.embed),
+                       static_cast<long long>(r.batch), r.error.c_str());
+        } else {
+          std::printf("%10.3f %10.3f %8.3f %8.1e%s\n", r.step_ms, r.forward_ms,
+                      r.step_ms / r.forward_ms, r.max_abs_diff,
+                      r.max_abs_diff <= o.tolerance ? "" : "!");
+        }
+        std::fflush(stdout);
+        results->push_back(std::move(r));
+      }
+    }
+  }
+  return ok;
+}
+
+// The peers' cells of a decode row: <peer>_ms and <peer>/mha ('!' when its output disagreed).
+std::string PeerCells(const std::vector<std::string>& compare, const DecodeResult& r) {
+  std::string cells;
+  for (const std::string& p : compare) {
+    const auto it = r.peers.find(p);
+    char buf[64];
+    if (it == r.peers.end() || !it->second.timed) {
+      std::snprintf(buf, sizeof(buf), " %9s %9s", "-", "-");
+    } else {
+      std::snprintf(buf, sizeof(buf), " %9.3f %8.2f%s", it->second.median_ms,
+                    PeerRatio(r.peers, p, r.median_ms),
+                    it->second.max_abs_err <= it->second.tolerance ? " " : "!");
+    }
+    cells += buf;
+  }
+  return cells;
+}
+
+}  // namespace
+
+int RunDecodeSuite(const BenchOptions& o) {
+  std::ofstream json_out, csv_out;
+  if (!OpenOutput("--json", o.json_path, &json_out) || !OpenOutput("--csv", o.csv_path, &csv_out)) {
+    return kExitUsage;
+  }
+  Progress progress;
+  std::printf("mha-bench --decode: mha %s, SIMD target %s, CPU %s, %s\n",
+              OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(), CpuModel().c_str(),
+              IsoDateUtc().c_str());
+  std::printf("model: E %lld, %lld heads of %lld; one new token per batch entry per step\n",
+              static_cast<long long>(kDecodeEmbed), static_cast<long long>(kDecodeHeads),
+              static_cast<long long>(kDecodeEmbed / kDecodeHeads));
+  std::map<size_t, double> copy_gbs, read_gbs;
+  progress.Show("allocating the read-bandwidth probe's buffer...");
+  const ReadProbe read_probe;
+  for (size_t t : o.threads) {
+    progress.Show("measuring copy and read bandwidth (" + std::to_string(t) + " thread(s))...");
+    copy_gbs[t] = MeasureCopyGbs(t);
+    read_gbs[t] = read_probe.Measure(t, 8);
+    progress.Clear();
+    std::printf("copy bandwidth (memcpy 256 MiB, read + written), %zu thread(s): %.1f GB/s\n", t,
+                copy_gbs[t]);
+    std::printf("read bandwidth (streaming sum of %zu MiB), %zu thread(s): %.1f GB/s\n",
+                ReadBufferBytes() >> 20, t, read_gbs[t]);
+  }
+  std::printf("weights: %s\n", DTypeName(o.decode_weights));
+  std::unique_ptr<PeerComparison> peers;
+  if (!o.compare.empty()) {
+    peers = std::make_unique<PeerComparison>(o);
+    std::printf(
+        "peers: <peer>_ms = the peer's f32 decode step on the same layer, cache contents, token "
+        "and threads, timed right after mha's f32 row (the bf16 and i8 rows repeat it); "
+        "<peer>/mha = <peer>_ms / median_ms, above 1: mha is faster; '!': its output differs "
+        "from mha's f32 step by more than --tolerance\n");
+  }
+  const auto status = [&progress](const std::string& text) { progress.ShowOrClear(text); };
+  std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %9s %8s %9s %6s", "context",
+              "batch", "kvh", "cache", "threads", "median_ms", "p90_ms", "tokens/s", "cache_MiB",
+              "cache_GB/s", "+weights_GB/s", "read%", "+weights%", "attn_ms", "attn_GB/s", "attn%");
+  for (const std::string& p : o.compare) {
+    std::printf(" %9s %9s", (p + "_ms").c_str(), (p + "/mha").c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
+  const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
+  std::vector<DecodeResult> results;
+  bool failed = false;
+  for (int64_t kvh : {kDecodeHeads, int64_t{4}}) {
+    progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
+                  " layer and random keys/values...");
+    DecodeModel model;
+    const Status st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context,
+                                      o.seed, o.decode_weights, &model);
+    progress.Clear();
+    for (int64_t context : o.decode_contexts) {
+      for (int64_t batch : o.decode_batches) {
+        // The peers' results of the f32 rows, by thread count, for the other cache types' rows.
+        std::map<size_t, std::map<std::string, PeerResult>> f32_peers;
+        for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
+          for (size_t t : o.threads) {
+            progress.Show("context " + std::to_string(context) + ", batch " +
+                          std::to_string(batch) + ", " + DTypeName(dtype) + ", " +
+                          std::to_string(t) + " thread(s)");
+            DecodeResult r;
+            if (!st.ok()) {
+              r.context = context;
+              r.batch = batch;
+              r.kv_heads = kvh;
+              r.dtype = dtype;
+              r.threads = t;
+              r.error = "MultiheadAttention::Create: " + st.ToString();
+            } else {
+              r = RunDecodeCase(model, context, batch, dtype, t, o, peers.get(), status);
+            }
+            if (dtype == DType::kF32) {
+              f32_peers[t] = r.peers;
+            } else {
+              r.peers = f32_peers[t];
+            }
+            r.copy_gbs = copy_gbs[t];
+            r.read_gbs = read_gbs[t];
+            // A cache larger than the last-level cache is read from memory: its read% divides
+            // by the read bandwidth probed again right after the case, two figures taken seconds
+            // apart rather than minutes (a shared machine's bandwidth moves by tens of percent).
+            const size_t llc = LastLevelCacheBytes();  // 0 if unknown: no second probe
+            if (r.error.empty() && llc > 0 && r.cache_bytes > static_cast<double>(llc)) {
+              const double gbs = read_probe.Measure(t, 3);
+              if (gbs > 0) r.read_gbs = gbs;
+            }
+            progress.Clear();
+            if (!r.error.empty()) {
+              failed = true;
+              std::printf("%8lld %6lld %4lld %5s %7zu  FAILED\n", static_cast<long long>(context),
+                          static_cast<long long>(batch), static_cast<long long>(kvh),
+                          DTypeName(dtype), t);
+              std::fprintf(stderr, "mha-bench: decode context %lld batch %lld: %s\n",
+                           static_cast<long long>(context), static_cast<long long>(batch),
+                           r.error.c_str());
+            } else {
+              std::printf(
+                  "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f "
+                  "%9.1f %8.3f %9.2f %6.1f%s\n",
+                  static_cast<long long>(context), static_cast<long long>(batch),
+                  static_cast<long long>(kvh), DTypeName(dtype), t, r.median_ms, r.p90_ms,
+                  r.tokens_per_s, r.cache_bytes / (1024.0 * 1024.0), r.cache_gbs, r.total_gbs,
+                  r.read_gbs > 0 ? 100.0 * r.cache_gbs / r.read_gbs : NAN,
+                  r.read_gbs > 0 ? 100.0 * r.total_gbs / r.read_gbs : NAN, r.attn_ms, r.attn_gbs,
+                  r.read_gbs > 0 ? 100.0 * r.attn_gbs / r.read_gbs : NAN,
+                  PeerCells(o.compare, r).c_str());
+            }
+            std::fflush(stdout);
+            results.push_back(std::move(r));
+          }
+        }
+      }
+    }
+  }
+  RunHeader peer_header;  // the peers' versions, once they ran
+  if (peers != nullptr) {
+    peer_header.compare = o.compare;
+    peers->Describe(&peer_header);
+    std::string line;
+    for (const std::string& p : o.compare) {
+      const auto v = peer_header.peer_versions.find(p);
+      line += (line.empty() ? "" : ", ") + p + " " +
+              (v != peer_header.peer_versions.end() ? v->second : std::string("(not run)"));
+    }
+    std::printf("peers (%s): %s\n", peer_header.peer_python.c_str(), line.c_str());
+  }
+  std::vector<PrefillResult> prefill;
+  bool prefill_ok = true;
+  if (!o.prefill_tokens.empty()) prefill_ok = RunPrefill(o, &progress, &prefill);
+  bool inaccurate = false;
+  for (const PrefillResult& r : prefill) {
+    if (r.error.empty() && !(r.max_abs_diff <= o.tolerance)) {
+      inaccurate = true;
+      std::fprintf(stderr,
+                   "mha-bench: prefill %lld tokens, E %lld, batch %lld, %zu thread(s): the step's "
+                   "output differs from the forward's by %.3g, above the tolerance %g\n",
+                   static_cast<long long>(r.tokens), static_cast<long long>(r.embed),
+                   static_cast<long long>(r.batch), r.threads, r.max_abs_diff, o.tolerance);
+    }
+  }
+  bool io_ok = true;
+  auto fields = [](const DecodeResult& r) {
+    nlohmann::ordered_json j;
+    j["context"] = r.context;
+    j["batch"] = r.batch;
+    j["embed"] = kDecodeEmbed;
+    j["heads"] = kDecodeHeads;
+    j["kv_heads"] = r.kv_heads;
+    j["cache_dtype"] = DTypeName(r.dtype);
+    j["weights_dtype"] = DTypeName(r.weights);
+    j["threads"] = r.threads;
+    j["error"] = r.error;
+    j["runs"] = r.runs;
+    j["median_ms"] = r.median_ms;
+    j["p10_ms"] = r.p10_ms;
+    j["p90_ms"] = r.p90_ms;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["cache_bytes"] = r.cache_bytes;
+    j["weight_bytes"] = r.weight_bytes;
+    j["cache_gbs"] = r.cache_gbs;
+    j["total_gbs"] = r.total_gbs;
+    j["copy_gbs"] = r.copy_gbs;
+    j["copy_ratio"] = r.copy_gbs > 0 ? r.cache_gbs / r.copy_gbs : 0.0;
+    j["total_copy_ratio"] = r.copy_gbs > 0 ? r.total_gbs / r.copy_gbs : 0.0;
+    j["attn_ms"] = r.attn_ms;
+    j["attn_gbs"] = r.attn_gbs;
+    j["attn_copy_ratio"] = r.copy_gbs > 0 ? r.attn_gbs / r.copy_gbs : 0.0;
+    j["read_gbs"] = r.read_gbs;
+    j["read_ratio"] = r.read_gbs > 0 ? r.cache_gbs / r.read_gbs : 0.0;
+    j["total_read_ratio"] = r.read_gbs > 0 ? r.total_gbs / r.read_gbs : 0.0;
+    j["attn_read_ratio"] = r.read_gbs > 0 ? r.attn_gbs / r.read_gbs : 0.0;
+    return j;
+  };
+  if (!o.json_path.empty()) {
+    nlohmann::ordered_json doc;
+    doc["header"]["mode"] = "decode";
+    doc["header"]["mha_version"] = OrUnknown(Version());
+    doc["header"]["simd_target"] = OrUnknown(SimdTarget());
+    doc["header"]["cpu"] = CpuModel();
+    doc["header"]["seed"] = o.seed;
+    for (const auto& [t, g] : copy_gbs) doc["header"]["copy_gbs"][std::to_string(t)] = g;
+    for (const auto& [t, g] : read_gbs) doc["header"]["read_gbs"][std::to_string(t)] = g;
+    doc["header"]["tolerance"] = o.tolerance;
+    AddPeersHeaderJson(peer_header, &doc["header"]);
+    doc["results"] = nlohmann::ordered_json::array();
+    for (const DecodeResult& r : results) {
+      nlohmann::ordered_json j = fields(r);
+      if (!o.compare.empty()) j["peers"] = PeerResultsJson(o.compare, r.peers, r.median_ms);
+      doc["results"].push_back(std::move(j));
+    }
+    doc["prefill"] = nlohmann::ordered_json::array();
+    for (const PrefillResult& r : prefill) {
+      nlohmann::ordered_json j;
+      j["tokens"] = r.tokens;
+      j["batch"] = r.batch;
+      j["embed"] = r.embed;
+      j["heads"] = r.heads;
+      j["kv_heads"] = r.kv_heads;
+      j["threads"] = r.threads;
+      j["error"] = r.error;
+      j["runs"] = r.runs;
+      j["step_ms"] = r.step_ms;
+      j["step_p10_ms"] = r.step_p10_ms;
+      j["step_p90_ms"] = r.step_p90_ms;
+      j["forward_ms"] = r.forward_ms;
+      j["forward_p10_ms"] = r.forward_p10_ms;
+      j["forward_p90_ms"] = r.forward_p90_ms;
+      j["ratio"] = r.forward_ms > 0 ? r.step_ms / r.forward_ms : 0.0;
+      j["max_abs_diff"] = r.max_abs_diff;
+      doc["prefill"].push_back(std::move(j));
+    }
+    json_out << doc.dump(2) << "\n";
+    io_ok = FinishOutput("--json", o.json_path, &json_out) && io_ok;
+  }
+  if (!o.csv_path.empty()) {
+    bool first = true;
+    for (const DecodeResult& r : results) {
+      nlohmann::ordered_json j = fields(r);
+      // The peers flattened as the forward suite's CSV has them (empty when not timed).
+      for (const std::string& p : o.compare) {
+        const auto it = r.peers.find(p);
+        const bool timed = it != r.peers.end() && it->second.timed;
+        j[p + "_ms"] = timed ? nlohmann::ordered_json(it->second.median_ms) : nullptr;
+        j[p + "_ratio"] =
+            timed ? nlohmann::ordered_json(PeerRatio(r.peers, p, r.median_ms)) : nullptr;
+        j[p + "_max_abs_err"] = timed ? nlohmann::ordered_json(it->second.max_abs_err) : nullptr;
+      }
+      if (first) {
+        std::string line;
+        for (auto it = j.begin(); it != j.end(); ++it) line += (line.empty() ? "" : ",") + it.key();
+        csv_out << line << "\n";
+        first = false;
+      }
+      std::string line;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        const std::string v = it->is_string() ? it->get<std::string>()
+                              : it->is_null() ? std::string()
+                                              : it->dump();
+        line += (it == j.begin() ? "" : ",") + v;
+      }
+      csv_out << line << "\n";
+    }
+    io_ok = FinishOutput("--csv", o.csv_path, &csv_out) && io_ok;
+  }
+  if (failed || !prefill_ok || !io_ok) return kExitFailure;
+  return inaccurate ? kExitInaccurate : kExitOk;
+}
+
+}  // namespace bench
+}  // namespace mha
