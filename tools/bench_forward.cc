@@ -36,10 +36,9 @@ struct TraceCapture {
 // Measures one case in o.rounds rounds. Each round times the BLIS baseline (o.sgemm_size, with
 // the same threads; 0: none, no efficiency) and then mha's forward for its share of
 // --min-time and --min-runs, so each round's efficiency divides two figures taken within about
-// a second of each other; the case's efficiency is the median over rounds. On the shared VMs
-// this runs on the machine's speed moves by tens of percent within seconds (the baseline read
-// 90 and 155 GFLOP/s for two consecutive cases of one run), which a single baseline per case
-// turned straight into the efficiency.
+// a second of each other; the case's efficiency is the median over rounds. A shared machine's
+// speed moves by tens of percent within seconds, which one baseline per case would pass
+// straight into the efficiency.
 CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
                    const SgemmBaseline& baseline, PeakRss* rss, TraceCapture* capture) {
   CaseResult r;

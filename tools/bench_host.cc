@@ -91,9 +91,8 @@ double MeasureSgemmGflops(size_t n, size_t threads) {
 
 // The BLIS configuration of the baseline: the one BLIS selects or, when mha dispatches an
 // AVX-512 target, BLIS's skx configuration if it is faster. BLIS 0.9.0 selects its AVX2 haswell
-// kernels on AVX-512 CPUs it does not know by model (Intel Emerald Rapids: 87 GFLOP/s per core
-// against 162 with skx), which would make the baseline, and mha's efficiency against it, the
-// AVX2 one. Debian's libblis does not export the lookup of another configuration's context and
+// kernels on AVX-512 CPUs it does not know by model (about half skx's speed), which would make
+// the baseline, and mha's efficiency against it, the AVX2 one. Debian's libblis does not export the lookup of another configuration's context and
 // reads BLIS_ARCH_TYPE once per process, so the skx baseline runs in a child process
 // (`mha-bench --sgemm-probe N T` with BLIS_ARCH_TYPE set), right where the in-process one would.
 // With MHA_TARGETS forcing AVX2 the baseline stays BLIS's own choice.
