@@ -9,7 +9,7 @@
 //   skipped. After ParallelFor returns, the number of task calls must equal n (a host that
 //   skipped or repeated tasks, or returned before they ran). The first breach is kept as an
 //   error; the dispatches after it in the same entry point do not reach the host, and the entry
-//   point returns the error (Context::TakeDispatchError).
+//   point returns the error (TakeDispatchError in runtime/context_internal.h).
 // - Per-worker slots are cache-line sized and allocated once, so a dispatch allocates nothing
 //   and the checks cost one uncontended atomic exchange and one increment per task.
 // - Tasks are noexcept: no exception can unwind through the host's (possibly C) frames.

@@ -61,7 +61,7 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
   r.workspace_bytes = workspace;
   st = ReserveArena(*context, workspace);
   if (!st.ok()) {
-    r.error = "Context::Reserve: " + st.ToString();
+    r.error = "ReserveArena: " + st.ToString();
     return r;
   }
 

@@ -34,6 +34,10 @@
  * MHA_STATUS_INVALID_ARGUMENT with a message naming the argument. No function lets a C++
  * exception escape (allocation failure maps to MHA_STATUS_OUT_OF_MEMORY).
  *
+ * Options structs (mha_context_options, mha_layer_config, mha_layer_weights, mha_load_options,
+ * mha_kv_cache_options): a zero-initialized struct ({0} or memset) means every default; set
+ * only the fields you need (each struct names its required ones).
+ *
  * Thread-safety: everything is safe to call concurrently except that one mha_context must not
  * be used by two threads at the same time (and must not be destroyed while in use). Creating
  * and destroying different handles from different threads is safe.
