@@ -181,9 +181,9 @@ Status CheckWeightDtype(int32_t v, const char* name) {
 
 Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   const std::pair<int32_t, const char*> flags[] = {{c.no_bias, "config->no_bias"},
-                                                    {c.add_bias_kv, "config->add_bias_kv"},
-                                                    {c.add_zero_attn, "config->add_zero_attn"},
-                                                    {c.batch_first, "config->batch_first"}};
+                                                   {c.add_bias_kv, "config->add_bias_kv"},
+                                                   {c.add_zero_attn, "config->add_zero_attn"},
+                                                   {c.batch_first, "config->batch_first"}};
   for (const auto& f : flags) {
     Status s = CheckBool(f.first, f.second);
     if (!s.ok()) return s;

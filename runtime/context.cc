@@ -71,8 +71,9 @@ Status ReserveArena(Context& context, size_t bytes) {
     return OutOfMemory("context arena: this call needs " + std::to_string(bytes) +
                        " bytes of workspace, which a caller-provided buffer of " +
                        std::to_string(ArenaBytesFor(bytes)) +
-                       " bytes holds at any address (the figure its plan returns); this buffer "
-                       "holds " + std::to_string(c.arena.capacity()) + " usable bytes");
+                       " bytes holds at any address (the figure its plan returns); this buffer"
+                       " holds " +
+                       std::to_string(c.arena.capacity()) + " usable bytes");
   }
   return c.arena.Init(bytes);
 }

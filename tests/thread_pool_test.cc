@@ -124,7 +124,8 @@ TEST(ThreadPoolDeathTest, NestedParallelForAsserts) {
   EXPECT_DEATH(
       {
         ThreadPool pool(2);
-        pool.ParallelFor(2, [&](uint64_t, size_t) { pool.ParallelFor(1, [](uint64_t, size_t) {}); });
+        pool.ParallelFor(2,
+                         [&](uint64_t, size_t) { pool.ParallelFor(1, [](uint64_t, size_t) {}); });
       },
       "not reentrant");
 #endif

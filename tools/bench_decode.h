@@ -88,7 +88,8 @@ struct PrefillResult {
 struct PrefillShape {
   int64_t embed, heads, kv_heads, batch;
 };
-inline constexpr PrefillShape kPrefillShapes[] = {{1024, 16, 16, 1}, {1024, 16, 4, 1}, {768, 12, 12, 8}};
+inline constexpr PrefillShape kPrefillShapes[] = {
+    {1024, 16, 16, 1}, {1024, 16, 4, 1}, {768, 12, 12, 8}};
 inline constexpr int64_t kPrefillBatchedMaxTokens = 512;
 
 // Times KvCache::Step of `tokens` prompt tokens per entry into an empty f32 cache against

@@ -92,10 +92,11 @@ double MeasureSgemmGflops(size_t n, size_t threads) {
 // The BLIS configuration of the baseline: the one BLIS selects or, when mha dispatches an
 // AVX-512 target, BLIS's skx configuration if it is faster. BLIS 0.9.0 selects its AVX2 haswell
 // kernels on AVX-512 CPUs it does not know by model (about half skx's speed), which would make
-// the baseline, and mha's efficiency against it, the AVX2 one. Debian's libblis does not export the lookup of another configuration's context and
-// reads BLIS_ARCH_TYPE once per process, so the skx baseline runs in a child process
-// (`mha-bench --sgemm-probe N T` with BLIS_ARCH_TYPE set), right where the in-process one would.
-// With MHA_TARGETS forcing AVX2 the baseline stays BLIS's own choice.
+// the baseline, and mha's efficiency against it, the AVX2 one. Debian's libblis does not export
+// the lookup of another configuration's context and reads BLIS_ARCH_TYPE once per process, so
+// the skx baseline runs in a child process (`mha-bench --sgemm-probe N T` with BLIS_ARCH_TYPE
+// set), right where the in-process one would. With MHA_TARGETS forcing AVX2 the baseline stays
+// BLIS's own choice.
 namespace {
 
 // GFLOP/s of the skx baseline measured by a child process of this executable; 0 on failure.

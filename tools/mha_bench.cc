@@ -45,7 +45,6 @@ int Main(int argc, char** argv) {
   }
 }
 
-
 }  // namespace bench
 }  // namespace mha
 

@@ -100,7 +100,6 @@ class MHA_API Context {
   size_t arena_capacity() const;
   size_t arena_high_water() const;
 
-
  private:
   struct Impl;  // threads, arena, trace hook: runtime/context_internal.h
   explicit Context(std::unique_ptr<Impl> impl);
@@ -281,7 +280,6 @@ class MHA_API MultiheadAttention {
                      size_t num_threads, size_t* workspace_bytes) const;
   Status Project(Context& context, const AttentionInputs& inputs,
                  const ProjectionOutputs& outputs) const;
-
 
  private:
   struct Impl;  // resolved configuration and bound weights: runtime/attention.cc
