@@ -157,6 +157,10 @@ struct Small {
 
 TEST(CApiTest, LibraryInformation) {
   EXPECT_STREQ(mha_version(), Version());
+  // meson.build's project version, which Version() reports (tests/meson.build sets it).
+  if (const char* project = std::getenv("MHA_PROJECT_VERSION")) {
+    EXPECT_STREQ(Version(), project);
+  }
   EXPECT_GT(std::strlen(mha_simd_target()), 0u);
   EXPECT_GT(std::strlen(mha_blas_arch()), 0u);
   EXPECT_STREQ(mha_status_name(MHA_STATUS_OK), "OK");
