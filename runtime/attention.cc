@@ -35,6 +35,7 @@
 // count.
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -80,7 +81,7 @@ constexpr size_t kKeyBlock = 512;
 // to scratch, 2 x 512 KiB per worker at head_dim 64). At (1, 2048, 1024, 16) on 2 threads a
 // task is a whole head, where 512-row blocks packed every key block four times (PackB: ~3% of
 // the forward's CPU time in a perf profile). Without a causal mask every row runs the same key
-// blocks and rows are independent (GemmPackedB's rows, per-row softmax), so this split may
+// blocks and rows are independent (GemmBlisPackedB's rows, per-row softmax), so this split may
 // follow the thread count without changing any result. So may a causal one: its strips stop at
 // their own last row (RunAttention), so a row's work depends only on the strip grid, which
 // query blocks that are multiples of OnlineStripRows() keep fixed. The chunked path's causal
@@ -869,14 +870,14 @@ size_t Bytes(size_t floats) {
   return r;
 }
 
-// Whether the online path's two products per strip run on kernels::GemmPackedBDirect, which
+// Whether the online path's two products per strip run on kernels::GemmDirectPackedB, which
 // reads its a operand as it lies: the task's Q rows (a contiguous copy, no PackA) and the
-// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through GemmPacked
-// (Q packed once per task) and GemmPackedB. Fixed per process (the dispatched target and BLIS's
+// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through GemmBlisPackedAB
+// (Q packed once per task) and GemmBlisPackedB. Fixed per process (the dispatched target and BLIS's
 // configuration). (1, 128, 512, 8) causal, 2 threads, mha-bench --breakdown: the scores stage
 // (PackA included) took 0.095 ms per forward with Q packed, 0.085 ms on the direct kernel
 // (0.068 ms with the causal strips below).
-bool OnlineUsesDirectKernel() { return kernels::GemmPackedBDirectSupported(); }
+bool OnlineUsesDirectKernel() { return kernels::GemmDirectSupported(); }
 
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
 // micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
@@ -1377,9 +1378,9 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
           if (h == 0) {
             std::memcpy(dst, scores + r * St, St * sizeof(float));
           } else {
-            kernels::Accumulate(dst, scores + r * St, St);
+            kernels::AddInto(scores + r * St, dst, St);
           }
-          if (h == H - 1) kernels::Scale(dst, St, 1.0f / static_cast<float>(H));
+          if (h == H - 1) kernels::ScaleBy(1.0f / static_cast<float>(H), dst, St);
         }
         record(t0, worker, Stage::kAverageWeights, n, h, blk);
       }
@@ -1509,9 +1510,11 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
         if (direct) {
-          kernels::GemmPackedBDirect(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          const bool ran = kernels::GemmDirectPackedB(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          assert(ran && "the direct kernel runs where it was chosen");
+          (void)ran;
         } else {
-          kernels::GemmPacked(scale, qp.Rows(r0, sr), k_cols, 0.0f, s_view);
+          kernels::GemmBlisPackedAB(scale, qp.Rows(r0, sr), k_cols, 0.0f, s_view);
         }
         record(t0, worker, Stage::kScores, n, h, blk);
         t0 = now();
@@ -1522,11 +1525,13 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         record(t0, worker, Stage::kSoftmax, n, h, blk);
         t0 = now();
         // P is read in place where the direct micro-kernel runs: no packing of the strip's
-        // probabilities (GemmPackedB's PackPanel, ~4% of CPU time at large shapes).
+        // probabilities (GemmBlisPackedB's PackPanel, ~4% of CPU time at large shapes).
         if (direct) {
-          kernels::GemmPackedBDirect(1.0f, s_view, v_rows, 1.0f, a_view);
+          const bool ran = kernels::GemmDirectPackedB(1.0f, s_view, v_rows, 1.0f, a_view);
+          assert(ran && "the direct kernel runs where it was chosen");
+          (void)ran;
         } else {
-          kernels::GemmPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
+          kernels::GemmBlisPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
         }
         record(t0, worker, Stage::kWeightedSum, n, h, blk);
       }
@@ -1591,8 +1596,7 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
       kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
     }
     const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
-    GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), c,
-                gemm_scratch, b_o);
+    MultiplyWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), b_o, c, gemm_scratch);
   });
 }
 
@@ -1755,9 +1759,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
                        x.layout.token, 1};
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
                        static_cast<ptrdiff_t>(hd), 1};
-    GemmWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd), c,
-                static_cast<uint8_t*>(scratch) + worker * scratch_stride,
-                bs[kind] != nullptr ? bs[kind] + h * hd : nullptr);
+    MultiplyWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd), bs[kind] != nullptr ? bs[kind] + h * hd : nullptr, c, static_cast<uint8_t*>(scratch) + worker * scratch_stride);
     if (kind > 0) {
       int64_t p = sh.S;
       const float* extra = kind == 1 ? m.bias_k : m.bias_v;

@@ -179,8 +179,7 @@ TEST(ElementwiseTest, AddBiasRows) {
       for (size_t r = 0; r < rows; ++r) {
         std::memcpy(&y[offset + r * stride], &init[r * cols], cols * sizeof(float));
       }
-      kernels::AddBiasRows(y.data() + offset, rows, cols, static_cast<ptrdiff_t>(stride),
-                           bias.data() + 1);
+      kernels::AddBiasToRows(bias.data() + 1, y.data() + offset, rows, cols, static_cast<ptrdiff_t>(stride));
       for (size_t i = 0; i < y.size(); ++i) {
         const bool inside = i >= offset && i < offset + rows * stride && (i - offset) % stride < cols;
         float want = kSentinel;
@@ -239,14 +238,14 @@ TEST(ElementwiseTest, ScaleAndAccumulate) {
       const std::vector<float> a = RandomFloats(rng, n), b = RandomFloats(rng, n + 3);
       std::vector<float> y(offset + n + 4, kSentinel);
       std::memcpy(&y[offset], a.data(), n * sizeof(float));
-      kernels::Scale(y.data() + offset, n, 0.37f);
+      kernels::ScaleBy(0.37f, y.data() + offset, n);
       for (size_t i = 0; i < y.size(); ++i) {
         const bool inside = i >= offset && i < offset + n;
         const float want = inside ? a[i - offset] * 0.37f : kSentinel;
         ASSERT_TRUE(SameFloat(y[i], want)) << target << " Scale n=" << n << " index " << i;
       }
       std::memcpy(&y[offset], a.data(), n * sizeof(float));
-      kernels::Accumulate(y.data() + offset, b.data() + 3, n);
+      kernels::AddInto(b.data() + 3, y.data() + offset, n);
       for (size_t i = 0; i < y.size(); ++i) {
         const bool inside = i >= offset && i < offset + n;
         const float want = inside ? a[i - offset] + b[i - offset + 3] : kSentinel;
@@ -256,7 +255,7 @@ TEST(ElementwiseTest, ScaleAndAccumulate) {
     // Special values go through unchanged IEEE arithmetic.
     const float inf = std::numeric_limits<float>::infinity();
     std::vector<float> y = {inf, -inf, 0.0f, -0.0f, 3e38f, -1e-45f, std::nanf("")};
-    kernels::Scale(y.data(), y.size(), -2.0f);
+    kernels::ScaleBy(-2.0f, y.data(), y.size());
     EXPECT_EQ(y[0], -inf) << target;
     EXPECT_EQ(y[1], inf) << target;
     EXPECT_TRUE(std::signbit(y[2]) && y[2] == 0.0f) << target;

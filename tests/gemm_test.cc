@@ -591,11 +591,11 @@ TEST(GemmTest, NoHeapAllocationPerCall) {
   // The packed-operand pair, as attention uses it.
   for (int i = 0; i < 10; ++i) {
     const PackedB pb = PackB(p0.b.view, packed.data);
-    GemmPackedB(p0.alpha, p0.a.view, pb, p0.beta, p0.c.view, scratch.get());
+    GemmBlisPackedB(p0.alpha, p0.a.view, pb, p0.beta, p0.c.view, scratch.get());
   }
   g_counting.store(false);
   EXPECT_EQ(g_allocations.load(), 0)
-      << "heap allocations in 100 Gemm and 10 PackB/GemmPackedB calls";
+      << "heap allocations in 100 Gemm and 10 PackB/GemmBlisPackedB calls";
 #endif
 }
 
@@ -629,7 +629,7 @@ RandomOperands MakeRandomOperands(size_t m, size_t n, size_t k, Layout la, Layou
   return r;
 }
 
-// GemmPackedB against the double reference: every layout of a, b and c, misaligned views, k
+// GemmBlisPackedB against the double reference: every layout of a, b and c, misaligned views, k
 // across several KC blocks, n not a multiple of NR, m across MC blocks, alpha/beta (beta 0 from
 // a NaN-filled c); the same packed b reused by several products.
 TEST(GemmPackedBTest, MatchesReference) {
@@ -655,9 +655,9 @@ TEST(GemmPackedBTest, MatchesReference) {
           const Buffer& a = r.a;
           const Buffer& c = r.c;
           Buffer c_out = c;
-          GemmPackedB(alpha, a.view, pb, beta, c_out.view, scratch.get());
+          GemmBlisPackedB(alpha, a.view, pb, beta, c_out.view, scratch.get());
           ExpectGemmMatches(alpha, a, b, beta, c, c_out,
-                            "GemmPackedB m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                            "GemmBlisPackedB m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                 " k=" + std::to_string(k) + " a " + LayoutName(la) + ", b " +
                                 LayoutName(lb) + ", c " + LayoutName(lc));
         }
@@ -685,10 +685,10 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
     const PackedB pb = PackB(b.view, packed.data);
     for (const float beta : {0.0f, 1.0f}) {
       Buffer whole = c, strips = c, gemm = c;
-      GemmPackedB(0.125f, a.view, pb, beta, whole.view, scratch.get());
+      GemmBlisPackedB(0.125f, a.view, pb, beta, whole.view, scratch.get());
       for (size_t r0 = 0; r0 < m; r0 += 24) {
         const size_t rows = std::min<size_t>(24, m - r0);
-        GemmPackedB(0.125f, a.view.Block(r0, 0, rows, k), pb, beta,
+        GemmBlisPackedB(0.125f, a.view.Block(r0, 0, rows, k), pb, beta,
                     strips.view.Block(r0, 0, rows, n), scratch.get());
       }
       EXPECT_EQ(std::memcmp(whole.storage.data(), strips.storage.data(),
@@ -713,14 +713,14 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
   PackedBuffer packed(PackedBFloats(3, 7));
   const PackedB pb = PackB(b.view, packed.data);
   Buffer out = c;
-  GemmPackedB(0.0f, a.view, pb, 0.5f, out.view, scratch.get());
+  GemmBlisPackedB(0.0f, a.view, pb, 0.5f, out.view, scratch.get());
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
   }
   PackedBuffer empty(PackedBFloats(0, 7));
   const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 7, 7, 1}, empty.data);
   out = c;
-  GemmPackedB(1.0f, MatrixView{a.view.data, 5, 0, 3, 1}, pb0, 0.0f, out.view, scratch.get());
+  GemmBlisPackedB(1.0f, MatrixView{a.view.data, 5, 0, 3, 1}, pb0, 0.0f, out.view, scratch.get());
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.0f);
   }
@@ -763,14 +763,14 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
     EXPECT_EQ(pb.packed_n, n);
     EXPECT_EQ(pb.col0, 0u);
     Buffer c_whole = c, c_parts = c;
-    GemmPackedB(1.0f, a.view, pb, 0.0f, c_whole.view, scratch.get());
+    GemmBlisPackedB(1.0f, a.view, pb, 0.0f, c_whole.view, scratch.get());
     ExpectGemmMatches(1.0f, a, b, 0.0f, c, c_whole,
                       std::string("PackB whole, b ") + LayoutName(lb));
     // Column ranges that differ from the packing's parts, read from the parts' packing.
     const size_t reads[] = {0, nr, 4 * nr, 5 * nr, n};
     for (size_t i = 0; i + 1 < std::size(reads); ++i) {
       const size_t c0 = reads[i], nc = reads[i + 1] - reads[i];
-      GemmPackedB(1.0f, a.view, whole.Columns(c0, nc), 0.0f, c_parts.view.Block(0, c0, m, nc),
+      GemmBlisPackedB(1.0f, a.view, whole.Columns(c0, nc), 0.0f, c_parts.view.Block(0, c0, m, nc),
                   scratch.get());
     }
     EXPECT_EQ(std::memcmp(c_whole.storage.data(), c_parts.storage.data(),
@@ -780,7 +780,7 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
   }
 }
 
-// GemmPacked (a packed once, PackA) gives the bits of GemmPackedB on the unpacked a, for the
+// GemmBlisPackedAB (a packed once, PackA) gives the bits of GemmBlisPackedB on the unpacked a, for the
 // whole a and for MR-aligned row ranges of its packing (PackedA::Rows, as attention's strips
 // read a task's packed Q rows), with every layout of a (misaligned views), k across KC blocks,
 // m across MC blocks and ending in a partial micro-panel, beta 0 (NaN-filled c) and 1; the
@@ -820,8 +820,8 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
           std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
         }
         Buffer want = c, whole = c, parts = c;
-        GemmPackedB(0.125f, a.view, pb, beta, want.view, scratch.get());
-        GemmPacked(0.125f, pa, pb, beta, whole.view);
+        GemmBlisPackedB(0.125f, a.view, pb, beta, want.view, scratch.get());
+        GemmBlisPackedAB(0.125f, pa, pb, beta, whole.view);
         const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                  " k=" + std::to_string(k) + " a " + LayoutName(la) +
                                  " beta=" + std::to_string(beta);
@@ -829,11 +829,11 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
                               want.storage.size() * sizeof(float)),
                   0)
             << what;
-        ExpectGemmMatches(0.125f, a, b, beta, c, whole, "GemmPacked " + what);
+        ExpectGemmMatches(0.125f, a, b, beta, c, whole, "GemmBlisPackedAB " + what);
         // Strips of 2 MR rows (the last one shorter), each from the whole packing.
         for (size_t r0 = 0; r0 < m; r0 += 2 * mr) {
           const size_t rows = std::min(2 * mr, m - r0);
-          GemmPacked(0.125f, pa.Rows(r0, rows), pb, beta, parts.view.Block(r0, 0, rows, n));
+          GemmBlisPackedAB(0.125f, pa.Rows(r0, rows), pb, beta, parts.view.Block(r0, 0, rows, n));
         }
         EXPECT_EQ(std::memcmp(want.storage.data(), parts.storage.data(),
                               want.storage.size() * sizeof(float)),
@@ -848,7 +848,7 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
   Buffer out = c;
   const PackedA pa{nullptr, 5, 3, 5, 0};
   const PackedB pb{nullptr, 3, 7, 7, 0, 3};
-  GemmPacked(0.0f, pa, pb, 0.5f, out.view);
+  GemmBlisPackedAB(0.0f, pa, pb, 0.5f, out.view);
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
   }
@@ -913,7 +913,7 @@ TEST(GemmTest, DISABLED_SpeedVersusBlis) {
   }
 }
 
-// kernels::GemmPackedBDirect (gemm_direct.h) on every Highway target this CPU supports: against
+// kernels::GemmDirectPackedB(gemm_direct.h) on every Highway target this CPU supports: against
 // the double reference for every layout of a and c (misaligned views), m across the 6-row tiles
 // and their 6 + 5 + 5 splits, n ending in partial vectors and micro-panels, k across KC blocks,
 // alpha/beta (beta 0 from a NaN-filled c, so c is not read), column ranges of a packing (col0),
@@ -939,8 +939,8 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
                               {130, 37, 70}};
   test::ForEachTarget([&](const char* target) {
     std::mt19937 rng(41);
-    const bool supported = GemmPackedBDirectSupported();
-    std::printf("[target] %s: GemmPackedBDirect %s\n", target,
+    const bool supported = GemmDirectSupported();
+    std::printf("[target] %s: GemmDirectPackedB %s\n", target,
                 supported ? "runs" : "not supported (NR vs lanes)");
     for (const auto& s : shapes) {
       const size_t m = s[0], n = s[1], k = s[2];
@@ -959,11 +959,11 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
         for (const Layout lc : kLayouts) {
           const RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
           Buffer c_out = r.c;
-          const std::string what = std::string("GemmPackedBDirect ") + target +
+          const std::string what = std::string("GemmDirectPackedB ") + target +
                                    " m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                    " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
                                    LayoutName(lc);
-          ASSERT_EQ(GemmPackedBDirect(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
+          ASSERT_EQ(GemmDirectPackedB(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
               << what;
           if (!supported) {
             ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
@@ -986,13 +986,13 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
     Buffer c = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
     FillUniform(c, rng);
     Buffer scaled = c;
-    ASSERT_TRUE(GemmPackedBDirect(0.0f, a.view, pb, 0.5f, scaled.view));
+    ASSERT_TRUE(GemmDirectPackedB(0.0f, a.view, pb, 0.5f, scaled.view));
     for (size_t i = 0; i < 3; ++i) {
       for (size_t j = 0; j < 5; ++j) EXPECT_EQ(scaled.at(i, j), 0.5f * c.at(i, j));
     }
     std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
     const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 5, 1, 4}, packed.data);
-    ASSERT_TRUE(GemmPackedBDirect(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
+    ASSERT_TRUE(GemmDirectPackedB(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
     for (size_t i = 0; i < 3; ++i) {
       for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 0.0f);
     }
@@ -1003,7 +1003,7 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
 // column ranges gives the bits of the whole product, on every target (attention's strips and
 // ParallelGemm's panels rely on it for thread-count independence). And where BLIS's micro-kernel
 // performs the same operations (the haswell/zen 6 x 16 sgemm kernel; the FMA targets), the bits
-// of GemmPackedB for beta 0 and 1, as gemm_direct.h states.
+// of GemmBlisPackedB for beta 0 and 1, as gemm_direct.h states.
 TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
   const size_t nr = GemmBlocking().nr;
   const size_t m = 29, n = 5 * nr + 3, k = 2 * GemmBlocking().kc + 17;
@@ -1011,7 +1011,7 @@ TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
   const bool haswell_kernel =
       arch == "haswell" || arch == "zen" || arch == "zen2" || arch == "zen3";
   test::ForEachTarget([&](const char* target) {
-    if (!GemmPackedBDirectSupported()) return;
+    if (!GemmDirectSupported()) return;
     std::mt19937 rng(42);
     Scratch scratch;
     const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 3, rng);
@@ -1023,14 +1023,14 @@ TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
     const bool fma_target = t == "AVX2" || t.rfind("AVX3", 0) == 0;
     for (const float beta : {0.0f, 1.0f}) {
       Buffer whole = c, parts = c, blis = c;
-      ASSERT_TRUE(GemmPackedBDirect(0.125f, a.view, pb, beta, whole.view));
+      ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view, pb, beta, whole.view));
       const size_t row_cuts[] = {0, 1, 3, 10, 16, 22, m};
       const size_t col_cuts[] = {0, nr, 3 * nr, n};
       for (size_t r = 0; r + 1 < std::size(row_cuts); ++r) {
         for (size_t q = 0; q + 1 < std::size(col_cuts); ++q) {
           const size_t r0 = row_cuts[r], nr_rows = row_cuts[r + 1] - r0;
           const size_t c0 = col_cuts[q], nc = col_cuts[q + 1] - c0;
-          ASSERT_TRUE(GemmPackedBDirect(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
+          ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
                                         beta, parts.view.Block(r0, c0, nr_rows, nc)));
         }
       }
@@ -1038,16 +1038,16 @@ TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
                                whole.storage.size() * sizeof(float)))
           << target << " beta " << beta << ": row/column parts differ from the whole product";
       if (haswell_kernel && fma_target) {
-        GemmPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
+        GemmBlisPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
         EXPECT_EQ(0, std::memcmp(whole.storage.data(), blis.storage.data(),
                                  whole.storage.size() * sizeof(float)))
-            << target << " beta " << beta << ": differs from GemmPackedB on BLIS " << arch;
+            << target << " beta " << beta << ": differs from GemmBlisPackedB on BLIS " << arch;
       }
     }
   });
 }
 
-// GemmPackedBDirect's bias (gemm_direct.h): c = (alpha a b + beta c) + bias[j], bitwise the
+// GemmDirectPackedB's bias (gemm_direct.h): c = (alpha a b + beta c) + bias[j], bitwise the
 // product followed by a separate add, on every target where the kernel runs: k across KC blocks
 // (the bias is added once, after the last one), n ending mid-vector, c row-major (whole-vector
 // stores) and column-major (lane-buffer stores), beta 0 and 1, k = 0.
@@ -1069,7 +1069,7 @@ struct DirectOperands {
   PackedB pb;
 };
 
-// body(target, operands, rng) on every target where GemmPackedBDirect runs, for the store
+// body(target, operands, rng) on every target where GemmDirectPackedB runs, for the store
 // tests' shapes (m, n, k): one row with n ending mid-vector, k across KC blocks with n ending
 // mid-vector, whole vectors.
 template <typename Body>
@@ -1077,7 +1077,7 @@ void ForEachDirectStoreCase(uint32_t seed, const Body& body) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t shapes[][3] = {{1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}};
   test::ForEachTarget([&](const char* target) {
-    if (!GemmPackedBDirectSupported()) return;
+    if (!GemmDirectSupported()) return;
     std::mt19937 rng(seed);
     for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
   });
@@ -1096,8 +1096,8 @@ TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
           const PackedB operand = pb.LeadingRows(kk);
           const MatrixView a_used = a.view.Block(0, 0, m, kk);
           Buffer fused = c, separate = c;
-          ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, fused.view, bias.view.data));
-          ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, separate.view));
+          ASSERT_TRUE(GemmDirectPackedB(0.5f, a_used, operand, beta, bias.view.data, fused.view));
+          ASSERT_TRUE(GemmDirectPackedB(0.5f, a_used, operand, beta, separate.view));
           for (size_t i = 0; i < m; ++i) {
             for (size_t j = 0; j < n; ++j) {
               separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
@@ -1115,9 +1115,9 @@ TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
   });
 }
 
-// GemmPackedBDirectDual (gemm_direct.h) on every target where the kernel runs: c gets exactly
-// GemmPackedBDirect's bits; kCopy writes them to c2 too, kAdd leaves c2 = c2 + alpha a b, bitwise
-// GemmPackedBDirect with beta 1 over c2 (and, for k within one KC block, the stored product
+// GemmDirectPackedBDual(gemm_direct.h) on every target where the kernel runs: c gets exactly
+// GemmDirectPackedB's bits; kCopy writes them to c2 too, kAdd leaves c2 = c2 + alpha a b, bitwise
+// GemmDirectPackedB with beta 1 over c2 (and, for k within one KC block, the stored product
 // added by one rounded add). Shapes with k across KC blocks (a copy is written once, an add per
 // block), n ending mid-vector (lane-buffer stores), one row; c and c2 misaligned and padded
 // (the padding must stay untouched), in both layouts (different column strides run the kernel
@@ -1147,14 +1147,12 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
                         " c2 " + LayoutName(l2) + (copy ? " copy" : " add") + " beta " +
                         std::to_string(beta) + " alpha " + std::to_string(alpha);
                     Buffer dual = c, dual2 = c2, single = c, want2 = c2;
-                    ASSERT_TRUE(GemmPackedBDirectDual(alpha, a_used, operand, beta, dual.view,
-                                                      bias.view.data, mode, dual2.view))
+                    ASSERT_TRUE(GemmDirectPackedBDual(alpha, a_used, operand, beta, bias.view.data, mode, dual.view, dual2.view))
                         << what;
-                    ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, beta, single.view,
-                                                  bias.view.data));
+                    ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, beta, bias.view.data, single.view));
                     ASSERT_EQ(0, std::memcmp(dual.storage.data(), single.storage.data(),
                                              dual.storage.size() * sizeof(float)))
-                        << what << ": c differs from GemmPackedBDirect's";
+                        << what << ": c differs from GemmDirectPackedB's";
                     for (size_t e = 0; e < c2.storage.size(); ++e) {
                       if (!c2.in_view[e]) {
                         ASSERT_EQ(dual2.storage[e], c2.storage[e]) << what << " padding " << e;
@@ -1162,8 +1160,8 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
                     }
                     Buffer product = c;
                     if (!copy) {
-                      ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, 1.0f, want2.view));
-                      ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, 0.0f, product.view));
+                      ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, 1.0f, want2.view));
+                      ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, 0.0f, product.view));
                     }
                     for (size_t i = 0; i < m; ++i) {
                       for (size_t j = 0; j < n; ++j) {
@@ -1189,8 +1187,8 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
 }
 
 // PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
-// packing of those rows alone would: bitwise, through GemmPackedB, GemmPacked and (on every
-// target where it runs) GemmPackedBDirect, for kk inside the first KC block, at its end and in a
+// packing of those rows alone would: bitwise, through GemmBlisPackedB, GemmBlisPackedAB and (on every
+// target where it runs) GemmDirectPackedB, for kk inside the first KC block, at its end and in a
 // later one, combined with a column range (Columns). Attention's causal strips multiply their
 // probabilities by the leading rows of a key block's packed V.
 TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
@@ -1226,23 +1224,23 @@ TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
     };
     for (const float beta : {0.0f, 1.0f}) {
       Buffer x = c, y = c;
-      GemmPackedB(0.5f, a.view, leading, beta, x.view, scratch.get());
-      GemmPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
-      expect_same("GemmPackedB", x, y);
-      ExpectGemmMatches(0.5f, a, b_used, beta, c, x, "GemmPackedB, " + what);
+      GemmBlisPackedB(0.5f, a.view, leading, beta, x.view, scratch.get());
+      GemmBlisPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
+      expect_same("GemmBlisPackedB", x, y);
+      ExpectGemmMatches(0.5f, a, b_used, beta, c, x, "GemmBlisPackedB, " + what);
       PackedBuffer pa_buf(PackedAFloats(m, kk));
       const PackedA pa = PackA(a.view, pa_buf.data);
       Buffer z = c;
-      GemmPacked(0.5f, pa, leading, beta, z.view);
-      expect_same("GemmPacked", z, y);
+      GemmBlisPackedAB(0.5f, pa, leading, beta, z.view);
+      expect_same("GemmBlisPackedAB", z, y);
       test::ForEachTarget([&](const char* target) {
-        if (!GemmPackedBDirectSupported()) return;
+        if (!GemmDirectSupported()) return;
         Buffer u = c, v = c;
-        ASSERT_TRUE(GemmPackedBDirect(0.5f, a.view, leading, beta, u.view));
-        ASSERT_TRUE(GemmPackedBDirect(0.5f, a.view, own, beta, v.view));
-        expect_same((std::string("GemmPackedBDirect ") + target).c_str(), u, v);
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, leading, beta, u.view));
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, own, beta, v.view));
+        expect_same((std::string("GemmDirectPackedB ") + target).c_str(), u, v);
         ExpectGemmMatches(0.5f, a, b_used, beta, c, u,
-                          std::string("GemmPackedBDirect ") + target + ", " + what);
+                          std::string("GemmDirectPackedB ") + target + ", " + what);
       });
     }
   }
@@ -1270,7 +1268,7 @@ TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseT
       {2, 2, 2},         {6, 70, 2 * nr},        {34, 2 * kc + 6, 2 * nr + 6},
       {64, 512, 4 * nr}, {130, 96, 6 * nr + 10}, {128, 2, 4 * nr}};
   test::ForEachTarget([&](const char* target) {
-    if (!GemmPackedBDirectSupported()) return;
+    if (!GemmDirectSupported()) return;
     std::mt19937 rng(91);
     for (const auto& sh : shapes) {
       const size_t m = sh[0], k = sh[1], n = sh[2], n2 = n / 2;
@@ -1295,7 +1293,7 @@ TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseT
         const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
         const float* bl = with_bias ? bias.view.data : nullptr;
         const float* br = with_bias ? bias.view.data + n2 : nullptr;
-        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, left, right, bl, br)) << what;
+        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, bl, br, left, right)) << what;
         double max_a = 0, max_b = 0;
         for (size_t i = 0; i < m; ++i) {
           for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
@@ -1324,9 +1322,7 @@ TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseT
           const size_t nc = n2 - nr;
           const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
           const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
-          ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), pl, pr,
-                                          with_bias ? bl + nr : nullptr,
-                                          with_bias ? br + nr : nullptr));
+          ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), with_bias ? bl + nr : nullptr, with_bias ? br + nr : nullptr, pl, pr));
           for (size_t i = 0; i < m; ++i) {
             for (size_t j = 0; j < nc; ++j) {
               ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;

@@ -125,7 +125,7 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
           << threads << " threads";
     }
     // With room to pack the weights once (products of two or more row panels then take the
-    // shared packing): the same bits on row-preferring micro-kernels, where GemmPackedB and
+    // shared packing): the same bits on row-preferring micro-kernels, where GemmBlisPackedB and
     // Gemm agree (on others the rows may round differently; the partition still depends only on
     // shapes), for any thread count; too little room packs nothing.
     // (Unless the unpacked partition has an edge panel of 16 rows or fewer: that one takes the
@@ -171,9 +171,8 @@ Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
 }
 
 // Prepacked weights (GemmJob::b_packed): from PrepackedMinRows() rows per product, every panel
-// multiplies the packing, so the result is bitwise one MultiplyPacked call over each whole
-// product (GemmPackedBDirect where UsesDirect, else GemmPackedB;
-// plus the bias), for any thread count and whether or not there is room to pack; fewer rows
+// multiplies the packing, so the result is bitwise one MultiplyPackedB call over each whole
+// product on its route (GemmDirectPackedB or GemmBlisPackedB, plus the bias), for any thread count and whether or not there is room to pack; fewer rows
 // take the unpacked path (GEMV) and give its bits.
 TEST(ParallelGemmTest, PrepackedWeights) {
   std::mt19937 rng(23);
@@ -198,9 +197,10 @@ TEST(ParallelGemmTest, PrepackedWeights) {
         const kernels::MatrixView av{a.data() + b * p.m * lda, p.m, p.k,
                                      static_cast<ptrdiff_t>(lda), 1};
         float* c = want.data() + b * p.m * p.n;
-        MultiplyPacked(UsesDirect(p.m), av, pw.packed,
-                       {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
-        if (p.bias) kernels::AddBiasRows(c, p.m, p.n, static_cast<ptrdiff_t>(p.n), bias.data());
+        const kernels::GemmRoute route =
+            kernels::ChooseGemmRoute({p.m, p.n, p.k, DType::kF32, kernels::BPacking::kPrepacked});
+        MultiplyPackedB(route, av, pw.packed, p.bias ? bias.data() : nullptr,
+                        {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
       }
     } else {
       want = RunGemm(p, a, w, bias, 1);
@@ -227,7 +227,7 @@ TEST(ParallelGemmTest, PrepackedWeights) {
 // double-precision product, and rows of panels too short for Strassen are bitwise the plain
 // prepacked product's.
 TEST(ParallelGemmTest, StrassenWeights) {
-  if (!kernels::GemmPackedBDirectSupported()) GTEST_SKIP() << "no direct micro-kernel here";
+  if (!kernels::GemmDirectSupported()) GTEST_SKIP() << "no direct micro-kernel here";
   const size_t nr = kernels::GemmBlocking().nr;
   std::mt19937 rng(29);
   const Problem problems[] = {{1, 128, 512, 16 * nr, true}, {2, 131, 64, 4 * nr, true},
