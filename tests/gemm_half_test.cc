@@ -106,22 +106,23 @@ void CheckCase(DType type, size_t m, size_t n, size_t k, bool c_col_major, size_
   }
 }
 
-TEST(GemmHalfTest, BitwiseEqualToWidenedF32OnEveryTarget) {
+class GemmHalfTargetTest : public test::PerTargetTest {};
+
+TEST_P(GemmHalfTargetTest, BitwiseEqualToWidenedF32) {
   AlignedScratch scratch(GemmScratchBytes());
-  test::ForEachTarget([&](const char*) {
-    std::mt19937 rng(7);
-    for (DType type : {DType::kBF16, DType::kF16}) {
-      const size_t shapes[][3] = {{1, 1, 1},     {1, 37, 33},    {3, 70, 129}, {8, 17, 300},
-                                  {9, 33, 65},   {13, 40, 257},  {64, 48, 64}, {127, 67, 513},
-                                  {300, 29, 31}, {200, 260, 96}, {5, 1030, 17}};
-      for (const auto& s : shapes) {
-        for (bool col : {false, true}) {
-          CheckCase(type, s[0], s[1], s[2], col, /*offset=*/s[0] % 2 ? 1 : 3, &rng, scratch.data);
-        }
+  std::mt19937 rng(7);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const size_t shapes[][3] = {{1, 1, 1},     {1, 37, 33},    {3, 70, 129}, {8, 17, 300},
+                                {9, 33, 65},   {13, 40, 257},  {64, 48, 64}, {127, 67, 513},
+                                {300, 29, 31}, {200, 260, 96}, {5, 1030, 17}};
+    for (const auto& s : shapes) {
+      for (bool col : {false, true}) {
+        CheckCase(type, s[0], s[1], s[2], col, /*offset=*/s[0] % 2 ? 1 : 3, &rng, scratch.data);
       }
     }
-  });
+  }
 }
+MHA_INSTANTIATE_PER_TARGET(GemmHalfTargetTest);
 
 }  // namespace
 }  // namespace kernels

@@ -632,7 +632,7 @@ RandomOperands MakeRandomOperands(size_t m, size_t n, size_t k, Layout la, Layou
 // GemmBlisPackedB against the double reference: every layout of a, b and c, misaligned views, k
 // across several KC blocks, n not a multiple of NR, m across MC blocks, alpha/beta (beta 0 from
 // a NaN-filled c); the same packed b reused by several products.
-TEST(GemmPackedBTest, MatchesReference) {
+TEST(GemmBlisPackedBTest, MatchesReference) {
   std::mt19937 rng(31);
   Scratch scratch;
   const size_t shapes[][3] = {{1, 1, 1},    {6, 16, 64},  {24, 512, 64}, {24, 64, 512},
@@ -669,7 +669,7 @@ TEST(GemmPackedBTest, MatchesReference) {
 // Row strips of one product (as attention runs them) give the bits of the whole product, and,
 // where the micro-kernel prefers row-stored tiles and the product is not a GEMV (so Gemm takes
 // its driver without swapping operands), the bits of Gemm too. k = 0 and alpha = 0 scale c.
-TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
+TEST(GemmBlisPackedBTest, StripsAndGemmGiveTheSameBits) {
   std::mt19937 rng(32);
   Scratch scratch;
   for (const auto& s : {std::array<size_t, 3>{96, 512, 64}, std::array<size_t, 3>{50, 64, 600},
@@ -731,7 +731,7 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
 // every column range gives the bits of the same columns of the whole product, and the whole
 // product matches the reference. The buffer starts NaN-filled, so a panel left unwritten by
 // the parts would show. k spans several KC blocks, n ends in a partial micro-panel.
-TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
+TEST(GemmBlisPackedBTest, ColumnRangesOfOnePacking) {
   std::mt19937 rng(33);
   Scratch scratch;
   const size_t nr = GemmBlocking().nr;
@@ -786,7 +786,7 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
 // m across MC blocks and ending in a partial micro-panel, beta 0 (NaN-filled c) and 1; the
 // whole product matches the double reference. The packing starts NaN-filled, so a panel PackA
 // left unwritten would show. alpha = 0 scales c.
-TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
+TEST(GemmBlisPackedABTest, PackedAGivesTheBitsOfGemmPackedB) {
   std::mt19937 rng(34);
   Scratch scratch;
   const size_t mr = GemmBlocking().mr;
@@ -913,13 +913,20 @@ TEST(GemmTest, DISABLED_SpeedVersusBlis) {
   }
 }
 
+class GemmDirectPackedBTargetTest : public test::PerTargetTest {};
+
+// Why the direct kernel's tests skip a target.
+constexpr char kNoDirect[] =
+    "the direct micro-kernel does not run here (BLIS's NR is not a multiple of the target's "
+    "f32 lanes)";
+
 // kernels::GemmDirectPackedB(gemm_direct.h) on every Highway target this CPU supports: against
 // the double reference for every layout of a and c (misaligned views), m across the 6-row tiles
 // and their 6 + 5 + 5 splits, n ending in partial vectors and micro-panels, k across KC blocks,
 // alpha/beta (beta 0 from a NaN-filled c, so c is not read), column ranges of a packing (col0),
 // nothing written outside c's view; k = 0 and alpha = 0 scale c. Where the kernel cannot run
 // (NR not a multiple of the target's lanes) it must return false and leave c untouched.
-TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
+TEST_P(GemmDirectPackedBTargetTest, MatchesReference) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   ASSERT_GT(nr, 0u);
   const size_t shapes[][3] = {{1, 1, 1},
@@ -937,66 +944,65 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
                               {24, 64, 512},
                               {40, 21, 2},
                               {130, 37, 70}};
-  test::ForEachTarget([&](const char* target) {
-    std::mt19937 rng(41);
-    const bool supported = GemmDirectSupported();
-    std::printf("[target] %s: GemmDirectPackedB %s\n", target,
-                supported ? "runs" : "not supported (NR vs lanes)");
-    for (const auto& s : shapes) {
-      const size_t m = s[0], n = s[1], k = s[2];
-      Buffer b = MakeBuffer(k, n, kLayouts[rng() % std::size(kLayouts)], rng() % 3, rng() % 4);
-      FillUniform(b, rng);
-      // The operand is columns [nr, nr + n) of a wider packing (PackedB::Columns).
-      Buffer wide = MakeBuffer(k, n + 2 * nr, Layout::kColMajor, 1, 1);
-      FillUniform(wide, rng);
-      for (size_t p = 0; p < k; ++p) {
-        for (size_t j = 0; j < n; ++j)
-          wide.view.data[p + (nr + j) * wide.view.col_stride] = b.at(p, j);
-      }
-      PackedBuffer packed(PackedBFloats(k, n + 2 * nr));
-      const PackedB pb = PackB(wide.view, packed.data).Columns(nr, n);
-      for (const Layout la : kLayouts) {
-        for (const Layout lc : kLayouts) {
-          const RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
-          Buffer c_out = r.c;
-          const std::string what = std::string("GemmDirectPackedB ") + target +
-                                   " m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                                   " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
-                                   LayoutName(lc);
-          ASSERT_EQ(GemmDirectPackedB(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
-              << what;
-          if (!supported) {
-            ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
-                                     r.c.storage.size() * sizeof(float)))
-                << what << ": wrote c without running";
-            continue;
-          }
-          ExpectGemmMatches(r.alpha, r.a, b, r.beta, r.c, c_out, what);
-        }
-      }
-    }
-    if (!supported) return;
-    // k = 0 and alpha = 0: c = beta * c (beta 0: zeros, NaN not propagated).
-    Buffer a = MakeBuffer(3, 4, Layout::kRowMajor, 0, 0);
-    Buffer b = MakeBuffer(4, 5, Layout::kColMajor, 0, 0);
-    FillUniform(a, rng);
+  const char* const target = target_name();
+  std::mt19937 rng(41);
+  const bool supported = GemmDirectSupported();
+  std::printf("[target] %s: GemmDirectPackedB %s\n", target,
+              supported ? "runs" : "not supported (NR vs lanes)");
+  for (const auto& s : shapes) {
+    const size_t m = s[0], n = s[1], k = s[2];
+    Buffer b = MakeBuffer(k, n, kLayouts[rng() % std::size(kLayouts)], rng() % 3, rng() % 4);
     FillUniform(b, rng);
-    PackedBuffer packed(PackedBFloats(4, 5));
-    const PackedB pb = PackB(b.view, packed.data);
-    Buffer c = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
-    FillUniform(c, rng);
-    Buffer scaled = c;
-    ASSERT_TRUE(GemmDirectPackedB(0.0f, a.view, pb, 0.5f, scaled.view));
-    for (size_t i = 0; i < 3; ++i) {
-      for (size_t j = 0; j < 5; ++j) EXPECT_EQ(scaled.at(i, j), 0.5f * c.at(i, j));
+    // The operand is columns [nr, nr + n) of a wider packing (PackedB::Columns).
+    Buffer wide = MakeBuffer(k, n + 2 * nr, Layout::kColMajor, 1, 1);
+    FillUniform(wide, rng);
+    for (size_t p = 0; p < k; ++p) {
+      for (size_t j = 0; j < n; ++j)
+        wide.view.data[p + (nr + j) * wide.view.col_stride] = b.at(p, j);
     }
-    std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
-    const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 5, 1, 4}, packed.data);
-    ASSERT_TRUE(GemmDirectPackedB(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
-    for (size_t i = 0; i < 3; ++i) {
-      for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 0.0f);
+    PackedBuffer packed(PackedBFloats(k, n + 2 * nr));
+    const PackedB pb = PackB(wide.view, packed.data).Columns(nr, n);
+    for (const Layout la : kLayouts) {
+      for (const Layout lc : kLayouts) {
+        const RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
+        Buffer c_out = r.c;
+        const std::string what = std::string("GemmDirectPackedB ") + target +
+                                 " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                 " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
+                                 LayoutName(lc);
+        ASSERT_EQ(GemmDirectPackedB(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
+            << what;
+        if (!supported) {
+          ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
+                                   r.c.storage.size() * sizeof(float)))
+              << what << ": wrote c without running";
+          continue;
+        }
+        ExpectGemmMatches(r.alpha, r.a, b, r.beta, r.c, c_out, what);
+      }
     }
-  });
+  }
+  if (!supported) return;
+  // k = 0 and alpha = 0: c = beta * c (beta 0: zeros, NaN not propagated).
+  Buffer a = MakeBuffer(3, 4, Layout::kRowMajor, 0, 0);
+  Buffer b = MakeBuffer(4, 5, Layout::kColMajor, 0, 0);
+  FillUniform(a, rng);
+  FillUniform(b, rng);
+  PackedBuffer packed(PackedBFloats(4, 5));
+  const PackedB pb = PackB(b.view, packed.data);
+  Buffer c = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
+  FillUniform(c, rng);
+  Buffer scaled = c;
+  ASSERT_TRUE(GemmDirectPackedB(0.0f, a.view, pb, 0.5f, scaled.view));
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 5; ++j) EXPECT_EQ(scaled.at(i, j), 0.5f * c.at(i, j));
+  }
+  std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+  const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 5, 1, 4}, packed.data);
+  ASSERT_TRUE(GemmDirectPackedB(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 0.0f);
+  }
 }
 
 // Rows and columns of c are independent: any split of a product into row ranges and NR-aligned
@@ -1004,47 +1010,46 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
 // ParallelGemm's panels rely on it for thread-count independence). And where BLIS's micro-kernel
 // performs the same operations (the haswell/zen 6 x 16 sgemm kernel; the FMA targets), the bits
 // of GemmBlisPackedB for beta 0 and 1, as gemm_direct.h states.
-TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
+TEST_P(GemmDirectPackedBTargetTest, SplitsAndBlisKernelGiveTheSameBits) {
   const size_t nr = GemmBlocking().nr;
   const size_t m = 29, n = 5 * nr + 3, k = 2 * GemmBlocking().kc + 17;
   const std::string arch = GemmArchName();
   const bool haswell_kernel =
       arch == "haswell" || arch == "zen" || arch == "zen2" || arch == "zen3";
-  test::ForEachTarget([&](const char* target) {
-    if (!GemmDirectSupported()) return;
-    std::mt19937 rng(42);
-    Scratch scratch;
-    const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 3, rng);
-    const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 2, 1, rng);
-    const Buffer c = RandomBuffer(m, n, Layout::kRowMajor, 0, 5, rng);
-    PackedBuffer packed(PackedBFloats(k, n));
-    const PackedB pb = PackB(b.view, packed.data);
-    const std::string t(target);
-    const bool fma_target = t == "AVX2" || t.rfind("AVX3", 0) == 0;
-    for (const float beta : {0.0f, 1.0f}) {
-      Buffer whole = c, parts = c, blis = c;
-      ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view, pb, beta, whole.view));
-      const size_t row_cuts[] = {0, 1, 3, 10, 16, 22, m};
-      const size_t col_cuts[] = {0, nr, 3 * nr, n};
-      for (size_t r = 0; r + 1 < std::size(row_cuts); ++r) {
-        for (size_t q = 0; q + 1 < std::size(col_cuts); ++q) {
-          const size_t r0 = row_cuts[r], nr_rows = row_cuts[r + 1] - r0;
-          const size_t c0 = col_cuts[q], nc = col_cuts[q + 1] - c0;
-          ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
-                                        beta, parts.view.Block(r0, c0, nr_rows, nc)));
-        }
-      }
-      EXPECT_EQ(0, std::memcmp(whole.storage.data(), parts.storage.data(),
-                               whole.storage.size() * sizeof(float)))
-          << target << " beta " << beta << ": row/column parts differ from the whole product";
-      if (haswell_kernel && fma_target) {
-        GemmBlisPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
-        EXPECT_EQ(0, std::memcmp(whole.storage.data(), blis.storage.data(),
-                                 whole.storage.size() * sizeof(float)))
-            << target << " beta " << beta << ": differs from GemmBlisPackedB on BLIS " << arch;
+  const char* const target = target_name();
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
+  std::mt19937 rng(42);
+  Scratch scratch;
+  const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 3, rng);
+  const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 2, 1, rng);
+  const Buffer c = RandomBuffer(m, n, Layout::kRowMajor, 0, 5, rng);
+  PackedBuffer packed(PackedBFloats(k, n));
+  const PackedB pb = PackB(b.view, packed.data);
+  const std::string t(target);
+  const bool fma_target = t == "AVX2" || t.rfind("AVX3", 0) == 0;
+  for (const float beta : {0.0f, 1.0f}) {
+    Buffer whole = c, parts = c, blis = c;
+    ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view, pb, beta, whole.view));
+    const size_t row_cuts[] = {0, 1, 3, 10, 16, 22, m};
+    const size_t col_cuts[] = {0, nr, 3 * nr, n};
+    for (size_t r = 0; r + 1 < std::size(row_cuts); ++r) {
+      for (size_t q = 0; q + 1 < std::size(col_cuts); ++q) {
+        const size_t r0 = row_cuts[r], nr_rows = row_cuts[r + 1] - r0;
+        const size_t c0 = col_cuts[q], nc = col_cuts[q + 1] - c0;
+        ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
+                                      beta, parts.view.Block(r0, c0, nr_rows, nc)));
       }
     }
-  });
+    EXPECT_EQ(0, std::memcmp(whole.storage.data(), parts.storage.data(),
+                             whole.storage.size() * sizeof(float)))
+        << target << " beta " << beta << ": row/column parts differ from the whole product";
+    if (haswell_kernel && fma_target) {
+      GemmBlisPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
+      EXPECT_EQ(0, std::memcmp(whole.storage.data(), blis.storage.data(),
+                               whole.storage.size() * sizeof(float)))
+          << target << " beta " << beta << ": differs from GemmBlisPackedB on BLIS " << arch;
+    }
+  }
 }
 
 // GemmDirectPackedB's bias (gemm_direct.h): c = (alpha a b + beta c) + bias[j], bitwise the
@@ -1069,22 +1074,19 @@ struct DirectOperands {
   PackedB pb;
 };
 
-// body(target, operands, rng) on every target where GemmDirectPackedB runs, for the store
-// tests' shapes (m, n, k): one row with n ending mid-vector, k across KC blocks with n ending
-// mid-vector, whole vectors.
+// body(target, operands, rng) for the store tests' shapes (m, n, k): one row with n ending
+// mid-vector, k across KC blocks with n ending mid-vector, whole vectors.
 template <typename Body>
-void ForEachDirectStoreCase(uint32_t seed, const Body& body) {
+void ForEachDirectStoreCase(const char* target, uint32_t seed, const Body& body) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t shapes[][3] = {{1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}};
-  test::ForEachTarget([&](const char* target) {
-    if (!GemmDirectSupported()) return;
-    std::mt19937 rng(seed);
-    for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
-  });
+  std::mt19937 rng(seed);
+  for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
 }
 
-TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
-  ForEachDirectStoreCase(44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+TEST_P(GemmDirectPackedBTargetTest, BiasIsAddedOnceAfterTheProduct) {
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
+  ForEachDirectStoreCase(target_name(), 44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
     const size_t m = ops.m, n = ops.n, k = ops.k;
     const Buffer& a = ops.a;
     const Buffer& bias = ops.bias;
@@ -1122,10 +1124,11 @@ TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
 // block), n ending mid-vector (lane-buffer stores), one row; c and c2 misaligned and padded
 // (the padding must stay untouched), in both layouts (different column strides run the kernel
 // twice), k = 0 and alpha = 0 (c2 copied, or left as it is).
-TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
+TEST_P(GemmDirectPackedBTargetTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
   const size_t kc = GemmBlocking().kc;
   ForEachDirectStoreCase(
-      45, [kc](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+      target_name(), 45, [kc](const char* target, const DirectOperands& ops, std::mt19937& rng) {
         const size_t m = ops.m, n = ops.n, k = ops.k;
         const Buffer& a = ops.a;
         const Buffer& bias = ops.bias;
@@ -1191,7 +1194,9 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
 // target where it runs) GemmDirectPackedB, for kk inside the first KC block, at its end and in a
 // later one, combined with a column range (Columns). Attention's causal strips multiply their
 // probabilities by the leading rows of a key block's packed V.
-TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
+class PackedBTargetTest : public test::PerTargetTest {};
+
+TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t m = 17, n = 3 * nr + 5;
   const size_t depths[][2] = {{70, 1},
@@ -1233,18 +1238,20 @@ TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
       Buffer z = c;
       GemmBlisPackedAB(0.5f, pa, leading, beta, z.view);
       expect_same("GemmBlisPackedAB", z, y);
-      test::ForEachTarget([&](const char* target) {
-        if (!GemmDirectSupported()) return;
+      if (GemmDirectSupported()) {
         Buffer u = c, v = c;
         ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, leading, beta, u.view));
         ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, own, beta, v.view));
-        expect_same((std::string("GemmDirectPackedB ") + target).c_str(), u, v);
+        expect_same((std::string("GemmDirectPackedB ") + target_name()).c_str(), u, v);
         ExpectGemmMatches(0.5f, a, b_used, beta, c, u,
-                          std::string("GemmDirectPackedB ") + target + ", " + what);
-      });
+                          std::string("GemmDirectPackedB ") + target_name() + ", " + what);
+      }
     }
   }
 }
+
+MHA_INSTANTIATE_PER_TARGET(GemmDirectPackedBTargetTest);
+MHA_INSTANTIATE_PER_TARGET(PackedBTargetTest);
 
 }  // namespace
 }  // namespace kernels
@@ -1254,6 +1261,8 @@ namespace mha {
 namespace kernels {
 namespace {
 
+class GemmStrassenTargetTest : public test::PerTargetTest {};
+
 // One level of Strassen-Winograd over packed operands (gemm_strassen.h), on every Highway
 // target where the direct kernel runs: against the double-precision product within
 // 8 eps k max|a| max|b| (+ |bias|) per element (the plain product's error is ~eps k max|a|
@@ -1262,78 +1271,78 @@ namespace {
 // misaligned a (row padding and offset) and c halves in one padded buffer; column ranges of the
 // operands (Columns) give bitwise the columns of the whole product; the storage around c is
 // untouched.
-TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseTheWhole) {
+TEST_P(GemmStrassenTargetTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseTheWhole) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t shapes[][3] = {
       {2, 2, 2},         {6, 70, 2 * nr},        {34, 2 * kc + 6, 2 * nr + 6},
       {64, 512, 4 * nr}, {130, 96, 6 * nr + 10}, {128, 2, 4 * nr}};
-  test::ForEachTarget([&](const char* target) {
-    if (!GemmDirectSupported()) return;
-    std::mt19937 rng(91);
-    for (const auto& sh : shapes) {
-      const size_t m = sh[0], k = sh[1], n = sh[2], n2 = n / 2;
-      const std::string what = std::string(target) + " m " + std::to_string(m) + " k " +
-                               std::to_string(k) + " n " + std::to_string(n);
-      const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 3, 5, rng);
-      const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 0, 2, rng);  // w^T of an [n, k] w
-      const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
-      PackedBuffer packed(StrassenPackedBFloats(k, n));
-      std::vector<float> tmp(StrassenPackTmpFloats(k, n));
-      const StrassenPackedB ops = PackBStrassen(b.view, packed.data, tmp.data());
-      ASSERT_EQ(ops.half_k(), k / 2) << what;
-      ASSERT_EQ(ops.half_n(), n2) << what;
-      std::vector<float> sums(StrassenSumsFloats(m, k) + 1);
-      const StrassenA sa = StrassenSumsOfA(a.view, sums.data() + 1);  // misaligned sums
-      for (const bool with_bias : {false, true}) {
-        // c = [left | right] in one row-padded buffer with sentinels around.
-        const size_t ldc = n + 3, offset = 1;
-        std::vector<float> c(offset + m * ldc + 2, -777.0f);
-        float* c0 = c.data() + offset;
-        const MatrixView left{c0, m, n2, static_cast<ptrdiff_t>(ldc), 1};
-        const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
-        const float* bl = with_bias ? bias.view.data : nullptr;
-        const float* br = with_bias ? bias.view.data + n2 : nullptr;
-        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, bl, br, left, right)) << what;
-        double max_a = 0, max_b = 0;
+  const char* const target = target_name();
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
+  std::mt19937 rng(91);
+  for (const auto& sh : shapes) {
+    const size_t m = sh[0], k = sh[1], n = sh[2], n2 = n / 2;
+    const std::string what = std::string(target) + " m " + std::to_string(m) + " k " +
+                             std::to_string(k) + " n " + std::to_string(n);
+    const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 3, 5, rng);
+    const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 0, 2, rng);  // w^T of an [n, k] w
+    const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
+    PackedBuffer packed(StrassenPackedBFloats(k, n));
+    std::vector<float> tmp(StrassenPackTmpFloats(k, n));
+    const StrassenPackedB ops = PackBStrassen(b.view, packed.data, tmp.data());
+    ASSERT_EQ(ops.half_k(), k / 2) << what;
+    ASSERT_EQ(ops.half_n(), n2) << what;
+    std::vector<float> sums(StrassenSumsFloats(m, k) + 1);
+    const StrassenA sa = StrassenSumsOfA(a.view, sums.data() + 1);  // misaligned sums
+    for (const bool with_bias : {false, true}) {
+      // c = [left | right] in one row-padded buffer with sentinels around.
+      const size_t ldc = n + 3, offset = 1;
+      std::vector<float> c(offset + m * ldc + 2, -777.0f);
+      float* c0 = c.data() + offset;
+      const MatrixView left{c0, m, n2, static_cast<ptrdiff_t>(ldc), 1};
+      const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
+      const float* bl = with_bias ? bias.view.data : nullptr;
+      const float* br = with_bias ? bias.view.data + n2 : nullptr;
+      ASSERT_TRUE(GemmStrassenPackedB(sa, ops, bl, br, left, right)) << what;
+      double max_a = 0, max_b = 0;
+      for (size_t i = 0; i < m; ++i) {
+        for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
+      }
+      for (size_t p = 0; p < k; ++p) {
+        for (size_t j = 0; j < n; ++j) max_b = std::max(max_b, std::abs(double{b.at(p, j)}));
+      }
+      const double eps = std::numeric_limits<float>::epsilon();
+      for (size_t i = 0; i < m; ++i) {
+        for (size_t j = 0; j < n; ++j) {
+          double want = with_bias ? double{bias.at(0, j)} : 0.0;
+          for (size_t p = 0; p < k; ++p) want += double{a.at(i, p)} * double{b.at(p, j)};
+          const double bound = 8 * eps * (k * max_a * max_b + std::abs(want));
+          ASSERT_NEAR(c0[i * ldc + j], want, bound)
+              << what << " bias " << with_bias << " (" << i << ", " << j << ")";
+        }
+        for (size_t j = n; j < ldc && i + 1 < m; ++j) {
+          ASSERT_EQ(c0[i * ldc + j], -777.0f) << what << " padding of row " << i;
+        }
+      }
+      ASSERT_EQ(c[0], -777.0f) << what;
+      ASSERT_EQ(c[offset + (m - 1) * ldc + n], -777.0f) << what;
+      // Columns [nr, n2) of each half through Columns: the same bits as the whole call.
+      if (n2 > nr) {
+        std::vector<float> part(m * ldc, 0.0f);
+        const size_t nc = n2 - nr;
+        const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
+        const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
+        ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), with_bias ? bl + nr : nullptr, with_bias ? br + nr : nullptr, pl, pr));
         for (size_t i = 0; i < m; ++i) {
-          for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
-        }
-        for (size_t p = 0; p < k; ++p) {
-          for (size_t j = 0; j < n; ++j) max_b = std::max(max_b, std::abs(double{b.at(p, j)}));
-        }
-        const double eps = std::numeric_limits<float>::epsilon();
-        for (size_t i = 0; i < m; ++i) {
-          for (size_t j = 0; j < n; ++j) {
-            double want = with_bias ? double{bias.at(0, j)} : 0.0;
-            for (size_t p = 0; p < k; ++p) want += double{a.at(i, p)} * double{b.at(p, j)};
-            const double bound = 8 * eps * (k * max_a * max_b + std::abs(want));
-            ASSERT_NEAR(c0[i * ldc + j], want, bound)
-                << what << " bias " << with_bias << " (" << i << ", " << j << ")";
-          }
-          for (size_t j = n; j < ldc && i + 1 < m; ++j) {
-            ASSERT_EQ(c0[i * ldc + j], -777.0f) << what << " padding of row " << i;
-          }
-        }
-        ASSERT_EQ(c[0], -777.0f) << what;
-        ASSERT_EQ(c[offset + (m - 1) * ldc + n], -777.0f) << what;
-        // Columns [nr, n2) of each half through Columns: the same bits as the whole call.
-        if (n2 > nr) {
-          std::vector<float> part(m * ldc, 0.0f);
-          const size_t nc = n2 - nr;
-          const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
-          const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
-          ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), with_bias ? bl + nr : nullptr, with_bias ? br + nr : nullptr, pl, pr));
-          for (size_t i = 0; i < m; ++i) {
-            for (size_t j = 0; j < nc; ++j) {
-              ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;
-              ASSERT_EQ(part[i * ldc + n2 + j], c0[i * ldc + n2 + nr + j]) << what << " right";
-            }
+          for (size_t j = 0; j < nc; ++j) {
+            ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;
+            ASSERT_EQ(part[i * ldc + n2 + j], c0[i * ldc + n2 + nr + j]) << what << " right";
           }
         }
       }
     }
-  });
+  }
 }
+MHA_INSTANTIATE_PER_TARGET(GemmStrassenTargetTest);
 
 }  // namespace
 }  // namespace kernels
