@@ -20,12 +20,13 @@
 // 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
 // column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
 //
-// On AVX-512 with a 6 x 16 configuration (haswell/zen, which BLIS 0.9.0 also picks on AVX-512
-// CPUs it does not know), the driver packs only B and runs mha's direct micro-kernel
+// Which of its routes Gemm and GemmHalfB take is kernels::ChooseGemmRoute's (gemm_route.h).
+// kDirectPackB (AVX-512 with a 6 x 16 configuration: haswell/zen, which BLIS 0.9.0 also picks on
+// AVX-512 CPUs it does not know): the driver packs only B and runs mha's direct micro-kernel
 // (gemm_direct.h) with A read in place: its arithmetic is that kernel's, so the bits are the same
 // and the speed is AVX-512's.
 //
-// Few rows (GEMV path): when a has at most kGemvMaxRows (16) rows, contiguous rows
+// kGemv (few rows): when a has at most kGemvMaxRows (16) rows, contiguous rows
 // (a.col_stride == 1) and b has contiguous columns (b.row_stride == 1, i.e. b = w^T of a
 // row-major w, as in the projections of one decoded token), Gemm calls kernels::Gemv
 // (gemv.h), which streams each column of b once and packs nothing; the scratch is then unused.
