@@ -38,11 +38,12 @@ namespace mha {
 namespace kernels {
 
 // scores[r * score_stride + j] = sum_{d < hd} q[r * q_stride + d] * key_j[d], r < rows, j < n.
-// `type`: DType::kF32, kBF16, kF16 or kI8. kI8 rows hold codes: key_j[d] = key_scales[j] * code_jd, and the scale multiplies the dot
-// product of the codes (one more rounding); key_scales is ignored for the other types.
-void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
-                    DType type, ptrdiff_t key_stride, const float* key_scales, size_t n,
-                    size_t hd, float* scores, ptrdiff_t score_stride);
+// `type`: DType::kF32, kBF16, kF16 or kI8. kI8 rows hold codes: key_j[d] = key_scales[j] * code_jd,
+// and the scale multiplies the dot product of the codes (one more rounding); key_scales is ignored
+// for the other types.
+void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys, DType type,
+                    ptrdiff_t key_stride, const float* key_scales, size_t n, size_t hd,
+                    float* scores, ptrdiff_t score_stride);
 
 // acc[r * acc_stride + d] += sum_{j < n} p[r * p_stride + j] * value_j[d], r < rows, d < hd.
 // kI8 rows: value_j[d] = value_scales[j] * code_jd, applied as the weight p_j * value_scales[j]

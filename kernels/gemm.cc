@@ -321,8 +321,8 @@ void MacroKernel(const Config& cfg, float* a_pack, size_t mc, float* b_pack, siz
 
 // The five loops (see gemm.h) for c [m, n] = alpha * a [m, k] * b [k, n] + beta * c, with
 // m, n, k > 0 and alpha != 0, on `route`: kBlisPackAB or kDirectPackB.
-void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, size_t k,
-            float beta, const MatrixView& c, void* scratch) {
+void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, size_t k, float beta,
+            const MatrixView& c, void* scratch) {
   const Config& cfg = GetConfig();
 
   // The kernel writes its MR x NR tile fastest when C's storage matches its preference; for the
@@ -476,7 +476,7 @@ void PackedBDriver(const Config& cfg, float alpha, const PackedB& b, float beta,
 }  // namespace
 
 void GemmBlisPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
-                 const MatrixView& c, void* scratch) {
+                     const MatrixView& c, void* scratch) {
   assert(a.rows == c.rows && "GemmBlisPackedB: a.rows must equal c.rows");
   assert(b.n == c.cols && "GemmBlisPackedB: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmBlisPackedB: a.cols must equal b.k");
@@ -520,7 +520,8 @@ PackedA PackA(const ConstMatrixView& a, float* dst) {
   return {dst, a.rows, a.cols, a.rows, 0};
 }
 
-void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c) {
+void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta,
+                      const MatrixView& c) {
   assert(a.m == c.rows && "GemmBlisPackedAB: a.m must equal c.rows");
   assert(b.n == c.cols && "GemmBlisPackedAB: b.n must equal c.cols");
   assert(a.k == b.k && "GemmBlisPackedAB: a.k must equal b.k");
@@ -541,8 +542,8 @@ void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float bet
   });
 }
 
-void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta, const MatrixView& c,
-          void* scratch) {
+void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c, void* scratch) {
   assert(a.rows == c.rows && "Gemm: a.rows must equal c.rows");
   assert(b.cols == c.cols && "Gemm: b.cols must equal c.cols");
   assert(a.cols == b.rows && "Gemm: a.cols must equal b.rows");

@@ -116,8 +116,8 @@ size_t GemmScratchBytes();
 // (one buffer per thread for concurrent calls). No heap allocation, no locks; safe to call
 // concurrently from several threads with separate scratch.
 // Shape mismatches are a programming error in mha (callers validate): checked by debug asserts.
-void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta, const MatrixView& c,
-          void* scratch);
+void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c, void* scratch);
 
 // c = alpha * a * b + beta * c with b in bf16 or f16 (16-bit weights: b = w^T of an nn.Linear
 // weight w [n, k], so b.row_stride must be 1). Same contract, scratch and path choice as Gemm
@@ -187,7 +187,7 @@ PackedB PackBColumns(const ConstMatrixView& b, size_t c0, size_t nc, float* dst)
 // swapping operands (c stored the way the micro-kernel prefers), and each row of c depends
 // only on the same row of a, so splitting a and c into row strips gives the same bits.
 void GemmBlisPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
-                 const MatrixView& c, void* scratch);
+                     const MatrixView& c, void* scratch);
 
 // An a [m, k] operand packed once and multiplied by many b's (GemmBlisPackedAB): attention packs a
 // task's Q rows once for all of its key blocks (runtime/attention.cc). Layout: the packing of
@@ -217,7 +217,8 @@ PackedA PackA(const ConstMatrixView& a, float* dst);
 // one GemmBlisPackedB gives for the unpacked a (the same micro-kernel calls on the same packed
 // values, k blocks in the same order), so a row range of a packed a gives the same bits as the
 // same rows through GemmBlisPackedB.
-void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c);
+void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta,
+                      const MatrixView& c);
 
 // c = beta * c (beta == 0 writes zeros without reading c): the trivial case of the products
 // (k == 0 or alpha == 0).

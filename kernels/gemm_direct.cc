@@ -24,8 +24,8 @@ bool GemmDirectSupported() {
 namespace {
 
 // GemmDirectPackedB, with a second destination when c2 is not null (GemmDirectPackedBDual).
-bool Direct(float alpha, const ConstMatrixView& a, const PackedB& b, float beta, const MatrixView& c,
-            const float* bias, SecondStore mode, const MatrixView* c2) {
+bool Direct(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+            const MatrixView& c, const float* bias, SecondStore mode, const MatrixView* c2) {
   assert(a.rows == c.rows && "GemmDirectPackedB: a.rows must equal c.rows");
   assert(b.n == c.cols && "GemmDirectPackedB: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmDirectPackedB: a.cols must equal b.k");

@@ -26,9 +26,7 @@ size_t DirectMaxRows() { return Avx512() ? ~size_t{0} : kDirectMaxRowsBelowAvx51
 // tiles (the driver keeps its operands): the blocked driver and weights packed once per call
 // take it. Only there: elsewhere a 16-bit layer's driver runs BLIS's kernel, whose bits the
 // direct kernel's match only with FMA, and the f32 twin must compute the same bits.
-bool DirectEverywhere() {
-  return DirectKernelRuns() && Avx512() && GemmBlocking().prefers_rows;
-}
+bool DirectEverywhere() { return DirectKernelRuns() && Avx512() && GemmBlocking().prefers_rows; }
 
 }  // namespace
 
@@ -42,8 +40,8 @@ size_t PrepackedMinRows() { return DirectKernelRuns() ? 1 : kBlisPrepackedMinRow
 
 bool StrassenPacks(size_t in, size_t out) {
   const size_t nr = GemmBlocking().nr;
-  return in >= kStrassenMinDepth && in % 2 == 0 && out >= kStrassenMinCols &&
-         out % (2 * nr) == 0 && GemmBlocking().prefers_rows && DirectKernelRuns();
+  return in >= kStrassenMinDepth && in % 2 == 0 && out >= kStrassenMinCols && out % (2 * nr) == 0 &&
+         GemmBlocking().prefers_rows && DirectKernelRuns();
 }
 
 GemmRoute ChooseGemmRoute(const GemmShape& s) {
@@ -54,7 +52,7 @@ GemmRoute ChooseGemmRoute(const GemmShape& s) {
     case BPacking::kPrepacked:
       if (s.rows >= PrepackedMinRows()) {
         return DirectKernelRuns() && s.rows <= DirectMaxRows() ? GemmRoute::kDirectPackedB
-                                                                : GemmRoute::kBlisPackedB;
+                                                               : GemmRoute::kBlisPackedB;
       }
       break;  // too few rows for the packing: the weights as stored
     case BPacking::kOncePerCall:

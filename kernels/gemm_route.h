@@ -30,10 +30,10 @@ enum class GemmRoute : uint8_t {
 
 // How the b operand (the weights) of a product is stored when the product starts.
 enum class BPacking : uint8_t {
-  kNone,          // as stored (f32, bf16 or f16): the product packs or streams it itself
-  kOncePerCall,   // f32, packed once by ParallelGemm for all of its row panels
-  kPrepacked,     // f32, packed at layer creation (WeightPrepack::kOn)
-  kStrassen,      // kPrepacked, plus its Strassen operands (WeightPrepack::kStrassen)
+  kNone,         // as stored (f32, bf16 or f16): the product packs or streams it itself
+  kOncePerCall,  // f32, packed once by ParallelGemm for all of its row panels
+  kPrepacked,    // f32, packed at layer creation (WeightPrepack::kOn)
+  kStrassen,     // kPrepacked, plus its Strassen operands (WeightPrepack::kStrassen)
 };
 
 // A product c [rows, cols] = a [rows, depth] * b [depth, cols].

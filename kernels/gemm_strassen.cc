@@ -106,7 +106,7 @@ bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b, const flo
   ok &= GemmDirectPackedBDual(1.0f, a.s3, b.op[6], 1.0f, nullptr, kCopy, x21, x22);  // U3
   // X22 = U3 + P5 = C22 (with its bias), X12 = U2 + P5 = U4.
   ok &= GemmDirectPackedBDual(1.0f, a.s1, b.op[4], 1.0f, bias_right, SecondStore::kAdd, x22, x12);
-  ok &= GemmDirectPackedB(1.0f, a.s4, b.op[2], 1.0f, bias_right, x12);  // X12 = U4 + P3 = C12
+  ok &= GemmDirectPackedB(1.0f, a.s4, b.op[2], 1.0f, bias_right, x12);   // X12 = U4 + P3 = C12
   ok &= GemmDirectPackedB(-1.0f, a.a22, b.op[3], 1.0f, bias_left, x21);  // X21 = U3 - P4 = C21
   return ok;
 }

@@ -18,7 +18,8 @@ HWY_EXPORT(GemvRows);
 HWY_EXPORT(GemvRowsBF16);
 HWY_EXPORT(GemvRowsF16);
 
-void Gemv(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta, const MatrixView& c) {
+void Gemv(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c) {
   assert(a.rows == c.rows && "Gemv: a.rows must equal c.rows");
   assert(b.cols == c.cols && "Gemv: b.cols must equal c.cols");
   assert(a.cols == b.rows && "Gemv: a.cols must equal b.rows");

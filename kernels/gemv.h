@@ -6,7 +6,8 @@
 // would pack all of b (a transpose of the whole weight matrix) for those few rows; here each
 // weight row (a column of b, contiguous) is streamed once from memory and multiplied with every
 // row of a while in registers/L1, so the cost is one read of w: memory bound, near copy
-// bandwidth. kernels::Gemm calls this for a.rows <= kGemvMaxRows (gemm_route.h) when the layouts match.
+// bandwidth. kernels::Gemm calls this for a.rows <= kGemvMaxRows (gemm_route.h) when the layouts
+// match.
 //
 // Layout: a [m, k] with contiguous rows (a.col_stride == 1), b [k, n] with contiguous columns
 // (b.row_stride == 1: column j of b = row j of w, k floats at b.data + j * b.col_stride), c
@@ -43,7 +44,8 @@ inline bool GemvLayoutMatches(const ConstMatrixView& a, const ConstMatrixView& b
 // any m (rows are processed a few at a time, each column of b read from memory once per call).
 // beta == 0 overwrites c without reading it. Single-threaded, no allocation, no scratch. Shape
 // and layout mismatches are programming errors: checked by debug asserts.
-void Gemv(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta, const MatrixView& c);
+void Gemv(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c);
 
 // The same with 16-bit weights (b.row_stride == 1), widened exactly to f32 as they are loaded:
 // bitwise the result of Gemv on the widened matrix. Half the bytes of w to stream.

@@ -872,11 +872,11 @@ size_t Bytes(size_t floats) {
 
 // Whether the online path's two products per strip run on kernels::GemmDirectPackedB, which
 // reads its a operand as it lies: the task's Q rows (a contiguous copy, no PackA) and the
-// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through GemmBlisPackedAB
-// (Q packed once per task) and GemmBlisPackedB. Fixed per process (the dispatched target and BLIS's
-// configuration). (1, 128, 512, 8) causal, 2 threads, mha-bench --breakdown: the scores stage
-// (PackA included) took 0.095 ms per forward with Q packed, 0.085 ms on the direct kernel
-// (0.068 ms with the causal strips below).
+// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through
+// GemmBlisPackedAB (Q packed once per task) and GemmBlisPackedB. Fixed per process (the dispatched
+// target and BLIS's configuration). (1, 128, 512, 8) causal, 2 threads, mha-bench --breakdown: the
+// scores stage (PackA included) took 0.095 ms per forward with Q packed, 0.085 ms on the direct
+// kernel (0.068 ms with the causal strips below).
 bool OnlineUsesDirectKernel() { return kernels::GemmDirectSupported(); }
 
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
@@ -1510,7 +1510,8 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
         if (direct) {
-          const bool ran = kernels::GemmDirectPackedB(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          const bool ran =
+              kernels::GemmDirectPackedB(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
           assert(ran && "the direct kernel runs where it was chosen");
           (void)ran;
         } else {
@@ -1596,7 +1597,8 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
       kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
     }
     const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
-    MultiplyWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), b_o, c, gemm_scratch);
+    MultiplyWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E),
+                    b_o, c, gemm_scratch);
   });
 }
 
@@ -1759,7 +1761,9 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
                        x.layout.token, 1};
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
                        static_cast<ptrdiff_t>(hd), 1};
-    MultiplyWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd), bs[kind] != nullptr ? bs[kind] + h * hd : nullptr, c, static_cast<uint8_t*>(scratch) + worker * scratch_stride);
+    MultiplyWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd),
+                    bs[kind] != nullptr ? bs[kind] + h * hd : nullptr, c,
+                    static_cast<uint8_t*>(scratch) + worker * scratch_stride);
     if (kind > 0) {
       int64_t p = sh.S;
       const float* extra = kind == 1 ? m.bias_k : m.bias_v;

@@ -49,9 +49,9 @@ void AddBias(const kernels::MatrixView& c, const float* bias) {
 void MultiplyPackedB(kernels::GemmRoute route, const kernels::ConstMatrixView& a,
                      const kernels::PackedB& b, const float* bias, const kernels::MatrixView& c,
                      void* scratch) {
-  assert((route == kernels::GemmRoute::kDirectPackedB ||
-          route == kernels::GemmRoute::kBlisPackedB) &&
-         "MultiplyPackedB: a route over a packed b");
+  assert(
+      (route == kernels::GemmRoute::kDirectPackedB || route == kernels::GemmRoute::kBlisPackedB) &&
+      "MultiplyPackedB: a route over a packed b");
   if (route == kernels::GemmRoute::kDirectPackedB &&
       kernels::GemmDirectPackedB(1.0f, a, b, 0.0f, bias, c)) {
     return;

@@ -18,12 +18,10 @@
 namespace mha {
 namespace {
 
-
 constexpr float kSentinel = -12345.5f;
 constexpr double kU = 1.0 / (1 << 24);  // 2^-24
 
-constexpr DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16,
-                                DType::kI8};
+constexpr DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8};
 
 const char* TypeName(DType t) {
   return t == DType::kF32 ? "f32" : t == DType::kBF16 ? "bf16" : t == DType::kF16 ? "f16" : "i8";

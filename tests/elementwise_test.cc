@@ -168,7 +168,8 @@ std::vector<size_t> Lengths() {
 
 class ElementwiseTargetTest : public test::PerTargetTest {};
 
-TEST_P(ElementwiseTargetTest, AddBiasRows) {  const char* const target = target_name();
+TEST_P(ElementwiseTargetTest, AddBiasToRows) {
+  const char* const target = target_name();
   std::mt19937 rng(1);
   for (const size_t cols : Lengths()) {
     if (cols > 300 && cols != 4099) continue;
@@ -180,7 +181,8 @@ TEST_P(ElementwiseTargetTest, AddBiasRows) {  const char* const target = target_
     for (size_t r = 0; r < rows; ++r) {
       std::memcpy(&y[offset + r * stride], &init[r * cols], cols * sizeof(float));
     }
-    kernels::AddBiasToRows(bias.data() + 1, y.data() + offset, rows, cols, static_cast<ptrdiff_t>(stride));
+    kernels::AddBiasToRows(bias.data() + 1, y.data() + offset, rows, cols,
+                           static_cast<ptrdiff_t>(stride));
     for (size_t i = 0; i < y.size(); ++i) {
       const bool inside = i >= offset && i < offset + rows * stride && (i - offset) % stride < cols;
       float want = kSentinel;
@@ -189,15 +191,15 @@ TEST_P(ElementwiseTargetTest, AddBiasRows) {  const char* const target = target_
         want = init[r * cols + c] + bias[c + 1];
       }
       ASSERT_TRUE(SameFloat(y[i], want))
-          << target << " cols=" << cols << " index " << i << ": got " << y[i] << ", want "
-          << want;
+          << target << " cols=" << cols << " index " << i << ": got " << y[i] << ", want " << want;
     }
   }
 }
 
 // WinogradSums: the four block sums of a [2h, 2k2], bit-exact against the scalar f32
 // operations for every width 1..300 (every tail), nothing written outside the outputs.
-TEST_P(ElementwiseTargetTest, WinogradSums) {  const char* const target = target_name();
+TEST_P(ElementwiseTargetTest, WinogradSums) {
+  const char* const target = target_name();
   std::mt19937 rng(5);
   for (const size_t cols : Lengths()) {
     if (cols > 300 && cols != 4099) continue;
@@ -208,8 +210,8 @@ TEST_P(ElementwiseTargetTest, WinogradSums) {  const char* const target = target
     std::vector<float> out(4 * h * lds + 4, kSentinel);
     float* s[4] = {out.data() + 1, out.data() + 1 + h * lds, out.data() + 1 + 2 * h * lds,
                    out.data() + 1 + 3 * h * lds};
-    kernels::WinogradSums(a.data() + 1, static_cast<ptrdiff_t>(lda), h, k2, s[0], s[1], s[2],
-                          s[3], static_cast<ptrdiff_t>(lds));
+    kernels::WinogradSums(a.data() + 1, static_cast<ptrdiff_t>(lda), h, k2, s[0], s[1], s[2], s[3],
+                          static_cast<ptrdiff_t>(lds));
     for (size_t r = 0; r < h; ++r) {
       for (size_t c = 0; c < lds; ++c) {
         const float a11 = a[1 + r * lda + c], a21 = a[1 + (r + h) * lda + c];
@@ -228,7 +230,8 @@ TEST_P(ElementwiseTargetTest, WinogradSums) {  const char* const target = target
   }
 }
 
-TEST_P(ElementwiseTargetTest, ScaleAndAccumulate) {  const char* const target = target_name();
+TEST_P(ElementwiseTargetTest, ScaleByAndAddInto) {
+  const char* const target = target_name();
   std::mt19937 rng(2);
   for (const size_t n : Lengths()) {
     const size_t offset = n % 4;
@@ -239,14 +242,14 @@ TEST_P(ElementwiseTargetTest, ScaleAndAccumulate) {  const char* const target = 
     for (size_t i = 0; i < y.size(); ++i) {
       const bool inside = i >= offset && i < offset + n;
       const float want = inside ? a[i - offset] * 0.37f : kSentinel;
-      ASSERT_TRUE(SameFloat(y[i], want)) << target << " Scale n=" << n << " index " << i;
+      ASSERT_TRUE(SameFloat(y[i], want)) << target << " ScaleBy n=" << n << " index " << i;
     }
     std::memcpy(&y[offset], a.data(), n * sizeof(float));
     kernels::AddInto(b.data() + 3, y.data() + offset, n);
     for (size_t i = 0; i < y.size(); ++i) {
       const bool inside = i >= offset && i < offset + n;
       const float want = inside ? a[i - offset] + b[i - offset + 3] : kSentinel;
-      ASSERT_TRUE(SameFloat(y[i], want)) << target << " Accumulate n=" << n << " index " << i;
+      ASSERT_TRUE(SameFloat(y[i], want)) << target << " AddInto n=" << n << " index " << i;
     }
   }
   // Special values go through unchanged IEEE arithmetic.
@@ -304,18 +307,20 @@ TEST_P(ConversionTargetTest, BF16ToF32Exhaustive) {
   std::vector<uint16_t> all(65536);
   for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
   const char* const target = target_name();
-  CheckConversion(target, "BF16ToF32", all, kSentinel,
-                  [](const uint16_t* x, float* y, size_t n) { kernels::BF16ToF32(x, y, n); },
-                  [](uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); });
+  CheckConversion(
+      target, "BF16ToF32", all, kSentinel,
+      [](const uint16_t* x, float* y, size_t n) { kernels::BF16ToF32(x, y, n); },
+      [](uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); });
 }
 
 TEST_P(ConversionTargetTest, F16ToF32Exhaustive) {
   std::vector<uint16_t> all(65536);
   for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
   const char* const target = target_name();
-  CheckConversion(target, "F16ToF32", all, kSentinel,
-                  [](const uint16_t* x, float* y, size_t n) { kernels::F16ToF32(x, y, n); },
-                  [](uint16_t h) { return FromBits(RefF16ToF32Bits(h)); });
+  CheckConversion(
+      target, "F16ToF32", all, kSentinel,
+      [](const uint16_t* x, float* y, size_t n) { kernels::F16ToF32(x, y, n); },
+      [](uint16_t h) { return FromBits(RefF16ToF32Bits(h)); });
 }
 
 TEST_P(ConversionTargetTest, F32ToBF16) {
@@ -328,9 +333,10 @@ TEST_P(ConversionTargetTest, F32ToBF16) {
   EXPECT_EQ(RefF32ToBF16(FromBits(0x3F818000)), 0x3F82);  // tie, odd rounds up
   EXPECT_EQ(RefF32ToBF16(std::numeric_limits<float>::max()), 0x7F80);
   const char* const target = target_name();
-  CheckConversion(target, "F32ToBF16", samples, kSentinel16,
-                  [](const float* x, uint16_t* y, size_t n) { kernels::F32ToBF16(x, y, n); },
-                  [](float f) { return RefF32ToBF16(f); });
+  CheckConversion(
+      target, "F32ToBF16", samples, kSentinel16,
+      [](const float* x, uint16_t* y, size_t n) { kernels::F32ToBF16(x, y, n); },
+      [](float f) { return RefF32ToBF16(f); });
 }
 
 TEST_P(ConversionTargetTest, F32ToF16) {
@@ -343,13 +349,15 @@ TEST_P(ConversionTargetTest, F32ToF16) {
   EXPECT_EQ(RefF32ToF16(2.9802322e-08f), 0x0000);    // 2^-25: tie, rounds to even 0
   EXPECT_EQ(RefF32ToF16(-2.9802326e-08f), 0x8001);   // just above the tie
   const char* const target = target_name();
-  CheckConversion(target, "F32ToF16", samples, kSentinel16,
-                  [](const float* x, uint16_t* y, size_t n) { kernels::F32ToF16(x, y, n); },
-                  [](float f) { return RefF32ToF16(f); });
+  CheckConversion(
+      target, "F32ToF16", samples, kSentinel16,
+      [](const float* x, uint16_t* y, size_t n) { kernels::F32ToF16(x, y, n); },
+      [](float f) { return RefF32ToF16(f); });
 }
 
 // Every finite f16 and bf16 value survives a round trip through f32 unchanged.
-TEST_P(ConversionTargetTest, RoundTrips) {  const char* const target = target_name();
+TEST_P(ConversionTargetTest, RoundTrips) {
+  const char* const target = target_name();
   std::vector<uint16_t> h, back(65536);
   for (uint32_t i = 0; i < 65536; ++i) {
     if (((i >> 10) & 0x1F) != 0x1F) h.push_back(static_cast<uint16_t>(i));

@@ -689,7 +689,7 @@ TEST(GemmBlisPackedBTest, StripsAndGemmGiveTheSameBits) {
       for (size_t r0 = 0; r0 < m; r0 += 24) {
         const size_t rows = std::min<size_t>(24, m - r0);
         GemmBlisPackedB(0.125f, a.view.Block(r0, 0, rows, k), pb, beta,
-                    strips.view.Block(r0, 0, rows, n), scratch.get());
+                        strips.view.Block(r0, 0, rows, n), scratch.get());
       }
       EXPECT_EQ(std::memcmp(whole.storage.data(), strips.storage.data(),
                             whole.storage.size() * sizeof(float)),
@@ -771,7 +771,7 @@ TEST(GemmBlisPackedBTest, ColumnRangesOfOnePacking) {
     for (size_t i = 0; i + 1 < std::size(reads); ++i) {
       const size_t c0 = reads[i], nc = reads[i + 1] - reads[i];
       GemmBlisPackedB(1.0f, a.view, whole.Columns(c0, nc), 0.0f, c_parts.view.Block(0, c0, m, nc),
-                  scratch.get());
+                      scratch.get());
     }
     EXPECT_EQ(std::memcmp(c_whole.storage.data(), c_parts.storage.data(),
                           c_whole.storage.size() * sizeof(float)),
@@ -780,8 +780,8 @@ TEST(GemmBlisPackedBTest, ColumnRangesOfOnePacking) {
   }
 }
 
-// GemmBlisPackedAB (a packed once, PackA) gives the bits of GemmBlisPackedB on the unpacked a, for the
-// whole a and for MR-aligned row ranges of its packing (PackedA::Rows, as attention's strips
+// GemmBlisPackedAB (a packed once, PackA) gives the bits of GemmBlisPackedB on the unpacked a, for
+// the whole a and for MR-aligned row ranges of its packing (PackedA::Rows, as attention's strips
 // read a task's packed Q rows), with every layout of a (misaligned views), k across KC blocks,
 // m across MC blocks and ending in a partial micro-panel, beta 0 (NaN-filled c) and 1; the
 // whole product matches the double reference. The packing starts NaN-filled, so a panel PackA
@@ -970,8 +970,7 @@ TEST_P(GemmDirectPackedBTargetTest, MatchesReference) {
                                  " m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                  " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
                                  LayoutName(lc);
-        ASSERT_EQ(GemmDirectPackedB(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
-            << what;
+        ASSERT_EQ(GemmDirectPackedB(r.alpha, r.a.view, pb, r.beta, c_out.view), supported) << what;
         if (!supported) {
           ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
                                    r.c.storage.size() * sizeof(float)))
@@ -1086,35 +1085,37 @@ void ForEachDirectStoreCase(const char* target, uint32_t seed, const Body& body)
 
 TEST_P(GemmDirectPackedBTargetTest, BiasIsAddedOnceAfterTheProduct) {
   if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
-  ForEachDirectStoreCase(target_name(), 44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
-    const size_t m = ops.m, n = ops.n, k = ops.k;
-    const Buffer& a = ops.a;
-    const Buffer& bias = ops.bias;
-    const PackedB& pb = ops.pb;
-    for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
-      const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
-      for (const float beta : {0.0f, 1.0f}) {
-        for (const size_t kk : {k, size_t{0}}) {
-          const PackedB operand = pb.LeadingRows(kk);
-          const MatrixView a_used = a.view.Block(0, 0, m, kk);
-          Buffer fused = c, separate = c;
-          ASSERT_TRUE(GemmDirectPackedB(0.5f, a_used, operand, beta, bias.view.data, fused.view));
-          ASSERT_TRUE(GemmDirectPackedB(0.5f, a_used, operand, beta, separate.view));
-          for (size_t i = 0; i < m; ++i) {
-            for (size_t j = 0; j < n; ++j) {
-              separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
-                                 static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
-                  bias.at(0, j);
+  ForEachDirectStoreCase(
+      target_name(), 44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+        const size_t m = ops.m, n = ops.n, k = ops.k;
+        const Buffer& a = ops.a;
+        const Buffer& bias = ops.bias;
+        const PackedB& pb = ops.pb;
+        for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
+          const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
+          for (const float beta : {0.0f, 1.0f}) {
+            for (const size_t kk : {k, size_t{0}}) {
+              const PackedB operand = pb.LeadingRows(kk);
+              const MatrixView a_used = a.view.Block(0, 0, m, kk);
+              Buffer fused = c, separate = c;
+              ASSERT_TRUE(
+                  GemmDirectPackedB(0.5f, a_used, operand, beta, bias.view.data, fused.view));
+              ASSERT_TRUE(GemmDirectPackedB(0.5f, a_used, operand, beta, separate.view));
+              for (size_t i = 0; i < m; ++i) {
+                for (size_t j = 0; j < n; ++j) {
+                  separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
+                                     static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
+                      bias.at(0, j);
+                }
+              }
+              EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
+                                       fused.storage.size() * sizeof(float)))
+                  << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
+                  << " beta " << beta;
             }
           }
-          EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
-                                   fused.storage.size() * sizeof(float)))
-              << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
-              << " beta " << beta;
         }
-      }
-    }
-  });
+      });
 }
 
 // GemmDirectPackedBDual(gemm_direct.h) on every target where the kernel runs: c gets exactly
@@ -1150,9 +1151,11 @@ TEST_P(GemmDirectPackedBTargetTest, SecondDestinationGetsTheCopyOrTheAddedProduc
                         " c2 " + LayoutName(l2) + (copy ? " copy" : " add") + " beta " +
                         std::to_string(beta) + " alpha " + std::to_string(alpha);
                     Buffer dual = c, dual2 = c2, single = c, want2 = c2;
-                    ASSERT_TRUE(GemmDirectPackedBDual(alpha, a_used, operand, beta, bias.view.data, mode, dual.view, dual2.view))
+                    ASSERT_TRUE(GemmDirectPackedBDual(alpha, a_used, operand, beta, bias.view.data,
+                                                      mode, dual.view, dual2.view))
                         << what;
-                    ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, beta, bias.view.data, single.view));
+                    ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, beta, bias.view.data,
+                                                  single.view));
                     ASSERT_EQ(0, std::memcmp(dual.storage.data(), single.storage.data(),
                                              dual.storage.size() * sizeof(float)))
                         << what << ": c differs from GemmDirectPackedB's";
@@ -1190,9 +1193,9 @@ TEST_P(GemmDirectPackedBTargetTest, SecondDestinationGetsTheCopyOrTheAddedProduc
 }
 
 // PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
-// packing of those rows alone would: bitwise, through GemmBlisPackedB, GemmBlisPackedAB and (on every
-// target where it runs) GemmDirectPackedB, for kk inside the first KC block, at its end and in a
-// later one, combined with a column range (Columns). Attention's causal strips multiply their
+// packing of those rows alone would: bitwise, through GemmBlisPackedB, GemmBlisPackedAB and (on
+// every target where it runs) GemmDirectPackedB, for kk inside the first KC block, at its end and
+// in a later one, combined with a column range (Columns). Attention's causal strips multiply their
 // probabilities by the leading rows of a key block's packed V.
 class PackedBTargetTest : public test::PerTargetTest {};
 
@@ -1331,7 +1334,8 @@ TEST_P(GemmStrassenTargetTest, MatchesTheProductWithinItsBoundAndColumnRangesAre
         const size_t nc = n2 - nr;
         const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
         const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
-        ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), with_bias ? bl + nr : nullptr, with_bias ? br + nr : nullptr, pl, pr));
+        ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), with_bias ? bl + nr : nullptr,
+                                        with_bias ? br + nr : nullptr, pl, pr));
         for (size_t i = 0; i < m; ++i) {
           for (size_t j = 0; j < nc; ++j) {
             ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;

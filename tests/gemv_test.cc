@@ -157,7 +157,8 @@ const size_t kNs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 64, 70};
 
 class GemvTargetTest : public test::PerTargetTest {};
 
-TEST_P(GemvTargetTest, MatchesDoubleReference) {  std::mt19937 rng(5);
+TEST_P(GemvTargetTest, MatchesDoubleReference) {
+  std::mt19937 rng(5);
   // Every row-tile remainder (m 1..9), then full and partial tiles up to one past the GEMV
   // threshold; not every m in between, which would only repeat those tile shapes (and cost
   // minutes under emulation in CI).
@@ -182,7 +183,8 @@ TEST_P(GemvTargetTest, MatchesDoubleReference) {  std::mt19937 rng(5);
   }
 }
 
-TEST_P(GemvTargetTest, EveryStorageOfCAndMisalignment) {  std::mt19937 rng(6);
+TEST_P(GemvTargetTest, EveryStorageOfCAndMisalignment) {
+  std::mt19937 rng(6);
   for (const CLayout layout : {CLayout::kRowMajor, CLayout::kColMajor, CLayout::kGeneral}) {
     for (size_t offset = 0; offset < 4; ++offset) {
       for (const float beta : {0.0f, 1.0f, -2.0f}) {
@@ -195,7 +197,8 @@ TEST_P(GemvTargetTest, EveryStorageOfCAndMisalignment) {  std::mt19937 rng(6);
   }
 }
 
-TEST_P(GemvTargetTest, BetaZeroIgnoresNaNInC) {  std::mt19937 rng(8);
+TEST_P(GemvTargetTest, BetaZeroIgnoresNaNInC) {
+  std::mt19937 rng(8);
   Problem p = MakeProblem(3, 11, 40, CLayout::kRowMajor, 1, &rng);
   for (size_t e = 0; e < p.c_buf.size(); ++e) {
     if (p.c_in_view[e]) p.c_buf[e] = std::numeric_limits<float>::quiet_NaN();
@@ -231,7 +234,8 @@ std::vector<float> Solve(const Problem& p, float alpha, float beta,
 // Each element runs the same operations whatever tile it lands in, so any split of c into calls
 // (rows into tiles of other sizes, columns out of their groups of 4) gives the same bits, for
 // any beta.
-TEST_P(GemvTargetTest, SplitCallsGiveTheSameBits) {  std::mt19937 rng(9);
+TEST_P(GemvTargetTest, SplitCallsGiveTheSameBits) {
+  std::mt19937 rng(9);
   for (const float beta : {0.0f, 1.0f, 0.3f}) {
     const Problem p = MakeProblem(8, 23, 131, CLayout::kRowMajor, 1, &rng);
     const std::vector<float> whole = Solve(p, 0.5f, beta, {0, 8}, {0, 23});

@@ -197,15 +197,15 @@ Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
   r.storage.assign(kernels::PackedBFloats(k, n) + 16, std::nanf(""));
   float* dst = r.storage.data();
   dst += (16 - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % 16) % 16;
-  r.packed =
-      kernels::PackB({w.data(), k, n, 1, static_cast<ptrdiff_t>(k)}, dst);
+  r.packed = kernels::PackB({w.data(), k, n, 1, static_cast<ptrdiff_t>(k)}, dst);
   return r;
 }
 
 // Prepacked weights (GemmJob::b_packed): from PrepackedMinRows() rows per product, every panel
 // multiplies the packing, so the result is bitwise one MultiplyPackedB call over each whole
-// product on its route (GemmDirectPackedB or GemmBlisPackedB, plus the bias), for any thread count and whether or not there is room to pack; fewer rows
-// take the unpacked path (GEMV) and give its bits.
+// product on its route (GemmDirectPackedB or GemmBlisPackedB, plus the bias), for any thread count
+// and whether or not there is room to pack; fewer rows take the unpacked path (GEMV) and give its
+// bits.
 TEST(ParallelGemmTest, PrepackedWeights) {
   std::mt19937 rng(23);
   const Problem problems[] = {
