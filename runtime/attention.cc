@@ -588,7 +588,7 @@ void LayerWeights::Prepack() {
   if (strassen_floats > 0) strassen_packed.assign(strassen_floats + kAlignFloats, 0.0f);
   float* sdst = strassen_floats > 0 ? aligned(strassen_packed) : nullptr;
   for (int i = 0; i < 4; ++i) {
-    const kernels::MatrixView wt{const_cast<float*>(static_cast<const float*>(mats[i]->data)),
+    const kernels::ConstMatrixView wt{static_cast<const float*>(mats[i]->data),
                                  static_cast<size_t>(ins[i]), static_cast<size_t>(outs[i]), 1,
                                  static_cast<ptrdiff_t>(ins[i])};
     mats[i]->packed = kernels::PackB(wt, dst);
@@ -1126,15 +1126,15 @@ GemmJob ProjectionJob(const SeqInput& x, size_t N, const WeightMatrix& w, const 
       N == 1 || (x.layout.batch == static_cast<ptrdiff_t>(x.tokens) * x.layout.token &&
                  dst_layout.batch == static_cast<ptrdiff_t>(x.tokens) * dst_layout.token);
   if (seq_major_all) {
-    job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+    job.a = {x.data, x.tokens * N, static_cast<size_t>(x.features),
              x.layout.batch, 1};
     job.c = {dst, x.tokens * N, out_cols, ld, 1};
   } else if (batch_major_all) {
-    job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+    job.a = {x.data, x.tokens * N, static_cast<size_t>(x.features),
              x.layout.token, 1};
     job.c = {dst, x.tokens * N, out_cols, dst_layout.token, 1};
   } else {
-    job.a = {const_cast<float*>(x.data), static_cast<size_t>(x.tokens),
+    job.a = {x.data, static_cast<size_t>(x.tokens),
              static_cast<size_t>(x.features), x.layout.token, 1};
     job.c = {dst, static_cast<size_t>(x.tokens), out_cols, dst_layout.token, 1};
     job.batches = N;
@@ -1756,7 +1756,7 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
     if (h >= heads[kind]) return;
     const SeqInput& x = *xs[kind];
     float* dst = outs[kind] + ((n * heads[kind] + h) * rows_out[kind]) * hd;
-    const MatrixView a{const_cast<float*>(x.data) + n * x.layout.batch,
+    const kernels::ConstMatrixView a{x.data + n * x.layout.batch,
                        static_cast<size_t>(x.tokens), static_cast<size_t>(x.features),
                        x.layout.token, 1};
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
