@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -287,7 +288,7 @@ void BM_GemmPackedStrip(benchmark::State& state) {
   const MatrixView a{a_buf.data(), rows, k, static_cast<ptrdiff_t>(ld), 1};
   const MatrixView c{c_buf.data(), rows, n, static_cast<ptrdiff_t>(ld), 1};
   for (auto _ : state) {
-    kernels::GemmPackedB(pv ? 1.0f : 0.125f, a, pb, pv ? 1.0f : 0.0f, c, scratch.get());
+    kernels::GemmBlisPackedB(pv ? 1.0f : 0.125f, a, pb, pv ? 1.0f : 0.0f, c, scratch.get());
     benchmark::DoNotOptimize(c.data);
     benchmark::ClobberMemory();
   }
@@ -299,8 +300,8 @@ void BM_GemmPackedStrip(benchmark::State& state) {
 BENCHMARK(BM_GemmPackedStrip)->Arg(0)->Arg(1);
 
 // A product by an operand packed once (kernels::PackB, outside the timed loop): range(3) = 0
-// through BLIS's micro-kernel (kernels::GemmPackedB, which packs a per call), 1 through mha's
-// direct micro-kernel (kernels::GemmPackedBDirect, a read in place; skipped where it cannot run).
+// through BLIS's micro-kernel (kernels::GemmBlisPackedB, which packs a per call), 1 through mha's
+// direct micro-kernel (kernels::GemmDirectPackedB, a read in place; skipped where it cannot run).
 // Shapes (m, k, n) = range(0..2), from the operator: a 128-token projection [128, 512] x
 // [512, 512], a 16-token one [16, 256] x [256, 768], a strip's scores [24, 64] x [64, 128] and
 // its probabilities times V [24, 512] x [512, 64], and [64, 64] x [64, 512]. Both kernels of a
@@ -311,8 +312,8 @@ void BM_GemmPackedOperand(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(2));
   const bool direct = state.range(3) == 1;
   kernels::GemmInit();
-  if (direct && !kernels::GemmPackedBDirectSupported()) {
-    state.SkipWithError("GemmPackedBDirect does not run on this target / BLIS configuration");
+  if (direct && !kernels::GemmDirectSupported()) {
+    state.SkipWithError("GemmDirectPackedB does not run on this target / BLIS configuration");
     return;
   }
   const auto scratch = GemmScratch();
@@ -328,9 +329,11 @@ void BM_GemmPackedOperand(benchmark::State& state) {
   const MatrixView av = RowMajor(a, m, k), cv = RowMajor(c, m, n);
   for (auto _ : state) {
     if (direct) {
-      kernels::GemmPackedBDirect(1.0f, av, pb, 0.0f, cv);
+      const bool ran = kernels::GemmDirectPackedB(1.0f, av, pb, 0.0f, cv);
+      assert(ran && "the direct kernel runs where it was chosen");
+      (void)ran;
     } else {
-      kernels::GemmPackedB(1.0f, av, pb, 0.0f, cv, scratch.get());
+      kernels::GemmBlisPackedB(1.0f, av, pb, 0.0f, cv, scratch.get());
     }
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
@@ -338,7 +341,7 @@ void BM_GemmPackedOperand(benchmark::State& state) {
   const double flops = 2.0 * static_cast<double>(m * n * k);
   state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
                                                benchmark::Counter::kIs1000);
-  state.SetLabel(direct ? "GemmPackedBDirect" : "GemmPackedB (BLIS)");
+  state.SetLabel(direct ? "GemmDirectPackedB" : "GemmBlisPackedB (BLIS)");
 }
 BENCHMARK(BM_GemmPackedOperand)
     ->ArgsProduct({{128}, {512}, {512}, {0, 1}})
@@ -351,7 +354,7 @@ BENCHMARK(BM_GemmPackedOperand)
 // The attention core of one (batch, head) alone, as the operator's online path runs it
 // (runtime/attention.cc, RunAttention): Q [L, hd], K and V [S, hd] rows of [tokens, E]-strided
 // buffers (E = 8 hd); per key block of 512 keys K^T and V packed once (kernels::PackB), then
-// strips of 24 query rows: scores = scale Q_strip K^T (kernels::GemmPackedBDirect, Q read in
+// strips of 24 query rows: scores = scale Q_strip K^T (kernels::GemmDirectPackedB, Q read in
 // place), kernels::OnlineSoftmaxUpdate, acc += P V; kernels::OnlineSoftmaxFinish at the end.
 // L = S = 1024, no mask. range(0): index into the targets this CPU supports (ForceTarget);
 // range(1): head_dim (64 or 128); range(2) = 1 skips the softmax (the two products alone, on
@@ -362,7 +365,7 @@ void BM_AttentionCore(benchmark::State& state) {
   if (!ForceTargetAt(state, static_cast<size_t>(state.range(0)))) return;
   state.SetLabel(std::string(kernels::TargetName(kernels::ActiveTarget())) +
                  (state.range(2) == 1 ? " products only" : ""));
-  if (!kernels::GemmPackedBDirectSupported()) {
+  if (!kernels::GemmDirectSupported()) {
     kernels::ForceTarget(0);
     state.SkipWithError("the direct micro-kernel does not run on this target");
     return;
@@ -397,13 +400,14 @@ void BM_AttentionCore(benchmark::State& state) {
         const size_t sr = std::min(strip, len - r0);
         const MatrixView s_view{scores.data(), sr, key_block, static_cast<ptrdiff_t>(key_block), 1};
         const MatrixView a_view{acc.data() + r0 * hd, sr, hd, static_cast<ptrdiff_t>(hd), 1};
-        kernels::GemmPackedBDirect(scale, rows_of(q, r0, sr, hd), kp, 0.0f, s_view);
+        bool ran = kernels::GemmDirectPackedB(scale, rows_of(q, r0, sr, hd), kp, 0.0f, s_view);
         if (softmax) {
           kernels::OnlineSoftmaxUpdate(
               scores.data(), sr, key_block, static_cast<ptrdiff_t>(key_block), 1.0f, SoftmaxMasks(),
               row_max.data() + r0, row_sum.data() + r0, a_view.data, hd, a_view.row_stride);
         }
-        kernels::GemmPackedBDirect(1.0f, s_view, vp, k0 == 0 ? 0.0f : 1.0f, a_view);
+        ran &= kernels::GemmDirectPackedB(1.0f, s_view, vp, k0 == 0 ? 0.0f : 1.0f, a_view);
+        benchmark::DoNotOptimize(ran);  // checked before the loop (GemmDirectSupported)
       }
     }
     if (softmax) {

@@ -381,7 +381,7 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
 
 }  // namespace decode_detail
 
-// See kernels/decode.h. `type`: 0 f32, 1 bf16, 2 f16, 5 int8 (kernels::CacheType).
+// See kernels/decode.h. `type`: 0 f32, 1 bf16, 2 f16, 5 int8 (DType).
 inline void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
                            int type, ptrdiff_t key_stride, const float* key_scales, size_t n,
                            size_t hd, float* scores, ptrdiff_t score_stride) {

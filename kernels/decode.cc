@@ -16,9 +16,9 @@ namespace kernels {
 HWY_EXPORT(QueryKeyScores);
 HWY_EXPORT(AccumulateWeightedValues);
 
-void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
-                    CacheType type, ptrdiff_t key_stride, const float* key_scales, size_t n,
-                    size_t hd, float* scores, ptrdiff_t score_stride) {
+void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys, DType type,
+                    ptrdiff_t key_stride, const float* key_scales, size_t n, size_t hd,
+                    float* scores, ptrdiff_t score_stride) {
   if (rows == 0 || n == 0) return;
   HWY_DYNAMIC_DISPATCH(QueryKeyScores)
   (q, rows, q_stride, keys, static_cast<int>(type), key_stride, key_scales, n, hd, scores,
@@ -26,7 +26,7 @@ void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void*
 }
 
 void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, const void* values,
-                              CacheType type, ptrdiff_t value_stride, const float* value_scales,
+                              DType type, ptrdiff_t value_stride, const float* value_scales,
                               size_t n, size_t hd, float* acc, ptrdiff_t acc_stride) {
   if (rows == 0 || n == 0 || hd == 0) return;
   HWY_DYNAMIC_DISPATCH(AccumulateWeightedValues)

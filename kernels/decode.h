@@ -32,24 +32,24 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "mha/types.hpp"
+
 namespace mha {
 namespace kernels {
 
-// Storage type of cache rows. Values match mha::DType's kF32, kBF16, kF16 and kI8.
-enum class CacheType : int { kF32 = 0, kBF16 = 1, kF16 = 2, kI8 = 5 };
-
 // scores[r * score_stride + j] = sum_{d < hd} q[r * q_stride + d] * key_j[d], r < rows, j < n.
-// kI8 rows hold codes: key_j[d] = key_scales[j] * code_jd, and the scale multiplies the dot
-// product of the codes (one more rounding); key_scales is ignored for the other types.
-void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
-                    CacheType type, ptrdiff_t key_stride, const float* key_scales, size_t n,
-                    size_t hd, float* scores, ptrdiff_t score_stride);
+// `type`: DType::kF32, kBF16, kF16 or kI8. kI8 rows hold codes: key_j[d] = key_scales[j] * code_jd,
+// and the scale multiplies the dot product of the codes (one more rounding); key_scales is ignored
+// for the other types.
+void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys, DType type,
+                    ptrdiff_t key_stride, const float* key_scales, size_t n, size_t hd,
+                    float* scores, ptrdiff_t score_stride);
 
 // acc[r * acc_stride + d] += sum_{j < n} p[r * p_stride + j] * value_j[d], r < rows, d < hd.
 // kI8 rows: value_j[d] = value_scales[j] * code_jd, applied as the weight p_j * value_scales[j]
 // (one more rounding per term); value_scales is ignored for the other types.
 void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, const void* values,
-                              CacheType type, ptrdiff_t value_stride, const float* value_scales,
+                              DType type, ptrdiff_t value_stride, const float* value_scales,
                               size_t n, size_t hd, float* acc, ptrdiff_t acc_stride);
 
 }  // namespace kernels

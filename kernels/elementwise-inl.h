@@ -228,8 +228,8 @@ struct F16Row {
 }  // namespace elementwise_detail
 
 // See kernels/elementwise.h. The scalar tails round exactly as the vector lanes do.
-inline void AddBiasRows(float* HWY_RESTRICT y, size_t rows, size_t cols, ptrdiff_t row_stride,
-                        const float* HWY_RESTRICT bias) {
+inline void AddBiasToRows(const float* HWY_RESTRICT bias, float* HWY_RESTRICT y, size_t rows,
+                          size_t cols, ptrdiff_t row_stride) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -278,7 +278,7 @@ inline void WinogradSums(const float* HWY_RESTRICT a, ptrdiff_t lda, size_t h, s
   }
 }
 
-inline void Scale(float* HWY_RESTRICT y, size_t n, float s) {
+inline void ScaleBy(float s, float* HWY_RESTRICT y, size_t n) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -288,7 +288,7 @@ inline void Scale(float* HWY_RESTRICT y, size_t n, float s) {
   for (; i < n; ++i) y[i] *= s;
 }
 
-inline void Accumulate(float* HWY_RESTRICT y, const float* HWY_RESTRICT x, size_t n) {
+inline void AddInto(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, size_t n) {
   namespace hn = hwy::HWY_NAMESPACE;
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);

@@ -12,18 +12,18 @@
 namespace mha {
 namespace kernels {
 
-HWY_EXPORT(AddBiasRows);
+HWY_EXPORT(AddBiasToRows);
 HWY_EXPORT(WinogradSums);
-HWY_EXPORT(Scale);
-HWY_EXPORT(Accumulate);
+HWY_EXPORT(ScaleBy);
+HWY_EXPORT(AddInto);
 HWY_EXPORT(F32ToBF16);
 HWY_EXPORT(BF16ToF32);
 HWY_EXPORT(F16ToF32);
 HWY_EXPORT(F32ToF16);
 
-void AddBiasRows(float* y, size_t rows, size_t cols, ptrdiff_t row_stride, const float* bias) {
+void AddBiasToRows(const float* bias, float* y, size_t rows, size_t cols, ptrdiff_t row_stride) {
   if (rows == 0 || cols == 0) return;
-  HWY_DYNAMIC_DISPATCH(AddBiasRows)(y, rows, cols, row_stride, bias);
+  HWY_DYNAMIC_DISPATCH(AddBiasToRows)(bias, y, rows, cols, row_stride);
 }
 
 void WinogradSums(const float* a, ptrdiff_t lda, size_t h, size_t k2, float* s1, float* s2,
@@ -32,14 +32,14 @@ void WinogradSums(const float* a, ptrdiff_t lda, size_t h, size_t k2, float* s1,
   HWY_DYNAMIC_DISPATCH(WinogradSums)(a, lda, h, k2, s1, s2, s3, s4, lds);
 }
 
-void Scale(float* y, size_t n, float s) {
+void ScaleBy(float s, float* y, size_t n) {
   if (n == 0) return;
-  HWY_DYNAMIC_DISPATCH(Scale)(y, n, s);
+  HWY_DYNAMIC_DISPATCH(ScaleBy)(s, y, n);
 }
 
-void Accumulate(float* y, const float* x, size_t n) {
+void AddInto(const float* x, float* y, size_t n) {
   if (n == 0) return;
-  HWY_DYNAMIC_DISPATCH(Accumulate)(y, x, n);
+  HWY_DYNAMIC_DISPATCH(AddInto)(x, y, n);
 }
 
 void F32ToBF16(const float* x, uint16_t* y, size_t n) {

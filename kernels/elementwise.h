@@ -1,6 +1,7 @@
 // Element-wise kernels the operator needs (plain declarations; per-target code in
 // elementwise-inl.h, dispatch in elementwise.cc). All lengths are in elements; pointers need no
-// alignment.
+// alignment. Arguments: inputs first, then the output (an array updated in place counts as
+// output), then lengths.
 #ifndef MHA_KERNELS_ELEMENTWISE_H_
 #define MHA_KERNELS_ELEMENTWISE_H_
 
@@ -11,7 +12,7 @@ namespace mha {
 namespace kernels {
 
 // y[r, c] += bias[c] for a block of rows (row stride in elements).
-void AddBiasRows(float* y, size_t rows, size_t cols, ptrdiff_t row_stride, const float* bias);
+void AddBiasToRows(const float* bias, float* y, size_t rows, size_t cols, ptrdiff_t row_stride);
 
 // Winograd's sums of a [2h, 2k2] (row stride lda) in 2 x 2 blocks of [h, k2], in one pass:
 // s1 = A21 + A22, s2 = s1 - A11, s3 = A11 - A21, s4 = A12 - s2 (each one rounded f32 add or
@@ -21,10 +22,10 @@ void WinogradSums(const float* a, ptrdiff_t lda, size_t h, size_t k2, float* s1,
                   float* s3, float* s4, ptrdiff_t lds);
 
 // y[i] *= s.
-void Scale(float* y, size_t n, float s);
+void ScaleBy(float s, float* y, size_t n);
 
 // y[i] += x[i].
-void Accumulate(float* y, const float* x, size_t n);
+void AddInto(const float* x, float* y, size_t n);
 
 // Conversions for 16-bit storage; bit-exact and identical on every target (tested exhaustively
 // for the 16 -> 32 bit direction and at every rounding boundary for 32 -> 16 bit).

@@ -13,6 +13,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
+#include "kernels/gemm_route.h"
 #include "kernels/gemv.h"
 
 namespace mha {
@@ -210,7 +211,7 @@ const Config& GetConfig() {
 struct Operand {
   const float* f32 = nullptr;
   const uint16_t* half = nullptr;  // used when f32 is null
-  HalfType type = HalfType::kBF16;
+  DType type = DType::kBF16;
   ptrdiff_t row_stride = 0;
   ptrdiff_t col_stride = 1;
 
@@ -235,7 +236,7 @@ void PackOperandPanel(PackPanelFn pack, const Operand& src, size_t rows, size_t 
   assert(src.col_stride == 1 && "GemmHalfB: 16-bit operands must be contiguous along k");
   for (size_t i = 0; i < rows; ++i) {
     const uint16_t* row = src.half + static_cast<ptrdiff_t>(i) * src.row_stride;
-    if (src.type == HalfType::kBF16) {
+    if (src.type == DType::kBF16) {
       BF16ToF32(row, widen + i * kc, kc);
     } else {
       F16ToF32(row, widen + i * kc, kc);
@@ -319,8 +320,8 @@ void MacroKernel(const Config& cfg, float* a_pack, size_t mc, float* b_pack, siz
 }
 
 // The five loops (see gemm.h) for c [m, n] = alpha * a [m, k] * b [k, n] + beta * c, with
-// m, n, k > 0 and alpha != 0.
-void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float beta,
+// m, n, k > 0 and alpha != 0, on `route`: kBlisPackAB or kDirectPackB.
+void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, size_t k, float beta,
             const MatrixView& c, void* scratch) {
   const Config& cfg = GetConfig();
 
@@ -342,21 +343,22 @@ void Driver(float alpha, const Operand& a, const Operand& b, size_t k, float bet
   float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
   float* const widen =
       reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.widen_offset_bytes);
-  // Where mha's direct micro-kernel beats BLIS's at every size (AVX-512 with BLIS's 6 x 16
-  // packing: gemm_direct.h), each packed B block is multiplied by a read in place instead of
-  // packed A panels through BLIS's kernel. Same arithmetic (the direct kernel's is the 6 x 16
-  // kernel's, and the k blocks accumulate the same way), so the same bits.
-  if (op_a.f32 != nullptr && cfg.prefers_rows && GemmPackedBDirectAlwaysWins()) {
+  // kDirectPackB: each packed B block is multiplied by a read in place instead of packed A
+  // panels through BLIS's kernel. Same arithmetic (the direct kernel's is the 6 x 16 kernel's,
+  // and the k blocks accumulate the same way), so the same bits. It reads a in f32 only: a
+  // 16-bit a (16-bit weights swapped into a's place for a column-stored c) takes BLIS's.
+  if (route == GemmRoute::kDirectPackB && op_a.f32 != nullptr) {
     for (size_t jc = 0; jc < n; jc += cfg.nc) {
       const size_t nc = std::min(cfg.nc, n - jc);
       for (size_t pc = 0; pc < k; pc += cfg.kc) {
         const size_t kc = std::min(cfg.kc, k - pc);
         PackBlock(cfg.pack_b, op_b.At(pc, jc).Transposed(), nc, kc, cfg.nr, cfg.packnr, widen,
                   b_pack);
-        const MatrixView a_blk{const_cast<float*>(op_a.At(0, pc).f32), m, kc, op_a.row_stride,
-                               op_a.col_stride};
-        GemmPackedBDirect(alpha, a_blk, PackedB{b_pack, kc, nc, nc, 0, kc}, pc == 0 ? beta : 1.0f,
-                          op_c.Block(0, jc, m, nc));
+        const ConstMatrixView a_blk{op_a.At(0, pc).f32, m, kc, op_a.row_stride, op_a.col_stride};
+        const bool ran = GemmDirectPackedB(alpha, a_blk, PackedB{b_pack, kc, nc, nc, 0, kc},
+                                           pc == 0 ? beta : 1.0f, op_c.Block(0, jc, m, nc));
+        assert(ran && "kDirectPackB: the route needs the direct kernel");
+        (void)ran;
       }
     }
     return;
@@ -406,13 +408,13 @@ size_t PackedBFloats(size_t k, size_t n) {
                  kGemmScratchAlignment / sizeof(float));
 }
 
-PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst) {
+PackedB PackBColumns(const ConstMatrixView& b, size_t c0, size_t nc, float* dst) {
   assert(reinterpret_cast<uintptr_t>(dst) % kGemmScratchAlignment == 0 &&
          "PackBColumns: dst must be 64-byte aligned");
   const Config& cfg = GetConfig();
   assert(c0 % cfg.nr == 0 && "PackBColumns: c0 must be a multiple of NR");
   assert(c0 + nc <= b.cols && "PackBColumns: columns out of range");
-  const Operand op{b.data, nullptr, HalfType::kBF16, b.row_stride, b.col_stride};
+  const Operand op{b.data, nullptr, DType::kBF16, b.row_stride, b.col_stride};
   float* block = dst;
   for (size_t pc = 0; pc < b.rows; pc += cfg.kc) {
     const size_t kc = std::min(cfg.kc, b.rows - pc);
@@ -424,7 +426,7 @@ PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst) {
   return {dst, b.rows, nc, b.cols, c0, b.rows};
 }
 
-PackedB PackB(const MatrixView& b, float* dst) { return PackBColumns(b, 0, b.cols, dst); }
+PackedB PackB(const ConstMatrixView& b, float* dst) { return PackBColumns(b, 0, b.cols, dst); }
 
 const GemmBlocks& GemmBlocking() {
   static const GemmBlocks blocks = [] {
@@ -441,7 +443,7 @@ size_t PackedABlockFloats(const Config& cfg, size_t kc, size_t m) {
   return (m + cfg.mr - 1) / cfg.mr * cfg.packmr * kc;
 }
 
-// The k-block and row-block loops of GemmPackedB and GemmPacked over a packed b, for
+// The k-block and row-block loops of GemmBlisPackedB and GemmBlisPackedAB over a packed b, for
 // c.rows, c.cols, b.k > 0 and alpha != 0: a_block(pc, kc, ic, mc) returns a's packed block
 // [ic, ic + mc) x [pc, pc + kc) (MR-tall micro-panels).
 template <class ABlock>
@@ -473,21 +475,21 @@ void PackedBDriver(const Config& cfg, float alpha, const PackedB& b, float beta,
 
 }  // namespace
 
-void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                 const MatrixView& c, void* scratch) {
-  assert(a.rows == c.rows && "GemmPackedB: a.rows must equal c.rows");
-  assert(b.n == c.cols && "GemmPackedB: b.n must equal c.cols");
-  assert(a.cols == b.k && "GemmPackedB: a.cols must equal b.k");
-  assert(b.col0 + b.n <= b.packed_n && "GemmPackedB: columns past the packing");
+void GemmBlisPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+                     const MatrixView& c, void* scratch) {
+  assert(a.rows == c.rows && "GemmBlisPackedB: a.rows must equal c.rows");
+  assert(b.n == c.cols && "GemmBlisPackedB: b.n must equal c.cols");
+  assert(a.cols == b.k && "GemmBlisPackedB: a.cols must equal b.k");
+  assert(b.col0 + b.n <= b.packed_n && "GemmBlisPackedB: columns past the packing");
   assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
-         "GemmPackedB: scratch must be 64-byte aligned");
+         "GemmBlisPackedB: scratch must be 64-byte aligned");
   if (c.rows == 0 || c.cols == 0) return;
   if (b.k == 0 || alpha == 0.0f) {
     ScaleC(beta, c);
     return;
   }
   const Config& cfg = GetConfig();
-  const Operand op_a{a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride};
+  const Operand op_a{a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride};
   float* const a_pack = static_cast<float*>(scratch);
   PackedBDriver(cfg, alpha, b, beta, c, [&](size_t pc, size_t kc, size_t ic, size_t mc) {
     PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, nullptr, a_pack);
@@ -504,11 +506,11 @@ size_t PackedAFloats(size_t m, size_t k) {
   return RoundUp(floats + kPanelTailBytes / sizeof(float), kGemmScratchAlignment / sizeof(float));
 }
 
-PackedA PackA(const MatrixView& a, float* dst) {
+PackedA PackA(const ConstMatrixView& a, float* dst) {
   assert(reinterpret_cast<uintptr_t>(dst) % kGemmScratchAlignment == 0 &&
          "PackA: dst must be 64-byte aligned");
   const Config& cfg = GetConfig();
-  const Operand op{a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride};
+  const Operand op{a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride};
   float* block = dst;
   for (size_t pc = 0; pc < a.cols; pc += cfg.kc) {
     const size_t kc = std::min(cfg.kc, a.cols - pc);
@@ -518,19 +520,20 @@ PackedA PackA(const MatrixView& a, float* dst) {
   return {dst, a.rows, a.cols, a.rows, 0};
 }
 
-void GemmPacked(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c) {
-  assert(a.m == c.rows && "GemmPacked: a.m must equal c.rows");
-  assert(b.n == c.cols && "GemmPacked: b.n must equal c.cols");
-  assert(a.k == b.k && "GemmPacked: a.k must equal b.k");
-  assert(a.row0 + a.m <= a.packed_m && "GemmPacked: rows past the packing");
-  assert(b.col0 + b.n <= b.packed_n && "GemmPacked: columns past the packing");
+void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta,
+                      const MatrixView& c) {
+  assert(a.m == c.rows && "GemmBlisPackedAB: a.m must equal c.rows");
+  assert(b.n == c.cols && "GemmBlisPackedAB: b.n must equal c.cols");
+  assert(a.k == b.k && "GemmBlisPackedAB: a.k must equal b.k");
+  assert(a.row0 + a.m <= a.packed_m && "GemmBlisPackedAB: rows past the packing");
+  assert(b.col0 + b.n <= b.packed_n && "GemmBlisPackedAB: columns past the packing");
   if (c.rows == 0 || c.cols == 0) return;
   if (b.k == 0 || alpha == 0.0f) {
     ScaleC(beta, c);
     return;
   }
   const Config& cfg = GetConfig();
-  assert(a.row0 % cfg.mr == 0 && "GemmPacked: row0 must be a multiple of MR");
+  assert(a.row0 % cfg.mr == 0 && "GemmBlisPackedAB: row0 must be a multiple of MR");
   // Every k block but the last is KC deep, so block pc / KC starts after pc / KC full blocks.
   const size_t full_block = PackedABlockFloats(cfg, cfg.kc, a.packed_m);
   PackedBDriver(cfg, alpha, b, beta, c, [&](size_t pc, size_t kc, size_t ic, size_t) {
@@ -539,8 +542,8 @@ void GemmPacked(float alpha, const PackedA& a, const PackedB& b, float beta, con
   });
 }
 
-void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
-          void* scratch) {
+void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c, void* scratch) {
   assert(a.rows == c.rows && "Gemm: a.rows must equal c.rows");
   assert(b.cols == c.cols && "Gemm: b.cols must equal c.cols");
   assert(a.cols == b.rows && "Gemm: a.cols must equal b.rows");
@@ -552,17 +555,17 @@ void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
     ScaleC(beta, c);
     return;
   }
-  // A few rows of a against b = w^T (a weight matrix in nn.Linear layout): packing b would cost
-  // more than the product, which streams w once (see gemv.h).
-  if (a.rows <= kGemvMaxRows && GemvLayoutMatches(a, b)) {
+  const GemmRoute route = ChooseGemmRoute(
+      {c.rows, c.cols, a.cols, DType::kF32, BPacking::kNone, GemvLayoutMatches(a, b)});
+  if (route == GemmRoute::kGemv) {
     Gemv(alpha, a, b, beta, c);
     return;
   }
-  Driver(alpha, {a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride},
-         {b.data, nullptr, HalfType::kBF16, b.row_stride, b.col_stride}, a.cols, beta, c, scratch);
+  Driver(route, alpha, {a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride},
+         {b.data, nullptr, DType::kBF16, b.row_stride, b.col_stride}, a.cols, beta, c, scratch);
 }
 
-void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, float beta,
                const MatrixView& c, void* scratch) {
   assert(a.rows == c.rows && "GemmHalfB: a.rows must equal c.rows");
   assert(b.cols == c.cols && "GemmHalfB: b.cols must equal c.cols");
@@ -576,11 +579,13 @@ void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float 
     ScaleC(beta, c);
     return;
   }
-  if (a.rows <= kGemvMaxRows && a.col_stride == 1) {
+  const GemmRoute route =
+      ChooseGemmRoute({c.rows, c.cols, a.cols, b.type, BPacking::kNone, a.col_stride == 1});
+  if (route == GemmRoute::kGemv) {
     GemvHalf(alpha, a, b, beta, c);
     return;
   }
-  Driver(alpha, {a.data, nullptr, HalfType::kBF16, a.row_stride, a.col_stride},
+  Driver(route, alpha, {a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride},
          {nullptr, b.data, b.type, b.row_stride, b.col_stride}, a.cols, beta, c, scratch);
 }
 

@@ -20,12 +20,13 @@
 // 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
 // column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
 //
-// On AVX-512 with a 6 x 16 configuration (haswell/zen, which BLIS 0.9.0 also picks on AVX-512
-// CPUs it does not know), the driver packs only B and runs mha's direct micro-kernel
+// Which of its routes Gemm and GemmHalfB take is kernels::ChooseGemmRoute's (gemm_route.h).
+// kDirectPackB (AVX-512 with a 6 x 16 configuration: haswell/zen, which BLIS 0.9.0 also picks on
+// AVX-512 CPUs it does not know): the driver packs only B and runs mha's direct micro-kernel
 // (gemm_direct.h) with A read in place: its arithmetic is that kernel's, so the bits are the same
 // and the speed is AVX-512's.
 //
-// Few rows (GEMV path): when a has at most kGemvMaxRows (16) rows, contiguous rows
+// kGemv (few rows): when a has at most kGemvMaxRows (16) rows, contiguous rows
 // (a.col_stride == 1) and b has contiguous columns (b.row_stride == 1, i.e. b = w^T of a
 // row-major w, as in the projections of one decoded token), Gemm calls kernels::Gemv
 // (gemv.h), which streams each column of b once and packs nothing; the scratch is then unused.
@@ -43,40 +44,46 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+
+#include "mha/types.hpp"
 
 namespace mha {
 namespace kernels {
 
 // A rows x cols matrix; element (i, j) at data[i * row_stride + j * col_stride]. Strides in
 // elements. A view with row_stride 1 and col_stride = rows is column-major; swapping the two
-// strides (and rows/cols) transposes the view.
-struct MatrixView {
-  float* data = nullptr;
+// strides (and rows/cols) transposes the view. T is float (MatrixView: a result) or const float
+// (ConstMatrixView: an operand); a MatrixView converts to a ConstMatrixView.
+template <typename T>
+struct BasicMatrixView {
+  T* data = nullptr;
   size_t rows = 0;
   size_t cols = 0;
   ptrdiff_t row_stride = 0;
   ptrdiff_t col_stride = 1;
 
-  MatrixView Transposed() const { return {data, cols, rows, col_stride, row_stride}; }
+  BasicMatrixView Transposed() const { return {data, cols, rows, col_stride, row_stride}; }
   // The sub-block starting at (r0, c0) of size nr x nc.
-  MatrixView Block(size_t r0, size_t c0, size_t nr, size_t nc) const {
+  BasicMatrixView Block(size_t r0, size_t c0, size_t nr, size_t nc) const {
     return {
         data + static_cast<ptrdiff_t>(r0) * row_stride + static_cast<ptrdiff_t>(c0) * col_stride,
         nr, nc, row_stride, col_stride};
   }
+  template <typename U, typename = std::enable_if_t<std::is_same_v<U, const T>>>
+  operator BasicMatrixView<U>() const {  // NOLINT(google-explicit-constructor): float -> const
+    return {data, rows, cols, row_stride, col_stride};
+  }
 };
+using MatrixView = BasicMatrixView<float>;
+using ConstMatrixView = BasicMatrixView<const float>;
 
-// 16-bit floating-point element types of weights stored in half the bytes of f32.
-enum class HalfType : uint8_t {
-  kBF16 = 0,  // bfloat16: the top 16 bits of an f32
-  kF16 = 1,   // IEEE binary16
-};
-
-// A rows x cols matrix of 16-bit floats (bits in uint16_t), strides in elements, as MatrixView.
-// Read-only: the products take 16-bit weights as an operand, never as a result.
+// A rows x cols matrix of 16-bit floats (bits in uint16_t; type DType::kBF16 or DType::kF16),
+// strides in elements, as MatrixView. Read-only: the products take 16-bit weights as an
+// operand, never as a result.
 struct HalfMatrixView {
   const uint16_t* data = nullptr;
-  HalfType type = HalfType::kBF16;
+  DType type = DType::kBF16;
   size_t rows = 0;
   size_t cols = 0;
   ptrdiff_t row_stride = 0;
@@ -109,18 +116,18 @@ size_t GemmScratchBytes();
 // (one buffer per thread for concurrent calls). No heap allocation, no locks; safe to call
 // concurrently from several threads with separate scratch.
 // Shape mismatches are a programming error in mha (callers validate): checked by debug asserts.
-void Gemm(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c,
-          void* scratch);
+void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c, void* scratch);
 
 // c = alpha * a * b + beta * c with b in bf16 or f16 (16-bit weights: b = w^T of an nn.Linear
 // weight w [n, k], so b.row_stride must be 1). Same contract, scratch and path choice as Gemm
 // (GEMV for a few rows); the 16-bit elements are widened exactly to f32 while packing (or while
 // streaming, on the GEMV path), so the result is bitwise the result of Gemm on the widened
 // matrix: 16-bit weights cost accuracy only through their own rounding, never in the product.
-void GemmHalfB(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, float beta,
                const MatrixView& c, void* scratch);
 
-// A b [k, n] operand packed once and multiplied by many a's (GemmPackedB): attention packs each
+// A b [k, n] operand packed once and multiplied by many a's (GemmBlisPackedB): attention packs each
 // key block's K^T and V once and runs a few query rows at a time against them, so that each
 // strip's scores and probabilities stay in L1/L2 between the two products (runtime/attention.cc),
 // and ParallelGemm packs a projection's weights once for all of its row panels.
@@ -166,12 +173,12 @@ size_t PackedBFloats(size_t k, size_t n);
 
 // Packs b [k, n] (any strides) into dst: PackedBFloats(b.rows, b.cols) floats,
 // kGemmScratchAlignment-aligned. Returns the packed operand (pointing at dst).
-PackedB PackB(const MatrixView& b, float* dst);
+PackedB PackB(const ConstMatrixView& b, float* dst);
 
 // Packs only columns [c0, c0 + nc) of b into dst, where they lie in PackB(b, dst)'s layout
 // (c0 a multiple of GemmBlocking().nr): disjoint column ranges can be packed by different
 // threads into one packing. Returns the packed operand of those columns.
-PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst);
+PackedB PackBColumns(const ConstMatrixView& b, size_t c0, size_t nc, float* dst);
 
 // c = alpha * a * b + beta * c for a packed b, with Gemm's contract (beta == 0 does not read c;
 // scratch: GemmScratchBytes(), which this call uses for packing a). Shapes: a [m, b.k],
@@ -179,10 +186,10 @@ PackedB PackBColumns(const MatrixView& b, size_t c0, size_t nc, float* dst);
 // c as it lies: the result is bitwise the one Gemm gives when it takes its driver without
 // swapping operands (c stored the way the micro-kernel prefers), and each row of c depends
 // only on the same row of a, so splitting a and c into row strips gives the same bits.
-void GemmPackedB(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                 const MatrixView& c, void* scratch);
+void GemmBlisPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+                     const MatrixView& c, void* scratch);
 
-// An a [m, k] operand packed once and multiplied by many b's (GemmPacked): attention packs a
+// An a [m, k] operand packed once and multiplied by many b's (GemmBlisPackedAB): attention packs a
 // task's Q rows once for all of its key blocks (runtime/attention.cc). Layout: the packing of
 // Gemm's driver for all rows at once: k in blocks of the configuration's KC, each block holding
 // ceil(packed_m / MR) MR-tall micro-panels, zero-padded to full panels. A PackedA may be a row
@@ -203,14 +210,15 @@ size_t PackedAFloats(size_t m, size_t k);
 
 // Packs a [m, k] (any strides) into dst: PackedAFloats(a.rows, a.cols) floats,
 // kGemmScratchAlignment-aligned. Returns the packed operand (pointing at dst).
-PackedA PackA(const MatrixView& a, float* dst);
+PackedA PackA(const ConstMatrixView& a, float* dst);
 
 // c = alpha * a * b + beta * c for a packed a and a packed b (Gemm's contract for beta; no
 // scratch: nothing is packed). Shapes: a [m, k], b [k, n], c [m, n]. The result is bitwise the
-// one GemmPackedB gives for the unpacked a (the same micro-kernel calls on the same packed
+// one GemmBlisPackedB gives for the unpacked a (the same micro-kernel calls on the same packed
 // values, k blocks in the same order), so a row range of a packed a gives the same bits as the
-// same rows through GemmPackedB.
-void GemmPacked(float alpha, const PackedA& a, const PackedB& b, float beta, const MatrixView& c);
+// same rows through GemmBlisPackedB.
+void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta,
+                      const MatrixView& c);
 
 // c = beta * c (beta == 0 writes zeros without reading c): the trivial case of the products
 // (k == 0 or alpha == 0).

@@ -55,7 +55,7 @@ constexpr size_t kMaxCols = std::max(kCols, kFewRowsCols);
 // (null, or the bias of the tile's first column, on the last k block only) is added to every
 // row after the product. A second destination c2 (rows c2_rs apart, columns c_cs apart; null
 // for none) receives, with c2_add false, the value stored to c, or with c2_add true its own
-// c2 + alpha * acc (GemmPackedBDirectDual).
+// c2 + alpha * acc (GemmDirectPackedBDual).
 struct TileArgs {
   const float* a;
   ptrdiff_t a_rs, a_cs;
@@ -325,22 +325,6 @@ HWY_INLINE void TileShape(DF df, size_t rows, size_t cols, const TileArgs& t) {
 }
 
 }  // namespace gemm_direct_detail
-
-// Rows of a product up to which the direct kernel beats BLIS's micro-kernel with a packed a
-// (kernels::GemmPackedB): above them the packed a pays for itself where the tile is small. x86
-// below AVX-512 (6 x 2 tiles, BLIS's haswell/zen shape): one thread, AVX2, Zen 3 class, weights
-// in cache, GFLOP/s direct / GemmPackedB: [128, 512] x [512, 256] 92.6 / 91.4; [168, 1024] x
-// [1024, 512] 90.2 / 94.1, so 128. AVX-512 (6 x 4 tiles): the direct kernel wins at every size
-// against BLIS's haswell kernel, which BLIS 0.9.0 selects on AVX-512 CPUs it does not know
-// (one thread, Emerald Rapids, bench/kernels_bench BM_GemmPackedOperand: [128, 512] x
-// [512, 512] 162-174 against 88 GFLOP/s). Other targets keep 128 (not measured).
-inline size_t PackedBDirectMaxRows() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  return ~size_t{0};
-#else
-  return 128;
-#endif
-}
 
 // Whether NR-wide micro-panels are whole vectors of this target.
 inline bool PackedBDirectSupported(size_t nr) {

@@ -16,31 +16,24 @@ namespace kernels {
 
 HWY_EXPORT(PackedBDirectSupported);
 HWY_EXPORT(PackedBDirect);
-HWY_EXPORT(PackedBDirectMaxRows);
 
-bool GemmPackedBDirectSupported() {
+bool GemmDirectSupported() {
   return HWY_DYNAMIC_DISPATCH(PackedBDirectSupported)(GemmBlocking().nr);
-}
-
-size_t GemmPackedBDirectMaxRows() { return HWY_DYNAMIC_DISPATCH(PackedBDirectMaxRows)(); }
-
-bool GemmPackedBDirectAlwaysWins() {
-  return GemmPackedBDirectSupported() && GemmPackedBDirectMaxRows() == ~size_t{0};
 }
 
 namespace {
 
-// GemmPackedBDirect, with a second destination when c2 is not null (GemmPackedBDirectDual).
-bool Direct(float alpha, const MatrixView& a, const PackedB& b, float beta, const MatrixView& c,
-            const float* bias, SecondStore mode, const MatrixView* c2) {
-  assert(a.rows == c.rows && "GemmPackedBDirect: a.rows must equal c.rows");
-  assert(b.n == c.cols && "GemmPackedBDirect: b.n must equal c.cols");
-  assert(a.cols == b.k && "GemmPackedBDirect: a.cols must equal b.k");
-  assert(b.col0 + b.n <= b.packed_n && "GemmPackedBDirect: columns past the packing");
-  assert(b.k <= b.packed_k && "GemmPackedBDirect: rows past the packing");
+// GemmDirectPackedB, with a second destination when c2 is not null (GemmDirectPackedBDual).
+bool Direct(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+            const MatrixView& c, const float* bias, SecondStore mode, const MatrixView* c2) {
+  assert(a.rows == c.rows && "GemmDirectPackedB: a.rows must equal c.rows");
+  assert(b.n == c.cols && "GemmDirectPackedB: b.n must equal c.cols");
+  assert(a.cols == b.k && "GemmDirectPackedB: a.cols must equal b.k");
+  assert(b.col0 + b.n <= b.packed_n && "GemmDirectPackedB: columns past the packing");
+  assert(b.k <= b.packed_k && "GemmDirectPackedB: rows past the packing");
   const GemmBlocks& blk = GemmBlocking();
-  assert(b.col0 % blk.nr == 0 && "GemmPackedBDirect: col0 must be a multiple of NR");
-  if (!GemmPackedBDirectSupported()) return false;
+  assert(b.col0 % blk.nr == 0 && "GemmDirectPackedB: col0 must be a multiple of NR");
+  if (!GemmDirectSupported()) return false;
   if (c.rows == 0 || c.cols == 0) return true;
   if (b.k == 0 || alpha == 0.0f) {
     // The product is zero: kAdd leaves c2 as it is.
@@ -63,7 +56,7 @@ bool Direct(float alpha, const MatrixView& a, const PackedB& b, float beta, cons
   float* c2_data = nullptr;
   ptrdiff_t c2_rs = 0;
   if (c2 != nullptr) {
-    assert(c2->rows == c.rows && c2->cols == c.cols && "GemmPackedBDirectDual: c2's shape");
+    assert(c2->rows == c.rows && c2->cols == c.cols && "GemmDirectPackedBDual: c2's shape");
     c2_data = c2->data;
     c2_rs = c2->row_stride;
     // The kernel steps both destinations with one column stride: where they differ (never in
@@ -93,13 +86,18 @@ bool Direct(float alpha, const MatrixView& a, const PackedB& b, float beta, cons
 
 }  // namespace
 
-bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                       const MatrixView& c, const float* bias) {
+bool GemmDirectPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+                       const float* bias, const MatrixView& c) {
   return Direct(alpha, a, b, beta, c, bias, SecondStore::kCopy, nullptr);
 }
 
-bool GemmPackedBDirectDual(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                           const MatrixView& c, const float* bias, SecondStore mode,
+bool GemmDirectPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+                       const MatrixView& c) {
+  return Direct(alpha, a, b, beta, c, nullptr, SecondStore::kCopy, nullptr);
+}
+
+bool GemmDirectPackedBDual(float alpha, const ConstMatrixView& a, const PackedB& b, float beta,
+                           const float* bias, SecondStore mode, const MatrixView& c,
                            const MatrixView& c2) {
   return Direct(alpha, a, b, beta, c, bias, mode, &c2);
 }

@@ -3,13 +3,13 @@
 // each a element from its row and multiplies it with the packed NR-wide micro-panels of b.
 // Plain declaration; per-target code in gemm_direct-inl.h, dispatch in gemm_direct.cc.
 //
-// Why: kernels::GemmPackedB packs a (MR-tall micro-panels) on every call and then calls BLIS's
+// Why: kernels::GemmBlisPackedB packs a (MR-tall micro-panels) on every call and then calls BLIS's
 // micro-kernel per MR x NR tile. For the products whose b is packed once for many calls
 // (prepacked projection weights, attention's per-key-block K^T and V) a is a few rows: packing it
 // costs as much as a good share of the product, and BLIS pads the last row tile to MR rows
 // (16 rows run as 18 on MR 6). One thread, AVX2, Zen 3 class, b in cache, best of 7 x 200
 // calls (a throwaway loop, interleaved): [16, 256] x [256, 768] 98.7 GFLOP/s here against 84.3
-// through GemmPackedB and 77.0 through kernels::Gemv; [24, 512] x [512, 64] (attention's
+// through GemmBlisPackedB and 77.0 through kernels::Gemv; [24, 512] x [512, 64] (attention's
 // probabilities times V) 99.5 / 89.4; [168, 1024] x [1024, 512] 94.9 / 94.7.
 //
 // Layout: b is a PackedB (gemm.h): k in blocks of GemmBlocking().kc, each block holding
@@ -24,14 +24,14 @@
 // element wherever it sits, so results do not depend on how a caller splits a and c into calls,
 // on threads or on alignment; on targets without FMA the multiply-adds round twice (as Highway's
 // MulAdd there). BLIS's haswell/zen sgemm micro-kernel (6 x 16, zen3 on this machine) performs
-// exactly these operations, so on those configurations the result is bitwise GemmPackedB's
+// exactly these operations, so on those configurations the result is bitwise GemmBlisPackedB's
 // (tests/gemm_direct_test.cc checks it where it applies).
 //
 // Coverage: the kernel needs NR to be a multiple of the dispatched target's f32 lanes (every
 // NR-wide micro-panel is whole vectors): true of every x86 configuration with NR 16 (haswell,
 // zen, zen2, zen3) on AVX2, SSE and scalar targets, and of NR 12 / 8 panels on 4-lane targets.
-// Elsewhere (e.g. skx's NR 12 on AVX-512) GemmPackedBDirect returns false without touching c and
-// callers use GemmPackedB.
+// Elsewhere (e.g. skx's NR 12 on AVX-512) GemmDirectPackedB returns false without touching c and
+// the routes (gemm_route.h) take GemmBlisPackedB.
 #ifndef MHA_KERNELS_GEMM_DIRECT_H_
 #define MHA_KERNELS_GEMM_DIRECT_H_
 
@@ -40,18 +40,10 @@
 namespace mha {
 namespace kernels {
 
-// True if GemmPackedBDirect runs on this CPU's dispatched target with the BLIS configuration
+// True if GemmDirectPackedB runs on this CPU's dispatched target with the BLIS configuration
 // selected at run time (see Coverage above). Fixed for the process unless a test forces a
 // target (kernels::ForceTarget).
-bool GemmPackedBDirectSupported();
-
-// Rows of a product by a packed b up to which GemmPackedBDirect is faster than GemmPackedB on
-// the dispatched target (measured per target: gemm_direct-inl.h); unlimited on AVX-512.
-size_t GemmPackedBDirectMaxRows();
-
-// Whether GemmPackedBDirect runs and beats BLIS's micro-kernel at every size (AVX-512 with a
-// 6 x 16 configuration): the blocked driver and the weights-packed-once products then take it.
-bool GemmPackedBDirectAlwaysWins();
+bool GemmDirectSupported();
 
 // c = alpha * a * b + beta * c with Gemm's contract for alpha and beta (beta == 0 does not read
 // c; b.k == 0 or alpha == 0 gives c = beta * c), then, if bias is not null, c[i, j] += bias[j]
@@ -59,27 +51,30 @@ bool GemmPackedBDirectAlwaysWins();
 // the bits are those of the product followed by a separate pass adding the bias (a projection's
 // bias without a pass over its output). Shapes: a [m, b.k], c [m, b.n]. No scratch, no
 // allocation, single-threaded. Returns false, with c untouched, when
-// GemmPackedBDirectSupported() is false. Shape mismatches are programming errors: debug asserts.
-bool GemmPackedBDirect(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                       const MatrixView& c, const float* bias = nullptr);
+// GemmDirectSupported() is false. Shape mismatches are programming errors: debug asserts.
+[[nodiscard]] bool GemmDirectPackedB(float alpha, const ConstMatrixView& a, const PackedB& b,
+                                     float beta, const float* bias, const MatrixView& c);
+// The same without a bias.
+[[nodiscard]] bool GemmDirectPackedB(float alpha, const ConstMatrixView& a, const PackedB& b,
+                                     float beta, const MatrixView& c);
 
-// What GemmPackedBDirectDual writes to its second destination.
+// What GemmDirectPackedBDual writes to its second destination.
 enum class SecondStore {
   kCopy,  // c2 = the c just computed (bits equal to c's)
   kAdd,   // c2 += alpha * a * b: per KC block of k, c2 = c2 + alpha * acc, one rounded add
 };
 
-// GemmPackedBDirect, and in the same stores a second destination c2 [m, b.n] (any strides, not
+// GemmDirectPackedB, and in the same stores a second destination c2 [m, b.n] (any strides, not
 // overlapping a, b or c). Why: one level of Strassen (gemm_strassen.h) needs each of several
 // partial products in two of c's blocks; storing them from the registers replaces a copy or an
-// add pass over [m, n] afterwards. Per element, c gets exactly GemmPackedBDirect's bits; with
+// add pass over [m, n] afterwards. Per element, c gets exactly GemmDirectPackedB's bits; with
 // kCopy c2 gets them too, with kAdd and k <= GemmBlocking().kc c2 gets c2 + alpha * a * b
-// rounded once, as kernels::Accumulate would add a stored product (deeper k adds each KC block's
-// part in turn). Returns false, with c and c2 untouched, when GemmPackedBDirectSupported() is
+// rounded once, as kernels::AddInto would add a stored product (deeper k adds each KC block's
+// part in turn). Returns false, with c and c2 untouched, when GemmDirectSupported() is
 // false.
-bool GemmPackedBDirectDual(float alpha, const MatrixView& a, const PackedB& b, float beta,
-                           const MatrixView& c, const float* bias, SecondStore mode,
-                           const MatrixView& c2);
+[[nodiscard]] bool GemmDirectPackedBDual(float alpha, const ConstMatrixView& a, const PackedB& b,
+                                         float beta, const float* bias, SecondStore mode,
+                                         const MatrixView& c, const MatrixView& c2);
 
 }  // namespace kernels
 }  // namespace mha

@@ -6,7 +6,7 @@
 // faster is fewer flops. Seven products of [m/2, k/2] x [k/2, n/2] do 7/8 of them; the sums of
 // b's blocks are formed once, when the weights are packed (7 packed operands: 1.75x the packed
 // b), a's four sums are one pass over a, and the products combine in the micro-kernel's stores
-// (GemmPackedBDirectDual). One thread, AVX2, Zen 3 class, b in cache (throwaway loop, best of 9 x
+// (GemmDirectPackedBDual). One thread, AVX2, Zen 3 class, b in cache (throwaway loop, best of 9 x
 // 100 calls, time against the direct kernel over the plain packing): [128, 512] x [512, 1536] 0.91,
 // [128, 1024] x [1024, 1024] 0.91, [64, 512] x [512, 512] 0.93, [128, 256] x [256, 256] 1.02
 // (half depths of 128 make the products shorter than the kernel likes: callers need k >= 512).
@@ -55,7 +55,7 @@ size_t StrassenPackTmpFloats(size_t k, size_t n);
 // Packs b [k, n] (any strides; k and n even and non-zero) into dst (StrassenPackedBFloats
 // floats, kGemmScratchAlignment-aligned), using tmp (StrassenPackTmpFloats floats) for the
 // block differences. Returns the operands (pointing into dst).
-StrassenPackedB PackBStrassen(const MatrixView& b, float* dst, float* tmp);
+StrassenPackedB PackBStrassen(const ConstMatrixView& b, float* dst, float* tmp);
 
 // a [m, k] (m, k even, unit column stride) in 2 x 2 blocks of [m/2, k/2] and Winograd's four
 // sums of them: S1 = A21 + A22, S2 = S1 - A11, S3 = A11 - A21, S4 = A12 - S2 (each block one
@@ -63,8 +63,8 @@ StrassenPackedB PackBStrassen(const MatrixView& b, float* dst, float* tmp);
 // so one set serves every product of those rows of a (each column range of b, and each of
 // several b's that multiply the same a, as q, k and v do).
 struct StrassenA {
-  MatrixView a11, a12, a21, a22;
-  MatrixView s1, s2, s3, s4;
+  ConstMatrixView a11, a12, a21, a22;
+  ConstMatrixView s1, s2, s3, s4;
 };
 
 // Floats of the sums StrassenSumsOfA writes: 4 * (m/2) * (k/2).
@@ -72,20 +72,20 @@ size_t StrassenSumsFloats(size_t m, size_t k);
 
 // Writes the sums of a [m, k] (m, k even, a.col_stride 1) into `sums` (StrassenSumsFloats
 // floats, any alignment, not overlapping a) and returns the blocks and sums.
-StrassenA StrassenSumsOfA(const MatrixView& a, float* sums);
+StrassenA StrassenSumsOfA(const ConstMatrixView& a, float* sums);
 
 // c = a * b (+ bias on every row) for c = [c_left | c_right], each [m, b.half_n()], the left
 // and right halves of the product's columns that b (possibly a Columns range) selects; bias_left
 // / bias_right [b.half_n()] (contiguous, or null) are added once after the product as
-// GemmPackedBDirect adds its bias. a from StrassenSumsOfA of an [m, 2 * b.half_k()] matrix; c
+// GemmDirectPackedB adds its bias. a from StrassenSumsOfA of an [m, 2 * b.half_k()] matrix; c
 // halves with unit column stride, not overlapping a, its sums, b or each other. The seven
 // products accumulate into c's blocks, each partial product that two blocks need stored to both
-// by GemmPackedBDirectDual (no scratch, no pass over c after the products). Single-threaded, no
-// allocation. Returns false, with c untouched, where GemmPackedBDirect does not run
-// (GemmPackedBDirectSupported()). Shape mismatches are programming errors: debug asserts.
-bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b, const MatrixView& c_left,
-                         const MatrixView& c_right, const float* bias_left,
-                         const float* bias_right);
+// by GemmDirectPackedBDual (no scratch, no pass over c after the products). Single-threaded, no
+// allocation. Returns false, with c untouched, where GemmDirectPackedB does not run
+// (GemmDirectSupported()). Shape mismatches are programming errors: debug asserts.
+[[nodiscard]] bool GemmStrassenPackedB(const StrassenA& a, const StrassenPackedB& b,
+                                       const float* bias_left, const float* bias_right,
+                                       const MatrixView& c_left, const MatrixView& c_right);
 
 }  // namespace kernels
 }  // namespace mha

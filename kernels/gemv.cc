@@ -18,7 +18,8 @@ HWY_EXPORT(GemvRows);
 HWY_EXPORT(GemvRowsBF16);
 HWY_EXPORT(GemvRowsF16);
 
-void Gemv(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c) {
+void Gemv(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c) {
   assert(a.rows == c.rows && "Gemv: a.rows must equal c.rows");
   assert(b.cols == c.cols && "Gemv: b.cols must equal c.cols");
   assert(a.cols == b.rows && "Gemv: a.cols must equal b.rows");
@@ -29,7 +30,7 @@ void Gemv(float alpha, const MatrixView& a, const MatrixView& b, float beta, con
    c.row_stride, c.col_stride);
 }
 
-void GemvHalf(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+void GemvHalf(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, float beta,
               const MatrixView& c) {
   assert(a.rows == c.rows && "GemvHalf: a.rows must equal c.rows");
   assert(b.cols == c.cols && "GemvHalf: b.cols must equal c.cols");
@@ -37,7 +38,7 @@ void GemvHalf(float alpha, const MatrixView& a, const HalfMatrixView& b, float b
   assert(a.col_stride == 1 && b.row_stride == 1 &&
          "GemvHalf: needs a.col_stride == 1 and b.row_stride == 1");
   if (c.rows == 0 || c.cols == 0) return;
-  if (b.type == HalfType::kBF16) {
+  if (b.type == DType::kBF16) {
     HWY_DYNAMIC_DISPATCH(GemvRowsBF16)
     (c.rows, c.cols, a.cols, alpha, a.data, a.row_stride, b.data, b.col_stride, beta, c.data,
      c.row_stride, c.col_stride);

@@ -6,7 +6,8 @@
 // would pack all of b (a transpose of the whole weight matrix) for those few rows; here each
 // weight row (a column of b, contiguous) is streamed once from memory and multiplied with every
 // row of a while in registers/L1, so the cost is one read of w: memory bound, near copy
-// bandwidth. kernels::Gemm calls this for a.rows <= kGemvMaxRows when the layouts match.
+// bandwidth. kernels::Gemm calls this for a.rows <= kGemvMaxRows (gemm_route.h) when the layouts
+// match.
 //
 // Layout: a [m, k] with contiguous rows (a.col_stride == 1), b [k, n] with contiguous columns
 // (b.row_stride == 1: column j of b = row j of w, k floats at b.data + j * b.col_stride), c
@@ -29,22 +30,13 @@
 #include <cstddef>
 
 #include "kernels/gemm.h"
+#include "kernels/gemm_route.h"  // kGemvMaxRows
 
 namespace mha {
 namespace kernels {
 
-// Rows of a up to which kernels::Gemm takes this path instead of packing: a decode step's
-// batch, and short sequences (the projections of 16 tokens). bench/decode_bench.cc's
-// BM_Projection (x [m, 1024] times a 4 MiB w, one thread, AVX3_DL Xeon, w from L3) measured
-// GEMV / packed GEMM at 318 / 1013 us for m 1, 319 / 893 us for m 4, 477 / 1131 us for m 8 and
-// 787 / 1311 us for m 16: packing all of w costs more than the product for so few rows. At
-// (batch 1, seq 16, embed 256, heads 4) the whole forward runs 13% fewer instructions with 16
-// than with 8 (callgrind, AVX2 target: 1.46 M vs 1.68 M per forward). Larger products
-// (prefill, the operator's query blocks) are what the packed GEMM is tuned for.
-inline constexpr size_t kGemvMaxRows = 16;
-
 // True if Gemv accepts these operands' layouts: a.col_stride == 1 and b.row_stride == 1.
-inline bool GemvLayoutMatches(const MatrixView& a, const MatrixView& b) {
+inline bool GemvLayoutMatches(const ConstMatrixView& a, const ConstMatrixView& b) {
   return a.col_stride == 1 && b.row_stride == 1;
 }
 
@@ -52,11 +44,12 @@ inline bool GemvLayoutMatches(const MatrixView& a, const MatrixView& b) {
 // any m (rows are processed a few at a time, each column of b read from memory once per call).
 // beta == 0 overwrites c without reading it. Single-threaded, no allocation, no scratch. Shape
 // and layout mismatches are programming errors: checked by debug asserts.
-void Gemv(float alpha, const MatrixView& a, const MatrixView& b, float beta, const MatrixView& c);
+void Gemv(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float beta,
+          const MatrixView& c);
 
 // The same with 16-bit weights (b.row_stride == 1), widened exactly to f32 as they are loaded:
 // bitwise the result of Gemv on the widened matrix. Half the bytes of w to stream.
-void GemvHalf(float alpha, const MatrixView& a, const HalfMatrixView& b, float beta,
+void GemvHalf(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, float beta,
               const MatrixView& c);
 
 }  // namespace kernels

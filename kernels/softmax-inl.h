@@ -8,8 +8,7 @@
 //      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN).
 //   2. e = exp(y - max), written in place, and its sum (f32 partial sums, double total); exp is
 //      ExpNonPositive below, since y - max <= 0 always.
-//   3. e *= 1 / sum (reciprocal in double, rounded once); SoftmaxRowsUnnormalized stops before
-//      it and returns the sums instead.
+//   3. e *= 1 / sum (reciprocal in double, rounded once).
 // OnlineSoftmaxUpdate fuses passes 1 and 2 (ExpBoundedSum) for rows whose reference from earlier
 // blocks bounds the block's y (see kernels/softmax.h), and falls back to them where it does not.
 // y is rounded after each step (Mul, then each Add; no FMA), identically on every target, so a
@@ -239,7 +238,7 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
 // positive terms that bounds the relative error of the sum by about (17 + log2(Lanes)) * 2^-24
 // (<= 1.3e-6 on 16 lanes) at any row length. Two vectors per iteration, one loop-carried sum:
 // with four (and the exp's 13 constants) AVX2's 16 registers overflowed, and GCC 12 reloaded
-// constants and kept the sum on the stack in every iteration (SoftmaxRowsUnnormalized of
+// constants and kept the sum on the stack in every iteration (exp and sum of
 // 64 x 1024 floats, AVX2, Zen 3, one thread: 0.61 -> 0.58 ns per element). Not inlined for
 // the same reason: inlined into the row loop, even one sum went to the stack on every
 // iteration.
@@ -417,18 +416,6 @@ inline void SoftmaxRows(float* HWY_RESTRICT scores, size_t rows, size_t cols, pt
     if (sum > 0.0) {
       sd::MulRow(d, x, sd::ValidColumns(masks, r, cols), static_cast<float>(1.0 / sum));
     }
-  }
-}
-
-// See kernels/softmax.h.
-inline void SoftmaxRowsUnnormalized(float* HWY_RESTRICT scores, size_t rows, size_t cols,
-                                    ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks,
-                                    float* HWY_RESTRICT row_sum) {
-  namespace sd = softmax_detail;
-  const hwy::HWY_NAMESPACE::ScalableTag<float> d;
-  for (size_t r = 0; r < rows; ++r) {
-    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
-    row_sum[r] = static_cast<float>(sd::ExpRow(d, x, r, cols, scale, masks));
   }
 }
 

@@ -15,7 +15,6 @@ namespace kernels {
 
 HWY_EXPORT(ExpNonPositiveRow);
 HWY_EXPORT(SoftmaxRows);
-HWY_EXPORT(SoftmaxRowsUnnormalized);
 HWY_EXPORT(OnlineSoftmaxUpdate);
 HWY_EXPORT(OnlineSoftmaxFinish);
 
@@ -28,13 +27,6 @@ void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, 
                  const SoftmaxMasks& masks) {
   if (rows == 0 || cols == 0) return;
   HWY_DYNAMIC_DISPATCH(SoftmaxRows)(scores, rows, cols, row_stride, scale, masks);
-}
-
-void SoftmaxRowsUnnormalized(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride,
-                             float scale, const SoftmaxMasks& masks, float* row_sum) {
-  if (rows == 0 || cols == 0) return;
-  HWY_DYNAMIC_DISPATCH(SoftmaxRowsUnnormalized)(scores, rows, cols, row_stride, scale, masks,
-                                                row_sum);
 }
 
 void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride,

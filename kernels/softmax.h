@@ -66,16 +66,6 @@ void ExpNonPositiveRow(const float* x, float* y, size_t n);
 void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
                  const SoftmaxMasks& masks);
 
-// SoftmaxRows without its last pass: scores[r, j] = exp(y_j - max_j y_j) (0 where masked and
-// beyond the causal limit) and row_sum[r] = their sum rounded to f32 (>= 1); a row with no
-// unmasked entry gets zeros and row_sum 0, a NaN row (see above) NaN in both. For callers that
-// multiply the block by another matrix next: normalizing the [rows, n] product afterwards
-// (OnlineSoftmaxFinish) costs n instead of cols multiplies per row. e_j / row_sum[r] meets the
-// SoftmaxRows bound above (the f32 sum adds 2^-24 relative, inside its 2e-6 term).
-// rows == 0 or cols == 0 writes nothing.
-void SoftmaxRowsUnnormalized(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride,
-                             float scale, const SoftmaxMasks& masks, float* row_sum);
-
 // One step of the online-softmax (flash-attention) recurrence over a block of keys.
 //
 // In: scores [rows, cols] for keys [k0, k0 + cols) (raw x, scaled and masked here exactly as

@@ -35,6 +35,7 @@
 // count.
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -81,7 +82,7 @@ constexpr size_t kKeyBlock = 512;
 // to scratch, 2 x 512 KiB per worker at head_dim 64). At (1, 2048, 1024, 16) on 2 threads a
 // task is a whole head, where 512-row blocks packed every key block four times (PackB: ~3% of
 // the forward's CPU time in a perf profile). Without a causal mask every row runs the same key
-// blocks and rows are independent (GemmPackedB's rows, per-row softmax), so this split may
+// blocks and rows are independent (GemmBlisPackedB's rows, per-row softmax), so this split may
 // follow the thread count without changing any result. So may a causal one: its strips stop at
 // their own last row (RunAttention), so a row's work depends only on the strip grid, which
 // query blocks that are multiples of OnlineStripRows() keep fixed. The chunked path's causal
@@ -588,7 +589,7 @@ void LayerWeights::Prepack() {
   if (strassen_floats > 0) strassen_packed.assign(strassen_floats + kAlignFloats, 0.0f);
   float* sdst = strassen_floats > 0 ? aligned(strassen_packed) : nullptr;
   for (int i = 0; i < 4; ++i) {
-    const kernels::MatrixView wt{const_cast<float*>(static_cast<const float*>(mats[i]->data)),
+    const kernels::ConstMatrixView wt{static_cast<const float*>(mats[i]->data),
                                  static_cast<size_t>(ins[i]), static_cast<size_t>(outs[i]), 1,
                                  static_cast<ptrdiff_t>(ins[i])};
     mats[i]->packed = kernels::PackB(wt, dst);
@@ -870,14 +871,14 @@ size_t Bytes(size_t floats) {
   return r;
 }
 
-// Whether the online path's two products per strip run on kernels::GemmPackedBDirect, which
+// Whether the online path's two products per strip run on kernels::GemmDirectPackedB, which
 // reads its a operand as it lies: the task's Q rows (a contiguous copy, no PackA) and the
-// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through GemmPacked
-// (Q packed once per task) and GemmPackedB. Fixed per process (the dispatched target and BLIS's
-// configuration). (1, 128, 512, 8) causal, 2 threads, mha-bench --breakdown: the scores stage
-// (PackA included) took 0.095 ms per forward with Q packed, 0.085 ms on the direct kernel
-// (0.068 ms with the causal strips below).
-bool OnlineUsesDirectKernel() { return kernels::GemmPackedBDirectSupported(); }
+// strip's probabilities P (no packing per strip); else on BLIS micro-kernels through
+// GemmBlisPackedAB (Q packed once per task) and GemmBlisPackedB. Fixed per process (the dispatched
+// target and BLIS's configuration). (1, 128, 512, 8) causal, 2 threads, mha-bench --breakdown: the
+// scores stage (PackA included) took 0.095 ms per forward with Q packed, 0.085 ms on the direct
+// kernel (0.068 ms with the causal strips below).
+bool OnlineUsesDirectKernel() { return kernels::GemmDirectSupported(); }
 
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
 // micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
@@ -1126,15 +1127,15 @@ GemmJob ProjectionJob(const SeqInput& x, size_t N, const WeightMatrix& w, const 
       N == 1 || (x.layout.batch == static_cast<ptrdiff_t>(x.tokens) * x.layout.token &&
                  dst_layout.batch == static_cast<ptrdiff_t>(x.tokens) * dst_layout.token);
   if (seq_major_all) {
-    job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+    job.a = {x.data, x.tokens * N, static_cast<size_t>(x.features),
              x.layout.batch, 1};
     job.c = {dst, x.tokens * N, out_cols, ld, 1};
   } else if (batch_major_all) {
-    job.a = {const_cast<float*>(x.data), x.tokens * N, static_cast<size_t>(x.features),
+    job.a = {x.data, x.tokens * N, static_cast<size_t>(x.features),
              x.layout.token, 1};
     job.c = {dst, x.tokens * N, out_cols, dst_layout.token, 1};
   } else {
-    job.a = {const_cast<float*>(x.data), static_cast<size_t>(x.tokens),
+    job.a = {x.data, static_cast<size_t>(x.tokens),
              static_cast<size_t>(x.features), x.layout.token, 1};
     job.c = {dst, static_cast<size_t>(x.tokens), out_cols, dst_layout.token, 1};
     job.batches = N;
@@ -1378,9 +1379,9 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
           if (h == 0) {
             std::memcpy(dst, scores + r * St, St * sizeof(float));
           } else {
-            kernels::Accumulate(dst, scores + r * St, St);
+            kernels::AddInto(scores + r * St, dst, St);
           }
-          if (h == H - 1) kernels::Scale(dst, St, 1.0f / static_cast<float>(H));
+          if (h == H - 1) kernels::ScaleBy(1.0f / static_cast<float>(H), dst, St);
         }
         record(t0, worker, Stage::kAverageWeights, n, h, blk);
       }
@@ -1510,9 +1511,12 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
         // without masks the softmax's first pass only reads the scores.
         if (direct) {
-          kernels::GemmPackedBDirect(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          const bool ran =
+              kernels::GemmDirectPackedB(scale, q.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          assert(ran && "the direct kernel runs where it was chosen");
+          (void)ran;
         } else {
-          kernels::GemmPacked(scale, qp.Rows(r0, sr), k_cols, 0.0f, s_view);
+          kernels::GemmBlisPackedAB(scale, qp.Rows(r0, sr), k_cols, 0.0f, s_view);
         }
         record(t0, worker, Stage::kScores, n, h, blk);
         t0 = now();
@@ -1523,11 +1527,13 @@ void MultiheadAttention::Impl::RunAttention(Context& ctx, const Shapes& sh, cons
         record(t0, worker, Stage::kSoftmax, n, h, blk);
         t0 = now();
         // P is read in place where the direct micro-kernel runs: no packing of the strip's
-        // probabilities (GemmPackedB's PackPanel, ~4% of CPU time at large shapes).
+        // probabilities (GemmBlisPackedB's PackPanel, ~4% of CPU time at large shapes).
         if (direct) {
-          kernels::GemmPackedBDirect(1.0f, s_view, v_rows, 1.0f, a_view);
+          const bool ran = kernels::GemmDirectPackedB(1.0f, s_view, v_rows, 1.0f, a_view);
+          assert(ran && "the direct kernel runs where it was chosen");
+          (void)ran;
         } else {
-          kernels::GemmPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
+          kernels::GemmBlisPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
         }
         record(t0, worker, Stage::kWeightedSum, n, h, blk);
       }
@@ -1592,8 +1598,8 @@ void MultiheadAttention::Impl::RunChunked(Context& ctx, const Shapes& sh, const 
       kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
     }
     const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
-    GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E), c,
-                gemm_scratch, b_o);
+    MultiplyWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, w_o, static_cast<size_t>(E),
+                    b_o, c, gemm_scratch);
   });
 }
 
@@ -1751,14 +1757,14 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
     if (h >= heads[kind]) return;
     const SeqInput& x = *xs[kind];
     float* dst = outs[kind] + ((n * heads[kind] + h) * rows_out[kind]) * hd;
-    const MatrixView a{const_cast<float*>(x.data) + n * x.layout.batch,
+    const kernels::ConstMatrixView a{x.data + n * x.layout.batch,
                        static_cast<size_t>(x.tokens), static_cast<size_t>(x.features),
                        x.layout.token, 1};
     const MatrixView c{dst, static_cast<size_t>(x.tokens), static_cast<size_t>(hd),
                        static_cast<ptrdiff_t>(hd), 1};
-    GemmWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd), c,
-                static_cast<uint8_t*>(scratch) + worker * scratch_stride,
-                bs[kind] != nullptr ? bs[kind] + h * hd : nullptr);
+    MultiplyWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd),
+                    bs[kind] != nullptr ? bs[kind] + h * hd : nullptr, c,
+                    static_cast<uint8_t*>(scratch) + worker * scratch_stride);
     if (kind > 0) {
       int64_t p = sh.S;
       const float* extra = kind == 1 ? m.bias_k : m.bias_v;

@@ -660,7 +660,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   if (!forward) return TakeDispatchError(ctx);
 
   // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
-  const kernels::CacheType ctype = static_cast<kernels::CacheType>(static_cast<int>(dtype_));
+  const DType ctype = dtype_;
   float* concat = reinterpret_cast<float*>(base + ws.concat);
   auto count_of = [&](int64_t n) { return counts != nullptr ? counts[n] : T; };
   auto base_of = [&](int64_t n) { return lengths_[static_cast<size_t>(n)] - count_of(n); };
@@ -748,7 +748,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
           const float* a = acc_all + (first + c) * slot_acc + (i * G + hh) * hd;
           for (int64_t d = 0; d < hd; ++d) dst[d] += w * a[d];
         }
-        kernels::Scale(dst, hd, 1.0f / sum);
+        kernels::ScaleBy(1.0f / sum, dst, hd);
       }
     });
   } else {

@@ -5,7 +5,6 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
-#include "kernels/gemv.h"
 
 namespace mha {
 
@@ -14,18 +13,12 @@ namespace {
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // w^T of an [out, in] f32 weight: element (i, o) at w[o * in + i].
-kernels::MatrixView WeightT(const WeightMatrix& w, size_t out, size_t in) {
-  return {const_cast<float*>(static_cast<const float*>(w.data)), in, out, 1,
-          static_cast<ptrdiff_t>(in)};
+kernels::ConstMatrixView WeightT(const WeightMatrix& w, size_t out, size_t in) {
+  return {static_cast<const float*>(w.data), in, out, 1, static_cast<ptrdiff_t>(in)};
 }
 
 kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in) {
-  return {static_cast<const uint16_t*>(w.data),
-          w.dtype == DType::kBF16 ? kernels::HalfType::kBF16 : kernels::HalfType::kF16,
-          in,
-          out,
-          1,
-          static_cast<ptrdiff_t>(in)};
+  return {static_cast<const uint16_t*>(w.data), w.dtype, in, out, 1, static_cast<ptrdiff_t>(in)};
 }
 
 }  // namespace
@@ -42,40 +35,55 @@ void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
   }
 }
 
-bool UsesDirect(size_t rows) {
-  return kernels::GemmPackedBDirectSupported() && rows <= kernels::GemmPackedBDirectMaxRows();
-}
-
-bool StrassenPacks(size_t in, size_t out) {
-  const size_t nr = kernels::GemmBlocking().nr;
-  return in >= kStrassenMinDepth && in % 2 == 0 && out >= kStrassenMinCols && out % (2 * nr) == 0 &&
-         kernels::GemmBlocking().prefers_rows && kernels::GemmPackedBDirectSupported();
-}
-
-size_t PrepackedMinRows() { return kernels::GemmPackedBDirectSupported() ? 1 : kPrepackedMinRows; }
-
 namespace {
 
 // c += bias on every row (c.col_stride 1), if bias is not null.
 void AddBias(const kernels::MatrixView& c, const float* bias) {
   if (bias == nullptr) return;
   assert(c.col_stride == 1 && "bias needs unit column stride");
-  kernels::AddBiasRows(c.data, c.rows, c.cols, c.row_stride, bias);
+  kernels::AddBiasToRows(bias, c.data, c.rows, c.cols, c.row_stride);
 }
 
 }  // namespace
 
-void MultiplyPacked(bool direct, const kernels::MatrixView& a, const kernels::PackedB& b,
-                    const kernels::MatrixView& c, void* scratch, const float* bias) {
-  if (direct && kernels::GemmPackedBDirect(1.0f, a, b, 0.0f, c, bias)) return;
-  kernels::GemmPackedB(1.0f, a, b, 0.0f, c, scratch);
+void MultiplyPackedB(kernels::GemmRoute route, const kernels::ConstMatrixView& a,
+                     const kernels::PackedB& b, const float* bias, const kernels::MatrixView& c,
+                     void* scratch) {
+  assert(
+      (route == kernels::GemmRoute::kDirectPackedB || route == kernels::GemmRoute::kBlisPackedB) &&
+      "MultiplyPackedB: a route over a packed b");
+  if (route == kernels::GemmRoute::kDirectPackedB &&
+      kernels::GemmDirectPackedB(1.0f, a, b, 0.0f, bias, c)) {
+    return;
+  }
+  kernels::GemmBlisPackedB(1.0f, a, b, 0.0f, c, scratch);
   AddBias(c, bias);
 }
 
-void GemmWeights(const kernels::MatrixView& a, const WeightMatrix& weights, size_t out,
-                 const kernels::MatrixView& c, void* scratch, const float* bias) {
-  if (UsesPrepacked(weights, a.rows, a.cols, out)) {
-    MultiplyPacked(UsesDirect(a.rows), a, weights.packed, c, scratch, bias);
+kernels::GemmRoute WeightsRoute(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
+  const bool packed = PackingOf(weights, in, out).data != nullptr;
+  return kernels::ChooseGemmRoute(
+      {rows, out, in, weights.dtype,
+       packed ? kernels::BPacking::kPrepacked : kernels::BPacking::kNone});
+}
+
+namespace {
+
+bool OverPackedB(kernels::GemmRoute route) {
+  return route == kernels::GemmRoute::kDirectPackedB || route == kernels::GemmRoute::kBlisPackedB;
+}
+
+}  // namespace
+
+bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
+  return OverPackedB(WeightsRoute(weights, rows, in, out));
+}
+
+void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
+                     const float* bias, const kernels::MatrixView& c, void* scratch) {
+  const kernels::GemmRoute route = WeightsRoute(weights, a.rows, a.cols, out);
+  if (OverPackedB(route)) {
+    MultiplyPackedB(route, a, weights.packed, bias, c, scratch);
     return;
   }
   if (weights.dtype == DType::kF32) {
@@ -102,8 +110,6 @@ uint64_t PanelTasks(const GemmJob& job, const PanelShape& panel) {
 }
 
 }  // namespace
-
-uint64_t NumPanelTasks(const GemmJob& job) { return PanelTasks(job, PanelsOf(job)); }
 
 PanelShape PrepackedPanelsOf(const GemmJob& job) {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
@@ -136,10 +142,11 @@ size_t StrassenScratchFloats(size_t k) {
 }  // namespace
 
 bool UsesStrassen(const GemmJob& job) {
-  if (job.b_strassen.empty() || job.b_packed.data == nullptr || job.c.rows < kStrassenMinRows) {
-    return false;
-  }
-  return StrassenScratchFloats(job.a.cols) * sizeof(float) <= kernels::GemmScratchBytes();
+  if (job.b_strassen.empty() || job.b_packed.data == nullptr) return false;
+  const kernels::GemmRoute route = kernels::ChooseGemmRoute(
+      {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kStrassen});
+  return route == kernels::GemmRoute::kStrassenPackedB &&
+         StrassenScratchFloats(job.a.cols) * sizeof(float) <= kernels::GemmScratchBytes();
 }
 
 PanelShape StrassenPanelsOf(const GemmJob& job, bool alone) {
@@ -215,11 +222,11 @@ struct SumsCache {
 // reused from the worker's previous task when it had the same rows of the same a (the column
 // panels of one product, and q, k, v of one input); the rest (an odd last row, or a short
 // panel) the plain product by b_packed's same columns.
-void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t, bool direct,
-                      uint8_t* scratch, SumsCache* cache) {
+void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
+                      kernels::GemmRoute plain, uint8_t* scratch, SumsCache* cache) {
   const PanelTask p = PanelTaskOf(HalfColumns(job), panel, t);
   const size_t n2 = job.b_strassen.half_n();
-  kernels::MatrixView a = job.a;
+  kernels::ConstMatrixView a = job.a;
   a.data += static_cast<ptrdiff_t>(p.batch) * job.a_batch_stride;
   kernels::MatrixView c = job.c;
   c.data += static_cast<ptrdiff_t>(p.batch) * job.c_batch_stride;
@@ -228,42 +235,43 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t, b
   float* const sums = reinterpret_cast<float*>(scratch);
   size_t done = 0;
   const size_t even = p.nr / 2 * 2;
-  if (even >= kStrassenMinPanelRows && kernels::GemmPackedBDirectSupported()) {
-    const kernels::MatrixView a_even = a.Block(p.r0, 0, even, a.cols);
+  if (even >= kStrassenMinPanelRows) {
+    const kernels::ConstMatrixView a_even = a.Block(p.r0, 0, even, a.cols);
     if (cache->data != a_even.data || cache->rows != even || cache->cols != a.cols ||
         cache->row_stride != a.row_stride) {
       *cache = {a_even.data, even, a.cols, a.row_stride, kernels::StrassenSumsOfA(a_even, sums)};
     }
-    kernels::GemmStrassenPackedB(cache->sums, job.b_strassen.Columns(p.c0, p.nc),
-                                 c.Block(p.r0, p.c0, even, p.nc),
-                                 c.Block(p.r0, n2 + p.c0, even, p.nc), bias_left, bias_right);
+    const bool ran = kernels::GemmStrassenPackedB(
+        cache->sums, job.b_strassen.Columns(p.c0, p.nc), bias_left, bias_right,
+        c.Block(p.r0, p.c0, even, p.nc), c.Block(p.r0, n2 + p.c0, even, p.nc));
+    assert(ran && "kStrassenPackedB: the route needs the direct kernel");
+    (void)ran;
     done = even;
   }
   if (done == p.nr) return;
-  if (!direct) *cache = SumsCache{};  // GemmPackedB packs a into the scratch
-  const kernels::MatrixView a_rest = a.Block(p.r0 + done, 0, p.nr - done, a.cols);
-  MultiplyPacked(direct, a_rest, job.b_packed.Columns(p.c0, p.nc),
-                 c.Block(p.r0 + done, p.c0, p.nr - done, p.nc), scratch, bias_left);
-  MultiplyPacked(direct, a_rest, job.b_packed.Columns(n2 + p.c0, p.nc),
-                 c.Block(p.r0 + done, n2 + p.c0, p.nr - done, p.nc), scratch, bias_right);
+  if (plain != kernels::GemmRoute::kDirectPackedB) {
+    *cache = SumsCache{};  // GemmBlisPackedB packs a into the scratch
+  }
+  const kernels::ConstMatrixView a_rest = a.Block(p.r0 + done, 0, p.nr - done, a.cols);
+  MultiplyPackedB(plain, a_rest, job.b_packed.Columns(p.c0, p.nc), bias_left,
+                  c.Block(p.r0 + done, p.c0, p.nr - done, p.nc), scratch);
+  MultiplyPackedB(plain, a_rest, job.b_packed.Columns(n2 + p.c0, p.nc), bias_right,
+                  c.Block(p.r0 + done, n2 + p.c0, p.nr - done, p.nc), scratch);
 }
 
-}  // namespace
-
-void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
-                  size_t scratch_stride, TraceRecorder* trace, uint8_t* packed,
-                  size_t packed_bytes) {
-  // Per job, on the stack (at most a handful of jobs: q, k, v): whether its weights are packed
-  // once and where, and prefix sums of its packing tasks (column panels) and panel tasks.
-  constexpr size_t kMaxJobs = 8;
-  const size_t n_jobs = std::min(num_jobs, kMaxJobs);
-  kernels::PackedB packing[kMaxJobs] = {};
-  bool shared[kMaxJobs] = {false};  // packed once here or prepacked: runs MultiplyPacked
-  bool direct[kMaxJobs] = {false};  // shared, with UsesDirect of the job's rows
-  bool strassen[kMaxJobs] = {false};  // prepacked, Strassen panels (UsesStrassen)
-  PanelShape panels[kMaxJobs] = {};
-  uint64_t first_pack[kMaxJobs + 1] = {0};
-  uint64_t first_task[kMaxJobs + 1] = {0};
+// ParallelGemm for at most kMaxGemmJobs jobs; `alone`: the call has this one job only.
+void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, uint8_t* scratch,
+             size_t scratch_stride, TraceRecorder* trace, uint8_t* packed, size_t packed_bytes) {
+  // Per job, on the stack: its route over a packed b (kBlisPackAB: none, per-panel products),
+  // the packing it multiplies and where ParallelGemm packs it (null if prepacked), and prefix
+  // sums of its packing tasks (column panels) and panel tasks.
+  kernels::GemmRoute route[kMaxGemmJobs] = {};
+  kernels::GemmRoute plain[kMaxGemmJobs] = {};  // a Strassen job's plain product (edge rows)
+  kernels::PackedB packing[kMaxGemmJobs] = {};
+  float* pack_dst[kMaxGemmJobs] = {};
+  PanelShape panels[kMaxGemmJobs] = {};
+  uint64_t first_pack[kMaxGemmJobs + 1] = {0};
+  uint64_t first_task[kMaxGemmJobs + 1] = {0};
   const PanelShape packed_panel = PackedPanelsOf();
   // Per worker (up to kCachedWorkers; more run without reuse): the Strassen sums it holds.
   constexpr size_t kCachedWorkers = 64;
@@ -272,29 +280,31 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
   for (size_t j = 0; j < n_jobs; ++j) {
     const GemmJob& job = jobs[j];
     const size_t bytes = PackedJobBytes(job.b.rows, job.b.cols);
+    route[j] = kernels::GemmRoute::kBlisPackAB;
     panels[j] = PanelsOf(job);
     uint64_t packs = 0;
-    if (job.b_packed.data != nullptr && job.c.rows >= PrepackedMinRows()) {
-      shared[j] = true;
+    const kernels::GemmRoute prepacked = kernels::ChooseGemmRoute(
+        {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kPrepacked});
+    if (job.b_packed.data != nullptr && OverPackedB(prepacked)) {
+      route[j] = plain[j] = prepacked;
       packing[j] = job.b_packed;
       panels[j] = PrepackedPanelsOf(job);
-      direct[j] = UsesDirect(job.c.rows);
-      strassen[j] = UsesStrassen(job);
-      if (strassen[j]) panels[j] = StrassenPanelsOf(job, n_jobs == 1);
+      if (UsesStrassen(job)) {
+        route[j] = kernels::GemmRoute::kStrassenPackedB;
+        panels[j] = StrassenPanelsOf(job, alone);
+      }
     } else if (packed != nullptr && SharesPacking(job) && used + bytes <= packed_bytes) {
-      shared[j] = true;
-      const float* const dst = reinterpret_cast<const float*>(packed + used);
-      packing[j] = {dst, job.b.rows, job.b.cols, job.b.cols, 0, job.b.rows};
+      pack_dst[j] = reinterpret_cast<float*>(packed + used);
+      packing[j] = {pack_dst[j], job.b.rows, job.b.cols, job.b.cols, 0, job.b.rows};
       used += bytes;
       packs = CeilDiv(job.c.cols, packed_panel.cols);
       panels[j] = packed_panel;
-      // Only where the direct kernel wins at every size (AVX-512, with FMA), where GemmHalfB's
-      // driver takes it too: the 16-bit twin of the layer keeps the same bits. Elsewhere the
-      // twin runs BLIS's kernel, whose bits the direct kernel's match only with FMA (not SSE4).
-      direct[j] = kernels::GemmPackedBDirectAlwaysWins();
+      route[j] = kernels::ChooseGemmRoute(
+          {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kOncePerCall});
     }
+    const bool strassen = route[j] == kernels::GemmRoute::kStrassenPackedB;
     first_pack[j + 1] = first_pack[j] + packs;
-    first_task[j + 1] = first_task[j] + PanelTasks(strassen[j] ? HalfColumns(job) : job, panels[j]);
+    first_task[j + 1] = first_task[j] + PanelTasks(strassen ? HalfColumns(job) : job, panels[j]);
   }
   if (first_pack[n_jobs] > 0) {
     // Step 1: the shared packings, by column panels (each task writes its own micro-panels).
@@ -304,8 +314,7 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
       const GemmJob& job = jobs[j];
       const size_t c0 = (task - first_pack[j]) * packed_panel.cols;
       const TraceSpan span(trace, worker, job.stage, -1, -1, static_cast<int64_t>(task));
-      kernels::PackBColumns(job.b, c0, std::min(packed_panel.cols, job.b.cols - c0),
-                            const_cast<float*>(packing[j].data));
+      kernels::PackBColumns(job.b, c0, std::min(packed_panel.cols, job.b.cols - c0), pack_dst[j]);
     });
   }
   pool.ParallelFor(first_task[n_jobs], [&](uint64_t task, size_t worker) {
@@ -314,9 +323,9 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     const GemmJob& job = jobs[j];
     SumsCache own_cache;
     SumsCache* const cache = worker < kCachedWorkers ? &caches[worker] : &own_cache;
-    if (strassen[j]) {
+    if (route[j] == kernels::GemmRoute::kStrassenPackedB) {
       const TraceSpan span(trace, worker, job.stage, -1, -1, static_cast<int64_t>(task));
-      RunStrassenPanel(job, panels[j], task - first_task[j], direct[j],
+      RunStrassenPanel(job, panels[j], task - first_task[j], plain[j],
                        scratch + worker * scratch_stride, cache);
       return;
     }
@@ -325,16 +334,16 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));
 
-    kernels::MatrixView a = job.a;
+    kernels::ConstMatrixView a = job.a;
     a.data += static_cast<ptrdiff_t>(p.batch) * job.a_batch_stride;
     kernels::MatrixView c = job.c;
     c.data += static_cast<ptrdiff_t>(p.batch) * job.c_batch_stride;
-    const kernels::MatrixView a_blk = a.Block(p.r0, 0, p.nr, a.cols);
+    const kernels::ConstMatrixView a_blk = a.Block(p.r0, 0, p.nr, a.cols);
     const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
     const float* const bias = job.bias != nullptr ? job.bias + p.c0 : nullptr;
-    if (shared[j]) {
-      MultiplyPacked(direct[j], a_blk, packing[j].Columns(p.c0, p.nc), c_blk, own_scratch, bias);
+    if (OverPackedB(route[j])) {
+      MultiplyPackedB(route[j], a_blk, packing[j].Columns(p.c0, p.nc), bias, c_blk, own_scratch);
       return;
     }
     if (job.b_half.data != nullptr) {
@@ -346,6 +355,17 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
     }
     AddBias(c_blk, bias);
   });
+}
+
+}  // namespace
+
+void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
+                  size_t scratch_stride, TraceRecorder* trace, uint8_t* packed,
+                  size_t packed_bytes) {
+  for (size_t first = 0; first < num_jobs; first += kMaxGemmJobs) {
+    RunJobs(pool, jobs + first, std::min(kMaxGemmJobs, num_jobs - first), num_jobs == 1, scratch,
+            scratch_stride, trace, packed, packed_bytes);
+  }
 }
 
 }  // namespace mha

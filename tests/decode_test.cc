@@ -18,19 +18,16 @@
 namespace mha {
 namespace {
 
-using kernels::CacheType;
-
 constexpr float kSentinel = -12345.5f;
 constexpr double kU = 1.0 / (1 << 24);  // 2^-24
 
-constexpr CacheType kTypes[] = {CacheType::kF32, CacheType::kBF16, CacheType::kF16,
-                                CacheType::kI8};
+constexpr DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8};
 
-const char* TypeName(CacheType t) {
-  return t == CacheType::kF32 ? "f32" : t == CacheType::kBF16 ? "bf16" : t == CacheType::kF16 ? "f16" : "i8";
+const char* TypeName(DType t) {
+  return t == DType::kF32 ? "f32" : t == DType::kBF16 ? "bf16" : t == DType::kF16 ? "f16" : "i8";
 }
 
-size_t ElementBytes(CacheType t) { return t == CacheType::kF32 ? 4 : t == CacheType::kI8 ? 1 : 2; }
+size_t ElementBytes(DType t) { return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2; }
 
 // `n` cache rows of `stride` elements of `type` starting `misalign` elements into the buffer,
 // filled from random floats (int8: random codes, and a random scale per row in `scales`);
@@ -43,7 +40,7 @@ struct CacheRows {
   std::vector<float> scales;  // int8 only: [n]
 };
 
-void MakeRows(CacheType type, size_t n, size_t stride, size_t misalign, std::mt19937* rng,
+void MakeRows(DType type, size_t n, size_t stride, size_t misalign, std::mt19937* rng,
               CacheRows* out) {
   const size_t count = n * stride;
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
@@ -54,7 +51,7 @@ void MakeRows(CacheType type, size_t n, size_t stride, size_t misalign, std::mt1
   uint8_t* p = out->storage.data() + misalign * elem;
   out->widened.resize(count);
   out->data = p;
-  if (type == CacheType::kI8) {
+  if (type == DType::kI8) {
     std::uniform_int_distribution<int> code(-127, 127);
     std::uniform_real_distribution<float> scale(0.001f, 0.05f);
     out->scales.resize(n);
@@ -67,12 +64,12 @@ void MakeRows(CacheType type, size_t n, size_t stride, size_t misalign, std::mt1
     return;
   }
   std::vector<float> w(count);
-  if (type == CacheType::kF32) {
+  if (type == DType::kF32) {
     std::memcpy(p, x.data(), count * 4);
     w = x;
   } else {
     std::vector<uint16_t> h(count);
-    if (type == CacheType::kBF16) {
+    if (type == DType::kBF16) {
       kernels::F32ToBF16(x.data(), h.data(), count);
       kernels::BF16ToF32(h.data(), w.data(), count);
     } else {
@@ -84,7 +81,7 @@ void MakeRows(CacheType type, size_t n, size_t stride, size_t misalign, std::mt1
   out->widened.assign(w.begin(), w.end());
 }
 
-const void* Offset(const void* p, CacheType type, size_t elements) {
+const void* Offset(const void* p, DType type, size_t elements) {
   return static_cast<const uint8_t*>(p) + elements * ElementBytes(type);
 }
 
@@ -94,13 +91,13 @@ const float* ScalesFrom(const CacheRows& c, size_t row) {
 }
 
 // int8 adds one rounding per score (the scale) and per weighted term (p_j * scale_j).
-double ExtraRoundings(CacheType t) { return t == CacheType::kI8 ? 1.0 : 0.0; }
+double ExtraRoundings(DType t) { return t == DType::kI8 ? 1.0 : 0.0; }
 
 TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
   test::ForEachTarget([](const char*) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    for (CacheType type : kTypes) {
+    for (DType type : kTypes) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67}) {
         for (size_t n : {1, 3, 4, 5, 13, 67, 70}) {
           for (size_t rows : {1, 3, 5, 8}) {
@@ -165,7 +162,7 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
     std::mt19937 rng(11);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     std::uniform_real_distribution<float> up(0.0f, 1.0f);
-    for (CacheType type : kTypes) {
+    for (DType type : kTypes) {
       for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67, 130}) {
         for (size_t n : {1, 2, 4, 5, 13, 67, 70, 256}) {
           for (size_t rows : {1, 3, 4, 8}) {
@@ -223,11 +220,11 @@ TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
 TEST(DecodeTest, EmptyCallsWriteNothing) {
   float s = kSentinel;
   const float q[1] = {1.0f};
-  kernels::QueryKeyScores(q, 0, 1, q, CacheType::kF32, 1, nullptr, 1, 1, &s, 1);
-  kernels::QueryKeyScores(q, 1, 1, q, CacheType::kF32, 1, nullptr, 0, 1, &s, 1);
+  kernels::QueryKeyScores(q, 0, 1, q, DType::kF32, 1, nullptr, 1, 1, &s, 1);
+  kernels::QueryKeyScores(q, 1, 1, q, DType::kF32, 1, nullptr, 0, 1, &s, 1);
   EXPECT_EQ(s, kSentinel);
-  kernels::AccumulateWeightedValues(q, 1, 1, q, CacheType::kBF16, 1, nullptr, 0, 1, &s, 1);
-  kernels::AccumulateWeightedValues(q, 1, 1, q, CacheType::kI8, 1, nullptr, 0, 1, &s, 1);
+  kernels::AccumulateWeightedValues(q, 1, 1, q, DType::kBF16, 1, nullptr, 0, 1, &s, 1);
+  kernels::AccumulateWeightedValues(q, 1, 1, q, DType::kI8, 1, nullptr, 0, 1, &s, 1);
   EXPECT_EQ(s, kSentinel);
 }
 

@@ -166,104 +166,103 @@ std::vector<size_t> Lengths() {
 
 // --- f32 helpers ----------------------------------------------------------------------------
 
-TEST(ElementwiseTest, AddBiasRows) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(1);
-    for (const size_t cols : Lengths()) {
-      if (cols > 300 && cols != 4099) continue;
-      const size_t rows = 3, pad = cols % 3, offset = cols % 4, stride = cols + pad;
-      std::vector<float> y(offset + rows * stride + 4, kSentinel);
-      const std::vector<float> init = RandomFloats(rng, rows * cols);
-      std::vector<float> bias = RandomFloats(rng, cols + 1);
-      bias[cols / 2] = std::numeric_limits<float>::infinity();
-      for (size_t r = 0; r < rows; ++r) {
-        std::memcpy(&y[offset + r * stride], &init[r * cols], cols * sizeof(float));
-      }
-      kernels::AddBiasRows(y.data() + offset, rows, cols, static_cast<ptrdiff_t>(stride),
-                           bias.data() + 1);
-      for (size_t i = 0; i < y.size(); ++i) {
-        const bool inside = i >= offset && i < offset + rows * stride && (i - offset) % stride < cols;
-        float want = kSentinel;
-        if (inside) {
-          const size_t r = (i - offset) / stride, c = (i - offset) % stride;
-          want = init[r * cols + c] + bias[c + 1];
-        }
-        ASSERT_TRUE(SameFloat(y[i], want))
-            << target << " cols=" << cols << " index " << i << ": got " << y[i] << ", want "
-            << want;
-      }
+class ElementwiseTargetTest : public test::PerTargetTest {};
+
+TEST_P(ElementwiseTargetTest, AddBiasToRows) {
+  const char* const target = target_name();
+  std::mt19937 rng(1);
+  for (const size_t cols : Lengths()) {
+    if (cols > 300 && cols != 4099) continue;
+    const size_t rows = 3, pad = cols % 3, offset = cols % 4, stride = cols + pad;
+    std::vector<float> y(offset + rows * stride + 4, kSentinel);
+    const std::vector<float> init = RandomFloats(rng, rows * cols);
+    std::vector<float> bias = RandomFloats(rng, cols + 1);
+    bias[cols / 2] = std::numeric_limits<float>::infinity();
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(&y[offset + r * stride], &init[r * cols], cols * sizeof(float));
     }
-  });
+    kernels::AddBiasToRows(bias.data() + 1, y.data() + offset, rows, cols,
+                           static_cast<ptrdiff_t>(stride));
+    for (size_t i = 0; i < y.size(); ++i) {
+      const bool inside = i >= offset && i < offset + rows * stride && (i - offset) % stride < cols;
+      float want = kSentinel;
+      if (inside) {
+        const size_t r = (i - offset) / stride, c = (i - offset) % stride;
+        want = init[r * cols + c] + bias[c + 1];
+      }
+      ASSERT_TRUE(SameFloat(y[i], want))
+          << target << " cols=" << cols << " index " << i << ": got " << y[i] << ", want " << want;
+    }
+  }
 }
 
 // WinogradSums: the four block sums of a [2h, 2k2], bit-exact against the scalar f32
 // operations for every width 1..300 (every tail), nothing written outside the outputs.
-TEST(ElementwiseTest, WinogradSums) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(5);
-    for (const size_t cols : Lengths()) {
-      if (cols > 300 && cols != 4099) continue;
-      const size_t rows = 3;
-      // WinogradSums of a [2 * rows, 2 * cols] (row stride 2 * cols + 3, offset 1).
-      const size_t h = rows, k2 = cols, lda = 2 * k2 + 3, lds = k2 + 2;
-      const std::vector<float> a = RandomFloats(rng, 1 + 2 * h * lda);
-      std::vector<float> out(4 * h * lds + 4, kSentinel);
-      float* s[4] = {out.data() + 1, out.data() + 1 + h * lds, out.data() + 1 + 2 * h * lds,
-                     out.data() + 1 + 3 * h * lds};
-      kernels::WinogradSums(a.data() + 1, static_cast<ptrdiff_t>(lda), h, k2, s[0], s[1], s[2],
-                            s[3], static_cast<ptrdiff_t>(lds));
-      for (size_t r = 0; r < h; ++r) {
-        for (size_t c = 0; c < lds; ++c) {
-          const float a11 = a[1 + r * lda + c], a21 = a[1 + (r + h) * lda + c];
-          const float a12 = a[1 + r * lda + k2 + c], a22 = a[1 + (r + h) * lda + k2 + c];
-          const float s1 = a21 + a22, s2 = s1 - a11, s3 = a11 - a21, s4 = a12 - s2;
-          const float want[4] = {s1, s2, s3, s4};
-          for (int q = 0; q < 4; ++q) {
-            const float expect = c < k2 ? want[q] : kSentinel;
-            ASSERT_TRUE(SameFloat(s[q][r * lds + c], expect))
-                << target << " WinogradSums k2=" << k2 << " sum " << q + 1 << " (" << r << ", " << c
-                << ")";
-          }
+TEST_P(ElementwiseTargetTest, WinogradSums) {
+  const char* const target = target_name();
+  std::mt19937 rng(5);
+  for (const size_t cols : Lengths()) {
+    if (cols > 300 && cols != 4099) continue;
+    const size_t rows = 3;
+    // WinogradSums of a [2 * rows, 2 * cols] (row stride 2 * cols + 3, offset 1).
+    const size_t h = rows, k2 = cols, lda = 2 * k2 + 3, lds = k2 + 2;
+    const std::vector<float> a = RandomFloats(rng, 1 + 2 * h * lda);
+    std::vector<float> out(4 * h * lds + 4, kSentinel);
+    float* s[4] = {out.data() + 1, out.data() + 1 + h * lds, out.data() + 1 + 2 * h * lds,
+                   out.data() + 1 + 3 * h * lds};
+    kernels::WinogradSums(a.data() + 1, static_cast<ptrdiff_t>(lda), h, k2, s[0], s[1], s[2], s[3],
+                          static_cast<ptrdiff_t>(lds));
+    for (size_t r = 0; r < h; ++r) {
+      for (size_t c = 0; c < lds; ++c) {
+        const float a11 = a[1 + r * lda + c], a21 = a[1 + (r + h) * lda + c];
+        const float a12 = a[1 + r * lda + k2 + c], a22 = a[1 + (r + h) * lda + k2 + c];
+        const float s1 = a21 + a22, s2 = s1 - a11, s3 = a11 - a21, s4 = a12 - s2;
+        const float want[4] = {s1, s2, s3, s4};
+        for (int q = 0; q < 4; ++q) {
+          const float expect = c < k2 ? want[q] : kSentinel;
+          ASSERT_TRUE(SameFloat(s[q][r * lds + c], expect))
+              << target << " WinogradSums k2=" << k2 << " sum " << q + 1 << " (" << r << ", " << c
+              << ")";
         }
       }
-      ASSERT_TRUE(SameFloat(out[0], kSentinel) && SameFloat(out.back(), kSentinel)) << target;
     }
-  });
+    ASSERT_TRUE(SameFloat(out[0], kSentinel) && SameFloat(out.back(), kSentinel)) << target;
+  }
 }
 
-TEST(ElementwiseTest, ScaleAndAccumulate) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(2);
-    for (const size_t n : Lengths()) {
-      const size_t offset = n % 4;
-      const std::vector<float> a = RandomFloats(rng, n), b = RandomFloats(rng, n + 3);
-      std::vector<float> y(offset + n + 4, kSentinel);
-      std::memcpy(&y[offset], a.data(), n * sizeof(float));
-      kernels::Scale(y.data() + offset, n, 0.37f);
-      for (size_t i = 0; i < y.size(); ++i) {
-        const bool inside = i >= offset && i < offset + n;
-        const float want = inside ? a[i - offset] * 0.37f : kSentinel;
-        ASSERT_TRUE(SameFloat(y[i], want)) << target << " Scale n=" << n << " index " << i;
-      }
-      std::memcpy(&y[offset], a.data(), n * sizeof(float));
-      kernels::Accumulate(y.data() + offset, b.data() + 3, n);
-      for (size_t i = 0; i < y.size(); ++i) {
-        const bool inside = i >= offset && i < offset + n;
-        const float want = inside ? a[i - offset] + b[i - offset + 3] : kSentinel;
-        ASSERT_TRUE(SameFloat(y[i], want)) << target << " Accumulate n=" << n << " index " << i;
-      }
+TEST_P(ElementwiseTargetTest, ScaleByAndAddInto) {
+  const char* const target = target_name();
+  std::mt19937 rng(2);
+  for (const size_t n : Lengths()) {
+    const size_t offset = n % 4;
+    const std::vector<float> a = RandomFloats(rng, n), b = RandomFloats(rng, n + 3);
+    std::vector<float> y(offset + n + 4, kSentinel);
+    std::memcpy(&y[offset], a.data(), n * sizeof(float));
+    kernels::ScaleBy(0.37f, y.data() + offset, n);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const bool inside = i >= offset && i < offset + n;
+      const float want = inside ? a[i - offset] * 0.37f : kSentinel;
+      ASSERT_TRUE(SameFloat(y[i], want)) << target << " ScaleBy n=" << n << " index " << i;
     }
-    // Special values go through unchanged IEEE arithmetic.
-    const float inf = std::numeric_limits<float>::infinity();
-    std::vector<float> y = {inf, -inf, 0.0f, -0.0f, 3e38f, -1e-45f, std::nanf("")};
-    kernels::Scale(y.data(), y.size(), -2.0f);
-    EXPECT_EQ(y[0], -inf) << target;
-    EXPECT_EQ(y[1], inf) << target;
-    EXPECT_TRUE(std::signbit(y[2]) && y[2] == 0.0f) << target;
-    EXPECT_EQ(y[4], -inf) << target;
-    EXPECT_TRUE(std::isnan(y[6])) << target;
-  });
+    std::memcpy(&y[offset], a.data(), n * sizeof(float));
+    kernels::AddInto(b.data() + 3, y.data() + offset, n);
+    for (size_t i = 0; i < y.size(); ++i) {
+      const bool inside = i >= offset && i < offset + n;
+      const float want = inside ? a[i - offset] + b[i - offset + 3] : kSentinel;
+      ASSERT_TRUE(SameFloat(y[i], want)) << target << " AddInto n=" << n << " index " << i;
+    }
+  }
+  // Special values go through unchanged IEEE arithmetic.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> y = {inf, -inf, 0.0f, -0.0f, 3e38f, -1e-45f, std::nanf("")};
+  kernels::ScaleBy(-2.0f, y.data(), y.size());
+  EXPECT_EQ(y[0], -inf) << target;
+  EXPECT_EQ(y[1], inf) << target;
+  EXPECT_TRUE(std::signbit(y[2]) && y[2] == 0.0f) << target;
+  EXPECT_EQ(y[4], -inf) << target;
+  EXPECT_TRUE(std::isnan(y[6])) << target;
 }
+MHA_INSTANTIATE_PER_TARGET(ElementwiseTargetTest);
 
 // --- 16-bit conversions ---------------------------------------------------------------------
 
@@ -302,27 +301,29 @@ void CheckConversion(const char* target, const char* name, const std::vector<In>
   }
 }
 
-TEST(ConversionTest, BF16ToF32Exhaustive) {
+class ConversionTargetTest : public test::PerTargetTest {};
+
+TEST_P(ConversionTargetTest, BF16ToF32Exhaustive) {
   std::vector<uint16_t> all(65536);
   for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
-  test::ForEachTarget([&](const char* target) {
-    CheckConversion(target, "BF16ToF32", all, kSentinel,
-                    [](const uint16_t* x, float* y, size_t n) { kernels::BF16ToF32(x, y, n); },
-                    [](uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); });
-  });
+  const char* const target = target_name();
+  CheckConversion(
+      target, "BF16ToF32", all, kSentinel,
+      [](const uint16_t* x, float* y, size_t n) { kernels::BF16ToF32(x, y, n); },
+      [](uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); });
 }
 
-TEST(ConversionTest, F16ToF32Exhaustive) {
+TEST_P(ConversionTargetTest, F16ToF32Exhaustive) {
   std::vector<uint16_t> all(65536);
   for (uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<uint16_t>(h);
-  test::ForEachTarget([&](const char* target) {
-    CheckConversion(target, "F16ToF32", all, kSentinel,
-                    [](const uint16_t* x, float* y, size_t n) { kernels::F16ToF32(x, y, n); },
-                    [](uint16_t h) { return FromBits(RefF16ToF32Bits(h)); });
-  });
+  const char* const target = target_name();
+  CheckConversion(
+      target, "F16ToF32", all, kSentinel,
+      [](const uint16_t* x, float* y, size_t n) { kernels::F16ToF32(x, y, n); },
+      [](uint16_t h) { return FromBits(RefF16ToF32Bits(h)); });
 }
 
-TEST(ConversionTest, F32ToBF16) {
+TEST_P(ConversionTargetTest, F32ToBF16) {
   const std::vector<float> samples = ConversionSamples(/*f16=*/false);
   std::vector<uint16_t> want(samples.size());
   for (size_t i = 0; i < samples.size(); ++i) want[i] = RefF32ToBF16(samples[i]);
@@ -331,14 +332,14 @@ TEST(ConversionTest, F32ToBF16) {
   EXPECT_EQ(RefF32ToBF16(FromBits(0x3F808000)), 0x3F80);  // tie, even stays
   EXPECT_EQ(RefF32ToBF16(FromBits(0x3F818000)), 0x3F82);  // tie, odd rounds up
   EXPECT_EQ(RefF32ToBF16(std::numeric_limits<float>::max()), 0x7F80);
-  test::ForEachTarget([&](const char* target) {
-    CheckConversion(target, "F32ToBF16", samples, kSentinel16,
-                    [](const float* x, uint16_t* y, size_t n) { kernels::F32ToBF16(x, y, n); },
-                    [](float f) { return RefF32ToBF16(f); });
-  });
+  const char* const target = target_name();
+  CheckConversion(
+      target, "F32ToBF16", samples, kSentinel16,
+      [](const float* x, uint16_t* y, size_t n) { kernels::F32ToBF16(x, y, n); },
+      [](float f) { return RefF32ToBF16(f); });
 }
 
-TEST(ConversionTest, F32ToF16) {
+TEST_P(ConversionTargetTest, F32ToF16) {
   const std::vector<float> samples = ConversionSamples(/*f16=*/true);
   EXPECT_EQ(RefF32ToF16(1.0f), 0x3C00);
   EXPECT_EQ(RefF32ToF16(65504.0f), 0x7BFF);
@@ -347,38 +348,38 @@ TEST(ConversionTest, F32ToF16) {
   EXPECT_EQ(RefF32ToF16(5.9604645e-08f), 0x0001);    // 2^-24, smallest subnormal
   EXPECT_EQ(RefF32ToF16(2.9802322e-08f), 0x0000);    // 2^-25: tie, rounds to even 0
   EXPECT_EQ(RefF32ToF16(-2.9802326e-08f), 0x8001);   // just above the tie
-  test::ForEachTarget([&](const char* target) {
-    CheckConversion(target, "F32ToF16", samples, kSentinel16,
-                    [](const float* x, uint16_t* y, size_t n) { kernels::F32ToF16(x, y, n); },
-                    [](float f) { return RefF32ToF16(f); });
-  });
+  const char* const target = target_name();
+  CheckConversion(
+      target, "F32ToF16", samples, kSentinel16,
+      [](const float* x, uint16_t* y, size_t n) { kernels::F32ToF16(x, y, n); },
+      [](float f) { return RefF32ToF16(f); });
 }
 
 // Every finite f16 and bf16 value survives a round trip through f32 unchanged.
-TEST(ConversionTest, RoundTrips) {
-  test::ForEachTarget([](const char* target) {
-    std::vector<uint16_t> h, back(65536);
-    for (uint32_t i = 0; i < 65536; ++i) {
-      if (((i >> 10) & 0x1F) != 0x1F) h.push_back(static_cast<uint16_t>(i));
-    }
-    std::vector<float> f(h.size());
-    kernels::F16ToF32(h.data(), f.data(), h.size());
-    kernels::F32ToF16(f.data(), back.data(), h.size());
-    for (size_t i = 0; i < h.size(); ++i) {
-      ASSERT_EQ(back[i], h[i]) << target << " f16 " << Hex(h[i]);
-    }
-    h.clear();
-    for (uint32_t i = 0; i < 65536; ++i) {
-      if (((i >> 7) & 0xFF) != 0xFF) h.push_back(static_cast<uint16_t>(i));
-    }
-    f.resize(h.size());
-    kernels::BF16ToF32(h.data(), f.data(), h.size());
-    kernels::F32ToBF16(f.data(), back.data(), h.size());
-    for (size_t i = 0; i < h.size(); ++i) {
-      ASSERT_EQ(back[i], h[i]) << target << " bf16 " << Hex(h[i]);
-    }
-  });
+TEST_P(ConversionTargetTest, RoundTrips) {
+  const char* const target = target_name();
+  std::vector<uint16_t> h, back(65536);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    if (((i >> 10) & 0x1F) != 0x1F) h.push_back(static_cast<uint16_t>(i));
+  }
+  std::vector<float> f(h.size());
+  kernels::F16ToF32(h.data(), f.data(), h.size());
+  kernels::F32ToF16(f.data(), back.data(), h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    ASSERT_EQ(back[i], h[i]) << target << " f16 " << Hex(h[i]);
+  }
+  h.clear();
+  for (uint32_t i = 0; i < 65536; ++i) {
+    if (((i >> 7) & 0xFF) != 0xFF) h.push_back(static_cast<uint16_t>(i));
+  }
+  f.resize(h.size());
+  kernels::BF16ToF32(h.data(), f.data(), h.size());
+  kernels::F32ToBF16(f.data(), back.data(), h.size());
+  for (size_t i = 0; i < h.size(); ++i) {
+    ASSERT_EQ(back[i], h[i]) << target << " bf16 " << Hex(h[i]);
+  }
 }
+MHA_INSTANTIATE_PER_TARGET(ConversionTargetTest);
 
 }  // namespace
 }  // namespace mha

@@ -43,9 +43,9 @@ uint32_t Bits(float x) {
 // One case: a [m, k] (rows at a_stride, starting `offset` floats in), w [n, k] in 16 bits (rows
 // at w_stride, starting `offset` elements in) and its exact f32 widening, c [m, n] row- or
 // column-stored inside a sentinel-filled buffer.
-void CheckCase(HalfType type, size_t m, size_t n, size_t k, bool c_col_major, size_t offset,
+void CheckCase(DType type, size_t m, size_t n, size_t k, bool c_col_major, size_t offset,
                std::mt19937* rng, void* scratch) {
-  SCOPED_TRACE("type " + std::string(type == HalfType::kBF16 ? "bf16" : "f16") + " m " +
+  SCOPED_TRACE("type " + std::string(type == DType::kBF16 ? "bf16" : "f16") + " m " +
                std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
                (c_col_major ? " c col-major" : " c row-major") + " offset " +
                std::to_string(offset));
@@ -57,7 +57,7 @@ void CheckCase(HalfType type, size_t m, size_t n, size_t k, bool c_col_major, si
   for (float& x : w_src) x = u(*rng);
   std::vector<uint16_t> w16(w_src.size());
   std::vector<float> w32(w_src.size());
-  if (type == HalfType::kBF16) {
+  if (type == DType::kBF16) {
     F32ToBF16(w_src.data(), w16.data(), w_src.size());
     BF16ToF32(w16.data(), w32.data(), w16.size());
   } else {
@@ -106,22 +106,23 @@ void CheckCase(HalfType type, size_t m, size_t n, size_t k, bool c_col_major, si
   }
 }
 
-TEST(GemmHalfTest, BitwiseEqualToWidenedF32OnEveryTarget) {
+class GemmHalfTargetTest : public test::PerTargetTest {};
+
+TEST_P(GemmHalfTargetTest, BitwiseEqualToWidenedF32) {
   AlignedScratch scratch(GemmScratchBytes());
-  test::ForEachTarget([&](const char*) {
-    std::mt19937 rng(7);
-    for (HalfType type : {HalfType::kBF16, HalfType::kF16}) {
-      const size_t shapes[][3] = {{1, 1, 1},     {1, 37, 33},    {3, 70, 129}, {8, 17, 300},
-                                  {9, 33, 65},   {13, 40, 257},  {64, 48, 64}, {127, 67, 513},
-                                  {300, 29, 31}, {200, 260, 96}, {5, 1030, 17}};
-      for (const auto& s : shapes) {
-        for (bool col : {false, true}) {
-          CheckCase(type, s[0], s[1], s[2], col, /*offset=*/s[0] % 2 ? 1 : 3, &rng, scratch.data);
-        }
+  std::mt19937 rng(7);
+  for (DType type : {DType::kBF16, DType::kF16}) {
+    const size_t shapes[][3] = {{1, 1, 1},     {1, 37, 33},    {3, 70, 129}, {8, 17, 300},
+                                {9, 33, 65},   {13, 40, 257},  {64, 48, 64}, {127, 67, 513},
+                                {300, 29, 31}, {200, 260, 96}, {5, 1030, 17}};
+    for (const auto& s : shapes) {
+      for (bool col : {false, true}) {
+        CheckCase(type, s[0], s[1], s[2], col, /*offset=*/s[0] % 2 ? 1 : 3, &rng, scratch.data);
       }
     }
-  });
+  }
 }
+MHA_INSTANTIATE_PER_TARGET(GemmHalfTargetTest);
 
 }  // namespace
 }  // namespace kernels

@@ -591,11 +591,11 @@ TEST(GemmTest, NoHeapAllocationPerCall) {
   // The packed-operand pair, as attention uses it.
   for (int i = 0; i < 10; ++i) {
     const PackedB pb = PackB(p0.b.view, packed.data);
-    GemmPackedB(p0.alpha, p0.a.view, pb, p0.beta, p0.c.view, scratch.get());
+    GemmBlisPackedB(p0.alpha, p0.a.view, pb, p0.beta, p0.c.view, scratch.get());
   }
   g_counting.store(false);
   EXPECT_EQ(g_allocations.load(), 0)
-      << "heap allocations in 100 Gemm and 10 PackB/GemmPackedB calls";
+      << "heap allocations in 100 Gemm and 10 PackB/GemmBlisPackedB calls";
 #endif
 }
 
@@ -629,10 +629,10 @@ RandomOperands MakeRandomOperands(size_t m, size_t n, size_t k, Layout la, Layou
   return r;
 }
 
-// GemmPackedB against the double reference: every layout of a, b and c, misaligned views, k
+// GemmBlisPackedB against the double reference: every layout of a, b and c, misaligned views, k
 // across several KC blocks, n not a multiple of NR, m across MC blocks, alpha/beta (beta 0 from
 // a NaN-filled c); the same packed b reused by several products.
-TEST(GemmPackedBTest, MatchesReference) {
+TEST(GemmBlisPackedBTest, MatchesReference) {
   std::mt19937 rng(31);
   Scratch scratch;
   const size_t shapes[][3] = {{1, 1, 1},    {6, 16, 64},  {24, 512, 64}, {24, 64, 512},
@@ -655,9 +655,9 @@ TEST(GemmPackedBTest, MatchesReference) {
           const Buffer& a = r.a;
           const Buffer& c = r.c;
           Buffer c_out = c;
-          GemmPackedB(alpha, a.view, pb, beta, c_out.view, scratch.get());
+          GemmBlisPackedB(alpha, a.view, pb, beta, c_out.view, scratch.get());
           ExpectGemmMatches(alpha, a, b, beta, c, c_out,
-                            "GemmPackedB m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                            "GemmBlisPackedB m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                 " k=" + std::to_string(k) + " a " + LayoutName(la) + ", b " +
                                 LayoutName(lb) + ", c " + LayoutName(lc));
         }
@@ -669,7 +669,7 @@ TEST(GemmPackedBTest, MatchesReference) {
 // Row strips of one product (as attention runs them) give the bits of the whole product, and,
 // where the micro-kernel prefers row-stored tiles and the product is not a GEMV (so Gemm takes
 // its driver without swapping operands), the bits of Gemm too. k = 0 and alpha = 0 scale c.
-TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
+TEST(GemmBlisPackedBTest, StripsAndGemmGiveTheSameBits) {
   std::mt19937 rng(32);
   Scratch scratch;
   for (const auto& s : {std::array<size_t, 3>{96, 512, 64}, std::array<size_t, 3>{50, 64, 600},
@@ -685,11 +685,11 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
     const PackedB pb = PackB(b.view, packed.data);
     for (const float beta : {0.0f, 1.0f}) {
       Buffer whole = c, strips = c, gemm = c;
-      GemmPackedB(0.125f, a.view, pb, beta, whole.view, scratch.get());
+      GemmBlisPackedB(0.125f, a.view, pb, beta, whole.view, scratch.get());
       for (size_t r0 = 0; r0 < m; r0 += 24) {
         const size_t rows = std::min<size_t>(24, m - r0);
-        GemmPackedB(0.125f, a.view.Block(r0, 0, rows, k), pb, beta,
-                    strips.view.Block(r0, 0, rows, n), scratch.get());
+        GemmBlisPackedB(0.125f, a.view.Block(r0, 0, rows, k), pb, beta,
+                        strips.view.Block(r0, 0, rows, n), scratch.get());
       }
       EXPECT_EQ(std::memcmp(whole.storage.data(), strips.storage.data(),
                             whole.storage.size() * sizeof(float)),
@@ -713,14 +713,14 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
   PackedBuffer packed(PackedBFloats(3, 7));
   const PackedB pb = PackB(b.view, packed.data);
   Buffer out = c;
-  GemmPackedB(0.0f, a.view, pb, 0.5f, out.view, scratch.get());
+  GemmBlisPackedB(0.0f, a.view, pb, 0.5f, out.view, scratch.get());
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
   }
   PackedBuffer empty(PackedBFloats(0, 7));
   const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 7, 7, 1}, empty.data);
   out = c;
-  GemmPackedB(1.0f, MatrixView{a.view.data, 5, 0, 3, 1}, pb0, 0.0f, out.view, scratch.get());
+  GemmBlisPackedB(1.0f, MatrixView{a.view.data, 5, 0, 3, 1}, pb0, 0.0f, out.view, scratch.get());
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.0f);
   }
@@ -731,7 +731,7 @@ TEST(GemmPackedBTest, StripsAndGemmGiveTheSameBits) {
 // every column range gives the bits of the same columns of the whole product, and the whole
 // product matches the reference. The buffer starts NaN-filled, so a panel left unwritten by
 // the parts would show. k spans several KC blocks, n ends in a partial micro-panel.
-TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
+TEST(GemmBlisPackedBTest, ColumnRangesOfOnePacking) {
   std::mt19937 rng(33);
   Scratch scratch;
   const size_t nr = GemmBlocking().nr;
@@ -763,15 +763,15 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
     EXPECT_EQ(pb.packed_n, n);
     EXPECT_EQ(pb.col0, 0u);
     Buffer c_whole = c, c_parts = c;
-    GemmPackedB(1.0f, a.view, pb, 0.0f, c_whole.view, scratch.get());
+    GemmBlisPackedB(1.0f, a.view, pb, 0.0f, c_whole.view, scratch.get());
     ExpectGemmMatches(1.0f, a, b, 0.0f, c, c_whole,
                       std::string("PackB whole, b ") + LayoutName(lb));
     // Column ranges that differ from the packing's parts, read from the parts' packing.
     const size_t reads[] = {0, nr, 4 * nr, 5 * nr, n};
     for (size_t i = 0; i + 1 < std::size(reads); ++i) {
       const size_t c0 = reads[i], nc = reads[i + 1] - reads[i];
-      GemmPackedB(1.0f, a.view, whole.Columns(c0, nc), 0.0f, c_parts.view.Block(0, c0, m, nc),
-                  scratch.get());
+      GemmBlisPackedB(1.0f, a.view, whole.Columns(c0, nc), 0.0f, c_parts.view.Block(0, c0, m, nc),
+                      scratch.get());
     }
     EXPECT_EQ(std::memcmp(c_whole.storage.data(), c_parts.storage.data(),
                           c_whole.storage.size() * sizeof(float)),
@@ -780,13 +780,13 @@ TEST(GemmPackedBTest, ColumnRangesOfOnePacking) {
   }
 }
 
-// GemmPacked (a packed once, PackA) gives the bits of GemmPackedB on the unpacked a, for the
-// whole a and for MR-aligned row ranges of its packing (PackedA::Rows, as attention's strips
+// GemmBlisPackedAB (a packed once, PackA) gives the bits of GemmBlisPackedB on the unpacked a, for
+// the whole a and for MR-aligned row ranges of its packing (PackedA::Rows, as attention's strips
 // read a task's packed Q rows), with every layout of a (misaligned views), k across KC blocks,
 // m across MC blocks and ending in a partial micro-panel, beta 0 (NaN-filled c) and 1; the
 // whole product matches the double reference. The packing starts NaN-filled, so a panel PackA
 // left unwritten would show. alpha = 0 scales c.
-TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
+TEST(GemmBlisPackedABTest, PackedAGivesTheBitsOfGemmPackedB) {
   std::mt19937 rng(34);
   Scratch scratch;
   const size_t mr = GemmBlocking().mr;
@@ -820,8 +820,8 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
           std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
         }
         Buffer want = c, whole = c, parts = c;
-        GemmPackedB(0.125f, a.view, pb, beta, want.view, scratch.get());
-        GemmPacked(0.125f, pa, pb, beta, whole.view);
+        GemmBlisPackedB(0.125f, a.view, pb, beta, want.view, scratch.get());
+        GemmBlisPackedAB(0.125f, pa, pb, beta, whole.view);
         const std::string what = "m=" + std::to_string(m) + " n=" + std::to_string(n) +
                                  " k=" + std::to_string(k) + " a " + LayoutName(la) +
                                  " beta=" + std::to_string(beta);
@@ -829,11 +829,11 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
                               want.storage.size() * sizeof(float)),
                   0)
             << what;
-        ExpectGemmMatches(0.125f, a, b, beta, c, whole, "GemmPacked " + what);
+        ExpectGemmMatches(0.125f, a, b, beta, c, whole, "GemmBlisPackedAB " + what);
         // Strips of 2 MR rows (the last one shorter), each from the whole packing.
         for (size_t r0 = 0; r0 < m; r0 += 2 * mr) {
           const size_t rows = std::min(2 * mr, m - r0);
-          GemmPacked(0.125f, pa.Rows(r0, rows), pb, beta, parts.view.Block(r0, 0, rows, n));
+          GemmBlisPackedAB(0.125f, pa.Rows(r0, rows), pb, beta, parts.view.Block(r0, 0, rows, n));
         }
         EXPECT_EQ(std::memcmp(want.storage.data(), parts.storage.data(),
                               want.storage.size() * sizeof(float)),
@@ -848,7 +848,7 @@ TEST(GemmPackedTest, PackedAGivesTheBitsOfGemmPackedB) {
   Buffer out = c;
   const PackedA pa{nullptr, 5, 3, 5, 0};
   const PackedB pb{nullptr, 3, 7, 7, 0, 3};
-  GemmPacked(0.0f, pa, pb, 0.5f, out.view);
+  GemmBlisPackedAB(0.0f, pa, pb, 0.5f, out.view);
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
   }
@@ -913,13 +913,20 @@ TEST(GemmTest, DISABLED_SpeedVersusBlis) {
   }
 }
 
-// kernels::GemmPackedBDirect (gemm_direct.h) on every Highway target this CPU supports: against
+class GemmDirectPackedBTargetTest : public test::PerTargetTest {};
+
+// Why the direct kernel's tests skip a target.
+constexpr char kNoDirect[] =
+    "the direct micro-kernel does not run here (BLIS's NR is not a multiple of the target's "
+    "f32 lanes)";
+
+// kernels::GemmDirectPackedB(gemm_direct.h) on every Highway target this CPU supports: against
 // the double reference for every layout of a and c (misaligned views), m across the 6-row tiles
 // and their 6 + 5 + 5 splits, n ending in partial vectors and micro-panels, k across KC blocks,
 // alpha/beta (beta 0 from a NaN-filled c, so c is not read), column ranges of a packing (col0),
 // nothing written outside c's view; k = 0 and alpha = 0 scale c. Where the kernel cannot run
 // (NR not a multiple of the target's lanes) it must return false and leave c untouched.
-TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
+TEST_P(GemmDirectPackedBTargetTest, MatchesReference) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   ASSERT_GT(nr, 0u);
   const size_t shapes[][3] = {{1, 1, 1},
@@ -937,117 +944,114 @@ TEST(GemmPackedBDirectTest, MatchesReferenceOnEveryTarget) {
                               {24, 64, 512},
                               {40, 21, 2},
                               {130, 37, 70}};
-  test::ForEachTarget([&](const char* target) {
-    std::mt19937 rng(41);
-    const bool supported = GemmPackedBDirectSupported();
-    std::printf("[target] %s: GemmPackedBDirect %s\n", target,
-                supported ? "runs" : "not supported (NR vs lanes)");
-    for (const auto& s : shapes) {
-      const size_t m = s[0], n = s[1], k = s[2];
-      Buffer b = MakeBuffer(k, n, kLayouts[rng() % std::size(kLayouts)], rng() % 3, rng() % 4);
-      FillUniform(b, rng);
-      // The operand is columns [nr, nr + n) of a wider packing (PackedB::Columns).
-      Buffer wide = MakeBuffer(k, n + 2 * nr, Layout::kColMajor, 1, 1);
-      FillUniform(wide, rng);
-      for (size_t p = 0; p < k; ++p) {
-        for (size_t j = 0; j < n; ++j)
-          wide.view.data[p + (nr + j) * wide.view.col_stride] = b.at(p, j);
-      }
-      PackedBuffer packed(PackedBFloats(k, n + 2 * nr));
-      const PackedB pb = PackB(wide.view, packed.data).Columns(nr, n);
-      for (const Layout la : kLayouts) {
-        for (const Layout lc : kLayouts) {
-          const RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
-          Buffer c_out = r.c;
-          const std::string what = std::string("GemmPackedBDirect ") + target +
-                                   " m=" + std::to_string(m) + " n=" + std::to_string(n) +
-                                   " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
-                                   LayoutName(lc);
-          ASSERT_EQ(GemmPackedBDirect(r.alpha, r.a.view, pb, r.beta, c_out.view), supported)
-              << what;
-          if (!supported) {
-            ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
-                                     r.c.storage.size() * sizeof(float)))
-                << what << ": wrote c without running";
-            continue;
-          }
-          ExpectGemmMatches(r.alpha, r.a, b, r.beta, r.c, c_out, what);
-        }
-      }
-    }
-    if (!supported) return;
-    // k = 0 and alpha = 0: c = beta * c (beta 0: zeros, NaN not propagated).
-    Buffer a = MakeBuffer(3, 4, Layout::kRowMajor, 0, 0);
-    Buffer b = MakeBuffer(4, 5, Layout::kColMajor, 0, 0);
-    FillUniform(a, rng);
+  const char* const target = target_name();
+  std::mt19937 rng(41);
+  const bool supported = GemmDirectSupported();
+  std::printf("[target] %s: GemmDirectPackedB %s\n", target,
+              supported ? "runs" : "not supported (NR vs lanes)");
+  for (const auto& s : shapes) {
+    const size_t m = s[0], n = s[1], k = s[2];
+    Buffer b = MakeBuffer(k, n, kLayouts[rng() % std::size(kLayouts)], rng() % 3, rng() % 4);
     FillUniform(b, rng);
-    PackedBuffer packed(PackedBFloats(4, 5));
-    const PackedB pb = PackB(b.view, packed.data);
-    Buffer c = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
-    FillUniform(c, rng);
-    Buffer scaled = c;
-    ASSERT_TRUE(GemmPackedBDirect(0.0f, a.view, pb, 0.5f, scaled.view));
-    for (size_t i = 0; i < 3; ++i) {
-      for (size_t j = 0; j < 5; ++j) EXPECT_EQ(scaled.at(i, j), 0.5f * c.at(i, j));
+    // The operand is columns [nr, nr + n) of a wider packing (PackedB::Columns).
+    Buffer wide = MakeBuffer(k, n + 2 * nr, Layout::kColMajor, 1, 1);
+    FillUniform(wide, rng);
+    for (size_t p = 0; p < k; ++p) {
+      for (size_t j = 0; j < n; ++j)
+        wide.view.data[p + (nr + j) * wide.view.col_stride] = b.at(p, j);
     }
-    std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
-    const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 5, 1, 4}, packed.data);
-    ASSERT_TRUE(GemmPackedBDirect(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
-    for (size_t i = 0; i < 3; ++i) {
-      for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 0.0f);
+    PackedBuffer packed(PackedBFloats(k, n + 2 * nr));
+    const PackedB pb = PackB(wide.view, packed.data).Columns(nr, n);
+    for (const Layout la : kLayouts) {
+      for (const Layout lc : kLayouts) {
+        const RandomOperands r = MakeRandomOperands(m, n, k, la, lc, rng);
+        Buffer c_out = r.c;
+        const std::string what = std::string("GemmDirectPackedB ") + target +
+                                 " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                 " k=" + std::to_string(k) + " a " + LayoutName(la) + ", c " +
+                                 LayoutName(lc);
+        ASSERT_EQ(GemmDirectPackedB(r.alpha, r.a.view, pb, r.beta, c_out.view), supported) << what;
+        if (!supported) {
+          ASSERT_EQ(0, std::memcmp(r.c.storage.data(), c_out.storage.data(),
+                                   r.c.storage.size() * sizeof(float)))
+              << what << ": wrote c without running";
+          continue;
+        }
+        ExpectGemmMatches(r.alpha, r.a, b, r.beta, r.c, c_out, what);
+      }
     }
-  });
+  }
+  if (!supported) return;
+  // k = 0 and alpha = 0: c = beta * c (beta 0: zeros, NaN not propagated).
+  Buffer a = MakeBuffer(3, 4, Layout::kRowMajor, 0, 0);
+  Buffer b = MakeBuffer(4, 5, Layout::kColMajor, 0, 0);
+  FillUniform(a, rng);
+  FillUniform(b, rng);
+  PackedBuffer packed(PackedBFloats(4, 5));
+  const PackedB pb = PackB(b.view, packed.data);
+  Buffer c = MakeBuffer(3, 5, Layout::kRowMajor, 0, 0);
+  FillUniform(c, rng);
+  Buffer scaled = c;
+  ASSERT_TRUE(GemmDirectPackedB(0.0f, a.view, pb, 0.5f, scaled.view));
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 5; ++j) EXPECT_EQ(scaled.at(i, j), 0.5f * c.at(i, j));
+  }
+  std::fill(c.storage.begin(), c.storage.end(), std::numeric_limits<float>::quiet_NaN());
+  const PackedB pb0 = PackB(MatrixView{b.view.data, 0, 5, 1, 4}, packed.data);
+  ASSERT_TRUE(GemmDirectPackedB(1.0f, MatrixView{a.view.data, 3, 0, 4, 1}, pb0, 0.0f, c.view));
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < 5; ++j) EXPECT_EQ(c.at(i, j), 0.0f);
+  }
 }
 
 // Rows and columns of c are independent: any split of a product into row ranges and NR-aligned
 // column ranges gives the bits of the whole product, on every target (attention's strips and
 // ParallelGemm's panels rely on it for thread-count independence). And where BLIS's micro-kernel
 // performs the same operations (the haswell/zen 6 x 16 sgemm kernel; the FMA targets), the bits
-// of GemmPackedB for beta 0 and 1, as gemm_direct.h states.
-TEST(GemmPackedBDirectTest, SplitsAndBlisKernelGiveTheSameBits) {
+// of GemmBlisPackedB for beta 0 and 1, as gemm_direct.h states.
+TEST_P(GemmDirectPackedBTargetTest, SplitsAndBlisKernelGiveTheSameBits) {
   const size_t nr = GemmBlocking().nr;
   const size_t m = 29, n = 5 * nr + 3, k = 2 * GemmBlocking().kc + 17;
   const std::string arch = GemmArchName();
   const bool haswell_kernel =
       arch == "haswell" || arch == "zen" || arch == "zen2" || arch == "zen3";
-  test::ForEachTarget([&](const char* target) {
-    if (!GemmPackedBDirectSupported()) return;
-    std::mt19937 rng(42);
-    Scratch scratch;
-    const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 3, rng);
-    const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 2, 1, rng);
-    const Buffer c = RandomBuffer(m, n, Layout::kRowMajor, 0, 5, rng);
-    PackedBuffer packed(PackedBFloats(k, n));
-    const PackedB pb = PackB(b.view, packed.data);
-    const std::string t(target);
-    const bool fma_target = t == "AVX2" || t.rfind("AVX3", 0) == 0;
-    for (const float beta : {0.0f, 1.0f}) {
-      Buffer whole = c, parts = c, blis = c;
-      ASSERT_TRUE(GemmPackedBDirect(0.125f, a.view, pb, beta, whole.view));
-      const size_t row_cuts[] = {0, 1, 3, 10, 16, 22, m};
-      const size_t col_cuts[] = {0, nr, 3 * nr, n};
-      for (size_t r = 0; r + 1 < std::size(row_cuts); ++r) {
-        for (size_t q = 0; q + 1 < std::size(col_cuts); ++q) {
-          const size_t r0 = row_cuts[r], nr_rows = row_cuts[r + 1] - r0;
-          const size_t c0 = col_cuts[q], nc = col_cuts[q + 1] - c0;
-          ASSERT_TRUE(GemmPackedBDirect(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
-                                        beta, parts.view.Block(r0, c0, nr_rows, nc)));
-        }
-      }
-      EXPECT_EQ(0, std::memcmp(whole.storage.data(), parts.storage.data(),
-                               whole.storage.size() * sizeof(float)))
-          << target << " beta " << beta << ": row/column parts differ from the whole product";
-      if (haswell_kernel && fma_target) {
-        GemmPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
-        EXPECT_EQ(0, std::memcmp(whole.storage.data(), blis.storage.data(),
-                                 whole.storage.size() * sizeof(float)))
-            << target << " beta " << beta << ": differs from GemmPackedB on BLIS " << arch;
+  const char* const target = target_name();
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
+  std::mt19937 rng(42);
+  Scratch scratch;
+  const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 1, 3, rng);
+  const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 2, 1, rng);
+  const Buffer c = RandomBuffer(m, n, Layout::kRowMajor, 0, 5, rng);
+  PackedBuffer packed(PackedBFloats(k, n));
+  const PackedB pb = PackB(b.view, packed.data);
+  const std::string t(target);
+  const bool fma_target = t == "AVX2" || t.rfind("AVX3", 0) == 0;
+  for (const float beta : {0.0f, 1.0f}) {
+    Buffer whole = c, parts = c, blis = c;
+    ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view, pb, beta, whole.view));
+    const size_t row_cuts[] = {0, 1, 3, 10, 16, 22, m};
+    const size_t col_cuts[] = {0, nr, 3 * nr, n};
+    for (size_t r = 0; r + 1 < std::size(row_cuts); ++r) {
+      for (size_t q = 0; q + 1 < std::size(col_cuts); ++q) {
+        const size_t r0 = row_cuts[r], nr_rows = row_cuts[r + 1] - r0;
+        const size_t c0 = col_cuts[q], nc = col_cuts[q + 1] - c0;
+        ASSERT_TRUE(GemmDirectPackedB(0.125f, a.view.Block(r0, 0, nr_rows, k), pb.Columns(c0, nc),
+                                      beta, parts.view.Block(r0, c0, nr_rows, nc)));
       }
     }
-  });
+    EXPECT_EQ(0, std::memcmp(whole.storage.data(), parts.storage.data(),
+                             whole.storage.size() * sizeof(float)))
+        << target << " beta " << beta << ": row/column parts differ from the whole product";
+    if (haswell_kernel && fma_target) {
+      GemmBlisPackedB(0.125f, a.view, pb, beta, blis.view, scratch.get());
+      EXPECT_EQ(0, std::memcmp(whole.storage.data(), blis.storage.data(),
+                               whole.storage.size() * sizeof(float)))
+          << target << " beta " << beta << ": differs from GemmBlisPackedB on BLIS " << arch;
+    }
+  }
 }
 
-// GemmPackedBDirect's bias (gemm_direct.h): c = (alpha a b + beta c) + bias[j], bitwise the
+// GemmDirectPackedB's bias (gemm_direct.h): c = (alpha a b + beta c) + bias[j], bitwise the
 // product followed by a separate add, on every target where the kernel runs: k across KC blocks
 // (the bias is added once, after the last one), n ending mid-vector, c row-major (whole-vector
 // stores) and column-major (lane-buffer stores), beta 0 and 1, k = 0.
@@ -1069,63 +1073,63 @@ struct DirectOperands {
   PackedB pb;
 };
 
-// body(target, operands, rng) on every target where GemmPackedBDirect runs, for the store
-// tests' shapes (m, n, k): one row with n ending mid-vector, k across KC blocks with n ending
-// mid-vector, whole vectors.
+// body(target, operands, rng) for the store tests' shapes (m, n, k): one row with n ending
+// mid-vector, k across KC blocks with n ending mid-vector, whole vectors.
 template <typename Body>
-void ForEachDirectStoreCase(uint32_t seed, const Body& body) {
+void ForEachDirectStoreCase(const char* target, uint32_t seed, const Body& body) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t shapes[][3] = {{1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}};
-  test::ForEachTarget([&](const char* target) {
-    if (!GemmPackedBDirectSupported()) return;
-    std::mt19937 rng(seed);
-    for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
-  });
+  std::mt19937 rng(seed);
+  for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
 }
 
-TEST(GemmPackedBDirectTest, BiasIsAddedOnceAfterTheProduct) {
-  ForEachDirectStoreCase(44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
-    const size_t m = ops.m, n = ops.n, k = ops.k;
-    const Buffer& a = ops.a;
-    const Buffer& bias = ops.bias;
-    const PackedB& pb = ops.pb;
-    for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
-      const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
-      for (const float beta : {0.0f, 1.0f}) {
-        for (const size_t kk : {k, size_t{0}}) {
-          const PackedB operand = pb.LeadingRows(kk);
-          const MatrixView a_used = a.view.Block(0, 0, m, kk);
-          Buffer fused = c, separate = c;
-          ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, fused.view, bias.view.data));
-          ASSERT_TRUE(GemmPackedBDirect(0.5f, a_used, operand, beta, separate.view));
-          for (size_t i = 0; i < m; ++i) {
-            for (size_t j = 0; j < n; ++j) {
-              separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
-                                 static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
-                  bias.at(0, j);
+TEST_P(GemmDirectPackedBTargetTest, BiasIsAddedOnceAfterTheProduct) {
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
+  ForEachDirectStoreCase(
+      target_name(), 44, [](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+        const size_t m = ops.m, n = ops.n, k = ops.k;
+        const Buffer& a = ops.a;
+        const Buffer& bias = ops.bias;
+        const PackedB& pb = ops.pb;
+        for (const Layout lc : {Layout::kRowMajor, Layout::kColMajor}) {
+          const Buffer c = RandomBuffer(m, n, lc, 0, 3, rng);
+          for (const float beta : {0.0f, 1.0f}) {
+            for (const size_t kk : {k, size_t{0}}) {
+              const PackedB operand = pb.LeadingRows(kk);
+              const MatrixView a_used = a.view.Block(0, 0, m, kk);
+              Buffer fused = c, separate = c;
+              ASSERT_TRUE(
+                  GemmDirectPackedB(0.5f, a_used, operand, beta, bias.view.data, fused.view));
+              ASSERT_TRUE(GemmDirectPackedB(0.5f, a_used, operand, beta, separate.view));
+              for (size_t i = 0; i < m; ++i) {
+                for (size_t j = 0; j < n; ++j) {
+                  separate.view.data[static_cast<ptrdiff_t>(i) * separate.view.row_stride +
+                                     static_cast<ptrdiff_t>(j) * separate.view.col_stride] +=
+                      bias.at(0, j);
+                }
+              }
+              EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
+                                       fused.storage.size() * sizeof(float)))
+                  << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
+                  << " beta " << beta;
             }
           }
-          EXPECT_EQ(0, std::memcmp(fused.storage.data(), separate.storage.data(),
-                                   fused.storage.size() * sizeof(float)))
-              << target << " m " << m << " n " << n << " k " << kk << " c " << LayoutName(lc)
-              << " beta " << beta;
         }
-      }
-    }
-  });
+      });
 }
 
-// GemmPackedBDirectDual (gemm_direct.h) on every target where the kernel runs: c gets exactly
-// GemmPackedBDirect's bits; kCopy writes them to c2 too, kAdd leaves c2 = c2 + alpha a b, bitwise
-// GemmPackedBDirect with beta 1 over c2 (and, for k within one KC block, the stored product
+// GemmDirectPackedBDual(gemm_direct.h) on every target where the kernel runs: c gets exactly
+// GemmDirectPackedB's bits; kCopy writes them to c2 too, kAdd leaves c2 = c2 + alpha a b, bitwise
+// GemmDirectPackedB with beta 1 over c2 (and, for k within one KC block, the stored product
 // added by one rounded add). Shapes with k across KC blocks (a copy is written once, an add per
 // block), n ending mid-vector (lane-buffer stores), one row; c and c2 misaligned and padded
 // (the padding must stay untouched), in both layouts (different column strides run the kernel
 // twice), k = 0 and alpha = 0 (c2 copied, or left as it is).
-TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
+TEST_P(GemmDirectPackedBTargetTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
   const size_t kc = GemmBlocking().kc;
   ForEachDirectStoreCase(
-      45, [kc](const char* target, const DirectOperands& ops, std::mt19937& rng) {
+      target_name(), 45, [kc](const char* target, const DirectOperands& ops, std::mt19937& rng) {
         const size_t m = ops.m, n = ops.n, k = ops.k;
         const Buffer& a = ops.a;
         const Buffer& bias = ops.bias;
@@ -1147,14 +1151,14 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
                         " c2 " + LayoutName(l2) + (copy ? " copy" : " add") + " beta " +
                         std::to_string(beta) + " alpha " + std::to_string(alpha);
                     Buffer dual = c, dual2 = c2, single = c, want2 = c2;
-                    ASSERT_TRUE(GemmPackedBDirectDual(alpha, a_used, operand, beta, dual.view,
-                                                      bias.view.data, mode, dual2.view))
+                    ASSERT_TRUE(GemmDirectPackedBDual(alpha, a_used, operand, beta, bias.view.data,
+                                                      mode, dual.view, dual2.view))
                         << what;
-                    ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, beta, single.view,
-                                                  bias.view.data));
+                    ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, beta, bias.view.data,
+                                                  single.view));
                     ASSERT_EQ(0, std::memcmp(dual.storage.data(), single.storage.data(),
                                              dual.storage.size() * sizeof(float)))
-                        << what << ": c differs from GemmPackedBDirect's";
+                        << what << ": c differs from GemmDirectPackedB's";
                     for (size_t e = 0; e < c2.storage.size(); ++e) {
                       if (!c2.in_view[e]) {
                         ASSERT_EQ(dual2.storage[e], c2.storage[e]) << what << " padding " << e;
@@ -1162,8 +1166,8 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
                     }
                     Buffer product = c;
                     if (!copy) {
-                      ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, 1.0f, want2.view));
-                      ASSERT_TRUE(GemmPackedBDirect(alpha, a_used, operand, 0.0f, product.view));
+                      ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, 1.0f, want2.view));
+                      ASSERT_TRUE(GemmDirectPackedB(alpha, a_used, operand, 0.0f, product.view));
                     }
                     for (size_t i = 0; i < m; ++i) {
                       for (size_t j = 0; j < n; ++j) {
@@ -1189,11 +1193,13 @@ TEST(GemmPackedBDirectTest, SecondDestinationGetsTheCopyOrTheAddedProduct) {
 }
 
 // PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
-// packing of those rows alone would: bitwise, through GemmPackedB, GemmPacked and (on every
-// target where it runs) GemmPackedBDirect, for kk inside the first KC block, at its end and in a
-// later one, combined with a column range (Columns). Attention's causal strips multiply their
+// packing of those rows alone would: bitwise, through GemmBlisPackedB, GemmBlisPackedAB and (on
+// every target where it runs) GemmDirectPackedB, for kk inside the first KC block, at its end and
+// in a later one, combined with a column range (Columns). Attention's causal strips multiply their
 // probabilities by the leading rows of a key block's packed V.
-TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
+class PackedBTargetTest : public test::PerTargetTest {};
+
+TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t m = 17, n = 3 * nr + 5;
   const size_t depths[][2] = {{70, 1},
@@ -1226,27 +1232,29 @@ TEST(GemmPackedBTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
     };
     for (const float beta : {0.0f, 1.0f}) {
       Buffer x = c, y = c;
-      GemmPackedB(0.5f, a.view, leading, beta, x.view, scratch.get());
-      GemmPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
-      expect_same("GemmPackedB", x, y);
-      ExpectGemmMatches(0.5f, a, b_used, beta, c, x, "GemmPackedB, " + what);
+      GemmBlisPackedB(0.5f, a.view, leading, beta, x.view, scratch.get());
+      GemmBlisPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
+      expect_same("GemmBlisPackedB", x, y);
+      ExpectGemmMatches(0.5f, a, b_used, beta, c, x, "GemmBlisPackedB, " + what);
       PackedBuffer pa_buf(PackedAFloats(m, kk));
       const PackedA pa = PackA(a.view, pa_buf.data);
       Buffer z = c;
-      GemmPacked(0.5f, pa, leading, beta, z.view);
-      expect_same("GemmPacked", z, y);
-      test::ForEachTarget([&](const char* target) {
-        if (!GemmPackedBDirectSupported()) return;
+      GemmBlisPackedAB(0.5f, pa, leading, beta, z.view);
+      expect_same("GemmBlisPackedAB", z, y);
+      if (GemmDirectSupported()) {
         Buffer u = c, v = c;
-        ASSERT_TRUE(GemmPackedBDirect(0.5f, a.view, leading, beta, u.view));
-        ASSERT_TRUE(GemmPackedBDirect(0.5f, a.view, own, beta, v.view));
-        expect_same((std::string("GemmPackedBDirect ") + target).c_str(), u, v);
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, leading, beta, u.view));
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, own, beta, v.view));
+        expect_same((std::string("GemmDirectPackedB ") + target_name()).c_str(), u, v);
         ExpectGemmMatches(0.5f, a, b_used, beta, c, u,
-                          std::string("GemmPackedBDirect ") + target + ", " + what);
-      });
+                          std::string("GemmDirectPackedB ") + target_name() + ", " + what);
+      }
     }
   }
 }
+
+MHA_INSTANTIATE_PER_TARGET(GemmDirectPackedBTargetTest);
+MHA_INSTANTIATE_PER_TARGET(PackedBTargetTest);
 
 }  // namespace
 }  // namespace kernels
@@ -1256,6 +1264,8 @@ namespace mha {
 namespace kernels {
 namespace {
 
+class GemmStrassenTargetTest : public test::PerTargetTest {};
+
 // One level of Strassen-Winograd over packed operands (gemm_strassen.h), on every Highway
 // target where the direct kernel runs: against the double-precision product within
 // 8 eps k max|a| max|b| (+ |bias|) per element (the plain product's error is ~eps k max|a|
@@ -1264,80 +1274,79 @@ namespace {
 // misaligned a (row padding and offset) and c halves in one padded buffer; column ranges of the
 // operands (Columns) give bitwise the columns of the whole product; the storage around c is
 // untouched.
-TEST(GemmStrassenTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseTheWhole) {
+TEST_P(GemmStrassenTargetTest, MatchesTheProductWithinItsBoundAndColumnRangesAreBitwiseTheWhole) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
   const size_t shapes[][3] = {
       {2, 2, 2},         {6, 70, 2 * nr},        {34, 2 * kc + 6, 2 * nr + 6},
       {64, 512, 4 * nr}, {130, 96, 6 * nr + 10}, {128, 2, 4 * nr}};
-  test::ForEachTarget([&](const char* target) {
-    if (!GemmPackedBDirectSupported()) return;
-    std::mt19937 rng(91);
-    for (const auto& sh : shapes) {
-      const size_t m = sh[0], k = sh[1], n = sh[2], n2 = n / 2;
-      const std::string what = std::string(target) + " m " + std::to_string(m) + " k " +
-                               std::to_string(k) + " n " + std::to_string(n);
-      const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 3, 5, rng);
-      const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 0, 2, rng);  // w^T of an [n, k] w
-      const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
-      PackedBuffer packed(StrassenPackedBFloats(k, n));
-      std::vector<float> tmp(StrassenPackTmpFloats(k, n));
-      const StrassenPackedB ops = PackBStrassen(b.view, packed.data, tmp.data());
-      ASSERT_EQ(ops.half_k(), k / 2) << what;
-      ASSERT_EQ(ops.half_n(), n2) << what;
-      std::vector<float> sums(StrassenSumsFloats(m, k) + 1);
-      const StrassenA sa = StrassenSumsOfA(a.view, sums.data() + 1);  // misaligned sums
-      for (const bool with_bias : {false, true}) {
-        // c = [left | right] in one row-padded buffer with sentinels around.
-        const size_t ldc = n + 3, offset = 1;
-        std::vector<float> c(offset + m * ldc + 2, -777.0f);
-        float* c0 = c.data() + offset;
-        const MatrixView left{c0, m, n2, static_cast<ptrdiff_t>(ldc), 1};
-        const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
-        const float* bl = with_bias ? bias.view.data : nullptr;
-        const float* br = with_bias ? bias.view.data + n2 : nullptr;
-        ASSERT_TRUE(GemmStrassenPackedB(sa, ops, left, right, bl, br)) << what;
-        double max_a = 0, max_b = 0;
+  const char* const target = target_name();
+  if (!GemmDirectSupported()) GTEST_SKIP() << kNoDirect;
+  std::mt19937 rng(91);
+  for (const auto& sh : shapes) {
+    const size_t m = sh[0], k = sh[1], n = sh[2], n2 = n / 2;
+    const std::string what = std::string(target) + " m " + std::to_string(m) + " k " +
+                             std::to_string(k) + " n " + std::to_string(n);
+    const Buffer a = RandomBuffer(m, k, Layout::kRowMajor, 3, 5, rng);
+    const Buffer b = RandomBuffer(k, n, Layout::kColMajor, 0, 2, rng);  // w^T of an [n, k] w
+    const Buffer bias = RandomBuffer(1, n, Layout::kRowMajor, 1, 0, rng);
+    PackedBuffer packed(StrassenPackedBFloats(k, n));
+    std::vector<float> tmp(StrassenPackTmpFloats(k, n));
+    const StrassenPackedB ops = PackBStrassen(b.view, packed.data, tmp.data());
+    ASSERT_EQ(ops.half_k(), k / 2) << what;
+    ASSERT_EQ(ops.half_n(), n2) << what;
+    std::vector<float> sums(StrassenSumsFloats(m, k) + 1);
+    const StrassenA sa = StrassenSumsOfA(a.view, sums.data() + 1);  // misaligned sums
+    for (const bool with_bias : {false, true}) {
+      // c = [left | right] in one row-padded buffer with sentinels around.
+      const size_t ldc = n + 3, offset = 1;
+      std::vector<float> c(offset + m * ldc + 2, -777.0f);
+      float* c0 = c.data() + offset;
+      const MatrixView left{c0, m, n2, static_cast<ptrdiff_t>(ldc), 1};
+      const MatrixView right{c0 + n2, m, n2, static_cast<ptrdiff_t>(ldc), 1};
+      const float* bl = with_bias ? bias.view.data : nullptr;
+      const float* br = with_bias ? bias.view.data + n2 : nullptr;
+      ASSERT_TRUE(GemmStrassenPackedB(sa, ops, bl, br, left, right)) << what;
+      double max_a = 0, max_b = 0;
+      for (size_t i = 0; i < m; ++i) {
+        for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
+      }
+      for (size_t p = 0; p < k; ++p) {
+        for (size_t j = 0; j < n; ++j) max_b = std::max(max_b, std::abs(double{b.at(p, j)}));
+      }
+      const double eps = std::numeric_limits<float>::epsilon();
+      for (size_t i = 0; i < m; ++i) {
+        for (size_t j = 0; j < n; ++j) {
+          double want = with_bias ? double{bias.at(0, j)} : 0.0;
+          for (size_t p = 0; p < k; ++p) want += double{a.at(i, p)} * double{b.at(p, j)};
+          const double bound = 8 * eps * (k * max_a * max_b + std::abs(want));
+          ASSERT_NEAR(c0[i * ldc + j], want, bound)
+              << what << " bias " << with_bias << " (" << i << ", " << j << ")";
+        }
+        for (size_t j = n; j < ldc && i + 1 < m; ++j) {
+          ASSERT_EQ(c0[i * ldc + j], -777.0f) << what << " padding of row " << i;
+        }
+      }
+      ASSERT_EQ(c[0], -777.0f) << what;
+      ASSERT_EQ(c[offset + (m - 1) * ldc + n], -777.0f) << what;
+      // Columns [nr, n2) of each half through Columns: the same bits as the whole call.
+      if (n2 > nr) {
+        std::vector<float> part(m * ldc, 0.0f);
+        const size_t nc = n2 - nr;
+        const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
+        const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
+        ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), with_bias ? bl + nr : nullptr,
+                                        with_bias ? br + nr : nullptr, pl, pr));
         for (size_t i = 0; i < m; ++i) {
-          for (size_t p = 0; p < k; ++p) max_a = std::max(max_a, std::abs(double{a.at(i, p)}));
-        }
-        for (size_t p = 0; p < k; ++p) {
-          for (size_t j = 0; j < n; ++j) max_b = std::max(max_b, std::abs(double{b.at(p, j)}));
-        }
-        const double eps = std::numeric_limits<float>::epsilon();
-        for (size_t i = 0; i < m; ++i) {
-          for (size_t j = 0; j < n; ++j) {
-            double want = with_bias ? double{bias.at(0, j)} : 0.0;
-            for (size_t p = 0; p < k; ++p) want += double{a.at(i, p)} * double{b.at(p, j)};
-            const double bound = 8 * eps * (k * max_a * max_b + std::abs(want));
-            ASSERT_NEAR(c0[i * ldc + j], want, bound)
-                << what << " bias " << with_bias << " (" << i << ", " << j << ")";
-          }
-          for (size_t j = n; j < ldc && i + 1 < m; ++j) {
-            ASSERT_EQ(c0[i * ldc + j], -777.0f) << what << " padding of row " << i;
-          }
-        }
-        ASSERT_EQ(c[0], -777.0f) << what;
-        ASSERT_EQ(c[offset + (m - 1) * ldc + n], -777.0f) << what;
-        // Columns [nr, n2) of each half through Columns: the same bits as the whole call.
-        if (n2 > nr) {
-          std::vector<float> part(m * ldc, 0.0f);
-          const size_t nc = n2 - nr;
-          const MatrixView pl{part.data(), m, nc, static_cast<ptrdiff_t>(ldc), 1};
-          const MatrixView pr{part.data() + n2, m, nc, static_cast<ptrdiff_t>(ldc), 1};
-          ASSERT_TRUE(GemmStrassenPackedB(sa, ops.Columns(nr, nc), pl, pr,
-                                          with_bias ? bl + nr : nullptr,
-                                          with_bias ? br + nr : nullptr));
-          for (size_t i = 0; i < m; ++i) {
-            for (size_t j = 0; j < nc; ++j) {
-              ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;
-              ASSERT_EQ(part[i * ldc + n2 + j], c0[i * ldc + n2 + nr + j]) << what << " right";
-            }
+          for (size_t j = 0; j < nc; ++j) {
+            ASSERT_EQ(part[i * ldc + j], c0[i * ldc + nr + j]) << what << " left " << i;
+            ASSERT_EQ(part[i * ldc + n2 + j], c0[i * ldc + n2 + nr + j]) << what << " right";
           }
         }
       }
     }
-  });
+  }
 }
+MHA_INSTANTIATE_PER_TARGET(GemmStrassenTargetTest);
 
 }  // namespace
 }  // namespace kernels

@@ -155,62 +155,58 @@ const size_t kKs[] = {1,  2,  3,  4,  5,  6,   7,   8,   9,   10,  11,  12,  13,
                       33, 63, 64, 65, 96, 127, 128, 129, 191, 255, 256, 257, 299, 300};
 const size_t kNs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 64, 70};
 
-TEST(GemvTest, MatchesDoubleReference) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(5);
-    // Every row-tile remainder (m 1..9), then full and partial tiles up to one past the GEMV
-    // threshold; not every m in between, which would only repeat those tile shapes (and cost
-    // minutes under emulation in CI).
-    for (const size_t m :
-         {size_t{1}, size_t{2}, size_t{3}, size_t{4}, size_t{5}, size_t{6}, size_t{7}, size_t{8},
-          size_t{9}, kGemvMaxRows - 3, kGemvMaxRows, kGemvMaxRows + 1}) {
-      for (const size_t k : kKs) {
-        for (const size_t n : kNs) {
-          // Rotate layouts, offsets and alpha/beta over the cases rather than crossing them all.
-          const size_t pick = m + k + n;
-          const CLayout layout = static_cast<CLayout>(pick % 3);
-          const size_t offset = pick % 4;
-          const float alphas[] = {1.0f, -0.5f, 1.5f};
-          const float betas[] = {0.0f, 1.0f, 0.25f};
-          const float alpha = alphas[(pick / 3) % 3];
-          const float beta = betas[(pick / 9) % 3];
-          const Problem p = MakeProblem(m, n, k, layout, offset, &rng);
-          CheckAgainstReference(p, alpha, beta, Describe(m, n, k, layout, offset, alpha, beta));
-          if (::testing::Test::HasFailure()) return;
+class GemvTargetTest : public test::PerTargetTest {};
+
+TEST_P(GemvTargetTest, MatchesDoubleReference) {
+  std::mt19937 rng(5);
+  // Every row-tile remainder (m 1..9), then full and partial tiles up to one past the GEMV
+  // threshold; not every m in between, which would only repeat those tile shapes (and cost
+  // minutes under emulation in CI).
+  for (const size_t m :
+       {size_t{1}, size_t{2}, size_t{3}, size_t{4}, size_t{5}, size_t{6}, size_t{7}, size_t{8},
+        size_t{9}, kGemvMaxRows - 3, kGemvMaxRows, kGemvMaxRows + 1}) {
+    for (const size_t k : kKs) {
+      for (const size_t n : kNs) {
+        // Rotate layouts, offsets and alpha/beta over the cases rather than crossing them all.
+        const size_t pick = m + k + n;
+        const CLayout layout = static_cast<CLayout>(pick % 3);
+        const size_t offset = pick % 4;
+        const float alphas[] = {1.0f, -0.5f, 1.5f};
+        const float betas[] = {0.0f, 1.0f, 0.25f};
+        const float alpha = alphas[(pick / 3) % 3];
+        const float beta = betas[(pick / 9) % 3];
+        const Problem p = MakeProblem(m, n, k, layout, offset, &rng);
+        CheckAgainstReference(p, alpha, beta, Describe(m, n, k, layout, offset, alpha, beta));
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_P(GemvTargetTest, EveryStorageOfCAndMisalignment) {
+  std::mt19937 rng(6);
+  for (const CLayout layout : {CLayout::kRowMajor, CLayout::kColMajor, CLayout::kGeneral}) {
+    for (size_t offset = 0; offset < 4; ++offset) {
+      for (const float beta : {0.0f, 1.0f, -2.0f}) {
+        for (const size_t m : {1, 4, 6}) {
+          const Problem p = MakeProblem(m, 37, 77, layout, offset, &rng);
+          CheckAgainstReference(p, 0.75f, beta, Describe(m, 37, 77, layout, offset, 0.75f, beta));
         }
       }
     }
-  });
+  }
 }
 
-TEST(GemvTest, EveryStorageOfCAndMisalignment) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(6);
-    for (const CLayout layout : {CLayout::kRowMajor, CLayout::kColMajor, CLayout::kGeneral}) {
-      for (size_t offset = 0; offset < 4; ++offset) {
-        for (const float beta : {0.0f, 1.0f, -2.0f}) {
-          for (const size_t m : {1, 4, 6}) {
-            const Problem p = MakeProblem(m, 37, 77, layout, offset, &rng);
-            CheckAgainstReference(p, 0.75f, beta, Describe(m, 37, 77, layout, offset, 0.75f, beta));
-          }
-        }
-      }
-    }
-  });
-}
-
-TEST(GemvTest, BetaZeroIgnoresNaNInC) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(8);
-    Problem p = MakeProblem(3, 11, 40, CLayout::kRowMajor, 1, &rng);
-    for (size_t e = 0; e < p.c_buf.size(); ++e) {
-      if (p.c_in_view[e]) p.c_buf[e] = std::numeric_limits<float>::quiet_NaN();
-    }
-    Gemv(1.0f, p.a, p.b, 0.0f, p.c);
-    for (size_t i = 0; i < p.m; ++i) {
-      for (size_t j = 0; j < p.n; ++j) ASSERT_TRUE(std::isfinite(At(p.c, i, j))) << i << "," << j;
-    }
-  });
+TEST_P(GemvTargetTest, BetaZeroIgnoresNaNInC) {
+  std::mt19937 rng(8);
+  Problem p = MakeProblem(3, 11, 40, CLayout::kRowMajor, 1, &rng);
+  for (size_t e = 0; e < p.c_buf.size(); ++e) {
+    if (p.c_in_view[e]) p.c_buf[e] = std::numeric_limits<float>::quiet_NaN();
+  }
+  Gemv(1.0f, p.a, p.b, 0.0f, p.c);
+  for (size_t i = 0; i < p.m; ++i) {
+    for (size_t j = 0; j < p.n; ++j) ASSERT_TRUE(std::isfinite(At(p.c, i, j))) << i << "," << j;
+  }
 }
 
 bool BitwiseEqual(const std::vector<float>& x, const std::vector<float>& y) {
@@ -238,21 +234,20 @@ std::vector<float> Solve(const Problem& p, float alpha, float beta,
 // Each element runs the same operations whatever tile it lands in, so any split of c into calls
 // (rows into tiles of other sizes, columns out of their groups of 4) gives the same bits, for
 // any beta.
-TEST(GemvTest, SplitCallsGiveTheSameBits) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(9);
-    for (const float beta : {0.0f, 1.0f, 0.3f}) {
-      const Problem p = MakeProblem(8, 23, 131, CLayout::kRowMajor, 1, &rng);
-      const std::vector<float> whole = Solve(p, 0.5f, beta, {0, 8}, {0, 23});
-      EXPECT_TRUE(BitwiseEqual(whole, Solve(p, 0.5f, beta, {0, 1, 3, 6, 8}, {0, 2, 7, 23})));
-      EXPECT_TRUE(BitwiseEqual(whole, Solve(p, 0.5f, beta, {0, 5, 8}, {0, 1, 2, 3, 4, 5, 6, 23})));
-      std::vector<size_t> every_row, every_col;
-      for (size_t i = 0; i <= 8; ++i) every_row.push_back(i);
-      for (size_t j = 0; j <= 23; ++j) every_col.push_back(j);
-      EXPECT_TRUE(BitwiseEqual(whole, Solve(p, 0.5f, beta, every_row, every_col)));
-    }
-  });
+TEST_P(GemvTargetTest, SplitCallsGiveTheSameBits) {
+  std::mt19937 rng(9);
+  for (const float beta : {0.0f, 1.0f, 0.3f}) {
+    const Problem p = MakeProblem(8, 23, 131, CLayout::kRowMajor, 1, &rng);
+    const std::vector<float> whole = Solve(p, 0.5f, beta, {0, 8}, {0, 23});
+    EXPECT_TRUE(BitwiseEqual(whole, Solve(p, 0.5f, beta, {0, 1, 3, 6, 8}, {0, 2, 7, 23})));
+    EXPECT_TRUE(BitwiseEqual(whole, Solve(p, 0.5f, beta, {0, 5, 8}, {0, 1, 2, 3, 4, 5, 6, 23})));
+    std::vector<size_t> every_row, every_col;
+    for (size_t i = 0; i <= 8; ++i) every_row.push_back(i);
+    for (size_t j = 0; j <= 23; ++j) every_col.push_back(j);
+    EXPECT_TRUE(BitwiseEqual(whole, Solve(p, 0.5f, beta, every_row, every_col)));
+  }
 }
+MHA_INSTANTIATE_PER_TARGET(GemvTargetTest);
 
 TEST(GemvTest, RepeatedAndConcurrentCallsAreBitwiseEqual) {
   std::mt19937 rng(10);

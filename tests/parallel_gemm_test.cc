@@ -38,8 +38,8 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a,
   const size_t lda = p.k + 3;
   std::vector<float> c(p.batches * p.m * p.n, std::nanf(""));
   GemmJob job;
-  job.a = {const_cast<float*>(a.data()), p.m, p.k, static_cast<ptrdiff_t>(lda), 1};
-  job.b = {const_cast<float*>(w.data()), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)};
+  job.a = {a.data(), p.m, p.k, static_cast<ptrdiff_t>(lda), 1};
+  job.b = {w.data(), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)};
   job.c = {c.data(), p.m, p.n, static_cast<ptrdiff_t>(p.n), 1};
   job.b_packed = prepacked;
   job.b_strassen = strassen;
@@ -83,22 +83,24 @@ void FillOperands(const Problem& p, std::mt19937* rng, std::vector<float>* a, st
 
 TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
   std::mt19937 rng(17);
-  // Shapes straddling the 128 x 256 panel size, with a batch dimension, and products large
-  // enough for 256 x 512 panels (with edge panels of 1..16 rows, which take the GEMV path).
+  // Shapes straddling the panel sizes, with a batch dimension, and products large enough for
+  // the large panels (with edge panels of 1..16 rows, which take the GEMV route).
   const Problem problems[] = {{1, 1, 1, 1, true},        {1, 130, 70, 300, true},
                               {3, 129, 64, 257, false},  {2, 300, 33, 513, true},
                               {1, 17, 512, 1536, true},  {1, 1040, 40, 1100, true},
                               {2, 513, 24, 1030, false}, {8, 257, 8, 520, true},
                               {1, 400, 300, 700, true},  {3, 40, 20, 50, false}};
   for (const Problem& p : problems) {
+    // A GEMV-route product is one row panel (the panels split its columns only).
     GemmJob job;
     job.c.rows = p.m;
     job.c.cols = p.n;
     job.batches = p.batches;
-    const bool large =
-        p.m > kernels::kGemvMaxRows && p.batches * ((p.m + 255) / 256) * ((p.n + 511) / 512) >= 8;
-    EXPECT_EQ(PanelsOf(job).rows, large ? kLargePanelRows : kPanelRows)
-        << "m " << p.m << " n " << p.n;
+    const PanelShape panel = PanelsOf(job);
+    EXPECT_GT(panel.cols, 0u);
+    if (p.m <= kernels::kGemvMaxRows) {
+      EXPECT_GE(panel.rows, p.m) << Describe(p);
+    }
   }
   for (const Problem& p : problems) {
     SCOPED_TRACE(Describe(p));
@@ -125,7 +127,7 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
           << threads << " threads";
     }
     // With room to pack the weights once (products of two or more row panels then take the
-    // shared packing): the same bits on row-preferring micro-kernels, where GemmPackedB and
+    // shared packing): the same bits on row-preferring micro-kernels, where GemmBlisPackedB and
     // Gemm agree (on others the rows may round differently; the partition still depends only on
     // shapes), for any thread count; too little room packs nothing.
     // (Unless the unpacked partition has an edge panel of 16 rows or fewer: that one takes the
@@ -155,6 +157,36 @@ TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
   }
 }
 
+// More jobs than kMaxGemmJobs in one call: every job runs, each with the bits it has alone.
+TEST(ParallelGemmTest, AnyNumberOfJobs) {
+  std::mt19937 rng(31);
+  const size_t num_jobs = 2 * kMaxGemmJobs + 3;
+  const Problem p{1, 20, 24, 40, true};
+  std::vector<std::vector<float>> as(num_jobs), ws(num_jobs), biases(num_jobs), cs(num_jobs);
+  std::vector<GemmJob> jobs(num_jobs);
+  for (size_t j = 0; j < num_jobs; ++j) {
+    FillOperands(p, &rng, &as[j], &ws[j], &biases[j]);
+    cs[j].assign(p.m * p.n, std::nanf(""));
+    jobs[j].a = {as[j].data(), p.m, p.k, static_cast<ptrdiff_t>(p.k + 3), 1};
+    jobs[j].b = {ws[j].data(), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)};
+    jobs[j].c = {cs[j].data(), p.m, p.n, static_cast<ptrdiff_t>(p.n), 1};
+    jobs[j].bias = biases[j].data();
+  }
+  ThreadPool pool(2);
+  size_t stride = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &stride);
+  Arena arena;
+  ASSERT_TRUE(arena.Init(2 * stride + 64).ok());
+  void* scratch = nullptr;
+  ASSERT_TRUE(arena.Allocate(2 * stride, &scratch).ok());
+  ParallelGemm(pool, jobs.data(), num_jobs, static_cast<uint8_t*>(scratch), stride);
+  for (size_t j = 0; j < num_jobs; ++j) {
+    const std::vector<float> alone = RunGemm(p, as[j], ws[j], biases[j], 1);
+    ASSERT_EQ(0, std::memcmp(alone.data(), cs[j].data(), alone.size() * sizeof(float)))
+        << "job " << j;
+  }
+}
+
 // w^T [k, n] of w [n, k] packed by kernels::PackB into 64-byte aligned storage.
 struct Prepacked {
   std::vector<float> storage;
@@ -165,16 +197,15 @@ Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
   r.storage.assign(kernels::PackedBFloats(k, n) + 16, std::nanf(""));
   float* dst = r.storage.data();
   dst += (16 - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % 16) % 16;
-  r.packed =
-      kernels::PackB({const_cast<float*>(w.data()), k, n, 1, static_cast<ptrdiff_t>(k)}, dst);
+  r.packed = kernels::PackB({w.data(), k, n, 1, static_cast<ptrdiff_t>(k)}, dst);
   return r;
 }
 
 // Prepacked weights (GemmJob::b_packed): from PrepackedMinRows() rows per product, every panel
-// multiplies the packing, so the result is bitwise one MultiplyPacked call over each whole
-// product (GemmPackedBDirect where UsesDirect, else GemmPackedB;
-// plus the bias), for any thread count and whether or not there is room to pack; fewer rows
-// take the unpacked path (GEMV) and give its bits.
+// multiplies the packing, so the result is bitwise one MultiplyPackedB call over each whole
+// product on its route (GemmDirectPackedB or GemmBlisPackedB, plus the bias), for any thread count
+// and whether or not there is room to pack; fewer rows take the unpacked path (GEMV) and give its
+// bits.
 TEST(ParallelGemmTest, PrepackedWeights) {
   std::mt19937 rng(23);
   const Problem problems[] = {
@@ -198,9 +229,10 @@ TEST(ParallelGemmTest, PrepackedWeights) {
         const kernels::MatrixView av{a.data() + b * p.m * lda, p.m, p.k,
                                      static_cast<ptrdiff_t>(lda), 1};
         float* c = want.data() + b * p.m * p.n;
-        MultiplyPacked(UsesDirect(p.m), av, pw.packed,
-                       {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
-        if (p.bias) kernels::AddBiasRows(c, p.m, p.n, static_cast<ptrdiff_t>(p.n), bias.data());
+        const kernels::GemmRoute route =
+            kernels::ChooseGemmRoute({p.m, p.n, p.k, DType::kF32, kernels::BPacking::kPrepacked});
+        MultiplyPackedB(route, av, pw.packed, p.bias ? bias.data() : nullptr,
+                        {c, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1}, scratch);
       }
     } else {
       want = RunGemm(p, a, w, bias, 1);
@@ -227,7 +259,7 @@ TEST(ParallelGemmTest, PrepackedWeights) {
 // double-precision product, and rows of panels too short for Strassen are bitwise the plain
 // prepacked product's.
 TEST(ParallelGemmTest, StrassenWeights) {
-  if (!kernels::GemmPackedBDirectSupported()) GTEST_SKIP() << "no direct micro-kernel here";
+  if (!kernels::GemmDirectSupported()) GTEST_SKIP() << "no direct micro-kernel here";
   const size_t nr = kernels::GemmBlocking().nr;
   std::mt19937 rng(29);
   const Problem problems[] = {{1, 128, 512, 16 * nr, true}, {2, 131, 64, 4 * nr, true},
@@ -243,7 +275,7 @@ TEST(ParallelGemmTest, StrassenWeights) {
     float* dst = storage.data();
     dst += (16 - reinterpret_cast<uintptr_t>(dst) / sizeof(float) % 16) % 16;
     const kernels::StrassenPackedB ops = kernels::PackBStrassen(
-        {const_cast<float*>(w.data()), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)}, dst, tmp.data());
+        {w.data(), p.k, p.n, 1, static_cast<ptrdiff_t>(p.k)}, dst, tmp.data());
     GemmJob probe;
     probe.a = {a.data(), p.m, p.k, static_cast<ptrdiff_t>(p.k + 3), 1};
     probe.c = {nullptr, p.m, p.n, static_cast<ptrdiff_t>(p.n), 1};
@@ -291,32 +323,47 @@ TEST(ParallelGemmTest, StrassenWeights) {
   }
 }
 
-// Strassen panels: 128 rows by the widest columns per half giving kMinPrepackedTasks tasks; a
-// job alone in its call with one batch of at most 128 rows takes two row panels (the first
-// even, the second at least kStrassenMinPanelRows rows) by the widest columns.
+// Strassen panels, whatever their tuned sizes: columns per half a multiple of NR; rows even
+// for every panel but the last (Strassen halves a panel's rows); kMinPrepackedTasks tasks where
+// the columns allow it; a job alone in its call with one batch of at most kStrassenPanelRows
+// rows splits them into two row panels only if the second keeps kStrassenMinPanelRows rows (else
+// it would run the plain product). Bitwise results for any thread count: StrassenWeights.
 TEST(ParallelGemmTest, StrassenPanels) {
   const size_t nr = kernels::GemmBlocking().nr;
-  auto panels = [](size_t batches, size_t m, size_t n, bool alone) {
-    GemmJob job;
-    job.c.rows = m;
-    job.c.cols = n;
-    job.batches = batches;
-    job.b_strassen.op[0].n = n / 2;
-    return StrassenPanelsOf(job, alone);
-  };
-  const size_t widest = 512 / nr * nr;
-  EXPECT_EQ(panels(1, 128, 512, false).rows, kStrassenPanelRows);  // q, k, v: column panels
-  const PanelShape qkv = panels(1, 128, 512, false);  // NR 16 (x86-64): 128; NR 12: 252
-  EXPECT_EQ(qkv.cols % nr, 0u);
-  EXPECT_GE((256 + qkv.cols - 1) / qkv.cols, kMinPrepackedTasks);
-  EXPECT_LT(qkv.cols, widest);
-  EXPECT_EQ(panels(1, 128, 512, true).rows, 64u);
-  EXPECT_EQ(panels(1, 128, 512, true).cols, widest);  // tasks clamp it to the half
-  EXPECT_EQ(panels(1, 101, 512, true).rows, 52u);     // 52 + 49
-  EXPECT_EQ(panels(1, 64, 512, true).rows, 32u);
-  EXPECT_EQ(panels(1, 65, 512, true).rows, kStrassenPanelRows);   // 34 + 31: no split
-  EXPECT_EQ(panels(2, 128, 512, true).rows, kStrassenPanelRows);  // the batches make the tasks
-  EXPECT_EQ(panels(1, 256, 512, true).rows, kStrassenPanelRows);
+  const size_t narrowest = std::max(nr, size_t{64} / nr * nr);
+  for (const size_t batches : {size_t{1}, size_t{2}}) {
+    for (const size_t m : {size_t{33}, size_t{64}, size_t{65}, size_t{101}, size_t{128},
+                           size_t{129}, size_t{256}, size_t{1000}}) {
+      for (const size_t n : {2 * nr, 512 / nr * nr * 2, size_t{1536} / (2 * nr) * 2 * nr}) {
+        for (const bool alone : {false, true}) {
+          SCOPED_TRACE("batches " + std::to_string(batches) + " m " + std::to_string(m) + " n " +
+                       std::to_string(n) + (alone ? " alone" : ""));
+          GemmJob job;
+          job.c.rows = m;
+          job.c.cols = n;
+          job.batches = batches;
+          job.b_strassen.op[0].n = n / 2;
+          const PanelShape p = StrassenPanelsOf(job, alone);
+          ASSERT_GT(p.rows, 0u);
+          ASSERT_GT(p.cols, 0u);
+          EXPECT_EQ(p.cols % nr, 0u);
+          const size_t row_panels = (m + p.rows - 1) / p.rows;
+          if (row_panels > 1) {
+            EXPECT_EQ(p.rows % 2, 0u);
+          }
+          const uint64_t tasks = batches * row_panels * ((n / 2 + p.cols - 1) / p.cols);
+          EXPECT_TRUE(tasks >= kMinPrepackedTasks || p.cols == narrowest) << tasks << " tasks";
+          if (p.rows < std::min(m, kStrassenPanelRows)) {
+            // The split of a short job alone: two row panels, the second long enough.
+            EXPECT_TRUE(alone);
+            EXPECT_EQ(batches, 1u);
+            EXPECT_EQ(row_panels, 2u);
+            EXPECT_GE(m - p.rows, kStrassenMinPanelRows);
+          }
+        }
+      }
+    }
+  }
 }
 
 // Panels of prepacked jobs: mc rows; the widest column width (a multiple of NR) that gives

@@ -272,7 +272,7 @@ TEST(Weights16Test, KvCacheDecodeBitwise) {
     std::unique_ptr<MultiheadAttention> f32_layer, half_layer;
     // The bitwise twin of a 16-bit layer is the f32 layer without prepacked weights
     // (AttentionConfig::weight_dtype): a decode step's one-row projections multiply prepacked
-    // weights where kernels::GemmPackedBDirect runs.
+    // weights where kernels::GemmDirectPackedB runs.
     AttentionConfig c32 = c;
     c32.prepack = WeightPrepack::kOff;
     ASSERT_TRUE(MultiheadAttention::Create(c32, wr, WeightBinding::kView, &f32_layer).ok());
