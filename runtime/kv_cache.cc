@@ -37,8 +37,12 @@
 #include "kernels/softmax.h"
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
+#include "runtime/forward_plan.h"
+#include "runtime/layer_weights.h"
 #include "runtime/parallel_gemm.h"
+#include "runtime/projections.h"
 #include "runtime/thread_pool.h"
+#include "runtime/validate.h"
 
 namespace mha {
 
@@ -61,67 +65,22 @@ constexpr int64_t kQueryBlock = 64;
 // the keys and values the forward projects, instead of the decode kernels' blocked schedule.
 constexpr int64_t kPrefillForwardMinTokens = 64;
 
-std::string Str(int64_t v) { return std::to_string(v); }
-
-size_t FloatBytes(size_t floats) {
-  size_t r = 0;
-  RoundUpToAlignment(floats * sizeof(float), &r);
-  return r;
+// The token layout under which ProjectionJob and OutputProjectionJob (projections.h) make of a
+// batch-first [N, T, ...] tensor with these strides the products the cache needs: one over all
+// N * T rows when the tokens are evenly spaced (one token per entry: the entries' rows, which the
+// sequence-major layout {batch, N * batch} says), else one per entry.
+TokenLayout CacheLayout(int64_t N, int64_t T, ptrdiff_t batch_stride, ptrdiff_t token_stride) {
+  if (T == 1) return {batch_stride, static_cast<ptrdiff_t>(N) * batch_stride};
+  return {batch_stride, token_stride};
 }
 
-// A validated [N, T, F] f32 input or output: element (n, t, f) at
-// data[n * batch_stride + t * token_stride + f].
-struct Seq {
-  float* data = nullptr;
-  int64_t tokens = 0;
-  ptrdiff_t batch_stride = 0;
-  ptrdiff_t token_stride = 0;
-};
-
-Status CheckSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
-                int64_t tokens, int64_t features, Seq* seq) {
-  const bool ok = t.present() && t.rank == 3 && t.dtype == DType::kF32 && t.shape[0] == batch &&
-                  t.shape[1] >= 1 && t.shape[1] <= (int64_t{1} << 31) &&
-                  (tokens <= 0 || t.shape[1] == tokens) && t.shape[2] == features &&
-                  (t.strides[2] == 1 || features == 1);
-  if (!ok) {
-    // Messages are built on the error path only: a successful call allocates nothing.
-    std::string got = t.present() ? t.ShapeString() : std::string("absent");
-    if (t.present() && t.rank == 3 && t.strides[2] != 1)
-      got += " with last stride " + Str(t.strides[2]);
-    return InvalidArgument(std::string(op) + name + ": expected [" + Str(batch) + ", " +
-                           (tokens > 0 ? Str(tokens) : std::string("T")) + ", " + Str(features) +
-                           "] f32 (batch-first, contiguous last dimension), got " + got);
-  }
-  seq->data = t.As<float>();
-  seq->tokens = t.shape[1];
-  seq->batch_stride = static_cast<ptrdiff_t>(t.strides[0]);
-  seq->token_stride = static_cast<ptrdiff_t>(t.strides[1]);
-  return Status::Ok();
-}
-
-// x [N, T, in] times W^T [in, out] + bias into dense dst [N*T, out]: one product over all
-// N * T rows when the tokens are evenly spaced, else one per entry.
-GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const WeightMatrix& w,
-                      const float* bias, int64_t out, float* dst, Stage stage) {
-  GemmJob job;
-  job.SetWeights(w, static_cast<size_t>(out), static_cast<size_t>(in));
-  job.bias = bias;
-  job.stage = stage;
-  const size_t T = static_cast<size_t>(x.tokens);
+// x [N, T, in] times W^T [in, out] + bias into dense dst [N*T, out].
+GemmJob CacheProjectionJob(const BatchFirstSeq& x, int64_t N, int64_t in, const WeightMatrix& w,
+                           const float* bias, int64_t out, float* dst) {
+  const SeqShape shape{x.tokens, in, CacheLayout(N, x.tokens, x.batch_stride, x.token_stride)};
   const ptrdiff_t ld = static_cast<ptrdiff_t>(out);
-  if (T == 1 || x.batch_stride == static_cast<ptrdiff_t>(T) * x.token_stride) {
-    const ptrdiff_t row = T == 1 ? x.batch_stride : x.token_stride;
-    job.a = {x.data, N * T, static_cast<size_t>(in), row, 1};
-    job.c = {dst, N * T, static_cast<size_t>(out), ld, 1};
-  } else {
-    job.a = {x.data, T, static_cast<size_t>(in), x.token_stride, 1};
-    job.c = {dst, T, static_cast<size_t>(out), ld, 1};
-    job.batches = static_cast<size_t>(N);
-    job.a_batch_stride = x.batch_stride;
-    job.c_batch_stride = static_cast<ptrdiff_t>(T) * ld;
-  }
-  return job;
+  return ProjectionJob(shape, x.data, static_cast<size_t>(N), w, bias, static_cast<size_t>(out),
+                       dst, CacheLayout(N, x.tokens, x.tokens * ld, ld), ld);
 }
 
 // Symmetric int8 codes of one row (kv_cache.hpp: scale = max |x| / 127, codes rounded half to
@@ -155,14 +114,10 @@ struct CacheRows {
 // even; int8: QuantizeRowI8).
 void StoreRow(const float* src, const CacheRows& m, int64_t row) {
   uint8_t* dst = m.data + row * m.hd * static_cast<int64_t>(DTypeSize(m.dtype));
-  if (m.dtype == DType::kF32) {
-    std::memcpy(dst, src, m.hd * sizeof(float));
-  } else if (m.dtype == DType::kBF16) {
-    kernels::F32ToBF16(src, reinterpret_cast<uint16_t*>(dst), m.hd);
-  } else if (m.dtype == DType::kF16) {
-    kernels::F32ToF16(src, reinterpret_cast<uint16_t*>(dst), m.hd);
-  } else {
+  if (m.dtype == DType::kI8) {
     QuantizeRowI8(src, m.hd, reinterpret_cast<int8_t*>(dst), m.scales + row);
+  } else {
+    ConvertElements(src, DType::kF32, dst, m.dtype, static_cast<size_t>(m.hd));
   }
 }
 
@@ -407,11 +362,8 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   const char* op = "KvCache::Plan: ";
   if (bytes == nullptr) return InvalidArgument(std::string(op) + "bytes is null");
   const LayerWeights& m = LayerWeightsOf(layer);
-  if (m.KVH != kv_heads_ || m.hd != head_dim_) {
-    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads_) +
-                           " and head_dim " + Str(head_dim_) + " (the cache's), got " + Str(m.KVH) +
-                           " and " + Str(m.hd));
-  }
+  Status s = ValidateCacheLayer(op, m, kv_heads_, head_dim_);
+  if (!s.ok()) return s;
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31)) {
     return InvalidArgument(std::string(op) + "max_tokens: expected 1.." + Str(int64_t{1} << 31) +
                            ", got " + Str(max_tokens));
@@ -439,7 +391,7 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
     for (const int64_t t : {max_tokens, std::clamp(unchunked, kPrefillForwardMinTokens,
                                                    max_tokens)}) {
       size_t forward_bytes = 0;
-      const Status s = PrefillPlanBytes(layer, batch_, t, threads, &forward_bytes);
+      s = PrefillPlanBytes(layer, batch_, t, threads, &forward_bytes);
       if (!s.ok()) return Status(s.code(), std::string(op) + s.message());
       planned = std::max(planned, forward_bytes);
     }
@@ -487,17 +439,9 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
   }
   for (int64_t n = 0; n < batch_; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t len = lengths_[static_cast<size_t>(n)];
-    if (c < 0 || c > T) {
-      return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
-                             " (tokens per entry), got " + Str(c));
-    }
-    if (len + c > capacity_) {
-      return InvalidArgument(std::string(op) + "capacity exceeded: batch entry " + Str(n) +
-                             " has length " + Str(len) + ", appending " + Str(c) +
-                             " tokens needs " + Str(len + c) + " positions, capacity " +
-                             Str(capacity_));
-    }
+    const Status s =
+        ValidateTokenCount(op, n, c, T, lengths_[static_cast<size_t>(n)], capacity_, true);
+    if (!s.ok()) return s;
   }
   const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, head_dim_},
                              {static_cast<uint8_t*>(v_), v_scales_, dtype_, head_dim_}};
@@ -541,19 +485,15 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                        (m.config.add_bias_kv ? "true" : "false") + ", add_zero_attn " +
                        (m.config.add_zero_attn ? "true" : "false"));
   }
-  if (m.KVH != kv_heads_ || m.hd != head_dim_) {
-    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads_) +
-                           " and head_dim " + Str(head_dim_) + " (the cache's), got " + Str(m.KVH) +
-                           " and " + Str(m.hd));
-  }
+  Status s = ValidateCacheLayer(op, m, kv_heads_, head_dim_);
+  if (!s.ok()) return s;
   const bool append = key != nullptr;
   const bool forward = query != nullptr;
   const int64_t N = batch_;
-  Seq q, k, v, out;
+  BatchFirstSeq q, k, v, out;
   int64_t T = 0;
-  Status s;
   if (forward) {
-    s = CheckSeq(*query, op, append ? "x" : "query", N, 0, m.qd, &q);
+    s = ValidateBatchFirstSeq(*query, op, append ? "x" : "query", N, 0, m.qd, &q);
     if (!s.ok()) return s;
     T = q.tokens;
   }
@@ -563,35 +503,21 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                              "layer: Step (self-attention) needs q_dim == kdim == vdim, got " +
                              Str(m.qd) + ", " + Str(m.kd) + ", " + Str(m.vd));
     }
-    s = CheckSeq(*key, op, forward ? "x" : "key", N, T, m.kd, &k);
+    s = ValidateBatchFirstSeq(*key, op, forward ? "x" : "key", N, T, m.kd, &k);
     if (!s.ok()) return s;
     T = k.tokens;
-    s = CheckSeq(*value, op, forward ? "x" : "value", N, T, m.vd, &v);
+    s = ValidateBatchFirstSeq(*value, op, forward ? "x" : "value", N, T, m.vd, &v);
     if (!s.ok()) return s;
   }
   if (forward) {
-    s = CheckSeq(*output, op, "output", N, T, m.E, &out);
+    s = ValidateBatchFirstSeq(*output, op, "output", N, T, m.E, &out);
     if (!s.ok()) return s;
   }
   // Lengths after the append, and the first query position of each entry.
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t len = lengths_[static_cast<size_t>(n)];
-    if (c < 0 || c > T) {
-      return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
-                             " (tokens per entry), got " + Str(c));
-    }
-    if (append && len + c > capacity_) {
-      return InvalidArgument(std::string(op) + "capacity exceeded: batch entry " + Str(n) +
-                             " has length " + Str(len) + ", appending " + Str(c) +
-                             " tokens needs " + Str(len + c) + " positions, capacity " +
-                             Str(capacity_));
-    }
-    if (!append && c > len) {
-      return InvalidArgument(
-          std::string(op) + "counts[" + Str(n) + "]: query tokens sit at the last " + Str(c) +
-          " cached positions, but batch entry " + Str(n) + " has length " + Str(len));
-    }
+    s = ValidateTokenCount(op, n, c, T, lengths_[static_cast<size_t>(n)], capacity_, append);
+    if (!s.ok()) return s;
   }
 
   if (forward && append && T >= kPrefillForwardMinTokens) {
@@ -606,7 +532,6 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   // ---- Plan the workspace (shapes only).
   const int64_t E = m.E, H = m.H, KVH = m.KVH, hd = m.hd, kvE = m.kvE;
   const int64_t G = H / KVH;
-  const size_t rows = static_cast<size_t>(N * T);
   int64_t max_len = 0;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
@@ -638,11 +563,11 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
     GemmJob jobs[3];
     size_t num_jobs = 0;
     if (forward) {
-      jobs[num_jobs++] = ProjectionJob(q, N, m.qd, m.w_q, m.b_q, E, q_buf, Stage::kQkvProjection);
+      jobs[num_jobs++] = CacheProjectionJob(q, N, m.qd, m.w_q, m.b_q, E, q_buf);
     }
     if (append) {
-      jobs[num_jobs++] = ProjectionJob(k, N, m.kd, m.w_k, m.b_k, kvE, k_new, Stage::kQkvProjection);
-      jobs[num_jobs++] = ProjectionJob(v, N, m.vd, m.w_v, m.b_v, kvE, v_new, Stage::kQkvProjection);
+      jobs[num_jobs++] = CacheProjectionJob(k, N, m.kd, m.w_k, m.b_k, kvE, k_new);
+      jobs[num_jobs++] = CacheProjectionJob(v, N, m.vd, m.w_v, m.b_v, kvE, v_new);
     }
     ParallelGemm(pool, jobs, num_jobs, scratch, per_worker, ctx.trace());
   }
@@ -791,22 +716,10 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
 
   // ---- 4. Output projection, then padding rows to 0.
   {
-    GemmJob job;
-    job.SetWeights(m.w_o, static_cast<size_t>(E), static_cast<size_t>(E));
-    job.bias = m.b_o;
-    job.stage = Stage::kOutProjection;
-    if (T == 1 || out.batch_stride == T * out.token_stride) {
-      job.a = {concat, rows, static_cast<size_t>(E), static_cast<ptrdiff_t>(E), 1};
-      job.c = {out.data, rows, static_cast<size_t>(E), T == 1 ? out.batch_stride : out.token_stride,
-               1};
-    } else {
-      job.a = {concat, static_cast<size_t>(T), static_cast<size_t>(E), static_cast<ptrdiff_t>(E),
-               1};
-      job.c = {out.data, static_cast<size_t>(T), static_cast<size_t>(E), out.token_stride, 1};
-      job.batches = static_cast<size_t>(N);
-      job.a_batch_stride = static_cast<ptrdiff_t>(T * E);
-      job.c_batch_stride = out.batch_stride;
-    }
+    const GemmJob job = OutputProjectionJob(
+        m, concat, CacheLayout(N, T, T * E, E), out.data,
+        CacheLayout(N, T, out.batch_stride, out.token_stride), static_cast<size_t>(N),
+        static_cast<size_t>(T));
     ParallelGemm(pool, &job, 1, scratch, per_worker, ctx.trace());
   }
   if (counts != nullptr) {
