@@ -7,14 +7,14 @@
 //   2. Store: tasks over (entry, kv head) convert the new K/V rows into the cache's storage type
 //      at positions len_n .. len_n + count_n - 1.
 //   3. Attention over the cache, one of two schedules chosen from the shapes only:
-//      - split (T <= kSplitMaxTokens, decoding): tasks over (entry, kv head, chunk of kChunk
+//      - split (T <= kSplitMaxTokens, decoding): tasks over (entry, kv head, span of kSpan
 //        positions). Each computes, for its G * T query rows, the partial online-softmax state
-//        of its chunk (row max, row sum, unnormalized P*V) into its own slot of the workspace;
-//        then tasks over (entry, head) merge the chunks in increasing order (flash-decoding).
+//        of its span (row max, row sum, unnormalized P*V) into its own slot of the workspace;
+//        then tasks over (entry, head) merge the spans in increasing order (flash-decoding).
 //        One token gives only N * kv_heads (entry, head) pairs, often fewer than threads; the
-//        chunks supply the parallelism.
+//        spans supply the parallelism.
 //      - blocked (prefill): tasks over (entry, head, block of kQueryBlock query rows), the
-//        online-softmax recurrence over the chunks in order, accumulating in place.
+//        online-softmax recurrence over the spans in order, accumulating in place.
 //      Both read the cache directly with the decode kernels (kernels/decode.h) and apply the
 //      causal limit through the softmax kernels' causal_offset.
 //   4. Output projection (ParallelGemm) into the caller's output; padding rows set to 0.
@@ -51,12 +51,12 @@ using kernels::MatrixView;
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// Cache positions per chunk: a chunk of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
+// Cache positions per span: a span of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
 // bf16 at hd = 64) stays in L2 between the scores and the weighted sum, and contexts of 512
-// positions and up give several chunks per head to spread over the threads.
-constexpr int64_t kChunk = 256;
+// positions and up give several spans per head to spread over the threads.
+constexpr int64_t kSpan = 256;
 // Up to this many query tokens per entry use the split schedule; its workspace grows with
-// tokens x chunks, so longer inputs (prefill) use the blocked schedule.
+// tokens x spans, so longer inputs (prefill) use the blocked schedule.
 constexpr int64_t kSplitMaxTokens = 4;
 // Query rows per task of the blocked schedule.
 constexpr int64_t kQueryBlock = 64;
@@ -130,7 +130,7 @@ size_t MatrixBytes(const KvCacheOptions& o) {
 size_t ScalesOffset(const KvCacheOptions& o) { return (2 * MatrixBytes(o) + 3) / 4 * 4; }
 
 // Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
-// schedule's per-chunk partial states (sized for a full cache, so the arena reaches its final
+// schedule's per-span partial states (sized for a full cache, so the arena reaches its final
 // size on the first decode step and never grows as the sequences get longer), new K and V
 // [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores).
 struct StepWorkspace {
@@ -153,11 +153,11 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
     ws.concat = off;
     off += FloatBytes(rows * m.E);
     if (split) {
-      const int64_t max_chunks = (capacity + kChunk - 1) / kChunk;
+      const int64_t max_spans = (capacity + kSpan - 1) / kSpan;
       ws.acc = off;
-      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_chunks * R * m.hd));
+      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_spans * R * m.hd));
       ws.stats = off;
-      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_chunks * 2 * R));
+      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_spans * 2 * R));
     }
   }
   if (append) {
@@ -168,8 +168,8 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
   }
   size_t attn_scratch = 0;
   if (forward) {
-    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kChunk))
-                         : FloatBytes(kQueryBlock * kChunk) + 2 * FloatBytes(kQueryBlock);
+    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kSpan))
+                         : FloatBytes(kQueryBlock * kSpan) + 2 * FloatBytes(kQueryBlock);
   }
   RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &ws.per_worker);
   ws.scratch = off;
@@ -538,7 +538,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
     max_len = std::max(max_len, lengths_[static_cast<size_t>(n)] + (append ? c : 0));
   }
   const bool split = T <= kSplitMaxTokens;
-  const int64_t chunks = std::max<int64_t>(1, (max_len + kChunk - 1) / kChunk);
+  const int64_t spans = std::max<int64_t>(1, (max_len + kSpan - 1) / kSpan);
   const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
   const size_t threads = ctx.num_threads();
   const StepWorkspace ws = PlanStep(m, N, T, capacity_, append, forward, threads);
@@ -606,57 +606,57 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   TraceRecorder* const trace = ctx.trace();
 
   if (split) {
-    // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
+    // Per (n, g, span) slot: acc [T][G][hd] (token-major, like concat's head columns) and
     // stats [2][G][T] (row max, then row sum).
     float* acc_all = reinterpret_cast<float*>(base + ws.acc);
     float* stats_all = reinterpret_cast<float*>(base + ws.stats);
     const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
-    pool.ParallelFor(static_cast<uint64_t>(N * KVH * chunks), [&](uint64_t task, size_t worker) {
-      const int64_t c = static_cast<int64_t>(task) % chunks;
-      const int64_t g = (static_cast<int64_t>(task) / chunks) % KVH;
-      const int64_t n = static_cast<int64_t>(task) / (chunks * KVH);
-      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, g, c);
+    pool.ParallelFor(static_cast<uint64_t>(N * KVH * spans), [&](uint64_t task, size_t worker) {
+      const int64_t c = static_cast<int64_t>(task) % spans;
+      const int64_t g = (static_cast<int64_t>(task) / spans) % KVH;
+      const int64_t n = static_cast<int64_t>(task) / (spans * KVH);
+      const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, g, c);
       float* acc = acc_all + task * slot_acc;
       float* row_max = stats_all + task * slot_stats;
       float* row_sum = row_max + R;
       std::fill(row_max, row_max + R, kNegInf);
       std::fill(row_sum, row_sum + R, 0.0f);
-      const int64_t k0 = c * kChunk;
+      const int64_t k0 = c * kSpan;
       const int64_t len = lengths_[static_cast<size_t>(n)];
       if (k0 >= len) return;  // past this entry's end: an empty partial state
       std::memset(acc, 0, slot_acc * sizeof(float));
-      const size_t keys = static_cast<size_t>(std::min(kChunk, len - k0));
-      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kChunk]
+      const size_t keys = static_cast<size_t>(std::min(kSpan, len - k0));
+      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kSpan]
       // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
       for (int64_t i = 0; i < T; ++i) {
         kernels::QueryKeyScores(q_buf + (n * T + i) * E + g * G * hd, G, hd, cache_k(n, g, k0),
-                                ctype, hd, scales_k(n, g, k0), keys, hd, scores + i * G * kChunk,
-                                kChunk);
+                                ctype, hd, scales_k(n, g, k0), keys, hd, scores + i * G * kSpan,
+                                kSpan);
       }
       for (int64_t h = 0; h < G; ++h) {
         kernels::SoftmaxMasks masks;
         masks.causal = true;
         masks.causal_offset = base_of(n) - k0;
-        kernels::OnlineSoftmaxUpdate(scores + h * kChunk, T, keys, G * kChunk, scale, masks,
+        kernels::OnlineSoftmaxUpdate(scores + h * kSpan, T, keys, G * kSpan, scale, masks,
                                      row_max + h * T, row_sum + h * T, acc + h * hd, hd, G * hd);
       }
       for (int64_t i = 0; i < T; ++i) {
-        kernels::AccumulateWeightedValues(scores + i * G * kChunk, G, kChunk, cache_v(n, g, k0),
+        kernels::AccumulateWeightedValues(scores + i * G * kSpan, G, kSpan, cache_v(n, g, k0),
                                           ctype, hd, scales_v(n, g, k0), keys, hd,
                                           acc + i * G * hd, hd);
       }
     });
-    // Merge the chunks of each (n, head) in increasing order.
+    // Merge the spans of each (n, head) in increasing order.
     pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t worker) {
       const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
-      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, h, -1);
+      const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, h, -1);
       const int64_t g = h / G, hh = h % G;
-      const int64_t used = (lengths_[static_cast<size_t>(n)] + kChunk - 1) / kChunk;
+      const int64_t used = (lengths_[static_cast<size_t>(n)] + kSpan - 1) / kSpan;
       for (int64_t i = 0; i < T; ++i) {
         float* dst = concat + (n * T + i) * E + h * hd;
         std::memset(dst, 0, hd * sizeof(float));
         if (i >= count_of(n)) continue;
-        const size_t first = static_cast<size_t>((n * KVH + g) * chunks);
+        const size_t first = static_cast<size_t>((n * KVH + g) * spans);
         float mx = kNegInf;
         for (int64_t c = 0; c < used; ++c) {
           mx = std::max(mx, stats_all[(first + c) * slot_stats + hh * T + i]);
@@ -681,7 +681,7 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       const int64_t b = static_cast<int64_t>(task) % blocks;
       const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
       const int64_t n = static_cast<int64_t>(task) / (blocks * H);
-      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, h, b);
+      const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, h, b);
       const int64_t g = h / G;
       const int64_t q0 = b * kQueryBlock;
       const int64_t block_rows = std::min(kQueryBlock, T - q0);
@@ -691,23 +691,23 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
       if (valid == 0) return;
       uint8_t* ws = scratch + worker * per_worker;
       float* scores = reinterpret_cast<float*>(ws);
-      float* row_max = reinterpret_cast<float*>(ws + FloatBytes(kQueryBlock * kChunk));
+      float* row_max = reinterpret_cast<float*>(ws + FloatBytes(kQueryBlock * kSpan));
       float* row_sum = row_max + FloatBytes(kQueryBlock) / sizeof(float);
       std::fill(row_max, row_max + valid, kNegInf);
       std::fill(row_sum, row_sum + valid, 0.0f);
       const int64_t first_pos = base_of(n) + q0;
       const int64_t key_end = first_pos + valid;  // keys the last row of the block sees
       const float* qr = q_buf + (n * T + q0) * E + h * hd;
-      for (int64_t k0 = 0; k0 < key_end; k0 += kChunk) {
-        const size_t keys = static_cast<size_t>(std::min(kChunk, key_end - k0));
+      for (int64_t k0 = 0; k0 < key_end; k0 += kSpan) {
+        const size_t keys = static_cast<size_t>(std::min(kSpan, key_end - k0));
         kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, scales_k(n, g, k0),
-                                keys, hd, scores, kChunk);
+                                keys, hd, scores, kSpan);
         kernels::SoftmaxMasks masks;
         masks.causal = true;
         masks.causal_offset = first_pos - k0;
-        kernels::OnlineSoftmaxUpdate(scores, valid, keys, kChunk, scale, masks, row_max, row_sum,
+        kernels::OnlineSoftmaxUpdate(scores, valid, keys, kSpan, scale, masks, row_max, row_sum,
                                      acc, hd, E);
-        kernels::AccumulateWeightedValues(scores, valid, kChunk, cache_v(n, g, k0), ctype, hd,
+        kernels::AccumulateWeightedValues(scores, valid, kSpan, cache_v(n, g, k0), ctype, hd,
                                           scales_v(n, g, k0), keys, hd, acc, E);
       }
       kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
