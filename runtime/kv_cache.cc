@@ -6,17 +6,8 @@
 //      arena, token-major (row n * T + t).
 //   2. Store: tasks over (entry, kv head) convert the new K/V rows into the cache's storage type
 //      at positions len_n .. len_n + count_n - 1.
-//   3. Attention over the cache, one of two schedules chosen from the shapes only:
-//      - split (T <= kSplitMaxTokens, decoding): tasks over (entry, kv head, span of kSpan
-//        positions). Each computes, for its G * T query rows, the partial online-softmax state
-//        of its span (row max, row sum, unnormalized P*V) into its own slot of the workspace;
-//        then tasks over (entry, head) merge the spans in increasing order (flash-decoding).
-//        One token gives only N * kv_heads (entry, head) pairs, often fewer than threads; the
-//        spans supply the parallelism.
-//      - blocked (prefill): tasks over (entry, head, block of kQueryBlock query rows), the
-//        online-softmax recurrence over the spans in order, accumulating in place.
-//      Both read the cache directly with the decode kernels (kernels/decode.h) and apply the
-//      causal limit through the softmax kernels' causal_offset.
+//   3. Attention over the cache (cache_attention.h): split over spans of positions then merged
+//      (decoding), or blocked by query rows (prefill), reading the cache in its storage type.
 //   4. Output projection (ParallelGemm) into the caller's output; padding rows set to 0.
 // Every partition depends on shapes and lengths only, never on the thread count, and each
 // output element is reduced in a fixed order, so results are bitwise identical for any number
@@ -27,16 +18,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <new>
 #include <string>
 
-#include "kernels/decode.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/softmax.h"
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
+#include "runtime/cache_attention.h"
 #include "runtime/forward_plan.h"
 #include "runtime/layer_weights.h"
 #include "runtime/parallel_gemm.h"
@@ -46,20 +33,8 @@
 
 namespace mha {
 
-using kernels::MatrixView;
-
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// Cache positions per span: a span of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
-// bf16 at hd = 64) stays in L2 between the scores and the weighted sum, and contexts of 512
-// positions and up give several spans per head to spread over the threads.
-constexpr int64_t kSpan = 256;
-// Up to this many query tokens per entry use the split schedule; its workspace grows with
-// tokens x spans, so longer inputs (prefill) use the blocked schedule.
-constexpr int64_t kSplitMaxTokens = 4;
-// Query rows per task of the blocked schedule.
-constexpr int64_t kQueryBlock = 64;
 // A Step of at least this many tokens into an empty cache (every entry, no padding) is a
 // prompt: it runs MultiheadAttention's causal forward (its tiled GEMM/softmax path) and stores
 // the keys and values the forward projects, instead of the decode kernels' blocked schedule.
@@ -128,55 +103,6 @@ size_t MatrixBytes(const KvCacheOptions& o) {
          static_cast<size_t>(o.capacity) * static_cast<size_t>(o.head_dim) * DTypeSize(o.dtype);
 }
 size_t ScalesOffset(const KvCacheOptions& o) { return (2 * MatrixBytes(o) + 3) / 4 * 4; }
-
-// Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
-// schedule's per-span partial states (sized for a full cache, so the arena reaches its final
-// size on the first decode step and never grows as the sequences get longer), new K and V
-// [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores).
-struct StepWorkspace {
-  size_t q = 0, concat = 0, acc = 0, stats = 0, k = 0, v = 0, scratch = 0;
-  size_t per_worker = 0, total = 0;
-};
-
-// From shapes alone: N entries, T tokens each, the cache's capacity, which parts run, threads.
-StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool append,
-                       bool forward, size_t threads) {
-  const int64_t G = m.H / m.KVH;
-  const size_t rows = static_cast<size_t>(N * T);
-  const bool split = T <= kSplitMaxTokens;
-  const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
-  StepWorkspace ws;
-  size_t off = 0;
-  if (forward) {
-    ws.q = off;
-    off += FloatBytes(rows * m.E);
-    ws.concat = off;
-    off += FloatBytes(rows * m.E);
-    if (split) {
-      const int64_t max_spans = (capacity + kSpan - 1) / kSpan;
-      ws.acc = off;
-      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_spans * R * m.hd));
-      ws.stats = off;
-      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_spans * 2 * R));
-    }
-  }
-  if (append) {
-    ws.k = off;
-    off += FloatBytes(rows * m.kvE);
-    ws.v = off;
-    off += FloatBytes(rows * m.kvE);
-  }
-  size_t attn_scratch = 0;
-  if (forward) {
-    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kSpan))
-                         : FloatBytes(kQueryBlock * kSpan) + 2 * FloatBytes(kQueryBlock);
-  }
-  RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &ws.per_worker);
-  ws.scratch = off;
-  off += ws.per_worker * threads;
-  ws.total = off;
-  return ws;
-}
 
 }  // namespace
 
@@ -530,16 +456,13 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   }
 
   // ---- Plan the workspace (shapes only).
-  const int64_t E = m.E, H = m.H, KVH = m.KVH, hd = m.hd, kvE = m.kvE;
-  const int64_t G = H / KVH;
+  const int64_t E = m.E, kvE = m.kvE;
   int64_t max_len = 0;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
     max_len = std::max(max_len, lengths_[static_cast<size_t>(n)] + (append ? c : 0));
   }
-  const bool split = T <= kSplitMaxTokens;
   const int64_t spans = std::max<int64_t>(1, (max_len + kSpan - 1) / kSpan);
-  const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
   const size_t threads = ctx.num_threads();
   const StepWorkspace ws = PlanStep(m, N, T, capacity_, append, forward, threads);
   const size_t per_worker = ws.per_worker;
@@ -573,8 +496,6 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   }
 
   // ---- 2. Store the new keys and values.
-  const size_t elem = DTypeSize(dtype_);
-  const ptrdiff_t head_stride = static_cast<ptrdiff_t>(capacity_ * hd);  // elements per (n, g)
   if (append) {
     StoreTokens(pool, k_new, v_new, T * kvE, kvE, T, counts, 0);
     for (int64_t n = 0; n < N; ++n) {
@@ -583,136 +504,17 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   }
   if (!forward) return ctx.TakeDispatchError();
 
-  // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
-  const kernels::CacheType ctype = static_cast<kernels::CacheType>(static_cast<int>(dtype_));
+  // ---- 3. Attention over the cache.
+  CacheStorage storage;
+  storage.k = k_;
+  storage.v = v_;
+  storage.k_scales = k_scales_;
+  storage.v_scales = v_scales_;
+  storage.dtype = dtype_;
+  storage.capacity = capacity_;
+  storage.lengths = lengths_.data();
+  RunCacheAttention(pool, ctx.trace(), m, storage, N, T, counts, spans, ws, base);
   float* concat = reinterpret_cast<float*>(base + ws.concat);
-  auto count_of = [&](int64_t n) { return counts != nullptr ? counts[n] : T; };
-  auto base_of = [&](int64_t n) { return lengths_[static_cast<size_t>(n)] - count_of(n); };
-  auto cache_k = [&](int64_t n, int64_t g, int64_t pos) {
-    return static_cast<const uint8_t*>(k_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
-  };
-  auto cache_v = [&](int64_t n, int64_t g, int64_t pos) {
-    return static_cast<const uint8_t*>(v_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
-  };
-  // int8 scales of the same rows (null for the other storage types).
-  auto scales_k = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return k_scales_ != nullptr ? k_scales_ + (n * KVH + g) * capacity_ + pos : nullptr;
-  };
-  auto scales_v = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return v_scales_ != nullptr ? v_scales_ + (n * KVH + g) * capacity_ + pos : nullptr;
-  };
-  const float scale = m.scale;
-  // One trace event per attention task (mha-bench --decode times the attention from them).
-  TraceRecorder* const trace = ctx.trace();
-
-  if (split) {
-    // Per (n, g, span) slot: acc [T][G][hd] (token-major, like concat's head columns) and
-    // stats [2][G][T] (row max, then row sum).
-    float* acc_all = reinterpret_cast<float*>(base + ws.acc);
-    float* stats_all = reinterpret_cast<float*>(base + ws.stats);
-    const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
-    pool.ParallelFor(static_cast<uint64_t>(N * KVH * spans), [&](uint64_t task, size_t worker) {
-      const int64_t c = static_cast<int64_t>(task) % spans;
-      const int64_t g = (static_cast<int64_t>(task) / spans) % KVH;
-      const int64_t n = static_cast<int64_t>(task) / (spans * KVH);
-      const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, g, c);
-      float* acc = acc_all + task * slot_acc;
-      float* row_max = stats_all + task * slot_stats;
-      float* row_sum = row_max + R;
-      std::fill(row_max, row_max + R, kNegInf);
-      std::fill(row_sum, row_sum + R, 0.0f);
-      const int64_t k0 = c * kSpan;
-      const int64_t len = lengths_[static_cast<size_t>(n)];
-      if (k0 >= len) return;  // past this entry's end: an empty partial state
-      std::memset(acc, 0, slot_acc * sizeof(float));
-      const size_t keys = static_cast<size_t>(std::min(kSpan, len - k0));
-      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kSpan]
-      // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
-      for (int64_t i = 0; i < T; ++i) {
-        kernels::QueryKeyScores(q_buf + (n * T + i) * E + g * G * hd, G, hd, cache_k(n, g, k0),
-                                ctype, hd, scales_k(n, g, k0), keys, hd, scores + i * G * kSpan,
-                                kSpan);
-      }
-      for (int64_t h = 0; h < G; ++h) {
-        kernels::SoftmaxMasks masks;
-        masks.causal = true;
-        masks.causal_offset = base_of(n) - k0;
-        kernels::OnlineSoftmaxUpdate(scores + h * kSpan, T, keys, G * kSpan, scale, masks,
-                                     row_max + h * T, row_sum + h * T, acc + h * hd, hd, G * hd);
-      }
-      for (int64_t i = 0; i < T; ++i) {
-        kernels::AccumulateWeightedValues(scores + i * G * kSpan, G, kSpan, cache_v(n, g, k0),
-                                          ctype, hd, scales_v(n, g, k0), keys, hd,
-                                          acc + i * G * hd, hd);
-      }
-    });
-    // Merge the spans of each (n, head) in increasing order.
-    pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t worker) {
-      const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
-      const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, h, -1);
-      const int64_t g = h / G, hh = h % G;
-      const int64_t used = (lengths_[static_cast<size_t>(n)] + kSpan - 1) / kSpan;
-      for (int64_t i = 0; i < T; ++i) {
-        float* dst = concat + (n * T + i) * E + h * hd;
-        std::memset(dst, 0, hd * sizeof(float));
-        if (i >= count_of(n)) continue;
-        const size_t first = static_cast<size_t>((n * KVH + g) * spans);
-        float mx = kNegInf;
-        for (int64_t c = 0; c < used; ++c) {
-          mx = std::max(mx, stats_all[(first + c) * slot_stats + hh * T + i]);
-        }
-        if (mx == kNegInf) continue;  // no key allowed (cannot happen: a token sees itself)
-        float sum = 0.0f;
-        for (int64_t c = 0; c < used; ++c) {
-          const float* st = stats_all + (first + c) * slot_stats;
-          const float cm = st[hh * T + i];
-          if (cm == kNegInf) continue;
-          const float w = std::exp(cm - mx);
-          sum += w * st[R + hh * T + i];
-          const float* a = acc_all + (first + c) * slot_acc + (i * G + hh) * hd;
-          for (int64_t d = 0; d < hd; ++d) dst[d] += w * a[d];
-        }
-        kernels::Scale(dst, hd, 1.0f / sum);
-      }
-    });
-  } else {
-    const int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
-    pool.ParallelFor(static_cast<uint64_t>(N * H * blocks), [&](uint64_t task, size_t worker) {
-      const int64_t b = static_cast<int64_t>(task) % blocks;
-      const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
-      const int64_t n = static_cast<int64_t>(task) / (blocks * H);
-      const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, h, b);
-      const int64_t g = h / G;
-      const int64_t q0 = b * kQueryBlock;
-      const int64_t block_rows = std::min(kQueryBlock, T - q0);
-      const int64_t valid = std::max<int64_t>(0, std::min(block_rows, count_of(n) - q0));
-      float* acc = concat + (n * T + q0) * E + h * hd;
-      for (int64_t r = 0; r < block_rows; ++r) std::memset(acc + r * E, 0, hd * sizeof(float));
-      if (valid == 0) return;
-      uint8_t* ws = scratch + worker * per_worker;
-      float* scores = reinterpret_cast<float*>(ws);
-      float* row_max = reinterpret_cast<float*>(ws + FloatBytes(kQueryBlock * kSpan));
-      float* row_sum = row_max + FloatBytes(kQueryBlock) / sizeof(float);
-      std::fill(row_max, row_max + valid, kNegInf);
-      std::fill(row_sum, row_sum + valid, 0.0f);
-      const int64_t first_pos = base_of(n) + q0;
-      const int64_t key_end = first_pos + valid;  // keys the last row of the block sees
-      const float* qr = q_buf + (n * T + q0) * E + h * hd;
-      for (int64_t k0 = 0; k0 < key_end; k0 += kSpan) {
-        const size_t keys = static_cast<size_t>(std::min(kSpan, key_end - k0));
-        kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, scales_k(n, g, k0),
-                                keys, hd, scores, kSpan);
-        kernels::SoftmaxMasks masks;
-        masks.causal = true;
-        masks.causal_offset = first_pos - k0;
-        kernels::OnlineSoftmaxUpdate(scores, valid, keys, kSpan, scale, masks, row_max, row_sum,
-                                     acc, hd, E);
-        kernels::AccumulateWeightedValues(scores, valid, kSpan, cache_v(n, g, k0), ctype, hd,
-                                          scales_v(n, g, k0), keys, hd, acc, E);
-      }
-      kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
-    });
-  }
 
   // ---- 4. Output projection, then padding rows to 0.
   {
