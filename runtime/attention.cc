@@ -56,8 +56,8 @@ Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
   ForwardArgs args;
   const Status s = ValidateForward(layer.impl(), inputs, &outputs, &args);
   if (!s.ok()) return s;
-  *bytes = PlanForward(layer.impl(), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1))
-               .total;
+  *bytes =
+      PlanForward(layer.impl(), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1)).total;
   return Status::Ok();
 }
 
@@ -89,8 +89,8 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   RunAttentionTasks(ctx, m, args, plan, buf, KeyChunk{0, sh.St, true});
   const GemmJob job =
       OutputProjectionJob(m, buf.concat, buf.concat_layout, args.out, sh.out_layout, sh.N, sh.L);
-  ParallelGemm(ctx.pool(), &job, 1, buf.scratch, plan.scratch_per_worker, ctx.trace(),
-               buf.packed_w, plan.packed_w_bytes);
+  ParallelGemm(ctx.pool(), &job, 1, buf.scratch, plan.scratch_per_worker, ctx.trace(), buf.packed_w,
+               plan.packed_w_bytes);
   return ctx.TakeDispatchError();
 }
 

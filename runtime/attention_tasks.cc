@@ -53,9 +53,9 @@ struct TaskContext {
   }
   // Head h's columns of concat for query rows [q0, q0 + rows).
   MatrixView OutView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
-    return MatrixView{buf.concat + n * buf.concat_layout.batch + q0 * buf.concat_layout.token +
-                          h * m.hd,
-                      rows, static_cast<size_t>(m.hd), buf.concat_layout.token, 1};
+    return MatrixView{
+        buf.concat + n * buf.concat_layout.batch + q0 * buf.concat_layout.token + h * m.hd, rows,
+        static_cast<size_t>(m.hd), buf.concat_layout.token, 1};
   }
   // Keys a causal block needs: key j is used by some row iff j <= q0 + rows - 1.
   int64_t KeyLimit(int64_t q0, size_t rows) const {
@@ -301,8 +301,8 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     t0 = t_.Now();
     kernels::OnlineSoftmaxUpdate(
         scores_, sr, cols, key_block, 1.0f,
-        masked ? MasksFor(t_.masks, n_, h_, q0_ + r0, k0) : kernels::SoftmaxMasks(),
-        row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+        masked ? MasksFor(t_.masks, n_, h_, q0_ + r0, k0) : kernels::SoftmaxMasks(), row_max_ + r0,
+        row_sum_ + r0, a_view.data, hd, a_view.row_stride);
     Record(t0, Stage::kSoftmax);
     t0 = t_.Now();
     // P is read in place where the direct micro-kernel runs: no packing of the strip's
@@ -324,8 +324,8 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
   const int64_t N = sh.N, L = sh.L, H = m.H;
   const size_t qb = plan.query_block;
   const int64_t q_blocks = (L + qb - 1) / qb;
-  const TaskContext t{m,         args,        plan, buf, keys, PrepareMasks(H, args, plan, buf),
-                      ctx.trace(), sh.St, H / m.KVH};
+  const AttentionMasks masks = PrepareMasks(H, args, plan, buf);
+  const TaskContext t{m, args, plan, buf, keys, masks, ctx.trace(), sh.St, H / m.KVH};
 
   if (sh.need_weights && sh.average) {
     ctx.pool().ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
@@ -345,8 +345,7 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
       // Per-head weights: the scores block lives in the caller's weights tensor.
       const int64_t q0 = blk * qb;
       const size_t rows = std::min<int64_t>(qb, L - q0);
-      float* w =
-          args.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
+      float* w = args.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
       FullRows(t, n, h, q0, rows, w, sh.w_stride[2], worker, blk);
       return;
     }

@@ -86,10 +86,12 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
   };
   // int8 scales of the same rows (null for the other storage types).
   auto scales_k = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return cache.k_scales != nullptr ? cache.k_scales + (n * KVH + g) * cache.capacity + pos : nullptr;
+    return cache.k_scales != nullptr ? cache.k_scales + (n * KVH + g) * cache.capacity + pos
+                                     : nullptr;
   };
   auto scales_v = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return cache.v_scales != nullptr ? cache.v_scales + (n * KVH + g) * cache.capacity + pos : nullptr;
+    return cache.v_scales != nullptr ? cache.v_scales + (n * KVH + g) * cache.capacity + pos
+                                     : nullptr;
   };
   const float scale = m.scale;
   // One trace event per attention task (mha-bench --decode times the attention from them).
@@ -131,8 +133,8 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
       }
       for (int64_t i = 0; i < T; ++i) {
         kernels::AccumulateWeightedValues(scores + i * G * kSpan, G, kSpan, cache_v(n, g, k0),
-                                          ctype, hd, scales_v(n, g, k0), keys, hd,
-                                          acc + i * G * hd, hd);
+                                          ctype, hd, scales_v(n, g, k0), keys, hd, acc + i * G * hd,
+                                          hd);
       }
     });
     // Merge the spans of each (n, head) in increasing order.

@@ -47,7 +47,6 @@ size_t OnlineStripRows() {
 
 namespace {
 
-
 // Layout of a projection buffer that follows the input's token order when the input is dense in
 // batch-major or sequence-major order (so one GEMM covers all batches), batch-major otherwise.
 TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, ptrdiff_t ld) {
@@ -71,7 +70,7 @@ OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd) {
   off += FloatBytes(kernels::PackedBFloats(ws.key_block, hd));
   l.q_rows = off;
   off += FloatBytes(OnlineUsesDirectKernel() ? ws.query_block * hd
-                                        : kernels::PackedAFloats(ws.query_block, hd));
+                                             : kernels::PackedAFloats(ws.query_block, hd));
   l.acc_rows = off;
   off += FloatBytes(ws.query_block * hd);
   l.total = off;
@@ -111,7 +110,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   const bool online = !sh.need_weights;
   const bool chunked = online && sh.S > chunking.chunk_keys &&
                        2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
-  plan.path = chunked ? ForwardPath::kKeyChunked
+  plan.path = chunked  ? ForwardPath::kKeyChunked
               : online ? ForwardPath::kOnline
                        : ForwardPath::kFullRows;
   plan.acc_in_output = chunked && aliasing.out_private;
@@ -133,7 +132,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
     plan.kv_ld = kvE;
     plan.q_layout = BufferLayout(sh.q, N, L, E);
     plan.kv_layout = chunked ? TokenLayout{static_cast<ptrdiff_t>(kv_rows * kvE), kvE}
-                                : BufferLayout(sh.k, N, St, kvE);
+                             : BufferLayout(sh.k, N, St, kvE);
     plan.q = off;
     off += FloatBytes(N * L * E);
     plan.k = off;

@@ -55,8 +55,8 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
       kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
     }
     const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
-    GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, m.w_o, static_cast<size_t>(E),
-                c, gemm_scratch, m.b_o);
+    GemmWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, m.w_o, static_cast<size_t>(E), c,
+                gemm_scratch, m.b_o);
   });
 }
 

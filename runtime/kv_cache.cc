@@ -518,10 +518,9 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
 
   // ---- 4. Output projection, then padding rows to 0.
   {
-    const GemmJob job = OutputProjectionJob(
-        m, concat, CacheLayout(N, T, T * E, E), out.data,
-        CacheLayout(N, T, out.batch_stride, out.token_stride), static_cast<size_t>(N),
-        static_cast<size_t>(T));
+    const GemmJob job = OutputProjectionJob(m, concat, CacheLayout(N, T, T * E, E), out.data,
+                                            CacheLayout(N, T, out.batch_stride, out.token_stride),
+                                            static_cast<size_t>(N), static_cast<size_t>(T));
     ParallelGemm(pool, &job, 1, scratch, per_worker, ctx.trace());
   }
   if (counts != nullptr) {

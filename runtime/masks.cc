@@ -76,8 +76,7 @@ AttentionMasks PrepareMasks(int64_t H, const ForwardArgs& args, const ForwardPla
           reinterpret_cast<float*>(buf.kpm_pad)[n * St + s] =
               s < S ? static_cast<const float*>(kpm_data)[src] : 0.0f;
         } else {
-          buf.kpm_pad[n * St + s] =
-              s < S ? (static_cast<const uint8_t*>(kpm_data)[src] != 0) : 0;
+          buf.kpm_pad[n * St + s] = s < S ? (static_cast<const uint8_t*>(kpm_data)[src] != 0) : 0;
         }
       }
     }
@@ -111,6 +110,5 @@ kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h
   m.causal_offset = q0 - k0;
   return m;
 }
-
 
 }  // namespace mha

@@ -63,8 +63,7 @@ void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs&
           ProjectionJob(sh.q, args.q, N, m.w_v, m.b_v, kvE, buf.v, ws.q_layout, ws.q_ld);
     }
   } else if (keys == nullptr) {
-    jobs[num_jobs++] =
-        ProjectionJob(sh.q, args.q, N, m.w_q, m.b_q, E, buf.q, ws.q_layout, ws.q_ld);
+    jobs[num_jobs++] = ProjectionJob(sh.q, args.q, N, m.w_q, m.b_q, E, buf.q, ws.q_layout, ws.q_ld);
   }
   if (!ws.fused && (!ws.chunked() || keys != nullptr)) {
     // Key-chunked: the key chunk's real keys [begin, min(end, S)) into buffer rows from 0.
@@ -103,8 +102,8 @@ void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs&
 }
 
 GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat_in,
-                            TokenLayout concat_layout, float* out, TokenLayout out_layout,
-                            size_t N, size_t L) {
+                            TokenLayout concat_layout, float* out, TokenLayout out_layout, size_t N,
+                            size_t L) {
   float* concat = const_cast<float*>(concat_in);
   GemmJob job;
   job.SetWeights(m.w_o, m.E, m.E);
@@ -132,8 +131,7 @@ GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat_in,
 }
 
 void RunHeadProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
-                        const ProjectionOutputs& outputs, uint8_t* scratch,
-                        size_t scratch_stride) {
+                        const ProjectionOutputs& outputs, uint8_t* scratch, size_t scratch_stride) {
   const ForwardShapes& sh = args.shapes;
   const int64_t N = sh.N, hd = m.hd;
   const int64_t heads[3] = {m.H, m.KVH, m.KVH};

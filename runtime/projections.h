@@ -36,8 +36,7 @@ void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs&
 // Project's tasks over (q/k/v, n, head): out[n, h] [T, hd] = X_n [T, in] x W_h^T + b_h, then the
 // appended positions of k and v. Worker w's GEMM scratch at scratch + w * scratch_stride.
 void RunHeadProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
-                        const ProjectionOutputs& outputs, uint8_t* scratch,
-                        size_t scratch_stride);
+                        const ProjectionOutputs& outputs, uint8_t* scratch, size_t scratch_stride);
 
 // Keys and values a forward has projected, for positions [begin, end) of every batch entry n:
 // K of position p at k + n * batch_stride + (p - begin) * token_stride (elements), kvE =

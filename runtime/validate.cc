@@ -44,9 +44,9 @@ bool MayOverlap(const TensorView& a, const TensorView& b) {
 Status ValidateSeq(const TensorView& t, const char* name, int64_t features, bool batched,
                    bool batch_first, int64_t expect_batch, SeqShape* seq, const float** data) {
   const int rank = batched ? 3 : 2;
-  const char* layout = !batched             ? "[tokens, features]"
-                       : batch_first         ? "[N, tokens, features]"
-                                            : "[tokens, N, features]";
+  const char* layout = !batched      ? "[tokens, features]"
+                       : batch_first ? "[N, tokens, features]"
+                                     : "[tokens, N, features]";
   if (t.rank != rank) {
     return InvalidArgument(std::string(name) + ": expected " + Str(rank) + " dims " + layout +
                            ", got " + Dims(t));
@@ -264,8 +264,8 @@ Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
                              (tok >= E && (sh->N == 1 || bat >= (sh->L - 1) * tok + E)) ||
                              (bat >= E && (sh->L == 1 || tok >= (sh->N - 1) * bat + E));
   args->aliasing.out_private = rows_disjoint && !MayOverlap(o, q) && !MayOverlap(o, kt) &&
-                    !MayOverlap(o, vt) && !MayOverlap(o, in.attn_mask) &&
-                    !MayOverlap(o, in.key_padding_mask);
+                               !MayOverlap(o, vt) && !MayOverlap(o, in.attn_mask) &&
+                               !MayOverlap(o, in.key_padding_mask);
 
   const TensorView& wt = out->attn_weights;
   if (!in.need_weights) {
@@ -323,8 +323,8 @@ Status ValidateProject(const LayerWeights& m, const AttentionInputs& inputs,
   return CheckDense4(outputs.v, "v", sh->N, KVH, sh->St, hd);
 }
 
-Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* name,
-                             int64_t batch, int64_t tokens, int64_t features, BatchFirstSeq* seq) {
+Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
+                             int64_t tokens, int64_t features, BatchFirstSeq* seq) {
   const bool ok = t.present() && t.rank == 3 && t.dtype == DType::kF32 && t.shape[0] == batch &&
                   t.shape[1] >= 1 && t.shape[1] <= (int64_t{1} << 31) &&
                   (tokens <= 0 || t.shape[1] == tokens) && t.shape[2] == features &&

@@ -99,8 +99,8 @@ struct BatchFirstSeq {
 
 // Checks t is [batch, tokens (any when <= 0), features] f32 with a contiguous last dimension;
 // messages are prefixed op + name.
-Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* name,
-                             int64_t batch, int64_t tokens, int64_t features, BatchFirstSeq* seq);
+Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
+                             int64_t tokens, int64_t features, BatchFirstSeq* seq);
 
 // Checks a layer's key/value heads and head size against a cache's.
 Status ValidateCacheLayer(const char* op, const LayerWeights& m, int64_t kv_heads,
