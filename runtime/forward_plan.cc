@@ -209,7 +209,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   plan.query_block = std::min(qb, L);
   // Per worker: the GEMM packing buffer, then the online path's strip scores, row state and
   // packed K^T and V (OnlineScratchLayout), or the full-row path's scores [block, S'] (unused
-  // when the per-head weights are the scores); the chunked path's output projection uses the
+  // when the per-head weights are the scores); the key-chunked output projection uses the
   // same space for a copy of kOutRows output rows [rows, E].
   plan.gemm_scratch = kernels::GemmScratchBytes();
   RoundUpToAlignment(plan.gemm_scratch, &plan.gemm_scratch);
@@ -222,7 +222,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   // f32 projection weights packed once per projection (see ParallelGemm) when the product has
   // rows for several row panels: room for the largest of the projections that run (q, k, v
   // together or fused; when chunked q alone, then k and v per chunk; the output projection).
-  // The chunked path's output projection runs its own panels (RunChunked).
+  // The key-chunked output projection runs its own panels (RunKeyChunks).
   // Prepacked weights (LayerWeights::Prepack) need no room: every product that would pack
   // here has PrepackedMinRows() rows or more.
   if (m.config.weight_dtype == DType::kF32 && m.w_q.packed.data == nullptr) {

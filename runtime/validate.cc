@@ -9,12 +9,13 @@ namespace mha {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
+namespace {
+
+// A view's shape, "absent" when it has no data.
 std::string Dims(const TensorView& v) {
   if (!v.present()) return "absent";
   return v.ShapeString();
 }
-
-namespace {
 
 bool IsFloatMask(DType t) { return t == DType::kF32; }
 bool IsBoolMask(DType t) { return t == DType::kBool || t == DType::kU8; }
@@ -87,6 +88,18 @@ Status ValidateSeq(const TensorView& t, const char* name, int64_t features, bool
   return Status::Ok();
 }
 
+// The kind of mask `m` (named `name` in messages): bool, u8 or f32.
+Status MaskTypeOf(const TensorView& m, const char* name, MaskType* type) {
+  *type = IsBoolMask(m.dtype)    ? MaskType::kBool
+          : IsFloatMask(m.dtype) ? MaskType::kFloat
+                                 : MaskType::kNone;
+  if (*type == MaskType::kNone) {
+    return InvalidArgument(std::string(name) + ": expected dtype bool, u8 or f32, got " +
+                           DTypeName(m.dtype));
+  }
+  return Status::Ok();
+}
+
 // Checks the masks against the shapes validated before them; H the layer's heads.
 Status ValidateMasks(const AttentionInputs& in, int64_t H, ForwardArgs* args) {
   ForwardShapes* sh = &args->shapes;
@@ -94,13 +107,8 @@ Status ValidateMasks(const AttentionInputs& in, int64_t H, ForwardArgs* args) {
   if (in.attn_mask.present()) {
     const TensorView& m = in.attn_mask;
     MaskShape& a = sh->attn;
-    a.type = IsBoolMask(m.dtype)    ? MaskType::kBool
-             : IsFloatMask(m.dtype) ? MaskType::kFloat
-                                    : MaskType::kNone;
-    if (a.type == MaskType::kNone) {
-      return InvalidArgument("attn_mask: expected dtype bool, u8 or f32, got " +
-                             std::string(DTypeName(m.dtype)));
-    }
+    const Status s = MaskTypeOf(m, "attn_mask", &a.type);
+    if (!s.ok()) return s;
     const std::string want2 = "[" + Str(L) + ", " + Str(S) + "]";
     const std::string want3 = "[" + Str(N * H) + ", " + Str(L) + ", " + Str(S) + "]";
     if (m.rank == 2 && m.shape[0] == L && m.shape[1] == S) {
@@ -123,13 +131,8 @@ Status ValidateMasks(const AttentionInputs& in, int64_t H, ForwardArgs* args) {
   if (in.key_padding_mask.present()) {
     const TensorView& m = in.key_padding_mask;
     MaskShape& k = sh->kpm;
-    k.type = IsBoolMask(m.dtype)    ? MaskType::kBool
-             : IsFloatMask(m.dtype) ? MaskType::kFloat
-                                    : MaskType::kNone;
-    if (k.type == MaskType::kNone) {
-      return InvalidArgument("key_padding_mask: expected dtype bool, u8 or f32, got " +
-                             std::string(DTypeName(m.dtype)));
-    }
+    const Status s = MaskTypeOf(m, "key_padding_mask", &k.type);
+    if (!s.ok()) return s;
     if (sh->batched) {
       if (m.rank != 2 || m.shape[0] != N || m.shape[1] != S) {
         return InvalidArgument("key_padding_mask: expected shape [" + Str(N) + ", " + Str(S) +

@@ -15,9 +15,8 @@
 
 namespace mha {
 
-// Message helpers: a number, and a view's shape ("absent" when it has no data).
+// A number as the validation messages write it.
 std::string Str(int64_t v);
-std::string Dims(const TensorView& v);
 
 // Row layout of a buffer of tokens: element offset of token (n, t) = n * batch + t * token.
 struct TokenLayout {
