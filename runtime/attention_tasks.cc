@@ -33,6 +33,7 @@ struct TaskContext {
   TraceRecorder* trace;
   int64_t St;
   int64_t group;  // query heads per key/value head
+  bool direct;    // OnlineUsesDirectKernel()
 
   // Q rows [q0, q0 + rows) of head h: [rows, hd].
   MatrixView QView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
@@ -160,7 +161,7 @@ class OnlineTask {
   const TaskContext& t_;
   const int64_t n_, h_, g_, blk_;
   const size_t worker_;
-  const bool direct_ = OnlineUsesDirectKernel();
+  const bool direct_ = t_.direct;
   int64_t q0_ = 0;
   size_t rows_ = 0;
   float* scores_ = nullptr;
@@ -325,7 +326,8 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
   const size_t qb = plan.query_block;
   const int64_t q_blocks = (L + qb - 1) / qb;
   const AttentionMasks masks = PrepareMasks(H, args, plan, buf);
-  const TaskContext t{m, args, plan, buf, keys, masks, ctx.trace(), sh.St, H / m.KVH};
+  const TaskContext t{m,     args,        plan,  buf,       keys,
+                      masks, ctx.trace(), sh.St, H / m.KVH, OnlineUsesDirectKernel()};
 
   if (sh.need_weights && sh.average) {
     ctx.pool().ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
