@@ -6,123 +6,57 @@
 //      arena, token-major (row n * T + t).
 //   2. Store: tasks over (entry, kv head) convert the new K/V rows into the cache's storage type
 //      at positions len_n .. len_n + count_n - 1.
-//   3. Attention over the cache, one of two schedules chosen from the shapes only:
-//      - split (T <= kSplitMaxTokens, decoding): tasks over (entry, kv head, chunk of kChunk
-//        positions). Each computes, for its G * T query rows, the partial online-softmax state
-//        of its chunk (row max, row sum, unnormalized P*V) into its own slot of the workspace;
-//        then tasks over (entry, head) merge the chunks in increasing order (flash-decoding).
-//        One token gives only N * kv_heads (entry, head) pairs, often fewer than threads; the
-//        chunks supply the parallelism.
-//      - blocked (prefill): tasks over (entry, head, block of kQueryBlock query rows), the
-//        online-softmax recurrence over the chunks in order, accumulating in place.
-//      Both read the cache directly with the decode kernels (kernels/decode.h) and apply the
-//      causal limit through the softmax kernels' causal_offset.
+//   3. Attention over the cache (cache_attention.h): split over spans of positions then merged
+//      (decoding), or blocked by query rows (prefill), reading the cache in its storage type.
 //   4. Output projection (ParallelGemm) into the caller's output; padding rows set to 0.
 // Every partition depends on shapes and lengths only, never on the thread count, and each
 // output element is reduced in a fixed order, so results are bitwise identical for any number
 // of threads.
 #include "mha/kv_cache.hpp"
-#include "runtime/context_internal.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <new>
 #include <string>
 
-#include "kernels/decode.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/softmax.h"
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
+#include "runtime/cache_attention.h"
+#include "runtime/context_internal.h"
+#include "runtime/forward_plan.h"
+#include "runtime/layer_weights.h"
 #include "runtime/parallel_gemm.h"
+#include "runtime/projections.h"
 #include "runtime/thread_pool.h"
+#include "runtime/validate.h"
 
 namespace mha {
 
-using kernels::MatrixView;
-
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-// Cache positions per chunk: a chunk of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
-// bf16 at hd = 64) stays in L2 between the scores and the weighted sum, and contexts of 512
-// positions and up give several chunks per head to spread over the threads.
-constexpr int64_t kChunk = 256;
-// Up to this many query tokens per entry use the split schedule; its workspace grows with
-// tokens x chunks, so longer inputs (prefill) use the blocked schedule.
-constexpr int64_t kSplitMaxTokens = 4;
-// Query rows per task of the blocked schedule.
-constexpr int64_t kQueryBlock = 64;
 // A Step of at least this many tokens into an empty cache (every entry, no padding) is a
 // prompt: it runs MultiheadAttention's causal forward (its tiled GEMM/softmax path) and stores
 // the keys and values the forward projects, instead of the decode kernels' blocked schedule.
 constexpr int64_t kPrefillForwardMinTokens = 64;
 
-std::string Str(int64_t v) { return std::to_string(v); }
-
-size_t FloatBytes(size_t floats) {
-  size_t r = 0;
-  RoundUpToAlignment(floats * sizeof(float), &r);
-  return r;
+// The token layout under which ProjectionJob and OutputProjectionJob (projections.h) make of a
+// batch-first [N, T, ...] tensor with these strides the products the cache needs: one over all
+// N * T rows when the tokens are evenly spaced (one token per entry: the entries' rows, which the
+// sequence-major layout {batch, N * batch} says), else one per entry.
+TokenLayout CacheLayout(int64_t N, int64_t T, ptrdiff_t batch_stride, ptrdiff_t token_stride) {
+  if (T == 1) return {batch_stride, static_cast<ptrdiff_t>(N) * batch_stride};
+  return {batch_stride, token_stride};
 }
 
-// A validated [N, T, F] f32 input or output: element (n, t, f) at
-// data[n * batch_stride + t * token_stride + f].
-struct Seq {
-  float* data = nullptr;
-  int64_t tokens = 0;
-  ptrdiff_t batch_stride = 0;
-  ptrdiff_t token_stride = 0;
-};
-
-Status CheckSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
-                int64_t tokens, int64_t features, Seq* seq) {
-  const bool ok = t.present() && t.rank == 3 && t.dtype == DType::kF32 && t.shape[0] == batch &&
-                  t.shape[1] >= 1 && t.shape[1] <= (int64_t{1} << 31) &&
-                  (tokens <= 0 || t.shape[1] == tokens) && t.shape[2] == features &&
-                  (t.strides[2] == 1 || features == 1);
-  if (!ok) {
-    // Messages are built on the error path only: a successful call allocates nothing.
-    std::string got = t.present() ? t.ShapeString() : std::string("absent");
-    if (t.present() && t.rank == 3 && t.strides[2] != 1)
-      got += " with last stride " + Str(t.strides[2]);
-    return InvalidArgument(std::string(op) + name + ": expected [" + Str(batch) + ", " +
-                           (tokens > 0 ? Str(tokens) : std::string("T")) + ", " + Str(features) +
-                           "] f32 (batch-first, contiguous last dimension), got " + got);
-  }
-  seq->data = t.As<float>();
-  seq->tokens = t.shape[1];
-  seq->batch_stride = static_cast<ptrdiff_t>(t.strides[0]);
-  seq->token_stride = static_cast<ptrdiff_t>(t.strides[1]);
-  return Status::Ok();
-}
-
-// x [N, T, in] times W^T [in, out] + bias into dense dst [N*T, out]: one product over all
-// N * T rows when the tokens are evenly spaced, else one per entry.
-GemmJob ProjectionJob(const Seq& x, int64_t N, int64_t in, const WeightMatrix& w,
-                      const float* bias, int64_t out, float* dst, Stage stage) {
-  GemmJob job;
-  job.SetWeights(w, static_cast<size_t>(out), static_cast<size_t>(in));
-  job.bias = bias;
-  job.stage = stage;
-  const size_t T = static_cast<size_t>(x.tokens);
+// x [N, T, in] times W^T [in, out] + bias into dense dst [N*T, out].
+GemmJob CacheProjectionJob(const BatchFirstSeq& x, int64_t N, int64_t in, const WeightMatrix& w,
+                           const float* bias, int64_t out, float* dst) {
+  const SeqShape shape{x.tokens, in, CacheLayout(N, x.tokens, x.batch_stride, x.token_stride)};
   const ptrdiff_t ld = static_cast<ptrdiff_t>(out);
-  if (T == 1 || x.batch_stride == static_cast<ptrdiff_t>(T) * x.token_stride) {
-    const ptrdiff_t row = T == 1 ? x.batch_stride : x.token_stride;
-    job.a = {x.data, N * T, static_cast<size_t>(in), row, 1};
-    job.c = {dst, N * T, static_cast<size_t>(out), ld, 1};
-  } else {
-    job.a = {x.data, T, static_cast<size_t>(in), x.token_stride, 1};
-    job.c = {dst, T, static_cast<size_t>(out), ld, 1};
-    job.batches = static_cast<size_t>(N);
-    job.a_batch_stride = x.batch_stride;
-    job.c_batch_stride = static_cast<ptrdiff_t>(T) * ld;
-  }
-  return job;
+  return ProjectionJob(shape, x.data, static_cast<size_t>(N), w, bias, static_cast<size_t>(out),
+                       dst, CacheLayout(N, x.tokens, x.tokens * ld, ld), ld);
 }
 
 // Symmetric int8 codes of one row (kv_cache.hpp: scale = max |x| / 127, codes rounded half to
@@ -156,14 +90,10 @@ struct CacheRows {
 // even; int8: QuantizeRowI8).
 void StoreRow(const float* src, const CacheRows& m, int64_t row) {
   uint8_t* dst = m.data + row * m.hd * static_cast<int64_t>(DTypeSize(m.dtype));
-  if (m.dtype == DType::kF32) {
-    std::memcpy(dst, src, m.hd * sizeof(float));
-  } else if (m.dtype == DType::kBF16) {
-    kernels::F32ToBF16(src, reinterpret_cast<uint16_t*>(dst), m.hd);
-  } else if (m.dtype == DType::kF16) {
-    kernels::F32ToF16(src, reinterpret_cast<uint16_t*>(dst), m.hd);
-  } else {
+  if (m.dtype == DType::kI8) {
     QuantizeRowI8(src, m.hd, reinterpret_cast<int8_t*>(dst), m.scales + row);
+  } else {
+    ConvertElements(src, DType::kF32, dst, m.dtype, static_cast<size_t>(m.hd));
   }
 }
 
@@ -174,55 +104,6 @@ size_t MatrixBytes(const KvCacheOptions& o) {
          static_cast<size_t>(o.capacity) * static_cast<size_t>(o.head_dim) * DTypeSize(o.dtype);
 }
 size_t ScalesOffset(const KvCacheOptions& o) { return (2 * MatrixBytes(o) + 3) / 4 * 4; }
-
-// Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
-// schedule's per-chunk partial states (sized for a full cache, so the arena reaches its final
-// size on the first decode step and never grows as the sequences get longer), new K and V
-// [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores).
-struct StepWorkspace {
-  size_t q = 0, concat = 0, acc = 0, stats = 0, k = 0, v = 0, scratch = 0;
-  size_t per_worker = 0, total = 0;
-};
-
-// From shapes alone: N entries, T tokens each, the cache's capacity, which parts run, threads.
-StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool append,
-                       bool forward, size_t threads) {
-  const int64_t G = m.H / m.KVH;
-  const size_t rows = static_cast<size_t>(N * T);
-  const bool split = T <= kSplitMaxTokens;
-  const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
-  StepWorkspace ws;
-  size_t off = 0;
-  if (forward) {
-    ws.q = off;
-    off += FloatBytes(rows * m.E);
-    ws.concat = off;
-    off += FloatBytes(rows * m.E);
-    if (split) {
-      const int64_t max_chunks = (capacity + kChunk - 1) / kChunk;
-      ws.acc = off;
-      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_chunks * R * m.hd));
-      ws.stats = off;
-      off += FloatBytes(static_cast<size_t>(N * m.KVH * max_chunks * 2 * R));
-    }
-  }
-  if (append) {
-    ws.k = off;
-    off += FloatBytes(rows * m.kvE);
-    ws.v = off;
-    off += FloatBytes(rows * m.kvE);
-  }
-  size_t attn_scratch = 0;
-  if (forward) {
-    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kChunk))
-                         : FloatBytes(kQueryBlock * kChunk) + 2 * FloatBytes(kQueryBlock);
-  }
-  RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &ws.per_worker);
-  ws.scratch = off;
-  off += ws.per_worker * threads;
-  ws.total = off;
-  return ws;
-}
 
 }  // namespace
 
@@ -408,11 +289,8 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   const char* op = "KvCache::Plan: ";
   if (bytes == nullptr) return InvalidArgument(std::string(op) + "bytes is null");
   const LayerWeights& m = LayerWeightsOf(layer);
-  if (m.KVH != kv_heads_ || m.hd != head_dim_) {
-    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads_) +
-                           " and head_dim " + Str(head_dim_) + " (the cache's), got " + Str(m.KVH) +
-                           " and " + Str(m.hd));
-  }
+  Status s = ValidateCacheLayer(op, m, kv_heads_, head_dim_);
+  if (!s.ok()) return s;
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31)) {
     return InvalidArgument(std::string(op) + "max_tokens: expected 1.." + Str(int64_t{1} << 31) +
                            ", got " + Str(max_tokens));
@@ -440,7 +318,7 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
     for (const int64_t t : {max_tokens, std::clamp(unchunked, kPrefillForwardMinTokens,
                                                    max_tokens)}) {
       size_t forward_bytes = 0;
-      const Status s = PrefillPlanBytes(layer, batch_, t, threads, &forward_bytes);
+      s = PrefillPlanBytes(layer, batch_, t, threads, &forward_bytes);
       if (!s.ok()) return Status(s.code(), std::string(op) + s.message());
       planned = std::max(planned, forward_bytes);
     }
@@ -488,17 +366,9 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
   }
   for (int64_t n = 0; n < batch_; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t len = lengths_[static_cast<size_t>(n)];
-    if (c < 0 || c > T) {
-      return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
-                             " (tokens per entry), got " + Str(c));
-    }
-    if (len + c > capacity_) {
-      return InvalidArgument(std::string(op) + "capacity exceeded: batch entry " + Str(n) +
-                             " has length " + Str(len) + ", appending " + Str(c) +
-                             " tokens needs " + Str(len + c) + " positions, capacity " +
-                             Str(capacity_));
-    }
+    const Status s =
+        ValidateTokenCount(op, n, c, T, lengths_[static_cast<size_t>(n)], capacity_, true);
+    if (!s.ok()) return s;
   }
   const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, head_dim_},
                              {static_cast<uint8_t*>(v_), v_scales_, dtype_, head_dim_}};
@@ -542,19 +412,15 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                        (m.config.add_bias_kv ? "true" : "false") + ", add_zero_attn " +
                        (m.config.add_zero_attn ? "true" : "false"));
   }
-  if (m.KVH != kv_heads_ || m.hd != head_dim_) {
-    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads_) +
-                           " and head_dim " + Str(head_dim_) + " (the cache's), got " + Str(m.KVH) +
-                           " and " + Str(m.hd));
-  }
+  Status s = ValidateCacheLayer(op, m, kv_heads_, head_dim_);
+  if (!s.ok()) return s;
   const bool append = key != nullptr;
   const bool forward = query != nullptr;
   const int64_t N = batch_;
-  Seq q, k, v, out;
+  BatchFirstSeq q, k, v, out;
   int64_t T = 0;
-  Status s;
   if (forward) {
-    s = CheckSeq(*query, op, append ? "x" : "query", N, 0, m.qd, &q);
+    s = ValidateBatchFirstSeq(*query, op, append ? "x" : "query", N, 0, m.qd, &q);
     if (!s.ok()) return s;
     T = q.tokens;
   }
@@ -564,35 +430,21 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                              "layer: Step (self-attention) needs q_dim == kdim == vdim, got " +
                              Str(m.qd) + ", " + Str(m.kd) + ", " + Str(m.vd));
     }
-    s = CheckSeq(*key, op, forward ? "x" : "key", N, T, m.kd, &k);
+    s = ValidateBatchFirstSeq(*key, op, forward ? "x" : "key", N, T, m.kd, &k);
     if (!s.ok()) return s;
     T = k.tokens;
-    s = CheckSeq(*value, op, forward ? "x" : "value", N, T, m.vd, &v);
+    s = ValidateBatchFirstSeq(*value, op, forward ? "x" : "value", N, T, m.vd, &v);
     if (!s.ok()) return s;
   }
   if (forward) {
-    s = CheckSeq(*output, op, "output", N, T, m.E, &out);
+    s = ValidateBatchFirstSeq(*output, op, "output", N, T, m.E, &out);
     if (!s.ok()) return s;
   }
   // Lengths after the append, and the first query position of each entry.
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t len = lengths_[static_cast<size_t>(n)];
-    if (c < 0 || c > T) {
-      return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
-                             " (tokens per entry), got " + Str(c));
-    }
-    if (append && len + c > capacity_) {
-      return InvalidArgument(std::string(op) + "capacity exceeded: batch entry " + Str(n) +
-                             " has length " + Str(len) + ", appending " + Str(c) +
-                             " tokens needs " + Str(len + c) + " positions, capacity " +
-                             Str(capacity_));
-    }
-    if (!append && c > len) {
-      return InvalidArgument(
-          std::string(op) + "counts[" + Str(n) + "]: query tokens sit at the last " + Str(c) +
-          " cached positions, but batch entry " + Str(n) + " has length " + Str(len));
-    }
+    s = ValidateTokenCount(op, n, c, T, lengths_[static_cast<size_t>(n)], capacity_, append);
+    if (!s.ok()) return s;
   }
 
   if (forward && append && T >= kPrefillForwardMinTokens) {
@@ -605,17 +457,13 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   }
 
   // ---- Plan the workspace (shapes only).
-  const int64_t E = m.E, H = m.H, KVH = m.KVH, hd = m.hd, kvE = m.kvE;
-  const int64_t G = H / KVH;
-  const size_t rows = static_cast<size_t>(N * T);
+  const int64_t E = m.E, kvE = m.kvE;
   int64_t max_len = 0;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
     max_len = std::max(max_len, lengths_[static_cast<size_t>(n)] + (append ? c : 0));
   }
-  const bool split = T <= kSplitMaxTokens;
-  const int64_t chunks = std::max<int64_t>(1, (max_len + kChunk - 1) / kChunk);
-  const int64_t R = G * T;  // query rows per (entry, kv head) in the split schedule
+  const int64_t spans = std::max<int64_t>(1, (max_len + kSpan - 1) / kSpan);
   const size_t threads = ctx.num_threads();
   const StepWorkspace ws = PlanStep(m, N, T, capacity_, append, forward, threads);
   const size_t per_worker = ws.per_worker;
@@ -639,18 +487,16 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
     GemmJob jobs[3];
     size_t num_jobs = 0;
     if (forward) {
-      jobs[num_jobs++] = ProjectionJob(q, N, m.qd, m.w_q, m.b_q, E, q_buf, Stage::kQkvProjection);
+      jobs[num_jobs++] = CacheProjectionJob(q, N, m.qd, m.w_q, m.b_q, E, q_buf);
     }
     if (append) {
-      jobs[num_jobs++] = ProjectionJob(k, N, m.kd, m.w_k, m.b_k, kvE, k_new, Stage::kQkvProjection);
-      jobs[num_jobs++] = ProjectionJob(v, N, m.vd, m.w_v, m.b_v, kvE, v_new, Stage::kQkvProjection);
+      jobs[num_jobs++] = CacheProjectionJob(k, N, m.kd, m.w_k, m.b_k, kvE, k_new);
+      jobs[num_jobs++] = CacheProjectionJob(v, N, m.vd, m.w_v, m.b_v, kvE, v_new);
     }
     ParallelGemm(pool, jobs, num_jobs, scratch, per_worker, TraceOf(ctx));
   }
 
   // ---- 2. Store the new keys and values.
-  const size_t elem = DTypeSize(dtype_);
-  const ptrdiff_t head_stride = static_cast<ptrdiff_t>(capacity_ * hd);  // elements per (n, g)
   if (append) {
     StoreTokens(pool, k_new, v_new, T * kvE, kvE, T, counts, 0);
     for (int64_t n = 0; n < N; ++n) {
@@ -659,155 +505,23 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   }
   if (!forward) return TakeDispatchError(ctx);
 
-  // ---- 3. Attention over the cache. Entry n's query token i sits at position base_n + i.
-  const DType ctype = dtype_;
+  // ---- 3. Attention over the cache.
+  CacheStorage storage;
+  storage.k = k_;
+  storage.v = v_;
+  storage.k_scales = k_scales_;
+  storage.v_scales = v_scales_;
+  storage.dtype = dtype_;
+  storage.capacity = capacity_;
+  storage.lengths = lengths_.data();
+  RunCacheAttention(pool, TraceOf(ctx), m, storage, N, T, counts, spans, ws, base);
   float* concat = reinterpret_cast<float*>(base + ws.concat);
-  auto count_of = [&](int64_t n) { return counts != nullptr ? counts[n] : T; };
-  auto base_of = [&](int64_t n) { return lengths_[static_cast<size_t>(n)] - count_of(n); };
-  auto cache_k = [&](int64_t n, int64_t g, int64_t pos) {
-    return static_cast<const uint8_t*>(k_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
-  };
-  auto cache_v = [&](int64_t n, int64_t g, int64_t pos) {
-    return static_cast<const uint8_t*>(v_) + ((n * KVH + g) * head_stride + pos * hd) * elem;
-  };
-  // int8 scales of the same rows (null for the other storage types).
-  auto scales_k = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return k_scales_ != nullptr ? k_scales_ + (n * KVH + g) * capacity_ + pos : nullptr;
-  };
-  auto scales_v = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return v_scales_ != nullptr ? v_scales_ + (n * KVH + g) * capacity_ + pos : nullptr;
-  };
-  const float scale = m.scale;
-  // One trace event per attention task (mha-bench --decode times the attention from them).
-  TraceRecorder* const trace = TraceOf(ctx);
-
-  if (split) {
-    // Per (n, g, chunk) slot: acc [T][G][hd] (token-major, like concat's head columns) and
-    // stats [2][G][T] (row max, then row sum).
-    float* acc_all = reinterpret_cast<float*>(base + ws.acc);
-    float* stats_all = reinterpret_cast<float*>(base + ws.stats);
-    const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
-    pool.ParallelFor(static_cast<uint64_t>(N * KVH * chunks), [&](uint64_t task, size_t worker) {
-      const int64_t c = static_cast<int64_t>(task) % chunks;
-      const int64_t g = (static_cast<int64_t>(task) / chunks) % KVH;
-      const int64_t n = static_cast<int64_t>(task) / (chunks * KVH);
-      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, g, c);
-      float* acc = acc_all + task * slot_acc;
-      float* row_max = stats_all + task * slot_stats;
-      float* row_sum = row_max + R;
-      std::fill(row_max, row_max + R, kNegInf);
-      std::fill(row_sum, row_sum + R, 0.0f);
-      const int64_t k0 = c * kChunk;
-      const int64_t len = lengths_[static_cast<size_t>(n)];
-      if (k0 >= len) return;  // past this entry's end: an empty partial state
-      std::memset(acc, 0, slot_acc * sizeof(float));
-      const size_t keys = static_cast<size_t>(std::min(kChunk, len - k0));
-      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kChunk]
-      // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
-      for (int64_t i = 0; i < T; ++i) {
-        kernels::QueryKeyScores(q_buf + (n * T + i) * E + g * G * hd, G, hd, cache_k(n, g, k0),
-                                ctype, hd, scales_k(n, g, k0), keys, hd, scores + i * G * kChunk,
-                                kChunk);
-      }
-      for (int64_t h = 0; h < G; ++h) {
-        kernels::SoftmaxMasks masks;
-        masks.causal = true;
-        masks.causal_offset = base_of(n) - k0;
-        kernels::OnlineSoftmaxUpdate(scores + h * kChunk, T, keys, G * kChunk, scale, masks,
-                                     row_max + h * T, row_sum + h * T, acc + h * hd, hd, G * hd);
-      }
-      for (int64_t i = 0; i < T; ++i) {
-        kernels::AccumulateWeightedValues(scores + i * G * kChunk, G, kChunk, cache_v(n, g, k0),
-                                          ctype, hd, scales_v(n, g, k0), keys, hd,
-                                          acc + i * G * hd, hd);
-      }
-    });
-    // Merge the chunks of each (n, head) in increasing order.
-    pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t worker) {
-      const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
-      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, h, -1);
-      const int64_t g = h / G, hh = h % G;
-      const int64_t used = (lengths_[static_cast<size_t>(n)] + kChunk - 1) / kChunk;
-      for (int64_t i = 0; i < T; ++i) {
-        float* dst = concat + (n * T + i) * E + h * hd;
-        std::memset(dst, 0, hd * sizeof(float));
-        if (i >= count_of(n)) continue;
-        const size_t first = static_cast<size_t>((n * KVH + g) * chunks);
-        float mx = kNegInf;
-        for (int64_t c = 0; c < used; ++c) {
-          mx = std::max(mx, stats_all[(first + c) * slot_stats + hh * T + i]);
-        }
-        if (mx == kNegInf) continue;  // no key allowed (cannot happen: a token sees itself)
-        float sum = 0.0f;
-        for (int64_t c = 0; c < used; ++c) {
-          const float* st = stats_all + (first + c) * slot_stats;
-          const float cm = st[hh * T + i];
-          if (cm == kNegInf) continue;
-          const float w = std::exp(cm - mx);
-          sum += w * st[R + hh * T + i];
-          const float* a = acc_all + (first + c) * slot_acc + (i * G + hh) * hd;
-          for (int64_t d = 0; d < hd; ++d) dst[d] += w * a[d];
-        }
-        kernels::ScaleBy(1.0f / sum, dst, hd);
-      }
-    });
-  } else {
-    const int64_t blocks = (T + kQueryBlock - 1) / kQueryBlock;
-    pool.ParallelFor(static_cast<uint64_t>(N * H * blocks), [&](uint64_t task, size_t worker) {
-      const int64_t b = static_cast<int64_t>(task) % blocks;
-      const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
-      const int64_t n = static_cast<int64_t>(task) / (blocks * H);
-      const TraceSpan span(trace, worker, Stage::kCacheAttention, n, h, b);
-      const int64_t g = h / G;
-      const int64_t q0 = b * kQueryBlock;
-      const int64_t block_rows = std::min(kQueryBlock, T - q0);
-      const int64_t valid = std::max<int64_t>(0, std::min(block_rows, count_of(n) - q0));
-      float* acc = concat + (n * T + q0) * E + h * hd;
-      for (int64_t r = 0; r < block_rows; ++r) std::memset(acc + r * E, 0, hd * sizeof(float));
-      if (valid == 0) return;
-      uint8_t* ws = scratch + worker * per_worker;
-      float* scores = reinterpret_cast<float*>(ws);
-      float* row_max = reinterpret_cast<float*>(ws + FloatBytes(kQueryBlock * kChunk));
-      float* row_sum = row_max + FloatBytes(kQueryBlock) / sizeof(float);
-      std::fill(row_max, row_max + valid, kNegInf);
-      std::fill(row_sum, row_sum + valid, 0.0f);
-      const int64_t first_pos = base_of(n) + q0;
-      const int64_t key_end = first_pos + valid;  // keys the last row of the block sees
-      const float* qr = q_buf + (n * T + q0) * E + h * hd;
-      for (int64_t k0 = 0; k0 < key_end; k0 += kChunk) {
-        const size_t keys = static_cast<size_t>(std::min(kChunk, key_end - k0));
-        kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, scales_k(n, g, k0),
-                                keys, hd, scores, kChunk);
-        kernels::SoftmaxMasks masks;
-        masks.causal = true;
-        masks.causal_offset = first_pos - k0;
-        kernels::OnlineSoftmaxUpdate(scores, valid, keys, kChunk, scale, masks, row_max, row_sum,
-                                     acc, hd, E);
-        kernels::AccumulateWeightedValues(scores, valid, kChunk, cache_v(n, g, k0), ctype, hd,
-                                          scales_v(n, g, k0), keys, hd, acc, E);
-      }
-      kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
-    });
-  }
 
   // ---- 4. Output projection, then padding rows to 0.
   {
-    GemmJob job;
-    job.SetWeights(m.w_o, static_cast<size_t>(E), static_cast<size_t>(E));
-    job.bias = m.b_o;
-    job.stage = Stage::kOutProjection;
-    if (T == 1 || out.batch_stride == T * out.token_stride) {
-      job.a = {concat, rows, static_cast<size_t>(E), static_cast<ptrdiff_t>(E), 1};
-      job.c = {out.data, rows, static_cast<size_t>(E), T == 1 ? out.batch_stride : out.token_stride,
-               1};
-    } else {
-      job.a = {concat, static_cast<size_t>(T), static_cast<size_t>(E), static_cast<ptrdiff_t>(E),
-               1};
-      job.c = {out.data, static_cast<size_t>(T), static_cast<size_t>(E), out.token_stride, 1};
-      job.batches = static_cast<size_t>(N);
-      job.a_batch_stride = static_cast<ptrdiff_t>(T * E);
-      job.c_batch_stride = out.batch_stride;
-    }
+    const GemmJob job = OutputProjectionJob(m, concat, CacheLayout(N, T, T * E, E), out.data,
+                                            CacheLayout(N, T, out.batch_stride, out.token_stride),
+                                            static_cast<size_t>(N), static_cast<size_t>(T));
     ParallelGemm(pool, &job, 1, scratch, per_worker, TraceOf(ctx));
   }
   if (counts != nullptr) {

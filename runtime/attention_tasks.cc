@@ -1,0 +1,365 @@
+// The attention tasks of a forward (attention_tasks.h).
+#include "runtime/attention_tasks.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <limits>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/gemm_direct.h"
+#include "kernels/softmax.h"
+#include "runtime/context_internal.h"
+#include "runtime/masks.h"
+#include "runtime/thread_pool.h"
+#include "runtime/trace.h"
+
+namespace mha {
+
+using kernels::MatrixView;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// What every task of one RunAttentionTasks call reads: the layer, the bound workspace, the keys
+// covered, the masks and the trace; and views of one head's rows of the buffers.
+struct TaskContext {
+  const LayerWeights& m;
+  const ForwardArgs& args;
+  const ForwardPlan& plan;
+  const ForwardBuffers& buf;
+  const KeyChunk& keys;
+  AttentionMasks masks;
+  TraceRecorder* trace;
+  int64_t St;
+  int64_t group;  // query heads per key/value head
+  bool direct;    // OnlineUsesDirectKernel()
+
+  // Q rows [q0, q0 + rows) of head h: [rows, hd].
+  MatrixView QView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
+    return MatrixView{buf.q + n * plan.q_layout.batch + q0 * plan.q_layout.token + h * m.hd, rows,
+                      static_cast<size_t>(m.hd), plan.q_layout.token, 1};
+  }
+  // K_g^T for keys [k0, k0 + cols): [hd, cols]. Key k0 is buffer row k0 - keys.begin.
+  MatrixView KtView(int64_t n, int64_t g, int64_t k0, size_t cols) const {
+    return MatrixView{
+        buf.k + n * plan.kv_layout.batch + (k0 - keys.begin) * plan.kv_layout.token + g * m.hd,
+        static_cast<size_t>(m.hd), cols, 1, plan.kv_layout.token};
+  }
+  // V_g for keys [k0, k0 + rows): [rows, hd].
+  MatrixView VView(int64_t n, int64_t g, int64_t k0, size_t rows) const {
+    return MatrixView{
+        buf.v + n * plan.kv_layout.batch + (k0 - keys.begin) * plan.kv_layout.token + g * m.hd,
+        rows, static_cast<size_t>(m.hd), plan.kv_layout.token, 1};
+  }
+  // Head h's columns of concat for query rows [q0, q0 + rows).
+  MatrixView OutView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
+    return MatrixView{
+        buf.concat + n * buf.concat_layout.batch + q0 * buf.concat_layout.token + h * m.hd, rows,
+        static_cast<size_t>(m.hd), buf.concat_layout.token, 1};
+  }
+  // Keys a causal block needs: key j is used by some row iff j <= q0 + rows - 1.
+  int64_t KeyLimit(int64_t q0, size_t rows) const {
+    return masks.causal ? std::min<int64_t>(St, q0 + static_cast<int64_t>(rows)) : St;
+  }
+  uint8_t* GemmScratch(size_t worker) const {
+    return buf.scratch + worker * plan.scratch_per_worker;
+  }
+  uint8_t* WorkerScratch(size_t worker) const { return GemmScratch(worker) + plan.gemm_scratch; }
+  int64_t Now() const { return trace ? TraceRecorder::NowNs() : 0; }
+  void Record(int64_t begin, size_t worker, Stage stage, int64_t n, int64_t h, int64_t b) const {
+    if (trace) {
+      trace->Record({begin, TraceRecorder::NowNs(), static_cast<uint32_t>(worker), stage,
+                     static_cast<int32_t>(n), static_cast<int32_t>(h), static_cast<int32_t>(b)});
+    }
+  }
+};
+
+// One (n, h, query block) with attention weights: full-row softmax, scores into `scores` (row
+// stride ld).
+void FullRows(const TaskContext& t, int64_t n, int64_t h, int64_t q0, size_t rows, float* scores,
+              ptrdiff_t ld, size_t worker, int64_t blk) {
+  const int64_t g = h / t.group;
+  void* gs = t.GemmScratch(worker);
+  const size_t kl = static_cast<size_t>(t.KeyLimit(q0, rows));
+  const MatrixView s_view{scores, rows, kl, ld, 1};
+  const MatrixView out = t.OutView(n, h, q0, rows);
+  int64_t t0 = t.Now();
+  // The scale is the product's alpha (the softmax's own multiply by it would round alike).
+  kernels::Gemm(t.m.scale, t.QView(n, h, q0, rows), t.KtView(n, g, 0, kl), 0.0f, s_view, gs);
+  t.Record(t0, worker, Stage::kScores, n, h, blk);
+  t0 = t.Now();
+  kernels::SoftmaxRows(scores, rows, kl, ld, 1.0f, MasksFor(t.masks, n, h, q0, 0));
+  t.Record(t0, worker, Stage::kSoftmax, n, h, blk);
+  t0 = t.Now();
+  kernels::Gemm(1.0f, s_view, t.VView(n, g, 0, kl), 0.0f, out, gs);
+  t.Record(t0, worker, Stage::kWeightedSum, n, h, blk);
+  // Columns past the causal limit are exactly zero in the returned weights.
+  if (kl < static_cast<size_t>(t.St)) {
+    for (size_t r = 0; r < rows; ++r) {
+      std::memset(scores + r * ld + kl, 0, (t.St - kl) * sizeof(float));
+    }
+  }
+}
+
+// Averaged weights, one task per (n, query block): every head's full rows in a fixed order, so
+// the average is deterministic.
+void AveragedWeightsTask(const TaskContext& t, int64_t n, int64_t blk, size_t worker) {
+  const ForwardShapes& sh = t.args.shapes;
+  const int64_t H = t.m.H, St = t.St;
+  const int64_t q0 = blk * t.plan.query_block;
+  const size_t rows = std::min<int64_t>(t.plan.query_block, sh.L - q0);
+  float* scores = reinterpret_cast<float*>(t.WorkerScratch(worker));
+  float* wrow = t.args.weights + n * sh.w_stride[0] + q0 * sh.w_stride[1];
+  for (int64_t h = 0; h < H; ++h) {
+    FullRows(t, n, h, q0, rows, scores, St, worker, blk);
+    const int64_t t0 = t.Now();
+    for (size_t r = 0; r < rows; ++r) {
+      float* dst = wrow + r * sh.w_stride[1];
+      if (h == 0) {
+        std::memcpy(dst, scores + r * St, St * sizeof(float));
+      } else {
+        kernels::AddInto(scores + r * St, dst, St);
+      }
+      if (h == H - 1) kernels::ScaleBy(1.0f / static_cast<float>(H), dst, St);
+    }
+    t.Record(t0, worker, Stage::kAverageWeights, n, h, blk);
+  }
+}
+
+// One (n, h, query block) of the online path: online softmax over key blocks.
+//
+// The block's Q rows are the scores product's a operand: copied once for the task into a
+// contiguous [rows, hd] buffer that the direct micro-kernel reads in place
+// (OnlineUsesDirectKernel), or else packed once (PackA: MR-row micro-panels, which its strips
+// read by row range) instead of once per key block and strip; in place, rows of the
+// [tokens, 3E] buffer are 12 KiB apart at E = 1024, all in the same L1 sets. Its running
+// output is likewise a contiguous [rows, hd] buffer in the worker's scratch: the strips read,
+// scale and accumulate rows hd floats apart in L2 instead of rows of the [tokens, E] buffers.
+// The running output lives in concat (or the caller's output) between tasks only on the
+// key-chunked path, unnormalized; row max and sum [rows] live in the worker's scratch, or when
+// key-chunked in the plan's [N, H, L] arrays, where they persist from key chunk to key chunk.
+// Each key block's K^T [hd, kc] and V [kc, hd] are packed once, then the block's rows run in
+// strips of OnlineStripRows(): scores [strip, kc], the online update, and P [strip, kc] times
+// V, so a strip's scores stay in L1/L2 between the three steps.
+class OnlineTask {
+ public:
+  OnlineTask(const TaskContext& t, int64_t n, int64_t h, int64_t blk, size_t worker)
+      : t_(t), n_(n), h_(h), g_(h / t.group), blk_(blk), worker_(worker) {}
+
+  void Run();
+
+ private:
+  // The task's Q rows as the scores product reads them (q_ or qp_).
+  void LoadQueryRows(bool one_block);
+  // Starts the softmax state (first key chunk) or reloads the running output into acc_.
+  void LoadState();
+  // Keys [k0, k0 + kc) of one key block; `masked` when they take the masks and causal limit.
+  void UpdateKeyBlock(int64_t k0, size_t kc, bool masked);
+  void Record(int64_t t0, Stage stage) const { t_.Record(t0, worker_, stage, n_, h_, blk_); }
+
+  const TaskContext& t_;
+  const int64_t n_, h_, g_, blk_;
+  const size_t worker_;
+  const bool direct_ = t_.direct;
+  int64_t q0_ = 0;
+  size_t rows_ = 0;
+  float* scores_ = nullptr;
+  float* row_max_ = nullptr;
+  float* row_sum_ = nullptr;
+  float* packed_k_ = nullptr;
+  float* packed_v_ = nullptr;
+  kernels::PackedA qp_{};
+  MatrixView q_;
+  MatrixView out_;
+  MatrixView acc_;
+};
+
+void OnlineTask::Run() {
+  const ForwardPlan& plan = t_.plan;
+  const KeyChunk& keys = t_.keys;
+  const int64_t hd = t_.m.hd, L = t_.args.shapes.L;
+  q0_ = blk_ * plan.query_block;
+  rows_ = std::min<int64_t>(plan.query_block, L - q0_);
+  uint8_t* scratch = t_.WorkerScratch(worker_);
+  const OnlineScratch& os = plan.online_scratch;
+  scores_ = reinterpret_cast<float*>(scratch);
+  row_max_ = reinterpret_cast<float*>(scratch + os.row_max);
+  row_sum_ = reinterpret_cast<float*>(scratch + os.row_sum);
+  packed_k_ = reinterpret_cast<float*>(scratch + os.packed_k);
+  packed_v_ = reinterpret_cast<float*>(scratch + os.packed_v);
+  q_ = MatrixView{reinterpret_cast<float*>(scratch + os.q_rows), rows_, static_cast<size_t>(hd),
+                  static_cast<ptrdiff_t>(hd), 1};
+  if (plan.chunked()) {
+    const int64_t state = (n_ * t_.m.H + h_) * L + q0_;
+    row_max_ = t_.buf.row_max + state;
+    row_sum_ = t_.buf.row_sum + state;
+  }
+  // Keys below mask_end take the masks and the causal limit (a key chunk past this block's
+  // diagonal has none left); the key-chunked path's unpadded masks end at S, and the appended
+  // positions [S, S') after them are never masked, so they form one block without masks.
+  const int64_t mask_end = plan.chunked() ? t_.args.shapes.S : t_.St;
+  const int64_t kend = std::min({keys.end, mask_end, t_.KeyLimit(q0_, rows_)});
+  const int64_t tail = std::max(keys.begin, mask_end);
+  // A later key chunk past this block's causal diagonal leaves its state as it is.
+  if (!keys.first && kend <= keys.begin && tail >= keys.end) return;
+  out_ = t_.OutView(n_, h_, q0_, rows_);
+  const int64_t kb = static_cast<int64_t>(plan.key_block);
+  // One key block for the whole task (S' <= key_block without key chunks, e.g. every S <= 512):
+  // each strip reads its Q rows once per product, so the direct kernel reads them in place,
+  // and the running output is the output itself (normalized there by the finish), which
+  // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
+  // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
+  const bool one_block = !plan.chunked() && ((kend - keys.begin <= kb && tail >= keys.end) ||
+                                             (kend <= keys.begin && keys.end - tail <= kb));
+  acc_ = one_block ? out_
+                   : MatrixView{reinterpret_cast<float*>(scratch + os.acc_rows), rows_,
+                                static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
+  LoadQueryRows(one_block);
+  LoadState();
+  for (int64_t k0 = keys.begin; k0 < kend; k0 += kb) {
+    UpdateKeyBlock(k0, std::min<int64_t>(kb, kend - k0), true);
+  }
+  if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false);
+  // The key-chunked path normalizes in its output projection, after the last key chunk.
+  const int64_t t0 = t_.Now();
+  if (!plan.chunked()) {
+    kernels::OnlineSoftmaxFinish(acc_.data, rows_, hd, acc_.row_stride, row_sum_);
+  }
+  if (!one_block) {
+    for (size_t r = 0; r < rows_; ++r) {
+      std::memcpy(out_.data + r * out_.row_stride, acc_.data + r * hd, hd * sizeof(float));
+    }
+  }
+  Record(t0, Stage::kWeightedSum);
+}
+
+void OnlineTask::LoadQueryRows(bool one_block) {
+  const int64_t hd = t_.m.hd;
+  const int64_t t0 = t_.Now();
+  if (direct_ && one_block) {
+    q_ = t_.QView(n_, h_, q0_, rows_);
+  } else if (direct_) {
+    const MatrixView src = t_.QView(n_, h_, q0_, rows_);
+    for (size_t r = 0; r < rows_; ++r) {
+      std::memcpy(q_.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
+    }
+  } else {
+    qp_ = kernels::PackA(t_.QView(n_, h_, q0_, rows_), q_.data);
+  }
+  Record(t0, Stage::kScores);
+}
+
+void OnlineTask::LoadState() {
+  const int64_t hd = t_.m.hd;
+  const int64_t t0 = t_.Now();
+  for (size_t r = 0; r < rows_; ++r) {
+    if (t_.keys.first) {
+      row_max_[r] = kNegInf;
+      row_sum_[r] = 0.0f;
+    } else {
+      std::memcpy(acc_.data + r * hd, out_.data + r * out_.row_stride, hd * sizeof(float));
+    }
+  }
+  Record(t0, Stage::kWeightedSum);
+}
+
+void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
+  const int64_t hd = t_.m.hd;
+  const size_t key_block = t_.plan.key_block;
+  // The trace counts packing K^T as scores time and packing V as weighted-sum time.
+  int64_t t0 = t_.Now();
+  const kernels::PackedB kp = kernels::PackB(t_.KtView(n_, g_, k0, kc), packed_k_);
+  Record(t0, Stage::kScores);
+  t0 = t_.Now();
+  const kernels::PackedB vp = kernels::PackB(t_.VView(n_, g_, k0, kc), packed_v_);
+  Record(t0, Stage::kWeightedSum);
+  const size_t strip_rows = OnlineStripRows();
+  void* const gs = t_.GemmScratch(worker_);
+  for (size_t r0 = 0; r0 < rows_; r0 += strip_rows) {
+    const size_t sr = std::min(strip_rows, rows_ - r0);
+    // Causal: the strip's rows see the keys below KeyLimit(q0 + r0, sr) only; the block's
+    // columns from there on are masked for all of them, so the strip's two products and its
+    // softmax stop there (the rest would add exact zeros): the strips of a diagonal block
+    // do about half its work. A block wholly past the strip's limit is skipped.
+    const int64_t visible =
+        masked ? std::min<int64_t>(kc, t_.KeyLimit(q0_ + r0, sr) - k0) : int64_t(kc);
+    if (visible <= 0) continue;
+    const size_t cols = static_cast<size_t>(visible);
+    const MatrixView s_view{scores_, sr, cols, static_cast<ptrdiff_t>(key_block), 1};
+    const MatrixView a_view = acc_.Block(r0, 0, sr, hd);
+    const kernels::PackedB k_cols = kp.Columns(0, cols);
+    const kernels::PackedB v_rows = vp.LeadingRows(cols);
+    t0 = t_.Now();
+    // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
+    // without masks the softmax's first pass only reads the scores.
+    if (direct_) {
+      const bool ran =
+          kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+      assert(ran && "the direct kernel runs where it was chosen");
+      (void)ran;
+    } else {
+      kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_view);
+    }
+    Record(t0, Stage::kScores);
+    t0 = t_.Now();
+    kernels::OnlineSoftmaxUpdate(
+        scores_, sr, cols, key_block, 1.0f,
+        masked ? MasksFor(t_.masks, n_, h_, q0_ + r0, k0) : kernels::SoftmaxMasks(), row_max_ + r0,
+        row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+    Record(t0, Stage::kSoftmax);
+    t0 = t_.Now();
+    // P is read in place where the direct micro-kernel runs: no packing of the strip's
+    // probabilities (GemmBlisPackedB's PackPanel).
+    if (direct_) {
+      const bool ran = kernels::GemmDirectPackedB(1.0f, s_view, v_rows, 1.0f, a_view);
+      assert(ran && "the direct kernel runs where it was chosen");
+      (void)ran;
+    } else {
+      kernels::GemmBlisPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
+    }
+    Record(t0, Stage::kWeightedSum);
+  }
+}
+
+}  // namespace
+
+void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
+                       const ForwardPlan& plan, const ForwardBuffers& buf, const KeyChunk& keys) {
+  const ForwardShapes& sh = args.shapes;
+  const int64_t N = sh.N, L = sh.L, H = m.H;
+  const size_t qb = plan.query_block;
+  const int64_t q_blocks = (L + qb - 1) / qb;
+  const AttentionMasks masks = PrepareMasks(H, args, plan, buf);
+  const TaskContext t{m,     args,         plan,  buf,       keys,
+                      masks, TraceOf(ctx), sh.St, H / m.KVH, OnlineUsesDirectKernel()};
+
+  if (sh.need_weights && sh.average) {
+    PoolOf(ctx).ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
+      AveragedWeightsTask(t, task / q_blocks, task % q_blocks, worker);
+    });
+    return;
+  }
+
+  PoolOf(ctx).ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
+    // Causal blocks cost more the later they start: each head's run from its last block down,
+    // so the tasks left for stealing at the end of a worker's range are its cheapest.
+    const int64_t blk = t.masks.causal ? q_blocks - 1 - static_cast<int64_t>(task % q_blocks)
+                                       : static_cast<int64_t>(task % q_blocks);
+    const int64_t h = (task / q_blocks) % H;
+    const int64_t n = task / (q_blocks * H);
+    if (sh.need_weights) {
+      // Per-head weights: the scores block lives in the caller's weights tensor.
+      const int64_t q0 = blk * qb;
+      const size_t rows = std::min<int64_t>(qb, L - q0);
+      float* w = args.weights + n * sh.w_stride[0] + h * sh.w_stride[1] + q0 * sh.w_stride[2];
+      FullRows(t, n, h, q0, rows, w, sh.w_stride[2], worker, blk);
+      return;
+    }
+    OnlineTask(t, n, h, blk, worker).Run();
+  });
+}
+
+}  // namespace mha

@@ -1,0 +1,70 @@
+// Decode attention over a KV cache: the workspace plan of a KvCache call and the attention
+// tasks that read the cache's K and V in its storage type (kernels/decode.h), in one of two
+// schedules chosen from the shapes only:
+//   - split (T <= kSplitMaxTokens, decoding): tasks over (entry, kv head, span of kSpan
+//     positions), each computing the partial online-softmax state of its span (row max, row
+//     sum, unnormalized P*V) into its own slot of the workspace; then tasks over (entry, head)
+//     merge the spans in increasing order (flash-decoding). One token gives only N * kv_heads
+//     (entry, head) pairs, often fewer than threads; the spans supply the parallelism.
+//   - blocked (prefill): tasks over (entry, head, block of kQueryBlock query rows), the
+//     online-softmax recurrence over the spans in order, accumulating in place.
+// Both apply the causal limit through the softmax kernels' causal_offset. Internal: not
+// installed.
+#ifndef MHA_RUNTIME_CACHE_ATTENTION_H_
+#define MHA_RUNTIME_CACHE_ATTENTION_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/layer_weights.h"
+#include "runtime/thread_pool.h"
+#include "runtime/trace.h"
+
+namespace mha {
+
+// Cache positions per span: a span of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
+// bf16 at hd = 64) stays in L2 between the scores and the weighted sum, and contexts of 512
+// positions and up give several spans per head to spread over the threads.
+inline constexpr int64_t kSpan = 256;
+// Up to this many query tokens per entry use the split schedule; its workspace grows with
+// tokens x spans, so longer inputs (prefill) use the blocked schedule.
+inline constexpr int64_t kSplitMaxTokens = 4;
+// Query rows per task of the blocked schedule.
+inline constexpr int64_t kQueryBlock = 64;
+
+// Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
+// schedule's per-span partial states (sized for a full cache, so the arena reaches its final
+// size on the first decode step and never grows as the sequences get longer), new K and V
+// [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores).
+struct StepWorkspace {
+  size_t q = 0, concat = 0, acc = 0, stats = 0, k = 0, v = 0, scratch = 0;
+  size_t per_worker = 0, total = 0;
+};
+
+// From shapes alone: N entries, T tokens each, the cache's capacity, which parts run, threads.
+StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool append,
+                       bool forward, size_t threads);
+
+// A cache's storage as the attention reads it: K and V [N, kv_heads, capacity, head_dim] of
+// `dtype` (int8: a scale per row in k_scales / v_scales, else null), `lengths` [N] the cached
+// positions of each entry (the new tokens included).
+struct CacheStorage {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
+  DType dtype = DType::kF32;
+  int64_t capacity = 0;
+  const int64_t* lengths = nullptr;
+};
+
+// Attention of the queries q_buf [N*T, E] (row n * T + i: entry n's token i, at position
+// lengths[n] - counts[n] + i; counts null = T each) over the cache into concat [N*T, E] (rows
+// past counts[n] zero). `spans`: of the longest entry (split schedule). Workspace: ws at base.
+void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeights& m,
+                       const CacheStorage& cache, int64_t N, int64_t T, const int64_t* counts,
+                       int64_t spans, const StepWorkspace& ws, uint8_t* base);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_CACHE_ATTENTION_H_

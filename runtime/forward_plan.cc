@@ -1,0 +1,285 @@
+// The forward's plan from shapes alone, and the binding of a workspace to it (forward_plan.h).
+#include "runtime/forward_plan.h"
+
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/gemm.h"
+#include "kernels/gemm_direct.h"
+#include "runtime/arena.h"
+#include "runtime/parallel_gemm.h"
+
+namespace mha {
+
+namespace {
+
+std::atomic<size_t> g_chunk_min_kv_bytes{kChunkMinKvBytes};
+std::atomic<int64_t> g_chunk_keys{kChunkKeys};
+
+}  // namespace
+
+KeyChunking CurrentKeyChunking() {
+  return {g_chunk_min_kv_bytes.load(std::memory_order_relaxed),
+          g_chunk_keys.load(std::memory_order_relaxed)};
+}
+
+KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking) {
+  const KeyChunking previous = CurrentKeyChunking();
+  g_chunk_min_kv_bytes.store(chunking.min_kv_bytes, std::memory_order_relaxed);
+  g_chunk_keys.store(std::max<int64_t>(chunking.chunk_keys, 1), std::memory_order_relaxed);
+  return previous;
+}
+
+size_t FloatBytes(size_t floats) {
+  size_t r = 0;
+  RoundUpToAlignment(floats * sizeof(float), &r);
+  return r;
+}
+
+bool OnlineUsesDirectKernel() { return kernels::DirectKernelRuns(); }
+
+// Query rows per strip of the online path: kStripRows rounded down to a multiple of the
+// micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
+size_t OnlineStripRows() {
+  const size_t mr = kernels::GemmBlocking().mr;
+  return std::max(kStripRows / mr, size_t{1}) * mr;
+}
+
+namespace {
+
+// Layout of a projection buffer that follows the input's token order when the input is dense in
+// batch-major or sequence-major order (so one GEMM covers all batches), batch-major otherwise.
+TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, ptrdiff_t ld) {
+  if (N > 1 && in.layout.token == N * in.layout.batch && in.tokens == rows_per_batch) {
+    return {ld, N * ld};  // sequence-major, like the input
+  }
+  return {rows_per_batch * ld, ld};
+}
+
+// The online path's per-worker scratch (OnlineScratch) for a plan's query and key blocks.
+OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd) {
+  OnlineScratch l;
+  size_t off = FloatBytes(OnlineStripRows() * ws.key_block);
+  l.row_max = off;
+  off += FloatBytes(ws.query_block);
+  l.row_sum = off;
+  off += FloatBytes(ws.query_block);
+  l.packed_k = off;
+  off += FloatBytes(kernels::PackedBFloats(hd, ws.key_block));
+  l.packed_v = off;
+  off += FloatBytes(kernels::PackedBFloats(ws.key_block, hd));
+  l.q_rows = off;
+  off += FloatBytes(OnlineUsesDirectKernel() ? ws.query_block * hd
+                                             : kernels::PackedAFloats(ws.query_block, hd));
+  l.acc_rows = off;
+  off += FloatBytes(ws.query_block * hd);
+  l.total = off;
+  return l;
+}
+
+}  // namespace
+
+size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t threads) {
+  size_t bound = 0;
+  for (const bool out_private : {false, true}) {
+    for (const bool self : {false, true}) {
+      // Self-attention needs key and value shaped like the query.
+      if (self && !sh.self_possible) continue;
+      Aliasing aliasing;
+      aliasing.out_private = out_private;
+      aliasing.self_attention = self;
+      bound = std::max(bound, PlanForward(m, sh, aliasing, threads).total);
+    }
+  }
+  return bound;
+}
+
+ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
+                        size_t threads) {
+  const int64_t E = m.E, H = m.H, kvE = m.kvE, hd = m.hd, qd = m.qd, kd = m.kd, vd = m.vd;
+  ForwardPlan plan;
+  const size_t N = sh.N, L = sh.L, St = sh.St;
+  size_t off = 0;
+  // Key-chunked path: long keys, no weights (see kChunkMinKvBytes). Q [tokens_q, E] is
+  // projected whole (the key chunks reread it), K and V [N, chunk + extra, kvE] hold one key
+  // chunk at a time, and the running softmax state of every query row stays between key chunks:
+  // row max and sum [N, H, L] here, the unnormalized output in the caller's output rows when
+  // they are private (out_private), else in concat. At (1, 8192, 1024, 16): 32 + 2 x 4 + 1 MiB
+  // (+ 32 for concat) instead of 4 x 32 MiB (plus per-worker scratch).
+  const KeyChunking chunking = CurrentKeyChunking();
+  const bool online = !sh.need_weights;
+  const bool chunked = online && sh.S > chunking.chunk_keys &&
+                       2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
+  plan.path = chunked  ? ForwardPath::kKeyChunked
+              : online ? ForwardPath::kOnline
+                       : ForwardPath::kFullRows;
+  plan.acc_in_output = chunked && aliasing.out_private;
+  plan.fused = !chunked && aliasing.self_attention && m.w_packed.data != nullptr;
+  if (plan.fused) {
+    // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
+    // positions fit after the real ones.
+    plan.q_ld = plan.kv_ld = E + 2 * kvE;
+    const size_t rows = std::max(L, St);
+    plan.q_layout = plan.kv_layout = BufferLayout(sh.q, N, rows, plan.q_ld);
+    plan.qkv = off;
+    off += FloatBytes(N * rows * plan.q_ld);
+  } else {
+    // Q [tokens_q, E]; K and V [tokens_kv, kvE], or when chunked [N, chunk + extra, kvE]
+    // (batch-major, a chunk's key k0 + i at row i).
+    plan.chunk_keys = chunked ? chunking.chunk_keys : 0;
+    const size_t kv_rows = chunked ? plan.chunk_keys + m.Extra() : St;
+    plan.q_ld = E;
+    plan.kv_ld = kvE;
+    plan.q_layout = BufferLayout(sh.q, N, L, E);
+    plan.kv_layout = chunked ? TokenLayout{static_cast<ptrdiff_t>(kv_rows * kvE), kvE}
+                             : BufferLayout(sh.k, N, St, kvE);
+    plan.q = off;
+    off += FloatBytes(N * L * E);
+    plan.k = off;
+    off += FloatBytes(N * kv_rows * kvE);
+    plan.v = off;
+    off += FloatBytes(N * kv_rows * kvE);
+  }
+  if (chunked) {
+    plan.row_max = off;
+    off += FloatBytes(N * H * L);
+    plan.row_sum = off;
+    off += FloatBytes(N * H * L);
+  }
+  if (!plan.acc_in_output) {
+    plan.concat_layout = BufferLayout(sh.q, N, L, E);
+    plan.concat = off;
+    off += FloatBytes(N * L * E);
+  }
+
+  // Masks are padded to S' columns (and causal folded into them) only when extra key positions
+  // exist, because the kernels read a mask value for every column they process. The chunked
+  // path reads the caller's masks as they are: it runs the extra positions as a block of their
+  // own without masks (it would not fit an [L, S'] copy either).
+  plan.padded_masks =
+      !chunked && St > static_cast<size_t>(sh.S) &&
+      (sh.attn.type != MaskType::kNone || sh.kpm.type != MaskType::kNone || sh.causal);
+  if (plan.padded_masks) {
+    if (sh.attn.type != MaskType::kNone || sh.causal) {
+      const size_t slices = sh.attn.per_head ? N * H : 1;
+      const size_t elem = sh.attn.type == MaskType::kFloat ? sizeof(float) : 1;
+      size_t r = 0;
+      RoundUpToAlignment(slices * L * St * elem, &r);
+      plan.attn_pad = off;
+      off += r;
+    }
+    if (sh.kpm.type != MaskType::kNone) {
+      const size_t elem = sh.kpm.type == MaskType::kFloat ? sizeof(float) : 1;
+      size_t r = 0;
+      RoundUpToAlignment(N * St * elem, &r);
+      plan.kpm_pad = off;
+      off += r;
+    }
+  }
+
+  // Without weights, the online path at every length: its strips beat the full-row path's
+  // scores [block, S'] at short lengths too (runtime/README.md).
+  plan.key_block = std::max<size_t>(std::min(kKeyBlock, St), 1);
+  // Query rows per task: the full-row path's scores block [block, S'] within
+  // kScoresBlockFloats; the online path's as kMinOnlineTasksPerThread says.
+  size_t qb = kCausalQueryBlock;
+  if (online && !(sh.causal && chunked)) {
+    // Causal too: strips stop at their own last row, so smaller blocks would skip no more of
+    // the masked triangle and only pack each head's K^T and V more often.
+    const size_t heads = std::max<size_t>(N * H, 1);
+    const size_t blocks =
+        std::max<size_t>((kMinOnlineTasksPerThread * threads + heads - 1) / heads, 1);
+    const size_t strip = OnlineStripRows();
+    qb = std::min(kMaxOnlineQueryBlock, ((L + blocks - 1) / blocks + strip - 1) / strip * strip);
+    qb = std::max(qb, strip);
+  } else if (!online) {
+    qb = std::min(std::max(kScoresBlockFloats / std::max<size_t>(St, 1), kMinQueryBlock),
+                  kMaxQueryBlock) /
+         8 * 8;
+  }
+  if (sh.need_weights && sh.average) {
+    // Averaged weights run one task per (batch, query block) with all heads inside it: split
+    // the queries so that there are at least kMinAverageTasks tasks when L allows, with blocks of
+    // at least kMinAverageRows rows.
+    const size_t blocks = (kMinAverageTasks + N - 1) / N;
+    qb = std::min(qb, std::max<size_t>(kMinAverageRows, (L + blocks - 1) / blocks + 7) / 8 * 8);
+  }
+  // The full-row path's partition depends only on shapes; the online path's follows the thread
+  // count too, which its results do not depend on (see kMinOnlineTasksPerThread).
+  plan.query_block = std::min(qb, L);
+  // Per worker: the GEMM packing buffer, then the online path's strip scores, row state and
+  // packed K^T and V (OnlineScratchLayout), or the full-row path's scores [block, S'] (unused
+  // when the per-head weights are the scores); the key-chunked output projection uses the
+  // same space for a copy of kOutRows output rows [rows, E].
+  plan.gemm_scratch = kernels::GemmScratchBytes();
+  RoundUpToAlignment(plan.gemm_scratch, &plan.gemm_scratch);
+  if (online) plan.online_scratch = OnlineScratchLayout(plan, hd);
+  size_t per_worker = online ? plan.online_scratch.total : FloatBytes(plan.query_block * St);
+  if (chunked) per_worker = std::max(per_worker, FloatBytes(std::min<size_t>(kOutRows, L) * E));
+  plan.scratch_per_worker = plan.gemm_scratch + per_worker;
+  plan.scratch = off;
+  off += plan.scratch_per_worker * threads;
+  // f32 projection weights packed once per projection (see ParallelGemm) when the product has
+  // rows for several row panels: room for the largest of the projections that run (q, k, v
+  // together or fused; when chunked q alone, then k and v per chunk; the output projection).
+  // The key-chunked output projection runs its own panels (RunKeyChunks).
+  // Prepacked weights (LayerWeights::Prepack) need no room: every product that would pack
+  // here has PrepackedMinRows() rows or more.
+  if (m.config.weight_dtype == DType::kF32 && m.w_q.packed.data == nullptr) {
+    // ProjectionJob makes one product of N x len rows or N products of len rows.
+    auto packs = [&](size_t len) {
+      return PacksWeightsOnce(1, N * len) || PacksWeightsOnce(N, len);
+    };
+    const bool q_packs = packs(L);
+    const bool kv_packs = packs(chunked ? plan.chunk_keys : St);
+    const size_t wq = q_packs ? PackedJobBytes(qd, E) : 0;
+    const size_t wkv = kv_packs ? PackedJobBytes(kd, kvE) + PackedJobBytes(vd, kvE) : 0;
+    size_t bytes = 0;
+    if (plan.fused) {
+      bytes = q_packs ? PackedJobBytes(qd, E + 2 * kvE) : 0;
+    } else if (chunked) {
+      bytes = std::max(wq, wkv);
+    } else {
+      bytes = wq + wkv;
+    }
+    if (!chunked && q_packs) bytes = std::max(bytes, PackedJobBytes(E, E));
+    plan.packed_w = off;
+    plan.packed_w_bytes = bytes;
+    off += bytes;
+  }
+  plan.total = off;
+  return plan;
+}
+
+// The GEMMs write straight into the caller's tensors: only per-worker packing buffers.
+size_t PlanProjectBytes(size_t num_threads) {
+  size_t per_worker = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &per_worker);
+  return per_worker * std::max<size_t>(num_threads, 1);
+}
+
+ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
+                               const ForwardArgs& args, uint8_t* base) {
+  ForwardBuffers b;
+  if (plan.fused) {
+    float* qkv = reinterpret_cast<float*>(base + plan.qkv);
+    b.q = qkv;
+    b.k = qkv + m.E;
+    b.v = qkv + m.E + m.kvE;
+  } else {
+    b.q = reinterpret_cast<float*>(base + plan.q);
+    b.k = reinterpret_cast<float*>(base + plan.k);
+    b.v = reinterpret_cast<float*>(base + plan.v);
+  }
+  b.concat = plan.acc_in_output ? args.out : reinterpret_cast<float*>(base + plan.concat);
+  b.concat_layout = plan.acc_in_output ? args.shapes.out_layout : plan.concat_layout;
+  b.attn_pad = base + plan.attn_pad;
+  b.kpm_pad = base + plan.kpm_pad;
+  b.row_max = reinterpret_cast<float*>(base + plan.row_max);
+  b.row_sum = reinterpret_cast<float*>(base + plan.row_sum);
+  b.scratch = base + plan.scratch;
+  b.packed_w = base + plan.packed_w;
+  return b;
+}
+
+}  // namespace mha

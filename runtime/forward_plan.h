@@ -1,0 +1,168 @@
+// The forward's plan, from shapes alone (XNNPACK's reshape step): which path runs, the query
+// and key block sizes, and the workspace layout as named byte offsets, computed from the
+// validated shapes, the aliasing of the arguments and the thread count; then the binding of a
+// workspace's pointers to it (setup). Every tuning constant of the forward lives here; the
+// measurements behind them are in runtime/README.md. Internal: not installed.
+#ifndef MHA_RUNTIME_FORWARD_PLAN_H_
+#define MHA_RUNTIME_FORWARD_PLAN_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "runtime/layer_weights.h"
+#include "runtime/validate.h"
+
+namespace mha {
+
+// Query rows per task of the full-row path: the scores block [block, S'] stays within ~512 KiB
+// (L2), and small enough blocks leave several tasks per thread. Multiple of 8 (micro-tiles).
+inline constexpr size_t kScoresBlockFloats = 128 * 1024;
+inline constexpr size_t kMinQueryBlock = 8;
+inline constexpr size_t kMaxQueryBlock = 256;
+// Keys per key block of the online path: a strip's scores [kStripRows, kKeyBlock] are 48 KiB.
+inline constexpr size_t kKeyBlock = 512;
+// Query rows per task of the online path: each task packs K^T and V of every key block once, so
+// it takes as many rows as leave kMinOnlineTasksPerThread tasks per thread over the N x H heads,
+// at most kMaxOnlineQueryBlock (its Q and output rows are copied to scratch, 2 x 512 KiB per
+// worker at head_dim 64). Rows are independent and causal strips stop at their own last row, so
+// a row's work depends only on the strip grid (multiples of OnlineStripRows()): this split may
+// follow the thread count without changing any result.
+inline constexpr size_t kMinOnlineTasksPerThread = 4;
+inline constexpr size_t kMaxOnlineQueryBlock = 2048;
+// Query rows per task of the key-chunked path with a causal mask: a block skips the key chunks
+// past its diagonal.
+inline constexpr size_t kCausalQueryBlock = 512;
+// Query rows per strip of the online path (a multiple of the micro-kernel's 6 or 8 rows on
+// x86-64 and arm64; rounded down to its MR by OnlineStripRows()).
+inline constexpr size_t kStripRows = 24;
+// Tasks the averaged-weights path aims for (it has no head dimension to parallelize over), and
+// the fewest query rows such a task takes: each task packs every head's K^T and V for its rows,
+// so shorter tasks pack more than they multiply.
+inline constexpr size_t kMinAverageTasks = 16;
+inline constexpr size_t kMinAverageRows = 32;
+// The key-chunked path (long keys without weights): keys per key chunk (two key blocks, so
+// inside a chunk the recurrence is the unchunked one), and the size of K + V for all keys (f32)
+// from which it replaces the full K, V and concat buffers.
+inline constexpr int64_t kChunkKeys = 1024;
+inline constexpr size_t kChunkMinKvBytes = size_t{32} << 20;
+// Rows per task of the key-chunked path's output projection: a [rows, E] copy per worker.
+inline constexpr size_t kOutRows = 128;
+
+// When Forward splits the keys into key chunks (the key-chunked path): no attention weights
+// requested, more than `chunk_keys` keys, and K and V buffers of all keys (N x S' x kvE f32
+// each) of at least `min_kv_bytes` together. The defaults are kChunkKeys and kChunkMinKvBytes.
+struct KeyChunking {
+  size_t min_kv_bytes = 0;
+  int64_t chunk_keys = 0;
+};
+KeyChunking CurrentKeyChunking();
+// Testing hook: replaces the process-wide setting (so small shapes reach the key-chunked path)
+// and returns the previous one. Not for concurrent use with forwards or plans.
+KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
+
+enum class ForwardPath {
+  kFullRows,    // attention weights requested: scores of whole rows, masked softmax, P V
+  kOnline,      // no weights: online softmax over key blocks, query blocks in strips
+  kKeyChunked,  // kOnline over key chunks whose K and V are projected one at a time
+};
+
+// The online path's per-worker scratch after the GEMM packing buffer, byte offsets: scores
+// [OnlineStripRows(), key_block], row max and sum [query_block] (unused when key-chunked: the
+// state lives in the workspace), K^T of one key block packed [hd, key_block], V packed
+// [key_block, hd], the query block's Q rows (copied [query_block, hd] where the scores product
+// runs the direct kernel, see OnlineUsesDirectKernel, else PackA of [query_block, hd]) and its
+// running output [query_block, hd].
+struct OnlineScratch {
+  size_t row_max = 0, row_sum = 0, packed_k = 0, packed_v = 0, q_rows = 0, acc_rows = 0;
+  size_t total = 0;
+};
+
+// A forward's plan. Offsets are bytes from the workspace's base (64-byte aligned each); a
+// buffer the path does not use has offset 0 and no bytes.
+struct ForwardPlan {
+  ForwardPath path = ForwardPath::kOnline;
+  bool chunked() const { return path == ForwardPath::kKeyChunked; }
+
+  // Projection buffers: Q, K and V in one [tokens, E + 2 kvE] buffer at `qkv` when `fused`
+  // (self-attention with packed weights), else Q [tokens_q, E] at `q` and K, V [tokens_kv, kvE]
+  // (key-chunked: [N, chunk_keys + extra, kvE], batch-major) at `k`, `v`.
+  bool fused = false;
+  size_t qkv = 0, q = 0, k = 0, v = 0;
+  ptrdiff_t q_ld = 0, kv_ld = 0;  // element row strides
+  TokenLayout q_layout, kv_layout;
+  // Attention results [tokens_q, E] (absent when acc_in_output).
+  size_t concat = 0;
+  TokenLayout concat_layout;
+  // Key-chunked: the running output lives in the caller's output rows (Aliasing::out_private),
+  // not in concat; row max and sum [N, H, L] f32 persist from key chunk to key chunk.
+  bool acc_in_output = false;
+  size_t row_max = 0, row_sum = 0;
+  int64_t chunk_keys = 0;
+  // Masks padded to S' columns (causal folded in) when extra key positions exist.
+  bool padded_masks = false;
+  size_t attn_pad = 0, kpm_pad = 0;
+  // Per-worker scratch: `threads` slices of scratch_per_worker bytes, each the GEMM packing
+  // buffer (gemm_scratch bytes) then the path's own (online_scratch, or the full-row path's
+  // scores [query_block, S'], or the key-chunked output projection's [kOutRows, E]).
+  size_t scratch = 0, scratch_per_worker = 0, gemm_scratch = 0;
+  OnlineScratch online_scratch;
+  // Projection weights packed once per ParallelGemm call (0 bytes when none is packed).
+  size_t packed_w = 0, packed_w_bytes = 0;
+  // Rows per attention task; keys per key block (online paths: min(kKeyBlock, S')).
+  size_t query_block = 0, key_block = 0;
+  size_t total = 0;  // workspace bytes
+};
+
+// The plan of a forward with these shapes and aliasing on `threads` workers.
+ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
+                        size_t threads);
+
+// The most workspace any forward with sh's shapes needs, whatever its pointers: the maximum of
+// PlanForward over every Aliasing those shapes allow. MultiheadAttention::Plan returns it.
+size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t threads);
+
+// Workspace bytes of Project: per-worker GEMM packing buffers only.
+size_t PlanProjectBytes(size_t threads);
+
+// Whether the online path's two products per strip run on kernels::GemmDirectPackedB, which
+// reads its a operand as it lies (Q rows copied once per task, P in place), else on BLIS
+// micro-kernels (Q packed once per task). Fixed per process.
+bool OnlineUsesDirectKernel();
+
+// Query rows per strip of the online path: kStripRows rounded down to a multiple of the
+// micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
+size_t OnlineStripRows();
+
+// Bytes of `floats` f32 values rounded up to the workspace alignment.
+size_t FloatBytes(size_t floats);
+
+// The keys one pass of the attention tasks covers: all S' positions, or one key chunk of the
+// key-chunked path, whose last also holds the appended positions [S, S').
+struct KeyChunk {
+  int64_t begin = 0, end = 0;  // key positions [begin, end)
+  bool first = true;           // the first pass: it initializes the softmax state
+};
+
+// A workspace's pointers bound to a plan (setup): base + each named offset.
+struct ForwardBuffers {
+  float* q = nullptr;  // [tokens_q, q_ld] (fused: the qkv buffer)
+  float* k = nullptr;  // head g at columns [g * hd, (g + 1) * hd)
+  float* v = nullptr;
+  // Attention results [tokens_q, E] at concat_layout: the plan's concat, or the caller's output
+  // when acc_in_output.
+  float* concat = nullptr;
+  TokenLayout concat_layout;
+  uint8_t* attn_pad = nullptr;
+  uint8_t* kpm_pad = nullptr;
+  float* row_max = nullptr;  // key-chunked: [N, H, L]
+  float* row_sum = nullptr;
+  uint8_t* scratch = nullptr;  // worker w's at scratch + w * plan.scratch_per_worker
+  uint8_t* packed_w = nullptr;
+};
+
+ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
+                               const ForwardArgs& args, uint8_t* base);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_FORWARD_PLAN_H_

@@ -1,0 +1,341 @@
+// Layer weights: configuration checks and resolution, weight binding (views of the caller's
+// arrays or owned copies in the storage type), the per-head packed layout's reorder, element
+// type conversion and prepacking (layer_weights.h).
+#include "runtime/layer_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "runtime/validate.h"
+
+namespace mha {
+
+void ConvertElements(const void* src, DType from, void* dst, DType to, size_t n) {
+  if (from == to) {
+    std::memcpy(dst, src, n * DTypeSize(to));
+    return;
+  }
+  std::vector<float> tmp;
+  const float* f32 = static_cast<const float*>(src);
+  if (from != DType::kF32) {
+    tmp.resize(n);
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    if (from == DType::kBF16) {
+      kernels::BF16ToF32(h, tmp.data(), n);
+    } else {
+      kernels::F16ToF32(h, tmp.data(), n);
+    }
+    f32 = tmp.data();
+  }
+  if (to == DType::kF32) {
+    std::memcpy(dst, f32, n * sizeof(float));
+  } else if (to == DType::kBF16) {
+    kernels::F32ToBF16(f32, static_cast<uint16_t*>(dst), n);
+  } else {
+    kernels::F32ToF16(f32, static_cast<uint16_t*>(dst), n);
+  }
+}
+
+namespace {
+
+constexpr const char* kOp = "MultiheadAttention::Create: ";
+
+// Checks the configuration and resolves its dimensions and scale into m.
+Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWeights& m) {
+  const char* op = kOp;
+  m.config = config;
+  m.E = config.embed_dim;
+  m.H = config.num_heads;
+  if (m.E <= 0)
+    return InvalidArgument(std::string(op) + "embed_dim: expected > 0, got " + Str(m.E));
+  if (m.H <= 0)
+    return InvalidArgument(std::string(op) + "num_heads: expected > 0, got " + Str(m.H));
+  if (m.E % m.H != 0) {
+    return InvalidArgument(std::string(op) + "embed_dim: expected a multiple of num_heads (" +
+                           Str(m.H) + "), got " + Str(m.E));
+  }
+  m.KVH = config.num_kv_heads == 0 ? m.H : config.num_kv_heads;
+  if (m.KVH <= 0 || m.H % m.KVH != 0) {
+    return InvalidArgument(std::string(op) + "num_kv_heads: expected a divisor of num_heads (" +
+                           Str(m.H) + ") or 0, got " + Str(config.num_kv_heads));
+  }
+  m.hd = m.E / m.H;
+  m.kvE = m.KVH * m.hd;
+  m.qd = config.q_dim == 0 ? m.E : config.q_dim;
+  m.kd = config.kdim == 0 ? m.E : config.kdim;
+  m.vd = config.vdim == 0 ? m.E : config.vdim;
+  // Dimensions are bounded so that every size product below fits comfortably in 64 bits.
+  constexpr int64_t kMaxDim = int64_t{1} << 24;
+  const struct {
+    const char* name;
+    int64_t v;
+  } dims[] = {{"embed_dim", m.E}, {"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}};
+  for (const auto& d : dims) {
+    if (d.v <= 0 || d.v > kMaxDim) {
+      return InvalidArgument(std::string(op) + d.name + ": expected 1.." + Str(kMaxDim) +
+                             " (or 0 for embed_dim), got " + Str(d.v));
+    }
+  }
+  if (!(config.scale >= 0.0f) || std::isinf(config.scale)) {
+    return InvalidArgument(std::string(op) +
+                           "scale: expected a finite value >= 0 (0 = default), got " +
+                           std::to_string(config.scale));
+  }
+  m.scale = config.scale > 0 ? config.scale : 1.0f / std::sqrt(static_cast<float>(m.hd));
+  m.config.num_kv_heads = m.KVH;
+  m.config.q_dim = m.qd;
+  m.config.kdim = m.kd;
+  m.config.vdim = m.vd;
+
+  const struct {
+    const char* name;
+    DType v;
+  } dtypes[] = {{"config.weight_dtype", config.weight_dtype}, {"weights.dtype", weights_dtype}};
+  for (const auto& d : dtypes) {
+    if (d.v != DType::kF32 && d.v != DType::kBF16 && d.v != DType::kF16) {
+      return InvalidArgument(std::string(op) + d.name + ": expected F32, BF16 or F16, got " +
+                             DTypeName(d.v));
+    }
+  }
+
+  if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff &&
+      config.prepack != WeightPrepack::kPlain && config.prepack != WeightPrepack::kStrassen) {
+    return InvalidArgument(std::string(op) +
+                           "prepack: expected kOn (0), kOff (1), kPlain (2) or kStrassen (3), "
+                           "got " +
+                           Str(static_cast<int>(config.prepack)));
+  }
+  return Status::Ok();
+}
+
+// Checks which weight arrays are given against the resolved configuration m.
+Status CheckWeightArrays(const LayerWeights& m, const AttentionWeights& w) {
+  const char* op = kOp;
+  const AttentionConfig& config = m.config;
+  const bool packed = w.in_proj_weight != nullptr;
+  const bool separate = w.q_proj_weight || w.k_proj_weight || w.v_proj_weight;
+  if (packed && separate) {
+    return InvalidArgument(
+        std::string(op) + "weights: expected either in_proj_weight or q/k/v_proj_weight, got both");
+  }
+  if (!packed && !(w.q_proj_weight && w.k_proj_weight && w.v_proj_weight)) {
+    return InvalidArgument(std::string(op) +
+                           "weights: expected in_proj_weight, or all of q_proj_weight, "
+                           "k_proj_weight and v_proj_weight");
+  }
+  if (packed && (m.qd != m.kd || m.qd != m.vd || m.kvE != m.E)) {
+    return InvalidArgument(std::string(op) +
+                           "in_proj_weight: a packed [3E, in] weight needs "
+                           "q_dim == kdim == vdim and num_kv_heads == num_heads, got q_dim " +
+                           Str(m.qd) + ", kdim " + Str(m.kd) + ", vdim " + Str(m.vd) +
+                           ", num_kv_heads " + Str(m.KVH));
+  }
+  if (w.qkv_layout != QkvLayout::kPyTorch && w.qkv_layout != QkvLayout::kPerHead) {
+    return InvalidArgument(std::string(op) +
+                           "qkv_layout: expected kPyTorch (0) or kPerHead (1), got " +
+                           Str(static_cast<int>(w.qkv_layout)));
+  }
+  if (!packed && w.qkv_layout == QkvLayout::kPerHead) {
+    return InvalidArgument(std::string(op) +
+                           "qkv_layout: kPerHead applies to a packed in_proj_weight only");
+  }
+  if (w.out_proj_weight == nullptr) {
+    return InvalidArgument(std::string(op) + "out_proj_weight: expected [E, E] weights, got null");
+  }
+  if (config.bias && (w.in_proj_bias == nullptr || w.out_proj_bias == nullptr)) {
+    return InvalidArgument(std::string(op) +
+                           "bias is true: expected in_proj_bias [E + 2 kvE] and "
+                           "out_proj_bias [E], got " +
+                           (w.in_proj_bias    ? "in_proj_bias only"
+                            : w.out_proj_bias ? "out_proj_bias only"
+                                              : "neither"));
+  }
+  if (!config.bias && (w.in_proj_bias != nullptr || w.out_proj_bias != nullptr)) {
+    return InvalidArgument(std::string(op) +
+                           "bias is false: expected no in_proj_bias/out_proj_bias");
+  }
+  if (config.add_bias_kv && (w.bias_k == nullptr || w.bias_v == nullptr)) {
+    return InvalidArgument(std::string(op) + "add_bias_kv: expected bias_k and bias_v [kvE]");
+  }
+  if (!config.add_bias_kv && (w.bias_k != nullptr || w.bias_v != nullptr)) {
+    return InvalidArgument(std::string(op) + "bias_k/bias_v given but add_bias_kv is false");
+  }
+  return Status::Ok();
+}
+
+// Binds the caller's arrays as they are (their dtype is the storage dtype).
+void BindViews(const AttentionWeights& w, LayerWeights& m) {
+  const DType st = m.config.weight_dtype;
+  const bool packed = w.in_proj_weight != nullptr;
+  if (packed) {
+    m.w_packed = {w.in_proj_weight, st};
+    m.w_q = m.w_packed;
+    m.w_k = m.w_packed.Rows(m.E, m.qd);
+    m.w_v = m.w_packed.Rows(m.E + m.kvE, m.qd);
+    m.b_packed = w.in_proj_bias;
+  } else {
+    m.w_q = {w.q_proj_weight, st};
+    m.w_k = {w.k_proj_weight, st};
+    m.w_v = {w.v_proj_weight, st};
+  }
+  if (w.in_proj_bias) {
+    m.b_q = w.in_proj_bias;
+    m.b_k = w.in_proj_bias + m.E;
+    m.b_v = w.in_proj_bias + m.E + m.kvE;
+  }
+  m.bias_k = w.bias_k;
+  m.bias_v = w.bias_v;
+  m.w_o = {w.out_proj_weight, st};
+  m.b_o = w.out_proj_bias;
+}
+
+// Binds owned copies in the storage dtype, reordering the per-head packed layout.
+void BindCopies(const AttentionWeights& w, LayerWeights& m) {
+  const AttentionConfig& config = m.config;
+  const DType st = config.weight_dtype;
+  const bool packed = w.in_proj_weight != nullptr;
+  const int64_t qkv_rows = m.E + 2 * m.kvE;
+  // Owned copies in the storage dtype: the weights [w_q | w_k | w_v | w_o] (w_q..w_v adjacent
+  // rows of one packed matrix when the input dims agree) in `owned` (f32) or `owned16`
+  // (16-bit); the biases (in_proj, bias_kv, out_proj) always in `owned`, after any weights.
+  const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd, n_wo = m.E * m.E;
+  const size_t n_w = n_wq + n_wk + n_wv + n_wo;
+  const size_t n_b = config.bias ? qkv_rows : 0;
+  const size_t n_bkv = config.add_bias_kv ? 2 * m.kvE : 0;
+  const size_t n_bo = config.bias ? m.E : 0;
+  const bool f32 = st == DType::kF32;
+  m.owned.resize((f32 ? n_w : 0) + n_b + n_bkv + n_bo);
+  if (!f32) m.owned16.resize(n_w);
+  uint8_t* wblk = f32 ? reinterpret_cast<uint8_t*>(m.owned.data())
+                      : reinterpret_cast<uint8_t*>(m.owned16.data());
+  const size_t eb = DTypeSize(st);
+  uint8_t* wq = wblk;
+  uint8_t* wk = wq + n_wq * eb;
+  uint8_t* wv = wk + n_wk * eb;
+  uint8_t* wo = wv + n_wv * eb;
+  float* bias = m.owned.data() + (f32 ? n_w : 0);
+  float* bkv = bias + n_b;
+  float* bo = bkv + n_bkv;
+  const size_t src_eb = DTypeSize(w.dtype);
+  if (packed && w.qkv_layout == QkvLayout::kPerHead) {
+    // Row (h, part, d) of the interleaved layout -> row part * E + h * hd + d.
+    const uint8_t* src_w = static_cast<const uint8_t*>(w.in_proj_weight);
+    for (int64_t h = 0; h < m.H; ++h) {
+      for (int64_t part = 0; part < 3; ++part) {
+        for (int64_t d = 0; d < m.hd; ++d) {
+          const int64_t src = (h * 3 + part) * m.hd + d;
+          const int64_t dst = part * m.E + h * m.hd + d;
+          ConvertElements(src_w + src * m.qd * src_eb, w.dtype, wq + dst * m.qd * eb, st, m.qd);
+          if (config.bias) bias[dst] = w.in_proj_bias[src];
+        }
+      }
+    }
+  } else if (packed) {
+    ConvertElements(w.in_proj_weight, w.dtype, wq, st, qkv_rows * m.qd);
+    if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
+  } else {
+    ConvertElements(w.q_proj_weight, w.dtype, wq, st, n_wq);
+    ConvertElements(w.k_proj_weight, w.dtype, wk, st, n_wk);
+    ConvertElements(w.v_proj_weight, w.dtype, wv, st, n_wv);
+    if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
+  }
+  if (config.add_bias_kv) {
+    std::memcpy(bkv, w.bias_k, m.kvE * sizeof(float));
+    std::memcpy(bkv + m.kvE, w.bias_v, m.kvE * sizeof(float));
+    m.bias_k = bkv;
+    m.bias_v = bkv + m.kvE;
+  }
+  ConvertElements(w.out_proj_weight, w.dtype, wo, st, n_wo);
+  if (config.bias) std::memcpy(bo, w.out_proj_bias, m.E * sizeof(float));
+  m.w_q = {wq, st};
+  m.w_k = {wk, st};
+  m.w_v = {wv, st};
+  // The three weights are adjacent rows of one [E + 2 kvE, in] matrix when the dims agree.
+  if (m.qd == m.kd && m.qd == m.vd) m.w_packed = m.w_q;
+  if (config.bias) {
+    m.b_packed = bias;
+    m.b_q = bias;
+    m.b_k = bias + m.E;
+    m.b_v = bias + m.E + m.kvE;
+  }
+  m.w_o = {wo, st};
+  m.b_o = config.bias ? bo : nullptr;
+}
+
+}  // namespace
+
+Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w,
+                        WeightBinding binding, LayerWeights* out) {
+  LayerWeights& m = *out;
+  Status s = ResolveConfig(config, w.dtype, m);
+  if (!s.ok()) return s;
+  s = CheckWeightArrays(m, w);
+  if (!s.ok()) return s;
+  const DType st = config.weight_dtype;
+  // Copies are made when asked for, and always for the per-head packed layout, which is
+  // reordered into PyTorch's (q, k, v) row order once here so every later path is the same.
+  const bool copy = binding == WeightBinding::kCopy ||
+                    (w.in_proj_weight != nullptr && w.qkv_layout == QkvLayout::kPerHead);
+  if (!copy && w.dtype != st) {
+    return InvalidArgument(std::string(kOp) +
+                           "weights.dtype: a view binding uses the arrays as "
+                           "they are, so it must equal config.weight_dtype (" +
+                           DTypeName(st) + "), got " + DTypeName(w.dtype) +
+                           " (use WeightBinding::kCopy to convert)");
+  }
+  if (copy) {
+    BindCopies(w, m);
+  } else {
+    BindViews(w, m);
+  }
+  if (!config.bias) m.b_packed = nullptr;
+  m.Prepack();
+  return Status::Ok();
+}
+
+void LayerWeights::Prepack() {
+  if (config.prepack == WeightPrepack::kOff || !kernels::WeightsPrepackable(config.weight_dtype)) {
+    return;
+  }
+  // w^T [in, out] of each matrix, one after the other (PackedBFloats keeps each 64-byte aligned).
+  WeightMatrix* const mats[4] = {&w_q, &w_k, &w_v, &w_o};
+  const int64_t ins[4] = {qd, kd, vd, E}, outs[4] = {E, kvE, kvE, E};
+  const bool strassen = config.prepack == WeightPrepack::kStrassen;
+  size_t floats = 0, strassen_floats = 0, tmp_floats = 0;
+  for (int i = 0; i < 4; ++i) {
+    floats += kernels::PackedBFloats(ins[i], outs[i]);
+    if (strassen && StrassenPacks(ins[i], outs[i])) {
+      strassen_floats += kernels::StrassenPackedBFloats(ins[i], outs[i]);
+      tmp_floats = std::max(tmp_floats, kernels::StrassenPackTmpFloats(ins[i], outs[i]));
+    }
+  }
+  constexpr size_t kAlignFloats = kernels::kGemmScratchAlignment / sizeof(float);
+  const auto aligned = [](std::vector<float>& v) {
+    float* p = v.data();
+    return p + (kAlignFloats - reinterpret_cast<uintptr_t>(p) / sizeof(float) % kAlignFloats) %
+                   kAlignFloats;
+  };
+  prepacked.assign(floats + kAlignFloats, 0.0f);
+  float* dst = aligned(prepacked);
+  std::vector<float> tmp(tmp_floats);
+  if (strassen_floats > 0) strassen_packed.assign(strassen_floats + kAlignFloats, 0.0f);
+  float* sdst = strassen_floats > 0 ? aligned(strassen_packed) : nullptr;
+  for (int i = 0; i < 4; ++i) {
+    const kernels::ConstMatrixView wt{static_cast<const float*>(mats[i]->data),
+                                      static_cast<size_t>(ins[i]), static_cast<size_t>(outs[i]), 1,
+                                      static_cast<ptrdiff_t>(ins[i])};
+    mats[i]->packed = kernels::PackB(wt, dst);
+    dst += kernels::PackedBFloats(ins[i], outs[i]);
+    if (strassen && StrassenPacks(ins[i], outs[i])) {
+      mats[i]->strassen = kernels::PackBStrassen(wt, sdst, tmp.data());
+      sdst += kernels::StrassenPackedBFloats(ins[i], outs[i]);
+    }
+  }
+}
+
+}  // namespace mha

@@ -1,0 +1,70 @@
+// The resolved configuration and bound weights of a MultiheadAttention layer: configuration
+// checks, weight binding (views or owned copies), the per-head packed layout's reorder, element
+// type conversion and prepacking. Shared by the operator's rooms and the KV-cache decoder.
+// Internal: not installed.
+#ifndef MHA_RUNTIME_LAYER_WEIGHTS_H_
+#define MHA_RUNTIME_LAYER_WEIGHTS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "mha/mha.hpp"
+#include "runtime/parallel_gemm.h"
+
+namespace mha {
+
+// Dimensions: E = embed_dim, H heads, KVH key/value heads, hd = E / H, kvE = KVH * hd; qd, kd,
+// vd the input features of query, key, value (resolved: never 0).
+struct LayerWeights {
+  AttentionConfig config;
+  int64_t E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
+  float scale = 1.0f;  // resolved score scale
+  // Weights in nn.Linear layout ([out, in], row-major, config.weight_dtype): the caller's
+  // arrays (kView) or owned copies (kCopy, and always for the per-head packed layout,
+  // reordered to q, k, v rows): `owned` holds f32 weights and every bias, `owned16` 16-bit
+  // weights.
+  std::vector<float> owned;
+  std::vector<uint16_t> owned16;
+  WeightMatrix w_packed;            // [E + 2 kvE, qd], rows q, k, v; data null when not packed
+  const float* b_packed = nullptr;  // [E + 2 kvE] or null
+  WeightMatrix w_q;                 // [E, qd]
+  WeightMatrix w_k;                 // [kvE, kd]
+  WeightMatrix w_v;                 // [kvE, vd]
+  const float* b_q = nullptr;       // [E] or null
+  const float* b_k = nullptr;       // [kvE] or null
+  const float* b_v = nullptr;       // [kvE] or null
+  const float* bias_k = nullptr;    // [kvE] when add_bias_kv
+  const float* bias_v = nullptr;
+  WeightMatrix w_o;            // [E, E]
+  const float* b_o = nullptr;  // [E] or null
+  // config.prepack: the packings of w_q, w_k, w_v and w_o (their `packed` members point here;
+  // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
+  // fused projection runs as three products into the column ranges of its buffer.
+  std::vector<float> prepacked;
+  // config.prepack kOn: the Strassen operands of the matrices StrassenPacks() takes (their
+  // `strassen` members point here; empty when none).
+  std::vector<float> strassen_packed;
+
+  // Key/value positions appended after the S real ones (add_bias_kv, add_zero_attn): S' - S.
+  int64_t Extra() const { return (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0); }
+
+  // Fills `prepacked`, `strassen_packed` and the matrices' `packed` / `strassen` when
+  // config.prepack applies (f32 weights, a micro-kernel that prefers row-major C). Called once by
+  // BindLayerWeights after the weights are bound.
+  void Prepack();
+};
+
+// Checks `config` and `weights` (messages prefixed "MultiheadAttention::Create: "), resolves the
+// configuration into `m` and binds the weights as `binding` says, then prepacks them.
+Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& weights,
+                        WeightBinding binding, LayerWeights* m);
+
+// Copies n elements of type `from` at src into dst as type `to` (each kF32, kBF16 or kF16):
+// f32 -> 16-bit rounds to nearest even, 16-bit -> f32 is exact, bf16 <-> f16 goes through f32
+// (exact, then rounded once; a temporary, so creation-time only for 16-bit sources).
+void ConvertElements(const void* src, DType from, void* dst, DType to, size_t n);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_LAYER_WEIGHTS_H_

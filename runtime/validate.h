@@ -1,0 +1,115 @@
+// Argument validation of the attention operator and the KV cache: shapes, dtypes, strides and
+// aliasing of inputs, masks and outputs, checked before anything is written, with messages that
+// name the argument, what was expected and what was given. Validation splits a call's
+// arguments into their shapes (ForwardShapes, all a plan may read) and their pointers.
+// Internal: not installed.
+#ifndef MHA_RUNTIME_VALIDATE_H_
+#define MHA_RUNTIME_VALIDATE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "mha/mha.hpp"
+#include "runtime/layer_weights.h"
+
+namespace mha {
+
+// A number as the validation messages write it.
+std::string Str(int64_t v);
+
+// Row layout of a buffer of tokens: element offset of token (n, t) = n * batch + t * token.
+struct TokenLayout {
+  ptrdiff_t batch = 0;
+  ptrdiff_t token = 0;
+};
+
+// A validated input sequence: N batches of `tokens` tokens of `features` floats each, at
+// element offsets `layout` from its data.
+struct SeqShape {
+  int64_t tokens = 0;
+  int64_t features = 0;
+  TokenLayout layout;  // in elements
+};
+
+enum class MaskType { kNone, kBool, kFloat };
+
+struct MaskShape {
+  MaskType type = MaskType::kNone;
+  bool per_head = false;     // attn_mask [N*H, L, S]
+  ptrdiff_t stride0 = 0;     // elements between [N*H] slices (3-D) or between batches (kpm)
+  ptrdiff_t row_stride = 0;  // elements between query rows (attn_mask)
+};
+
+// Everything of a forward's arguments except their addresses: what the plan reads.
+struct ForwardShapes {
+  bool batched = false;
+  int64_t N = 0, L = 0, S = 0, St = 0;  // St = S' = S + LayerWeights::Extra()
+  SeqShape q, k, v;
+  // Key and value (or their absence) have the query's shape: the same shapes may come as
+  // self-attention (the query's view) or not, so the plan covers both.
+  bool self_possible = false;
+  MaskShape attn, kpm;
+  bool causal = false;
+  bool need_weights = false;
+  bool average = true;
+  TokenLayout out_layout;
+  ptrdiff_t w_stride[3] = {0, 0, 0};  // attn_weights, averaged: n, l; per head: n, h, l
+};
+
+// What the addresses of a forward's arguments decide; the plan is the bound over both values
+// of each (PlanForwardBound), so one plan fits every forward with the same shapes.
+struct Aliasing {
+  bool self_attention = false;  // key and value are the query's view
+  // The output's rows are disjoint and share no memory with any input or mask, so the chunked
+  // path keeps its running sums there instead of in a workspace buffer.
+  bool out_private = false;
+};
+
+// A validated forward (or Project) call.
+struct ForwardArgs {
+  ForwardShapes shapes;
+  Aliasing aliasing;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const void* attn_mask = nullptr;
+  const void* key_padding_mask = nullptr;
+  float* out = nullptr;      // null for Project
+  float* weights = nullptr;  // attn_weights when need_weights
+};
+
+// Validates a forward's inputs, masks and (unless null) outputs against layer m.
+Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
+                       const AttentionOutputs* out, ForwardArgs* args);
+
+// Validates inputs and outputs of Project/PlanProject (masks and weights are ignored there).
+Status ValidateProject(const LayerWeights& m, const AttentionInputs& inputs,
+                       const ProjectionOutputs& outputs, ForwardArgs* args);
+
+// A validated [N, T, F] f32 tensor of the KV cache (batch-first whatever the layer's layout):
+// element (n, t, f) at data[n * batch_stride + t * token_stride + f].
+struct BatchFirstSeq {
+  float* data = nullptr;
+  int64_t tokens = 0;
+  ptrdiff_t batch_stride = 0;
+  ptrdiff_t token_stride = 0;
+};
+
+// Checks t is [batch, tokens (any when <= 0), features] f32 with a contiguous last dimension;
+// messages are prefixed op + name.
+Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
+                             int64_t tokens, int64_t features, BatchFirstSeq* seq);
+
+// Checks a layer's key/value heads and head size against a cache's.
+Status ValidateCacheLayer(const char* op, const LayerWeights& m, int64_t kv_heads,
+                          int64_t head_dim);
+
+// Checks count (tokens of batch entry n, of T given) against the entry's cached length: an
+// append must fit the capacity, a query without append sits at the last cached positions.
+Status ValidateTokenCount(const char* op, int64_t n, int64_t count, int64_t T, int64_t length,
+                          int64_t capacity, bool append);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_VALIDATE_H_
