@@ -109,16 +109,12 @@ HWY_INLINE void SumLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out
 #endif
 
 // Four streams: both kernels split the n cache rows into four equal runs and read them side by
-// side (row i of each run in turn), then the n % 4 remaining rows in order. One sequential stream
-// left a core at 9-10 GB/s on this machine (AVX3_DL Xeon VM, standalone read of 64 KiB K and V
-// chunks); four concurrent streams reach 15-17 GB/s: each stream gets its own hardware
-// prefetcher and the core keeps more DRAM pages open. On top of that, each stream requests its
-// rows kPrefetchBytes ahead. mha-bench --decode (context 4096, batch 1, 16 heads, attention
-// alone, share of copy bandwidth, 6-16 runs each): f32 46-62% with one prefetched stream, 60-83%
-// with four streams, 69-79% with four prefetched streams; bf16 41-59%, 45-74%, 57-70%.
+// side (row i of each run in turn), then the n % 4 remaining rows in order: each stream gets its
+// own hardware prefetcher, and one sequential stream leaves a core well below the read
+// bandwidth (kernels/README.md). Each stream also requests its rows kPrefetchBytes ahead.
 constexpr size_t kStreams = 4;
-// 512 bytes: 2 f32 or 4 bf16 rows of head_dim 64. 256 and 1024 measured no better; a prefetch is
-// a hint and never faults, so running past the end of the cache is harmless.
+// 512 bytes: 2 f32 or 4 bf16 rows of head_dim 64. A prefetch is a hint and never faults, so
+// running past the end of the cache is harmless.
 constexpr size_t kPrefetchBytes = 512;
 
 // Requests the cache lines of one row of `bytes` bytes in each stream, kPrefetchBytes ahead of

@@ -137,8 +137,8 @@ HWY_INLINE void StoreRow(DF df, V s0, V s1, V s2, V s3, const TileArgs& t, size_
 
 // Stores row `c` of a tile whose kC vectors are all whole and at unit column stride (every
 // tile except those of a ragged last column group or a strided c): StoreAcc's arithmetic
-// without its per-vector checks and lane buffer, which cost 3-10% of the kernel at k 64-512
-// (one thread, AVX2: [64, 64] x [64, 512] 82 -> 90 GFLOP/s). alpha == 1 skips the multiply, an
+// without its per-vector checks and lane buffer, which cost 3-10% of the kernel at k 64-512.
+// alpha == 1 skips the multiply, an
 // exact one, so the bits are StoreAcc's; so does the bias add. c2: the row of the second
 // destination, or null.
 template <size_t kC, class DF, class V = hn::Vec<DF>>
@@ -249,7 +249,7 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
   V s50 = s00, s51 = s00, s52 = s00, s53 = s00;
   // One offset into a's rows and one into b's vectors for all of them (base + index
   // addressing): a pointer per row and per vector advanced separately cost seven more integer
-  // adds per k step on 5 x 2, which measured ~6% slower.
+  // adds per k step.
   ptrdiff_t ao = 0;
   size_t bo = 0;
   for (size_t p = 0; p < t.kc; ++p, ao += a_cs, bo += step) {
@@ -284,7 +284,7 @@ HWY_NOINLINE void Tile(DF df, const TileArgs& t) {
 // Rows of the next tile when `left` rows remain: full tiles while two or more remain, then the
 // rest in two near-equal tiles, so no tile drops to few independent chains: 16 rows run as
 // 6 + 5 + 5 (12, 10, 10 chains on AVX2), not 6 + 6 + 4 (8 chains: every multiply-add latency
-// exposed), which measured 92 against 98 GFLOP/s on [16, 256] x [256, 768] (one thread, AVX2).
+// exposed).
 inline size_t TileRowsAt(size_t left) {
   if (left >= 2 * kRows || left <= kRows) return std::min(left, kRows);
   return (left + 1) / 2;

@@ -7,10 +7,7 @@
 // micro-kernel per MR x NR tile. For the products whose b is packed once for many calls
 // (prepacked projection weights, attention's per-key-block K^T and V) a is a few rows: packing it
 // costs as much as a good share of the product, and BLIS pads the last row tile to MR rows
-// (16 rows run as 18 on MR 6). One thread, AVX2, Zen 3 class, b in cache, best of 7 x 200
-// calls (a throwaway loop, interleaved): [16, 256] x [256, 768] 98.7 GFLOP/s here against 84.3
-// through GemmBlisPackedB and 77.0 through kernels::Gemv; [24, 512] x [512, 64] (attention's
-// probabilities times V) 99.5 / 89.4; [168, 1024] x [1024, 512] 94.9 / 94.7.
+// (16 rows run as 18 on MR 6). kernels/README.md has the measurements per route.
 //
 // Layout: b is a PackedB (gemm.h): k in blocks of GemmBlocking().kc, each block holding
 // NR-wide micro-panels of packnr floats per k step, possibly a column range (col0) of a wider

@@ -6,10 +6,8 @@
 // faster is fewer flops. Seven products of [m/2, k/2] x [k/2, n/2] do 7/8 of them; the sums of
 // b's blocks are formed once, when the weights are packed (7 packed operands: 1.75x the packed
 // b), a's four sums are one pass over a, and the products combine in the micro-kernel's stores
-// (GemmDirectPackedBDual). One thread, AVX2, Zen 3 class, b in cache (throwaway loop, best of 9 x
-// 100 calls, time against the direct kernel over the plain packing): [128, 512] x [512, 1536] 0.91,
-// [128, 1024] x [1024, 1024] 0.91, [64, 512] x [512, 512] 0.93, [128, 256] x [256, 256] 1.02
-// (half depths of 128 make the products shorter than the kernel likes: callers need k >= 512).
+// (GemmDirectPackedBDual). Half depths below 256 make the products shorter than the kernel
+// likes: callers need k >= 512 (kernels/README.md, kStrassenPackedB).
 //
 // Numerics: every element of c is a sum of products of sums of a's and b's elements; its
 // rounding error is a few times that of the plain product (bounded by a small multiple of

@@ -36,10 +36,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // x86 below AVX-512 has 16 vector registers: 4 rows x 4 columns (21 registers) would spill, so
 // those targets take 2 x 4 (13) when a has fewer than kWideRows rows, and 6 x 2 (15: twelve
 // accumulator chains instead of eight) otherwise. Eight chains of 4-cycle multiply-adds at two
-// per cycle leave no slack, so any stall idles an FMA unit: a 16 x 256 x 768 GEMV (one thread,
-// AVX2, Zen 3, weights in L2, best of six alternated runs) went from 67 to 77 GFLOP/s with the
-// 6 x 2 tiles, and mha-bench (1, 16, 256, 4) on 2 threads from 0.077 to 0.067 ms in three of
-// four alternated pairs. Other targets have 32 registers and take 4 x 4.
+// per cycle leave no slack, so any stall idles an FMA unit (kernels/README.md has the figures).
+// Other targets have 32 registers and take 4 x 4.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr size_t kTileRows = 2;
 constexpr size_t kWideRows = 6;  // 0: no wide tiles

@@ -196,15 +196,12 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
 // - exp(r) on |r| <= ln2 / 2 by a degree-5 polynomial 1 + r + r^2 (c2 + c3 r + c4 r^2 + c5 r^3)
 //   whose coefficients minimize the maximum relative error (1.05e-7, fitted by Lawson's
 //   iteration on 20001 points); hwy::Exp's (Cephes') polynomial is degree 7, whose accuracy f32
-//   does not need: the two FMAs fewer made the exp pass 17% faster (24 x 512 scores, AVX2, Zen 3,
-//   one thread: 0.40 -> 0.33 ns per element).
+//   does not need, and two FMAs fewer make the exp pass faster.
 // - 2^n is applied with one integer add to the exponent field of exp(r), exact while the result
 //   is normal, which holds for x >= -87 (n >= -126 and exp(r) > 1 at the boundary);
 // - x < -87 (exact result < 1.7e-38) and -inf give 0, as does NaN (callers exclude NaN rows).
-// Max error 2 ULP against exp in double: measured over every 7th f32 in [-87, 0] (159 million
-// values) on AVX2, SSE4, SSSE3 and SCALAR (95.1% exact, 4.4% at 1 ULP, 0.7% at 2), and over
-// every 7th f32 in [0, 88] (AVX2; the same range reduction and polynomial; 88 keeps 2^n finite),
-// and checked on a sample on every target (tests/softmax_test.cc, ExpNonPositiveTest).
+// Max error 2 ULP against exp in double over [-87, 0] and [0, 88] (kernels/README.md, Numerics;
+// tests/softmax_test.cc checks a sample on every target).
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V ExpNonPositive(D d, V x) {
   const hn::RebindToUnsigned<D> du;
@@ -238,8 +235,7 @@ HWY_INLINE V ExpNonPositive(D d, V x) {
 // positive terms that bounds the relative error of the sum by about (17 + log2(Lanes)) * 2^-24
 // (<= 1.3e-6 on 16 lanes) at any row length. Two vectors per iteration, one loop-carried sum:
 // with four (and the exp's 13 constants) AVX2's 16 registers overflowed, and GCC 12 reloaded
-// constants and kept the sum on the stack in every iteration (exp and sum of
-// 64 x 1024 floats, AVX2, Zen 3, one thread: 0.61 -> 0.58 ns per element). Not inlined for
+// constants and kept the sum on the stack in every iteration. Not inlined for
 // the same reason: inlined into the row loop, even one sum went to the stack on every
 // iteration.
 template <class D>
