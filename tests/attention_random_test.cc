@@ -400,25 +400,28 @@ TEST(AttentionChunkedTest, LongSelfAttentionWorkspaceFitsIn64MiB) {
   }
 }
 
-// The whole operator on every SIMD target compiled in and supported here (the kernels'
-// dispatch is forced per target): each agrees with the double reference within the same
+// The whole operator on each SIMD target compiled in and supported here (the kernels' dispatch
+// is forced to the test's target): each agrees with the double reference within the same
 // tolerance, so targets agree with each other within twice that.
-TEST(AttentionRandomTest, EverySimdTarget) {
-  test::ForEachTarget([&](const char* target) {
-    std::mt19937 rng(123);
-    for (int i = 0; i < 40; ++i) {
-      const Problem p = RandomProblem(&rng, i % 5 == 0 ? 80 : 9);
-      Views v;
-      RunMha(p, 1 + i % 3, &v);
-      if (HasFatalFailure()) return;
-      CheckAgainstReference(p, v);
-      if (HasFailure()) {
-        ADD_FAILURE() << "target " << target << ", random problem #" << i;
-        return;
-      }
+class AttentionRandomTargetTest : public test::PerTargetTest {};
+
+TEST_P(AttentionRandomTargetTest, MatchesDoubleReference) {
+  const char* const target = target_name();
+  std::mt19937 rng(123);
+  for (int i = 0; i < 40; ++i) {
+    const Problem p = RandomProblem(&rng, i % 5 == 0 ? 80 : 9);
+    Views v;
+    RunMha(p, 1 + i % 3, &v);
+    if (HasFatalFailure()) return;
+    CheckAgainstReference(p, v);
+    if (HasFailure()) {
+      ADD_FAILURE() << "target " << target << ", random problem #" << i;
+      return;
     }
-  });
+  }
 }
+
+MHA_INSTANTIATE_PER_TARGET(AttentionRandomTargetTest);
 
 }  // namespace
 }  // namespace mha

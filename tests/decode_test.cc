@@ -93,129 +93,126 @@ const float* ScalesFrom(const CacheRows& c, size_t row) {
 // int8 adds one rounding per score (the scale) and per weighted term (p_j * scale_j).
 double ExtraRoundings(DType t) { return t == DType::kI8 ? 1.0 : 0.0; }
 
-TEST(DecodeTest, QueryKeyScoresMatchesDoubleReference) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    for (DType type : kTypes) {
-      for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67}) {
-        for (size_t n : {1, 3, 4, 5, 13, 67, 70}) {
-          for (size_t rows : {1, 3, 5, 8}) {
-            SCOPED_TRACE(::testing::Message()
-                         << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
-            const size_t key_stride = hd + 3, q_stride = hd + 1, s_stride = n + 2;
-            CacheRows keys;
-            MakeRows(type, n, key_stride, 1, &rng, &keys);
-            // q starts one float into its buffer: misaligned for every vector width.
-            std::vector<float> q_buf(rows * q_stride + 1);
-            for (float& v : q_buf) v = u(rng);
-            const float* q = q_buf.data() + 1;
-            std::vector<float> scores(rows * s_stride + 1, kSentinel);
-            float* s = scores.data() + 1;
-            kernels::QueryKeyScores(q, rows, q_stride, keys.data, type, key_stride,
-                                    ScalesFrom(keys, 0), n, hd, s, s_stride);
+class DecodeTargetTest : public test::PerTargetTest {};
+
+TEST_P(DecodeTargetTest, QueryKeyScoresMatchesDoubleReference) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (DType type : kTypes) {
+    for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67}) {
+      for (size_t n : {1, 3, 4, 5, 13, 67, 70}) {
+        for (size_t rows : {1, 3, 5, 8}) {
+          SCOPED_TRACE(::testing::Message()
+                       << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
+          const size_t key_stride = hd + 3, q_stride = hd + 1, s_stride = n + 2;
+          CacheRows keys;
+          MakeRows(type, n, key_stride, 1, &rng, &keys);
+          // q starts one float into its buffer: misaligned for every vector width.
+          std::vector<float> q_buf(rows * q_stride + 1);
+          for (float& v : q_buf) v = u(rng);
+          const float* q = q_buf.data() + 1;
+          std::vector<float> scores(rows * s_stride + 1, kSentinel);
+          float* s = scores.data() + 1;
+          kernels::QueryKeyScores(q, rows, q_stride, keys.data, type, key_stride,
+                                  ScalesFrom(keys, 0), n, hd, s, s_stride);
+          for (size_t r = 0; r < rows; ++r) {
+            for (size_t j = 0; j < n; ++j) {
+              double want = 0, mag = 0;
+              for (size_t d = 0; d < hd; ++d) {
+                const double t =
+                    static_cast<double>(q[r * q_stride + d]) * keys.widened[j * key_stride + d];
+                want += t;
+                mag += std::fabs(t);
+              }
+              const double bound = (2.0 * (hd + 4) + ExtraRoundings(type)) * kU * mag + 1e-30;
+              ASSERT_LE(std::fabs(s[r * s_stride + j] - want), bound) << "r " << r << " j " << j;
+            }
+            for (size_t j = n; j < s_stride; ++j) {
+              ASSERT_EQ(s[r * s_stride + j], kSentinel) << "wrote past n at r " << r;
+            }
+          }
+          ASSERT_EQ(scores[0], kSentinel);
+          // Splitting keys and rows over several calls gives the same bits.
+          if (n > 2 && rows > 1) {
+            std::vector<float> split(rows * s_stride, kSentinel);
+            const size_t a = n / 2 + 1;
+            kernels::QueryKeyScores(q, 1, q_stride, keys.data, type, key_stride,
+                                    ScalesFrom(keys, 0), a, hd, split.data(), s_stride);
+            kernels::QueryKeyScores(q, 1, q_stride, Offset(keys.data, type, a * key_stride), type,
+                                    key_stride, ScalesFrom(keys, a), n - a, hd, split.data() + a,
+                                    s_stride);
+            kernels::QueryKeyScores(q + q_stride, rows - 1, q_stride, keys.data, type, key_stride,
+                                    ScalesFrom(keys, 0), n, hd, split.data() + s_stride, s_stride);
             for (size_t r = 0; r < rows; ++r) {
               for (size_t j = 0; j < n; ++j) {
-                double want = 0, mag = 0;
-                for (size_t d = 0; d < hd; ++d) {
-                  const double t =
-                      static_cast<double>(q[r * q_stride + d]) * keys.widened[j * key_stride + d];
-                  want += t;
-                  mag += std::fabs(t);
-                }
-                const double bound = (2.0 * (hd + 4) + ExtraRoundings(type)) * kU * mag + 1e-30;
-                ASSERT_LE(std::fabs(s[r * s_stride + j] - want), bound) << "r " << r << " j " << j;
-              }
-              for (size_t j = n; j < s_stride; ++j) {
-                ASSERT_EQ(s[r * s_stride + j], kSentinel) << "wrote past n at r " << r;
-              }
-            }
-            ASSERT_EQ(scores[0], kSentinel);
-            // Splitting keys and rows over several calls gives the same bits.
-            if (n > 2 && rows > 1) {
-              std::vector<float> split(rows * s_stride, kSentinel);
-              const size_t a = n / 2 + 1;
-              kernels::QueryKeyScores(q, 1, q_stride, keys.data, type, key_stride,
-                                      ScalesFrom(keys, 0), a, hd, split.data(), s_stride);
-              kernels::QueryKeyScores(q, 1, q_stride, Offset(keys.data, type, a * key_stride), type,
-                                      key_stride, ScalesFrom(keys, a), n - a, hd, split.data() + a,
-                                      s_stride);
-              kernels::QueryKeyScores(q + q_stride, rows - 1, q_stride, keys.data, type, key_stride,
-                                      ScalesFrom(keys, 0), n, hd, split.data() + s_stride,
-                                      s_stride);
-              for (size_t r = 0; r < rows; ++r) {
-                for (size_t j = 0; j < n; ++j) {
-                  ASSERT_EQ(split[r * s_stride + j], s[r * s_stride + j])
-                      << "r " << r << " j " << j;
-                }
+                ASSERT_EQ(split[r * s_stride + j], s[r * s_stride + j]) << "r " << r << " j " << j;
               }
             }
           }
         }
       }
     }
-  });
+  }
 }
 
-TEST(DecodeTest, AccumulateWeightedValuesMatchesDoubleReference) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(11);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::uniform_real_distribution<float> up(0.0f, 1.0f);
-    for (DType type : kTypes) {
-      for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67, 130}) {
-        for (size_t n : {1, 2, 4, 5, 13, 67, 70, 256}) {
-          for (size_t rows : {1, 3, 4, 8}) {
-            SCOPED_TRACE(::testing::Message()
-                         << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
-            const size_t v_stride = hd + 5, p_stride = n + 1, a_stride = hd + 2;
-            CacheRows values;
-            MakeRows(type, n, v_stride, 3, &rng, &values);
-            std::vector<float> p_buf(rows * p_stride + 1);
-            for (float& v : p_buf) v = up(rng);
-            const float* p = p_buf.data() + 1;
-            std::vector<float> acc_buf(rows * a_stride + 1, kSentinel);
-            float* acc = acc_buf.data() + 1;
-            for (size_t r = 0; r < rows; ++r) {
-              for (size_t d = 0; d < hd; ++d) acc[r * a_stride + d] = u(rng);
-            }
-            const std::vector<float> acc0 = acc_buf;
-            kernels::AccumulateWeightedValues(p, rows, p_stride, values.data, type, v_stride,
-                                              ScalesFrom(values, 0), n, hd, acc, a_stride);
-            for (size_t r = 0; r < rows; ++r) {
-              for (size_t d = 0; d < hd; ++d) {
-                double want = acc0[1 + r * a_stride + d];
-                double mag = std::fabs(want);
-                for (size_t j = 0; j < n; ++j) {
-                  const double t =
-                      static_cast<double>(p[r * p_stride + j]) * values.widened[j * v_stride + d];
-                  want += t;
-                  mag += std::fabs(t);
-                }
-                const double bound = (2.0 * (n + 1) + ExtraRoundings(type)) * kU * mag + 1e-30;
-                ASSERT_LE(std::fabs(acc[r * a_stride + d] - want), bound)
-                    << "r " << r << " d " << d;
-              }
-              for (size_t d = hd; d < a_stride && r + 1 < rows; ++d) {
-                ASSERT_EQ(acc[r * a_stride + d], kSentinel) << "wrote past hd at r " << r;
-              }
-            }
-            ASSERT_EQ(acc_buf[0], kSentinel);
-            // One row alone gives the same bits as within the block.
-            std::vector<float> single(acc0.begin() + 1 + (rows - 1) * a_stride,
-                                      acc0.begin() + 1 + (rows - 1) * a_stride + hd);
-            kernels::AccumulateWeightedValues(p + (rows - 1) * p_stride, 1, p_stride, values.data,
-                                              type, v_stride, ScalesFrom(values, 0), n, hd,
-                                              single.data(), hd);
+TEST_P(DecodeTargetTest, AccumulateWeightedValuesMatchesDoubleReference) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> up(0.0f, 1.0f);
+  for (DType type : kTypes) {
+    for (size_t hd : {1, 3, 8, 12, 17, 33, 64, 67, 130}) {
+      for (size_t n : {1, 2, 4, 5, 13, 67, 70, 256}) {
+        for (size_t rows : {1, 3, 4, 8}) {
+          SCOPED_TRACE(::testing::Message()
+                       << TypeName(type) << " hd " << hd << " n " << n << " rows " << rows);
+          const size_t v_stride = hd + 5, p_stride = n + 1, a_stride = hd + 2;
+          CacheRows values;
+          MakeRows(type, n, v_stride, 3, &rng, &values);
+          std::vector<float> p_buf(rows * p_stride + 1);
+          for (float& v : p_buf) v = up(rng);
+          const float* p = p_buf.data() + 1;
+          std::vector<float> acc_buf(rows * a_stride + 1, kSentinel);
+          float* acc = acc_buf.data() + 1;
+          for (size_t r = 0; r < rows; ++r) {
+            for (size_t d = 0; d < hd; ++d) acc[r * a_stride + d] = u(rng);
+          }
+          const std::vector<float> acc0 = acc_buf;
+          kernels::AccumulateWeightedValues(p, rows, p_stride, values.data, type, v_stride,
+                                            ScalesFrom(values, 0), n, hd, acc, a_stride);
+          for (size_t r = 0; r < rows; ++r) {
             for (size_t d = 0; d < hd; ++d) {
-              ASSERT_EQ(single[d], acc[(rows - 1) * a_stride + d]) << "d " << d;
+              double want = acc0[1 + r * a_stride + d];
+              double mag = std::fabs(want);
+              for (size_t j = 0; j < n; ++j) {
+                const double t =
+                    static_cast<double>(p[r * p_stride + j]) * values.widened[j * v_stride + d];
+                want += t;
+                mag += std::fabs(t);
+              }
+              const double bound = (2.0 * (n + 1) + ExtraRoundings(type)) * kU * mag + 1e-30;
+              ASSERT_LE(std::fabs(acc[r * a_stride + d] - want), bound) << "r " << r << " d " << d;
             }
+            for (size_t d = hd; d < a_stride && r + 1 < rows; ++d) {
+              ASSERT_EQ(acc[r * a_stride + d], kSentinel) << "wrote past hd at r " << r;
+            }
+          }
+          ASSERT_EQ(acc_buf[0], kSentinel);
+          // One row alone gives the same bits as within the block.
+          std::vector<float> single(acc0.begin() + 1 + (rows - 1) * a_stride,
+                                    acc0.begin() + 1 + (rows - 1) * a_stride + hd);
+          kernels::AccumulateWeightedValues(p + (rows - 1) * p_stride, 1, p_stride, values.data,
+                                            type, v_stride, ScalesFrom(values, 0), n, hd,
+                                            single.data(), hd);
+          for (size_t d = 0; d < hd; ++d) {
+            ASSERT_EQ(single[d], acc[(rows - 1) * a_stride + d]) << "d " << d;
           }
         }
       }
     }
-  });
+  }
 }
+
+MHA_INSTANTIATE_PER_TARGET(DecodeTargetTest);
 
 TEST(DecodeTest, EmptyCallsWriteNothing) {
   float s = kSentinel;

@@ -208,32 +208,37 @@ struct Layout {
 // MHA, GQA (2 kv heads of 8), MQA, and an odd head_dim (12) with GQA for the kernels' tails.
 constexpr Layout kLayouts[] = {{128, 8, 8}, {128, 8, 2}, {128, 8, 1}, {96, 8, 4}};
 
-TEST(KvCacheTest, TokenByTokenMatchesCausalForwardOnEveryTarget) {
+// Per target: the layers and their one-shot forwards are made with default dispatch, as a
+// caller's are; the cache runs on the test's target.
+class KvCacheTargetTest : public test::PerTargetTest {};
+
+TEST_P(KvCacheTargetTest, TokenByTokenMatchesCausalForward) {
   std::vector<Problem> problems(std::size(kLayouts));
-  for (size_t i = 0; i < problems.size(); ++i) {
-    problems[i].E = kLayouts[i].E;
-    problems[i].H = kLayouts[i].H;
-    problems[i].KVH = kLayouts[i].KVH;
-    problems[i].N = 2;
-    problems[i].S = 64;
-    MakeProblem(&problems[i], 100 + static_cast<uint32_t>(i));
-    ASSERT_FALSE(HasFatalFailure());
-  }
-  test::ForEachTarget([&](const char*) {
-    for (const Problem& p : problems) {
-      for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
-        CheckAgainstForward(p, t, Schedule{}, "decode 64 tokens one by one");
-        // Ragged: entries prefilled to 17, 5 tokens, then decoded together (they finish at
-        // different steps, with counts 0 afterwards).
-        CheckAgainstForward(p, t, Schedule{{17, 5}, 1}, "ragged prefill 17/5 + decode");
-        CheckAgainstForward(p, t, Schedule{{}, 3}, "steps of 3 tokens");
-      }
+  WithDefaultTarget([&] {
+    for (size_t i = 0; i < problems.size(); ++i) {
+      problems[i].E = kLayouts[i].E;
+      problems[i].H = kLayouts[i].H;
+      problems[i].KVH = kLayouts[i].KVH;
+      problems[i].N = 2;
+      problems[i].S = 64;
+      MakeProblem(&problems[i], 100 + static_cast<uint32_t>(i));
+      ASSERT_FALSE(HasFatalFailure());
     }
   });
+  ASSERT_FALSE(HasFatalFailure());
+  for (const Problem& p : problems) {
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
+      CheckAgainstForward(p, t, Schedule{}, "decode 64 tokens one by one");
+      // Ragged: entries prefilled to 17, 5 tokens, then decoded together (they finish at
+      // different steps, with counts 0 afterwards).
+      CheckAgainstForward(p, t, Schedule{{17, 5}, 1}, "ragged prefill 17/5 + decode");
+      CheckAgainstForward(p, t, Schedule{{}, 3}, "steps of 3 tokens");
+    }
+  }
   PrintWorst();
 }
 
-TEST(KvCacheTest, LongContextAcrossChunksOnEveryTarget) {
+TEST_P(KvCacheTargetTest, LongContextAcrossChunks) {
   // 600 positions: prefill (blocked schedule) over 3 chunks of 256, then the split schedule
   // merges 3 chunks per decoded token.
   Problem p;
@@ -242,13 +247,11 @@ TEST(KvCacheTest, LongContextAcrossChunksOnEveryTarget) {
   p.KVH = 2;
   p.N = 3;
   p.S = 600;
-  MakeProblem(&p, 7);
+  WithDefaultTarget([&] { MakeProblem(&p, 7); });
   ASSERT_FALSE(HasFatalFailure());
-  test::ForEachTarget([&](const char*) {
-    for (DType t : {DType::kF32, DType::kBF16, DType::kI8}) {
-      CheckAgainstForward(p, t, Schedule{{560, 17, 300}, 1}, "long ragged prefill + decode");
-    }
-  });
+  for (DType t : {DType::kF32, DType::kBF16, DType::kI8}) {
+    CheckAgainstForward(p, t, Schedule{{560, 17, 300}, 1}, "long ragged prefill + decode");
+  }
   PrintWorst();
 }
 
@@ -338,7 +341,8 @@ TEST(KvCacheTest, PromptPrefillRunsTheForward) {
 // of the row's largest), which moves scores and outputs by about that fraction of their scale (as
 // bf16's 2^-9 per element does). Bounds: max 2e-2, mean 2e-3 of the output scale; measured on every
 // target: max 4.9e-3, mean 7.9e-4 (max |err| 8.2e-4 and mean 1.32e-4 at an output scale of 0.167).
-TEST(KvCacheTest, Int8CacheAgainstF32CacheOver64DecodedTokens) {
+TEST_P(KvCacheTargetTest, Int8CacheAgainstF32CacheOver64DecodedTokens) {
+  const char* const target = target_name();
   double worst_max = 0, worst_mean = 0;
   for (const int64_t kv_heads : {4, 2}) {
     Problem p;
@@ -347,42 +351,43 @@ TEST(KvCacheTest, Int8CacheAgainstF32CacheOver64DecodedTokens) {
     p.KVH = kv_heads;
     p.N = 2;
     p.S = 96;
-    MakeProblem(&p, 64 + static_cast<uint32_t>(kv_heads));
+    WithDefaultTarget([&] { MakeProblem(&p, 64 + static_cast<uint32_t>(kv_heads)); });
     ASSERT_FALSE(HasFatalFailure());
-    test::ForEachTarget([&](const char* target) {
-      std::vector<float> f32, i8;
-      const Schedule prompt_then_decode{{32, 32}, 1};
-      RunIncremental(p, DType::kF32, prompt_then_decode, 2, &f32);
-      RunIncremental(p, DType::kI8, prompt_then_decode, 2, &i8);
-      ASSERT_FALSE(::testing::Test::HasFatalFailure());
-      // The 64 decoded tokens of each entry (positions 32..95).
-      double max_err = 0, sum_err = 0, max_out = 0;
-      size_t count = 0;
-      for (int64_t n = 0; n < p.N; ++n) {
-        for (int64_t t = 32; t < p.S; ++t) {
-          for (int64_t e = 0; e < p.E; ++e) {
-            const size_t i = static_cast<size_t>((n * p.S + t) * p.E + e);
-            const double err = std::fabs(static_cast<double>(i8[i]) - f32[i]);
-            max_err = std::max(max_err, std::isnan(err) ? INFINITY : err);
-            max_out = std::max(max_out, std::fabs(static_cast<double>(f32[i])));
-            sum_err += err;
-            ++count;
-          }
+    std::vector<float> f32, i8;
+    const Schedule prompt_then_decode{{32, 32}, 1};
+    RunIncremental(p, DType::kF32, prompt_then_decode, 2, &f32);
+    RunIncremental(p, DType::kI8, prompt_then_decode, 2, &i8);
+    ASSERT_FALSE(::testing::Test::HasFatalFailure());
+    // The 64 decoded tokens of each entry (positions 32..95).
+    double max_err = 0, sum_err = 0, max_out = 0;
+    size_t count = 0;
+    for (int64_t n = 0; n < p.N; ++n) {
+      for (int64_t t = 32; t < p.S; ++t) {
+        for (int64_t e = 0; e < p.E; ++e) {
+          const size_t i = static_cast<size_t>((n * p.S + t) * p.E + e);
+          const double err = std::fabs(static_cast<double>(i8[i]) - f32[i]);
+          max_err = std::max(max_err, std::isnan(err) ? INFINITY : err);
+          max_out = std::max(max_out, std::fabs(static_cast<double>(f32[i])));
+          sum_err += err;
+          ++count;
         }
       }
-      const double mean_err = sum_err / static_cast<double>(count);
-      std::printf("[measured] %s kv_heads %lld: int8 vs f32 cache, max |err| %.3g, mean |err| "
-                  "%.3g (max |output| %.3g)\n",
-                  target, static_cast<long long>(kv_heads), max_err, mean_err, max_out);
-      worst_max = std::max(worst_max, max_err);
-      worst_mean = std::max(worst_mean, mean_err);
-      EXPECT_LE(max_err, 2e-2 * max_out) << target;
-      EXPECT_LE(mean_err, 2e-3 * max_out) << target;
-    });
+    }
+    const double mean_err = sum_err / static_cast<double>(count);
+    std::printf(
+        "[measured] %s kv_heads %lld: int8 vs f32 cache, max |err| %.3g, mean |err| "
+        "%.3g (max |output| %.3g)\n",
+        target, static_cast<long long>(kv_heads), max_err, mean_err, max_out);
+    worst_max = std::max(worst_max, max_err);
+    worst_mean = std::max(worst_mean, mean_err);
+    EXPECT_LE(max_err, 2e-2 * max_out) << target;
+    EXPECT_LE(mean_err, 2e-3 * max_out) << target;
   }
-  std::printf("[measured] int8 vs f32 cache over 64 decoded tokens: max %.3g, mean %.3g\n",
-              worst_max, worst_mean);
+  std::printf("[measured] %s int8 vs f32 cache over 64 decoded tokens: max %.3g, mean %.3g\n",
+              target, worst_max, worst_mean);
 }
+
+MHA_INSTANTIATE_PER_TARGET(KvCacheTargetTest);
 
 // A small fixture for API behaviour: an f32 layer with E 32, 4 heads, 2 kv heads.
 class KvCacheApiTest : public ::testing::Test {

@@ -38,6 +38,11 @@ namespace {
 
 using kernels::SoftmaxMasks;
 
+// One test per target: Targets/SoftmaxRowsTest.MaskKinds/AVX2.
+class SoftmaxRowsTest : public test::PerTargetTest {};
+class OnlineSoftmaxTest : public test::PerTargetTest {};
+class ExpNonPositiveTest : public test::PerTargetTest {};
+
 constexpr double kRel = 2e-6;
 constexpr double kCond = 1.0 / (1 << 23);  // 2^-23
 constexpr double kAbs = 1e-37;
@@ -211,206 +216,199 @@ void RunAndCheck(const std::vector<float>& input, size_t rows, size_t cols, floa
   block.CheckSentinels(what);
 }
 
-TEST(SoftmaxRowsTest, LengthsAndAlignments) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(1);
-    std::vector<size_t> lengths;
-    for (size_t n = 1; n <= 300; ++n) lengths.push_back(n);
-    for (size_t n : {1000, 4099, 8192}) lengths.push_back(n);
-    for (const size_t n : lengths) {
-      for (size_t offset = 0; offset < 4; ++offset) {
-        const size_t rows = n > 300 ? 2 : 1;
-        const std::vector<float> x = RandomFloats(rng, rows * n, -8.0f, 8.0f);
-        RunAndCheck(
-            x, rows, n, 0.125f, SoftmaxMasks(), /*pad=*/offset, offset,
-            std::string(target) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
-      }
+TEST_P(SoftmaxRowsTest, LengthsAndAlignments) {
+  const char* const target = target_name();
+  std::mt19937 rng(1);
+  std::vector<size_t> lengths;
+  for (size_t n = 1; n <= 300; ++n) lengths.push_back(n);
+  for (size_t n : {1000, 4099, 8192}) lengths.push_back(n);
+  for (const size_t n : lengths) {
+    for (size_t offset = 0; offset < 4; ++offset) {
+      const size_t rows = n > 300 ? 2 : 1;
+      const std::vector<float> x = RandomFloats(rng, rows * n, -8.0f, 8.0f);
+      RunAndCheck(
+          x, rows, n, 0.125f, SoftmaxMasks(), /*pad=*/offset, offset,
+          std::string(target) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
     }
-    ReportWorst(target, "LengthsAndAlignments");
-  });
+  }
+  ReportWorst(target, "LengthsAndAlignments");
 }
 
 // Every mask kind, alone and combined, with per-row and broadcast (stride 0) rows.
-TEST(SoftmaxRowsTest, MaskKinds) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(2);
-    const size_t rows = 5;
-    for (const size_t n : {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 65, 100, 257, 1000}) {
-      const std::vector<float> x = RandomFloats(rng, rows * n, -4.0f, 4.0f);
-      const std::vector<float> add0 = RandomFloats(rng, rows * n, -3.0f, 3.0f);
-      const std::vector<float> add1 = RandomFloats(rng, rows * n, -1.0f, 1.0f);
-      const std::vector<uint8_t> m0 = RandomBytes(rng, rows * n, 0.3);
-      const std::vector<uint8_t> m1 = RandomBytes(rng, rows * n, 0.2);
-      for (int combo = 1; combo < 16; ++combo) {
-        for (int broadcast = 0; broadcast < 2; ++broadcast) {
-          SoftmaxMasks masks;
-          const ptrdiff_t stride = broadcast ? 0 : static_cast<ptrdiff_t>(n);
-          if (combo & 1) masks.add[0] = add0.data(), masks.add_row_stride[0] = stride;
-          // The second additive mask is always per row: mixes broadcast and per-row strides.
-          if (combo & 2) masks.add[1] = add1.data(), masks.add_row_stride[1] = n;
-          if (combo & 4) masks.masked[0] = m0.data(), masks.masked_row_stride[0] = stride;
-          if (combo & 8) masks.masked[1] = m1.data(), masks.masked_row_stride[1] = n;
-          RunAndCheck(x, rows, n, 0.25f, masks, /*pad=*/3, /*offset=*/n % 4,
-                      std::string(target) + " n=" + std::to_string(n) + " masks=" +
-                          std::to_string(combo) + " broadcast=" + std::to_string(broadcast));
-        }
+TEST_P(SoftmaxRowsTest, MaskKinds) {
+  const char* const target = target_name();
+  std::mt19937 rng(2);
+  const size_t rows = 5;
+  for (const size_t n : {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 65, 100, 257, 1000}) {
+    const std::vector<float> x = RandomFloats(rng, rows * n, -4.0f, 4.0f);
+    const std::vector<float> add0 = RandomFloats(rng, rows * n, -3.0f, 3.0f);
+    const std::vector<float> add1 = RandomFloats(rng, rows * n, -1.0f, 1.0f);
+    const std::vector<uint8_t> m0 = RandomBytes(rng, rows * n, 0.3);
+    const std::vector<uint8_t> m1 = RandomBytes(rng, rows * n, 0.2);
+    for (int combo = 1; combo < 16; ++combo) {
+      for (int broadcast = 0; broadcast < 2; ++broadcast) {
+        SoftmaxMasks masks;
+        const ptrdiff_t stride = broadcast ? 0 : static_cast<ptrdiff_t>(n);
+        if (combo & 1) masks.add[0] = add0.data(), masks.add_row_stride[0] = stride;
+        // The second additive mask is always per row: mixes broadcast and per-row strides.
+        if (combo & 2) masks.add[1] = add1.data(), masks.add_row_stride[1] = n;
+        if (combo & 4) masks.masked[0] = m0.data(), masks.masked_row_stride[0] = stride;
+        if (combo & 8) masks.masked[1] = m1.data(), masks.masked_row_stride[1] = n;
+        RunAndCheck(x, rows, n, 0.25f, masks, /*pad=*/3, /*offset=*/n % 4,
+                    std::string(target) + " n=" + std::to_string(n) + " masks=" +
+                        std::to_string(combo) + " broadcast=" + std::to_string(broadcast));
       }
     }
-    ReportWorst(target, "MaskKinds");
-  });
+  }
+  ReportWorst(target, "MaskKinds");
 }
 
-TEST(SoftmaxRowsTest, CausalOffsets) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(3);
-    const size_t rows = 6;
-    for (const size_t n : {1, 5, 6, 17, 40, 300}) {
-      const std::vector<float> x = RandomFloats(rng, rows * n, -5.0f, 5.0f);
-      const std::vector<uint8_t> m0 = RandomBytes(rng, n, 0.25);
-      for (const int64_t offset : std::vector<int64_t>{-1000, -7, -3, -1, 0, 1, 2, 5, 1000,
-                                                       std::numeric_limits<int64_t>::min(),
-                                                       std::numeric_limits<int64_t>::max()}) {
-        for (int with_mask = 0; with_mask < 2; ++with_mask) {
-          SoftmaxMasks masks;
-          masks.causal = true;
-          masks.causal_offset = offset;
-          if (with_mask) masks.masked[0] = m0.data();  // broadcast key padding
-          RunAndCheck(x, rows, n, 1.0f, masks, /*pad=*/1, /*offset=*/1,
-                      std::string(target) + " n=" + std::to_string(n) + " causal_offset=" +
-                          std::to_string(offset) + " mask=" + std::to_string(with_mask));
-        }
+TEST_P(SoftmaxRowsTest, CausalOffsets) {
+  const char* const target = target_name();
+  std::mt19937 rng(3);
+  const size_t rows = 6;
+  for (const size_t n : {1, 5, 6, 17, 40, 300}) {
+    const std::vector<float> x = RandomFloats(rng, rows * n, -5.0f, 5.0f);
+    const std::vector<uint8_t> m0 = RandomBytes(rng, n, 0.25);
+    for (const int64_t offset : std::vector<int64_t>{-1000, -7, -3, -1, 0, 1, 2, 5, 1000,
+                                                     std::numeric_limits<int64_t>::min(),
+                                                     std::numeric_limits<int64_t>::max()}) {
+      for (int with_mask = 0; with_mask < 2; ++with_mask) {
+        SoftmaxMasks masks;
+        masks.causal = true;
+        masks.causal_offset = offset;
+        if (with_mask) masks.masked[0] = m0.data();  // broadcast key padding
+        RunAndCheck(x, rows, n, 1.0f, masks, /*pad=*/1, /*offset=*/1,
+                    std::string(target) + " n=" + std::to_string(n) + " causal_offset=" +
+                        std::to_string(offset) + " mask=" + std::to_string(with_mask));
       }
     }
-    ReportWorst(target, "CausalOffsets");
-  });
+  }
+  ReportWorst(target, "CausalOffsets");
 }
 
 // Columns beyond the causal limit are written as 0 without being read (NaN there is harmless).
-TEST(SoftmaxRowsTest, CausalColumnsAreNotRead) {
-  test::ForEachTarget([](const char* target) {
-    const size_t rows = 4, cols = 9;
-    std::vector<float> x(rows * cols, kNaN);
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t j = 0; j <= r + 1 && j < cols; ++j) x[r * cols + j] = 0.5f * j;
+TEST_P(SoftmaxRowsTest, CausalColumnsAreNotRead) {
+  const char* const target = target_name();
+  const size_t rows = 4, cols = 9;
+  std::vector<float> x(rows * cols, kNaN);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t j = 0; j <= r + 1 && j < cols; ++j) x[r * cols + j] = 0.5f * j;
+  }
+  SoftmaxMasks masks;
+  masks.causal = true;
+  masks.causal_offset = 1;
+  RunAndCheck(x, rows, cols, 1.0f, masks, 0, 0, target);
+  std::vector<float> y = x;
+  kernels::SoftmaxRows(y.data(), rows, cols, cols, 1.0f, masks);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t j = 0; j < cols; ++j) {
+      EXPECT_FALSE(std::isnan(y[r * cols + j])) << target << " row " << r << " col " << j;
     }
-    SoftmaxMasks masks;
-    masks.causal = true;
-    masks.causal_offset = 1;
-    RunAndCheck(x, rows, cols, 1.0f, masks, 0, 0, target);
-    std::vector<float> y = x;
-    kernels::SoftmaxRows(y.data(), rows, cols, cols, 1.0f, masks);
-    for (size_t r = 0; r < rows; ++r) {
-      for (size_t j = 0; j < cols; ++j) {
-        EXPECT_FALSE(std::isnan(y[r * cols + j])) << target << " row " << r << " col " << j;
-      }
-    }
-  });
+  }
 }
 
 // Rows with no unmasked entry become zeros (never NaN) and leave other rows alone.
-TEST(SoftmaxRowsTest, FullyMaskedRowsAreZero) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(4);
-    for (const size_t n : {1, 3, 16, 37, 300}) {
-      const size_t rows = 4;
-      const std::vector<float> x = RandomFloats(rng, rows * n, -2.0f, 2.0f);
-      // Row 1 fully masked by the bool mask, row 2 by -inf additive entries, row 3 by -inf
-      // scores; row 0 is normal.
-      std::vector<uint8_t> m(rows * n, 0);
-      std::fill(m.begin() + n, m.begin() + 2 * n, 1);
-      std::vector<float> add(rows * n, 0.0f);
-      std::fill(add.begin() + 2 * n, add.begin() + 3 * n, -kInf);
-      std::vector<float> xin = x;
-      std::fill(xin.begin() + 3 * n, xin.end(), -kInf);
-      SoftmaxMasks masks;
-      masks.masked[0] = m.data();
-      masks.masked_row_stride[0] = n;
-      masks.add[0] = add.data();
-      masks.add_row_stride[0] = n;
-      RunAndCheck(xin, rows, n, 0.5f, masks, 2, 3, std::string(target) + " n=" + std::to_string(n));
-      // Causal with a negative offset: the first rows see no key at all.
-      SoftmaxMasks causal;
-      causal.causal = true;
-      causal.causal_offset = -2;
-      RunAndCheck(x, rows, n, 0.5f, causal, 0, 1,
-                  std::string(target) + " causal n=" + std::to_string(n));
-    }
-  });
+TEST_P(SoftmaxRowsTest, FullyMaskedRowsAreZero) {
+  const char* const target = target_name();
+  std::mt19937 rng(4);
+  for (const size_t n : {1, 3, 16, 37, 300}) {
+    const size_t rows = 4;
+    const std::vector<float> x = RandomFloats(rng, rows * n, -2.0f, 2.0f);
+    // Row 1 fully masked by the bool mask, row 2 by -inf additive entries, row 3 by -inf
+    // scores; row 0 is normal.
+    std::vector<uint8_t> m(rows * n, 0);
+    std::fill(m.begin() + n, m.begin() + 2 * n, 1);
+    std::vector<float> add(rows * n, 0.0f);
+    std::fill(add.begin() + 2 * n, add.begin() + 3 * n, -kInf);
+    std::vector<float> xin = x;
+    std::fill(xin.begin() + 3 * n, xin.end(), -kInf);
+    SoftmaxMasks masks;
+    masks.masked[0] = m.data();
+    masks.masked_row_stride[0] = n;
+    masks.add[0] = add.data();
+    masks.add_row_stride[0] = n;
+    RunAndCheck(xin, rows, n, 0.5f, masks, 2, 3, std::string(target) + " n=" + std::to_string(n));
+    // Causal with a negative offset: the first rows see no key at all.
+    SoftmaxMasks causal;
+    causal.causal = true;
+    causal.causal_offset = -2;
+    RunAndCheck(x, rows, n, 0.5f, causal, 0, 1,
+                std::string(target) + " causal n=" + std::to_string(n));
+  }
 }
 
 // +inf makes its row NaN (as PyTorch: exp(inf - inf)); NaN in x or in an additive mask makes its
 // row NaN; NaN or +inf at a bool-masked position is ignored; -inf is just a masked entry. Other
 // rows are unaffected.
-TEST(SoftmaxRowsTest, InfAndNaN) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(5);
-    for (const size_t n : {1, 2, 5, 16, 33, 129}) {
-      const size_t rows = 7;
-      std::vector<float> x = RandomFloats(rng, rows * n, -3.0f, 3.0f);
-      std::vector<float> add(rows * n, 0.0f);
-      std::vector<uint8_t> m(rows * n, 0);
-      const size_t j = n / 2;
-      x[1 * n + j] = kInf;    // row 1: NaN row
-      x[2 * n + j] = kNaN;    // row 2: NaN row
-      add[3 * n + j] = kNaN;  // row 3: NaN row
-      x[4 * n + j] = kNaN;    // row 4: masked NaN, normal row
-      m[4 * n + j] = 1;
-      x[5 * n + j] = -kInf;  // row 5: p_j = 0
-      x[6 * n + j] = kInf;   // row 6: masked +inf, normal row
-      m[6 * n + j] = 1;
-      SoftmaxMasks masks;
-      masks.add[0] = add.data();
-      masks.add_row_stride[0] = n;
-      masks.masked[0] = m.data();
-      masks.masked_row_stride[0] = n;
-      RunAndCheck(x, rows, n, 1.0f, masks, 1, 2, std::string(target) + " n=" + std::to_string(n));
-      // Scale 1 without masks takes the first pass's read-only loop (y = x): rows 1, 2, 4 and 6
-      // are NaN rows there, row 5 keeps p_j = 0.
-      RunAndCheck(x, rows, n, 1.0f, SoftmaxMasks(), 1, 2,
-                  std::string(target) + " unmasked n=" + std::to_string(n));
-      // Spot-check the documented outcomes directly (the reference encodes the same rules).
-      Block b(rows, n, 0, 0);
-      std::copy(x.begin(), x.end(), b.data());
-      kernels::SoftmaxRows(b.data(), rows, n, n, 1.0f, masks);
-      for (size_t r : {1, 2, 3}) {
-        EXPECT_TRUE(std::isnan(b.row(r)[0])) << target << " row " << r;
-      }
-      for (size_t r : {0, 4, 5, 6}) {
-        EXPECT_FALSE(std::isnan(b.row(r)[0])) << target << " row " << r;
-      }
-      if (n > 1) {
-        EXPECT_EQ(b.row(5)[j], 0.0f) << target;
-      }
+TEST_P(SoftmaxRowsTest, InfAndNaN) {
+  const char* const target = target_name();
+  std::mt19937 rng(5);
+  for (const size_t n : {1, 2, 5, 16, 33, 129}) {
+    const size_t rows = 7;
+    std::vector<float> x = RandomFloats(rng, rows * n, -3.0f, 3.0f);
+    std::vector<float> add(rows * n, 0.0f);
+    std::vector<uint8_t> m(rows * n, 0);
+    const size_t j = n / 2;
+    x[1 * n + j] = kInf;    // row 1: NaN row
+    x[2 * n + j] = kNaN;    // row 2: NaN row
+    add[3 * n + j] = kNaN;  // row 3: NaN row
+    x[4 * n + j] = kNaN;    // row 4: masked NaN, normal row
+    m[4 * n + j] = 1;
+    x[5 * n + j] = -kInf;  // row 5: p_j = 0
+    x[6 * n + j] = kInf;   // row 6: masked +inf, normal row
+    m[6 * n + j] = 1;
+    SoftmaxMasks masks;
+    masks.add[0] = add.data();
+    masks.add_row_stride[0] = n;
+    masks.masked[0] = m.data();
+    masks.masked_row_stride[0] = n;
+    RunAndCheck(x, rows, n, 1.0f, masks, 1, 2, std::string(target) + " n=" + std::to_string(n));
+    // Scale 1 without masks takes the first pass's read-only loop (y = x): rows 1, 2, 4 and 6
+    // are NaN rows there, row 5 keeps p_j = 0.
+    RunAndCheck(x, rows, n, 1.0f, SoftmaxMasks(), 1, 2,
+                std::string(target) + " unmasked n=" + std::to_string(n));
+    // Spot-check the documented outcomes directly (the reference encodes the same rules).
+    Block b(rows, n, 0, 0);
+    std::copy(x.begin(), x.end(), b.data());
+    kernels::SoftmaxRows(b.data(), rows, n, n, 1.0f, masks);
+    for (size_t r : {1, 2, 3}) {
+      EXPECT_TRUE(std::isnan(b.row(r)[0])) << target << " row " << r;
     }
-  });
+    for (size_t r : {0, 4, 5, 6}) {
+      EXPECT_FALSE(std::isnan(b.row(r)[0])) << target << " row " << r;
+    }
+    if (n > 1) {
+      EXPECT_EQ(b.row(5)[j], 0.0f) << target;
+    }
+  }
 }
 
 // Scores of magnitude 1e4 (scale included) and scaled overflow to +-inf.
-TEST(SoftmaxRowsTest, HugeMagnitudes) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(6);
-    for (const size_t n : {1, 7, 64, 333, 4099}) {
-      for (const float scale : {1.0f, 0.125f, 1e4f, -1.0f}) {
-        const size_t rows = 3;
-        std::vector<float> x = RandomFloats(rng, rows * n, -1e4f, 1e4f);
-        if (scale == 1e4f) x = RandomFloats(rng, rows * n, -1.0f, 1.0f);
-        // Row 2: values clustered near +1e4 (nearly uniform after the max shift).
-        for (size_t j = 0; j < n; ++j) {
-          x[2 * n + j] = (scale == 1e4f ? 1.0f : 1e4f) + 0.001f * static_cast<float>(j % 7);
-        }
-        RunAndCheck(
-            x, rows, n, scale, SoftmaxMasks(), 0, 1,
-            std::string(target) + " n=" + std::to_string(n) + " scale=" + std::to_string(scale));
+TEST_P(SoftmaxRowsTest, HugeMagnitudes) {
+  const char* const target = target_name();
+  std::mt19937 rng(6);
+  for (const size_t n : {1, 7, 64, 333, 4099}) {
+    for (const float scale : {1.0f, 0.125f, 1e4f, -1.0f}) {
+      const size_t rows = 3;
+      std::vector<float> x = RandomFloats(rng, rows * n, -1e4f, 1e4f);
+      if (scale == 1e4f) x = RandomFloats(rng, rows * n, -1.0f, 1.0f);
+      // Row 2: values clustered near +1e4 (nearly uniform after the max shift).
+      for (size_t j = 0; j < n; ++j) {
+        x[2 * n + j] = (scale == 1e4f ? 1.0f : 1e4f) + 0.001f * static_cast<float>(j % 7);
       }
-      // Overflow of x * scale: -inf entries are masked; a +inf entry makes the row NaN.
-      std::vector<float> x = RandomFloats(rng, 2 * n, -1.0f, 1.0f);
-      x[0] = -3e38f;
-      x[n + n / 2] = 3e38f;
-      RunAndCheck(x, 2, n, 10.0f, SoftmaxMasks(), 0, 0,
-                  std::string(target) + " overflow n=" + std::to_string(n));
+      RunAndCheck(
+          x, rows, n, scale, SoftmaxMasks(), 0, 1,
+          std::string(target) + " n=" + std::to_string(n) + " scale=" + std::to_string(scale));
     }
-    ReportWorst(target, "HugeMagnitudes");
-  });
+    // Overflow of x * scale: -inf entries are masked; a +inf entry makes the row NaN.
+    std::vector<float> x = RandomFloats(rng, 2 * n, -1.0f, 1.0f);
+    x[0] = -3e38f;
+    x[n + n / 2] = 3e38f;
+    RunAndCheck(x, 2, n, 10.0f, SoftmaxMasks(), 0, 0,
+                std::string(target) + " overflow n=" + std::to_string(n));
+  }
+  ReportWorst(target, "HugeMagnitudes");
 }
 
 // The online recurrence over uneven key blocks, finished, equals the one-shot softmax-weighted
@@ -421,189 +419,185 @@ TEST(SoftmaxRowsTest, HugeMagnitudes) {
 // E[d])): kOnlineRel = 4e-6 is the softmax budget (2e-6) plus one rounding per block of acc,
 // row_sum and the rescale factors (<= 8 blocks * 3 * 2^-24 = 1.4e-6) and the final reciprocal;
 // each rescale by exp(m_old - m_new) adds a conditioning term like the one of SoftmaxRows.
-TEST(OnlineSoftmaxTest, MatchesOneShot) {
-  test::ForEachTarget([](const char* target) {
-    std::mt19937 rng(7);
-    constexpr double kOnlineRel = 4e-6;
-    const size_t rows = 5;
-    for (const size_t total : {1, 5, 17, 64, 100, 257, 1000}) {
-      for (const size_t num_blocks : {1, 2, 3, 7}) {
-        if (num_blocks > total) continue;
-        for (const size_t hd : {1, 3, 16, 37}) {
-          for (int variant = 0; variant < 6; ++variant) {
-            // variant 0: no masks; 1: bool + additive masks; 2: causal (offset 2) + bool;
-            // 3: causal with a negative offset (some rows fully masked); 4 and 5: variants 0
-            // and 1 on scores rising along the row by 300 after the scale, so later blocks rise
-            // above the reference by more than kOnlineSoftmaxHeadroom (the fused pass stops
-            // inside a block and the rest of the block takes passes 1 and 2).
-            std::vector<float> x = RandomFloats(rng, rows * total, -6.0f, 6.0f);
-            if (variant >= 4) {
-              for (size_t i = 0; i < x.size(); ++i) {
-                x[i] += 1000.0f * static_cast<float>(i % total) / static_cast<float>(total);
-              }
+TEST_P(OnlineSoftmaxTest, MatchesOneShot) {
+  const char* const target = target_name();
+  std::mt19937 rng(7);
+  constexpr double kOnlineRel = 4e-6;
+  const size_t rows = 5;
+  for (const size_t total : {1, 5, 17, 64, 100, 257, 1000}) {
+    for (const size_t num_blocks : {1, 2, 3, 7}) {
+      if (num_blocks > total) continue;
+      for (const size_t hd : {1, 3, 16, 37}) {
+        for (int variant = 0; variant < 6; ++variant) {
+          // variant 0: no masks; 1: bool + additive masks; 2: causal (offset 2) + bool;
+          // 3: causal with a negative offset (some rows fully masked); 4 and 5: variants 0
+          // and 1 on scores rising along the row by 300 after the scale, so later blocks rise
+          // above the reference by more than kOnlineSoftmaxHeadroom (the fused pass stops
+          // inside a block and the rest of the block takes passes 1 and 2).
+          std::vector<float> x = RandomFloats(rng, rows * total, -6.0f, 6.0f);
+          if (variant >= 4) {
+            for (size_t i = 0; i < x.size(); ++i) {
+              x[i] += 1000.0f * static_cast<float>(i % total) / static_cast<float>(total);
             }
-            const std::vector<float> v = RandomFloats(rng, total * hd, -1.0f, 1.0f);
-            const std::vector<float> add = RandomFloats(rng, rows * total, -2.0f, 2.0f);
-            std::vector<uint8_t> m = RandomBytes(rng, rows * total, 0.3);
-            std::fill(m.begin() + 4 * total, m.end(), 1);  // row 4 fully masked
-            SoftmaxMasks full;
-            if (variant == 1 || variant == 2 || variant == 5) {
-              full.masked[0] = m.data();
-              full.masked_row_stride[0] = total;
-            }
-            if (variant == 1 || variant == 5) {
-              full.add[0] = add.data();
-              full.add_row_stride[0] = total;
-            }
-            if (variant == 2 || variant == 3) {
-              full.causal = true;
-              full.causal_offset = variant == 2 ? 2 : -3;
-            }
-            const float scale = 0.3f;
-            // Uneven block boundaries: sorted distinct cut points.
-            std::vector<size_t> cuts = {0, total};
-            std::uniform_int_distribution<size_t> cut(1, total - 1);
-            while (cuts.size() < num_blocks + 1) {
-              const size_t c = cut(rng);
-              if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
-            }
-            std::sort(cuts.begin(), cuts.end());
+          }
+          const std::vector<float> v = RandomFloats(rng, total * hd, -1.0f, 1.0f);
+          const std::vector<float> add = RandomFloats(rng, rows * total, -2.0f, 2.0f);
+          std::vector<uint8_t> m = RandomBytes(rng, rows * total, 0.3);
+          std::fill(m.begin() + 4 * total, m.end(), 1);  // row 4 fully masked
+          SoftmaxMasks full;
+          if (variant == 1 || variant == 2 || variant == 5) {
+            full.masked[0] = m.data();
+            full.masked_row_stride[0] = total;
+          }
+          if (variant == 1 || variant == 5) {
+            full.add[0] = add.data();
+            full.add_row_stride[0] = total;
+          }
+          if (variant == 2 || variant == 3) {
+            full.causal = true;
+            full.causal_offset = variant == 2 ? 2 : -3;
+          }
+          const float scale = 0.3f;
+          // Uneven block boundaries: sorted distinct cut points.
+          std::vector<size_t> cuts = {0, total};
+          std::uniform_int_distribution<size_t> cut(1, total - 1);
+          while (cuts.size() < num_blocks + 1) {
+            const size_t c = cut(rng);
+            if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
+          }
+          std::sort(cuts.begin(), cuts.end());
 
-            std::vector<float> row_max(rows, -kInf), row_sum(rows, 0.0f);
-            const size_t acc_stride = hd + 2;
-            std::vector<float> acc(rows * acc_stride, 0.0f);
-            for (size_t b = 0; b < num_blocks; ++b) {
-              const size_t k0 = cuts[b], cols = cuts[b + 1] - cuts[b];
-              Block scores(rows, cols, 1, b % 4);
-              for (size_t r = 0; r < rows; ++r) {
-                std::copy(x.begin() + static_cast<ptrdiff_t>(r * total + k0),
-                          x.begin() + static_cast<ptrdiff_t>(r * total + k0 + cols), scores.row(r));
-              }
-              SoftmaxMasks bm = full;
-              for (int k = 0; k < 2; ++k) {
-                if (bm.add[k]) bm.add[k] += k0;
-                if (bm.masked[k]) bm.masked[k] += k0;
-              }
-              bm.causal_offset = full.causal_offset - static_cast<int64_t>(k0);
-              kernels::OnlineSoftmaxUpdate(scores.data(), rows, cols,
-                                           static_cast<ptrdiff_t>(scores.stride), scale, bm,
-                                           row_max.data(), row_sum.data(), acc.data(), hd,
-                                           static_cast<ptrdiff_t>(acc_stride));
-              for (size_t r = 0; r < rows; ++r) {
-                for (size_t c = 0; c < hd; ++c) {
-                  double dot = 0;
-                  for (size_t j = 0; j < cols; ++j) {
-                    dot += static_cast<double>(scores.row(r)[j]) * v[(k0 + j) * hd + c];
-                  }
-                  acc[r * acc_stride + c] = static_cast<float>(acc[r * acc_stride + c] + dot);
-                }
-              }
-              scores.CheckSentinels(std::string(target) + " scores");
-            }
-            kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, static_cast<ptrdiff_t>(acc_stride),
-                                         row_sum.data());
-
-            int budget = 5;
+          std::vector<float> row_max(rows, -kInf), row_sum(rows, 0.0f);
+          const size_t acc_stride = hd + 2;
+          std::vector<float> acc(rows * acc_stride, 0.0f);
+          for (size_t b = 0; b < num_blocks; ++b) {
+            const size_t k0 = cuts[b], cols = cuts[b + 1] - cuts[b];
+            Block scores(rows, cols, 1, b % 4);
             for (size_t r = 0; r < rows; ++r) {
-              const RefRow ref = ReferenceRow(x.data() + r * total, r, total, scale, full);
-              for (size_t c = 0; c < hd && budget > 0; ++c) {
-                const float g = acc[r * acc_stride + c];
-                double want = 0, tol = kAbs;
-                if (ref.kind == RefRow::kNormal) {
-                  for (size_t j = 0; j < ref.valid; ++j) {
-                    const double pv = ref.p[j] * v[j * hd + c];
-                    want += pv;
-                    if (std::isinf(ref.d[j])) continue;  // masked: p = 0
-                    tol += std::fabs(pv) *
-                           (kOnlineRel + (num_blocks + 1) * kCond * (ref.d[j] + ref.mean_d));
-                  }
+              std::copy(x.begin() + static_cast<ptrdiff_t>(r * total + k0),
+                        x.begin() + static_cast<ptrdiff_t>(r * total + k0 + cols), scores.row(r));
+            }
+            SoftmaxMasks bm = full;
+            for (int k = 0; k < 2; ++k) {
+              if (bm.add[k]) bm.add[k] += k0;
+              if (bm.masked[k]) bm.masked[k] += k0;
+            }
+            bm.causal_offset = full.causal_offset - static_cast<int64_t>(k0);
+            kernels::OnlineSoftmaxUpdate(
+                scores.data(), rows, cols, static_cast<ptrdiff_t>(scores.stride), scale, bm,
+                row_max.data(), row_sum.data(), acc.data(), hd, static_cast<ptrdiff_t>(acc_stride));
+            for (size_t r = 0; r < rows; ++r) {
+              for (size_t c = 0; c < hd; ++c) {
+                double dot = 0;
+                for (size_t j = 0; j < cols; ++j) {
+                  dot += static_cast<double>(scores.row(r)[j]) * v[(k0 + j) * hd + c];
                 }
-                const bool ok =
-                    ref.kind == RefRow::kNaNRow ? std::isnan(g) : std::fabs(g - want) <= tol;
-                if (ref.kind != RefRow::kNaNRow) {
-                  g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - want) / tol);
+                acc[r * acc_stride + c] = static_cast<float>(acc[r * acc_stride + c] + dot);
+              }
+            }
+            scores.CheckSentinels(std::string(target) + " scores");
+          }
+          kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, static_cast<ptrdiff_t>(acc_stride),
+                                       row_sum.data());
+
+          int budget = 5;
+          for (size_t r = 0; r < rows; ++r) {
+            const RefRow ref = ReferenceRow(x.data() + r * total, r, total, scale, full);
+            for (size_t c = 0; c < hd && budget > 0; ++c) {
+              const float g = acc[r * acc_stride + c];
+              double want = 0, tol = kAbs;
+              if (ref.kind == RefRow::kNormal) {
+                for (size_t j = 0; j < ref.valid; ++j) {
+                  const double pv = ref.p[j] * v[j * hd + c];
+                  want += pv;
+                  if (std::isinf(ref.d[j])) continue;  // masked: p = 0
+                  tol += std::fabs(pv) *
+                         (kOnlineRel + (num_blocks + 1) * kCond * (ref.d[j] + ref.mean_d));
                 }
-                if (!ok) {
-                  --budget;
-                  ADD_FAILURE() << target << " total=" << total << " blocks=" << num_blocks
-                                << " hd=" << hd << " variant=" << variant << " row " << r << " col "
-                                << c << ": got " << Num(g) << ", want " << Num(want) << " +- "
-                                << Num(tol);
-                }
+              }
+              const bool ok =
+                  ref.kind == RefRow::kNaNRow ? std::isnan(g) : std::fabs(g - want) <= tol;
+              if (ref.kind != RefRow::kNaNRow) {
+                g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - want) / tol);
+              }
+              if (!ok) {
+                --budget;
+                ADD_FAILURE() << target << " total=" << total << " blocks=" << num_blocks
+                              << " hd=" << hd << " variant=" << variant << " row " << r << " col "
+                              << c << ": got " << Num(g) << ", want " << Num(want) << " +- "
+                              << Num(tol);
               }
             }
           }
         }
       }
     }
-    ReportWorst(target, "MatchesOneShot");
-  });
+  }
+  ReportWorst(target, "MatchesOneShot");
 }
 
 // NaN or +inf in any block makes the row's output NaN, in the first block (passes 1 and 2) and
 // in a later one (the fused pass, in its two-vector loop and in its tail); NaN at a bool-masked
 // position is ignored; fully masked rows finish as zeros.
-TEST(OnlineSoftmaxTest, SpecialValues) {
-  test::ForEachTarget([](const char* target) {
-    const size_t rows = 5, cols = 19, hd = 4;
-    std::vector<float> row_max(rows, -kInf), row_sum(rows, 0.0f), acc(rows * hd, 0.0f);
-    std::vector<uint8_t> m(rows * cols, 0);
-    std::fill(m.begin() + 2 * cols, m.begin() + 3 * cols, 1);  // row 2 fully masked
-    m[4 * cols + 10] = 1;
-    SoftmaxMasks masks;
-    masks.masked[0] = m.data();
-    masks.masked_row_stride[0] = cols;
-    for (int block = 0; block < 2; ++block) {
-      std::vector<float> s(rows * cols, 1.0f);
-      if (block == 1) s[0 * cols + 3] = kNaN;   // row 0: NaN in the second block
-      if (block == 0) s[1 * cols + 2] = kInf;   // row 1: +inf in the first block
-      if (block == 1) s[3 * cols + 17] = kInf;  // row 3: +inf in the second block's last columns
-      if (block == 1) s[4 * cols + 10] = kNaN;  // row 4: NaN where the bool mask is set
-      kernels::OnlineSoftmaxUpdate(s.data(), rows, cols, cols, 1.0f, masks, row_max.data(),
-                                   row_sum.data(), acc.data(), hd, hd);
-      for (size_t j = 0; j < cols; ++j) EXPECT_EQ(s[2 * cols + j], 0.0f) << target;
-      for (size_t r = 0; r < rows; ++r) {
-        for (size_t c = 0; c < hd; ++c) {
-          double dot = 0;
-          for (size_t j = 0; j < cols; ++j) dot += s[r * cols + j] * 0.5;
-          acc[r * hd + c] = static_cast<float>(acc[r * hd + c] + dot);
-        }
+TEST_P(OnlineSoftmaxTest, SpecialValues) {
+  const char* const target = target_name();
+  const size_t rows = 5, cols = 19, hd = 4;
+  std::vector<float> row_max(rows, -kInf), row_sum(rows, 0.0f), acc(rows * hd, 0.0f);
+  std::vector<uint8_t> m(rows * cols, 0);
+  std::fill(m.begin() + 2 * cols, m.begin() + 3 * cols, 1);  // row 2 fully masked
+  m[4 * cols + 10] = 1;
+  SoftmaxMasks masks;
+  masks.masked[0] = m.data();
+  masks.masked_row_stride[0] = cols;
+  for (int block = 0; block < 2; ++block) {
+    std::vector<float> s(rows * cols, 1.0f);
+    if (block == 1) s[0 * cols + 3] = kNaN;   // row 0: NaN in the second block
+    if (block == 0) s[1 * cols + 2] = kInf;   // row 1: +inf in the first block
+    if (block == 1) s[3 * cols + 17] = kInf;  // row 3: +inf in the second block's last columns
+    if (block == 1) s[4 * cols + 10] = kNaN;  // row 4: NaN where the bool mask is set
+    kernels::OnlineSoftmaxUpdate(s.data(), rows, cols, cols, 1.0f, masks, row_max.data(),
+                                 row_sum.data(), acc.data(), hd, hd);
+    for (size_t j = 0; j < cols; ++j) EXPECT_EQ(s[2 * cols + j], 0.0f) << target;
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t c = 0; c < hd; ++c) {
+        double dot = 0;
+        for (size_t j = 0; j < cols; ++j) dot += s[r * cols + j] * 0.5;
+        acc[r * hd + c] = static_cast<float>(acc[r * hd + c] + dot);
       }
     }
-    kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, hd, row_sum.data());
-    for (size_t c = 0; c < hd; ++c) {
-      EXPECT_TRUE(std::isnan(acc[0 * hd + c])) << target;
-      EXPECT_TRUE(std::isnan(acc[1 * hd + c])) << target;
-      EXPECT_EQ(acc[2 * hd + c], 0.0f) << target;
-      EXPECT_TRUE(std::isnan(acc[3 * hd + c])) << target;
-      EXPECT_NEAR(acc[4 * hd + c], 0.5f, 1e-6f) << target;
-    }
-    EXPECT_EQ(row_sum[2], 0.0f) << target;
-    EXPECT_EQ(row_max[2], -kInf) << target;
-  });
+  }
+  kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, hd, row_sum.data());
+  for (size_t c = 0; c < hd; ++c) {
+    EXPECT_TRUE(std::isnan(acc[0 * hd + c])) << target;
+    EXPECT_TRUE(std::isnan(acc[1 * hd + c])) << target;
+    EXPECT_EQ(acc[2 * hd + c], 0.0f) << target;
+    EXPECT_TRUE(std::isnan(acc[3 * hd + c])) << target;
+    EXPECT_NEAR(acc[4 * hd + c], 0.5f, 1e-6f) << target;
+  }
+  EXPECT_EQ(row_sum[2], 0.0f) << target;
+  EXPECT_EQ(row_max[2], -kInf) << target;
 }
 
 // Finish alone: acc / row_sum, zeros for a zero sum, with row strides.
-TEST(OnlineSoftmaxTest, Finish) {
-  test::ForEachTarget([](const char* target) {
-    for (const size_t hd : {1, 5, 16, 67}) {
-      const size_t rows = 3, stride = hd + 3;
-      std::vector<float> acc(rows * stride, kSentinel);
-      for (size_t r = 0; r < rows; ++r) {
-        for (size_t c = 0; c < hd; ++c) acc[r * stride + c] = static_cast<float>(c) - 2.5f;
-      }
-      const std::vector<float> sums = {4.0f, 0.0f, 3.0f};
-      kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, stride, sums.data());
-      for (size_t r = 0; r < rows; ++r) {
-        for (size_t c = 0; c < stride; ++c) {
-          const float want = c >= hd        ? kSentinel
-                             : sums[r] == 0 ? 0.0f
-                                            : (static_cast<float>(c) - 2.5f) * (1.0f / sums[r]);
-          EXPECT_EQ(acc[r * stride + c], want) << target << " hd=" << hd << " row " << r;
-        }
+TEST_P(OnlineSoftmaxTest, Finish) {
+  const char* const target = target_name();
+  for (const size_t hd : {1, 5, 16, 67}) {
+    const size_t rows = 3, stride = hd + 3;
+    std::vector<float> acc(rows * stride, kSentinel);
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t c = 0; c < hd; ++c) acc[r * stride + c] = static_cast<float>(c) - 2.5f;
+    }
+    const std::vector<float> sums = {4.0f, 0.0f, 3.0f};
+    kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, stride, sums.data());
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t c = 0; c < stride; ++c) {
+        const float want = c >= hd        ? kSentinel
+                           : sums[r] == 0 ? 0.0f
+                                          : (static_cast<float>(c) - 2.5f) * (1.0f / sums[r]);
+        EXPECT_EQ(acc[r * stride + c], want) << target << " hd=" << hd << " row " << r;
       }
     }
-  });
+  }
 }
 
 // The softmax exp alone against exp in double, correctly rounded to f32: at most 2 ULP on a
@@ -611,65 +605,68 @@ TEST(OnlineSoftmaxTest, Finish) {
 // boundaries; below -87 and -inf give 0, 0 and -0 give exactly 1. Misaligned starts and every
 // tail length up to two vectors. (Run over every 7th f32 in [-87, 0], 159 million values, on
 // AVX2, SSE4, SSSE3 and SCALAR, the maximum was also 2 ULP; 0.7% of values are 2 ULP off.)
-TEST(ExpNonPositiveTest, WithinTwoUlp) {
-  test::ForEachTarget([](const char* target) {
-    auto bits_of = [](float f) {
-      uint32_t u;
-      std::memcpy(&u, &f, sizeof(u));
-      return u;
-    };
-    std::vector<float> x;
-    for (uint32_t b = bits_of(-0.0f); b <= bits_of(-87.0f); b += 4099) {
-      float f;
-      std::memcpy(&f, &b, sizeof(f));
-      x.push_back(f);
-    }
-    // (0, kOnlineSoftmaxHeadroom]: the online softmax's fused pass exponentiates up to there.
-    for (uint32_t b = bits_of(1e-45f); b <= bits_of(kernels::kOnlineSoftmaxHeadroom); b += 4099) {
-      float f;
-      std::memcpy(&f, &b, sizeof(f));
-      x.push_back(f);
-    }
-    for (const float f : {0.0f, -0.0f, -87.0f, -86.99999f, -1e-45f, -1e-38f, -0.34657359f,
-                          -0.34657362f, -0.69314718f, -1.0f, -10.0f, -50.5f}) {
-      x.push_back(f);
-    }
-    const size_t n_checked = x.size();
-    for (const float f : {-87.00001f, -88.0f, -103.9f, -1e4f, -3.4e38f, -kInf}) x.push_back(f);
-    for (size_t offset = 0; offset < 3; ++offset) {
-      std::vector<float> in(offset + x.size()), out(offset + x.size() + 1, kSentinel);
-      std::copy(x.begin(), x.end(), in.begin() + offset);
-      kernels::ExpNonPositiveRow(in.data() + offset, out.data() + offset, x.size());
-      int failures = 0;
-      for (size_t i = 0; i < x.size() && failures < 5; ++i) {
-        const float got = out[offset + i];
-        if (i >= n_checked) {
-          if (got != 0.0f) ++failures;
-          EXPECT_EQ(got, 0.0f) << target << " x=" << x[i];
-          continue;
-        }
-        const float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
-        const int64_t ulps =
-            std::abs(static_cast<int64_t>(bits_of(got)) - static_cast<int64_t>(bits_of(want)));
-        if (ulps > 2) ++failures;
-        EXPECT_LE(ulps, 2) << target << " x=" << x[i] << " got " << got << " want " << want;
+TEST_P(ExpNonPositiveTest, WithinTwoUlp) {
+  const char* const target = target_name();
+  auto bits_of = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof(u));
+    return u;
+  };
+  std::vector<float> x;
+  for (uint32_t b = bits_of(-0.0f); b <= bits_of(-87.0f); b += 4099) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    x.push_back(f);
+  }
+  // (0, kOnlineSoftmaxHeadroom]: the online softmax's fused pass exponentiates up to there.
+  for (uint32_t b = bits_of(1e-45f); b <= bits_of(kernels::kOnlineSoftmaxHeadroom); b += 4099) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    x.push_back(f);
+  }
+  for (const float f : {0.0f, -0.0f, -87.0f, -86.99999f, -1e-45f, -1e-38f, -0.34657359f,
+                        -0.34657362f, -0.69314718f, -1.0f, -10.0f, -50.5f}) {
+    x.push_back(f);
+  }
+  const size_t n_checked = x.size();
+  for (const float f : {-87.00001f, -88.0f, -103.9f, -1e4f, -3.4e38f, -kInf}) x.push_back(f);
+  for (size_t offset = 0; offset < 3; ++offset) {
+    std::vector<float> in(offset + x.size()), out(offset + x.size() + 1, kSentinel);
+    std::copy(x.begin(), x.end(), in.begin() + offset);
+    kernels::ExpNonPositiveRow(in.data() + offset, out.data() + offset, x.size());
+    int failures = 0;
+    for (size_t i = 0; i < x.size() && failures < 5; ++i) {
+      const float got = out[offset + i];
+      if (i >= n_checked) {
+        if (got != 0.0f) ++failures;
+        EXPECT_EQ(got, 0.0f) << target << " x=" << x[i];
+        continue;
       }
-      EXPECT_EQ(out[offset + x.size()], kSentinel) << target << ": wrote past the end";
-      EXPECT_EQ(out[offset + 0], 1.0f) << target;  // exp(-0) (the sample starts at -0.0)
+      const float want = static_cast<float>(std::exp(static_cast<double>(x[i])));
+      const int64_t ulps =
+          std::abs(static_cast<int64_t>(bits_of(got)) - static_cast<int64_t>(bits_of(want)));
+      if (ulps > 2) ++failures;
+      EXPECT_LE(ulps, 2) << target << " x=" << x[i] << " got " << got << " want " << want;
     }
-    // Every short length: vector tails and the in-place form (x and y the same array).
-    for (size_t n = 1; n <= 40; ++n) {
-      std::vector<float> v(n + 1, kSentinel);
-      for (size_t i = 0; i < n; ++i) v[i] = -0.25f * static_cast<float>(i);
-      kernels::ExpNonPositiveRow(v.data(), v.data(), n);
-      for (size_t i = 0; i < n; ++i) {
-        const float want = static_cast<float>(std::exp(-0.25 * static_cast<double>(i)));
-        EXPECT_NEAR(v[i], want, want * 2.4e-7f) << target << " n=" << n << " i=" << i;  // 2 ULP
-      }
-      EXPECT_EQ(v[n], kSentinel) << target << " n=" << n;
+    EXPECT_EQ(out[offset + x.size()], kSentinel) << target << ": wrote past the end";
+    EXPECT_EQ(out[offset + 0], 1.0f) << target;  // exp(-0) (the sample starts at -0.0)
+  }
+  // Every short length: vector tails and the in-place form (x and y the same array).
+  for (size_t n = 1; n <= 40; ++n) {
+    std::vector<float> v(n + 1, kSentinel);
+    for (size_t i = 0; i < n; ++i) v[i] = -0.25f * static_cast<float>(i);
+    kernels::ExpNonPositiveRow(v.data(), v.data(), n);
+    for (size_t i = 0; i < n; ++i) {
+      const float want = static_cast<float>(std::exp(-0.25 * static_cast<double>(i)));
+      EXPECT_NEAR(v[i], want, want * 2.4e-7f) << target << " n=" << n << " i=" << i;  // 2 ULP
     }
-  });
+    EXPECT_EQ(v[n], kSentinel) << target << " n=" << n;
+  }
 }
+
+MHA_INSTANTIATE_PER_TARGET(SoftmaxRowsTest);
+MHA_INSTANTIATE_PER_TARGET(OnlineSoftmaxTest);
+MHA_INSTANTIATE_PER_TARGET(ExpNonPositiveTest);
 
 }  // namespace
 }  // namespace mha

@@ -181,20 +181,23 @@ TEST(Weights16Test, ChunkedLongSequencePath) {
   }
 }
 
-TEST(Weights16Test, EverySimdTarget) {
-  test::ForEachTarget([](const char*) {
-    std::mt19937 rng(99);
-    double worst = 0;
-    for (int i = 0; i < 12; ++i) {
-      const DType t = i % 2 ? DType::kF16 : DType::kBF16;
-      Problem p = RandomProblem(&rng);
-      // Few rows take the GEMV path, more the packed GEMM: cover both.
-      if (i % 3 == 0) p.L = p.S = 40;
-      testing_util::FillProblem(&p, &rng);
-      CheckProblem(p, t, &worst);
-    }
-  });
+// CheckProblem on the kernels of each target (GEMV and packed GEMM paths).
+class Weights16TargetTest : public test::PerTargetTest {};
+
+TEST_P(Weights16TargetTest, BitwiseEqualToF32OnRoundedWeights) {
+  std::mt19937 rng(99);
+  double worst = 0;
+  for (int i = 0; i < 12; ++i) {
+    const DType t = i % 2 ? DType::kF16 : DType::kBF16;
+    Problem p = RandomProblem(&rng);
+    // Few rows take the GEMV path, more the packed GEMM: cover both.
+    if (i % 3 == 0) p.L = p.S = 40;
+    testing_util::FillProblem(&p, &rng);
+    CheckProblem(p, t, &worst);
+  }
 }
+
+MHA_INSTANTIATE_PER_TARGET(Weights16TargetTest);
 
 TEST(Weights16Test, InvalidDtypes) {
   std::mt19937 rng(5);
