@@ -110,8 +110,9 @@ size_t ScalesOffset(const KvCacheOptions& o) { return (2 * MatrixBytes(o) + 3) /
 }  // namespace
 
 // The cache's state: shape, storage (owned or the caller's) and per-entry lengths, with the
-// path Append, Forward and Step share.
-struct KvCache::Impl {
+// path Append, Forward and Step share. Hidden: as a member of the exported KvCache it would
+// otherwise put its methods among libmha.so's symbols.
+struct __attribute__((visibility("hidden"))) KvCache::Impl {
   Status Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
                  const TensorView* key, const TensorView* value, const TensorView* output,
                  const int64_t* counts, const char* op);
