@@ -20,6 +20,8 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
@@ -107,6 +109,49 @@ size_t ScalesOffset(const KvCacheOptions& o) { return (2 * MatrixBytes(o) + 3) /
 
 }  // namespace
 
+// The cache's state: shape, storage (owned or the caller's) and per-entry lengths, with the
+// path Append, Forward and Step share. Hidden: as a member of the exported KvCache it would
+// otherwise put its methods among libmha.so's symbols.
+struct __attribute__((visibility("hidden"))) KvCache::Impl {
+  Status Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
+                 const TensorView* key, const TensorView* value, const TensorView* output,
+                 const int64_t* counts, const char* op);
+  // Stores projected keys and values, f32 [N, T, kvE] (entry n's token t at k + n * batch_stride
+  // + t * token_stride elements, likewise v), in the storage type: count_n tokens of entry n
+  // (counts null: T) at positions lengths[n] + offset + t, in tasks over (entry, kv head) on
+  // `pool`. Lengths are left to the caller.
+  void StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrdiff_t batch_stride,
+                   ptrdiff_t token_stride, int64_t T, const int64_t* counts, int64_t offset);
+  // A validated Step of T prompt tokens into an empty cache: the layer's causal forward, which
+  // stores its projected keys and values here as it goes.
+  Status Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
+                 const TensorView& output, int64_t T);
+
+  int64_t batch = 0, capacity = 0, kv_heads = 0, head_dim = 0;
+  DType dtype = DType::kF32;
+  void* k_data = nullptr;  // K, then V: the storage of the file comment
+  void* v_data = nullptr;
+  // int8 storage: one f32 scale per row, [batch, num_kv_heads, capacity] each (else null).
+  float* k_scales = nullptr;
+  float* v_scales = nullptr;
+  std::unique_ptr<uint8_t[]> owned;
+  std::vector<int64_t> lengths;  // [batch], sized at creation
+};
+
+KvCache::KvCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvCache::~KvCache() = default;
+
+int64_t KvCache::batch() const { return impl_->batch; }
+int64_t KvCache::capacity() const { return impl_->capacity; }
+int64_t KvCache::num_kv_heads() const { return impl_->kv_heads; }
+int64_t KvCache::head_dim() const { return impl_->head_dim; }
+DType KvCache::dtype() const { return impl_->dtype; }
+int64_t KvCache::length(int64_t n) const { return impl_->lengths[static_cast<size_t>(n)]; }
+const void* KvCache::keys() const { return impl_->k_data; }
+const void* KvCache::values() const { return impl_->v_data; }
+const float* KvCache::key_scales() const { return impl_->k_scales; }
+const float* KvCache::value_scales() const { return impl_->v_scales; }
+
 KvCacheOptions KvCacheOptions::ForLayer(const MultiheadAttention& layer, int64_t batch,
                                         int64_t capacity, DType dtype) {
   KvCacheOptions o;
@@ -177,35 +222,33 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
                            std::to_string(reinterpret_cast<uintptr_t>(o.buffer) % elem) +
                            " bytes past it");
   }
-  std::unique_ptr<KvCache> c(new KvCache());
-  c->batch_ = o.batch;
-  c->capacity_ = o.capacity;
-  c->kv_heads_ = o.num_kv_heads;
-  c->head_dim_ = o.head_dim;
-  c->dtype_ = o.dtype;
+  auto c = std::make_unique<Impl>();
+  c->batch = o.batch;
+  c->capacity = o.capacity;
+  c->kv_heads = o.num_kv_heads;
+  c->head_dim = o.head_dim;
+  c->dtype = o.dtype;
   uint8_t* base = static_cast<uint8_t*>(o.buffer);
   if (base == nullptr) {
-    c->owned_.reset(new (std::nothrow) uint8_t[bytes]());
-    if (!c->owned_) {
+    c->owned.reset(new (std::nothrow) uint8_t[bytes]());
+    if (!c->owned) {
       return OutOfMemory("KvCache::Create: cannot allocate " + std::to_string(bytes) +
                          " bytes of K/V storage");
     }
-    base = c->owned_.get();
+    base = c->owned.get();
   }
-  c->k_ = base;
-  c->v_ = base + MatrixBytes(o);
+  c->k_data = base;
+  c->v_data = base + MatrixBytes(o);
   if (o.dtype == DType::kI8) {
-    c->k_scales_ = reinterpret_cast<float*>(base + ScalesOffset(o));
-    c->v_scales_ = c->k_scales_ + o.batch * o.num_kv_heads * o.capacity;
+    c->k_scales = reinterpret_cast<float*>(base + ScalesOffset(o));
+    c->v_scales = c->k_scales + o.batch * o.num_kv_heads * o.capacity;
   }
-  c->lengths_.assign(static_cast<size_t>(o.batch), 0);
-  *out = std::move(c);
+  c->lengths.assign(static_cast<size_t>(o.batch), 0);
+  out->reset(new KvCache(std::move(c)));
   return Status::Ok();
 }
 
-KvCache::~KvCache() = default;
-
-void KvCache::Reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+void KvCache::Reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
 
 namespace {
 
@@ -224,16 +267,16 @@ Status PromptView(const MultiheadAttention& layer, const TensorView& x, int64_t 
 
 }  // namespace
 
-void KvCache::StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrdiff_t batch_stride,
-                          ptrdiff_t token_stride, int64_t T, const int64_t* counts,
-                          int64_t offset) {
-  const int64_t KVH = kv_heads_, hd = head_dim_;
-  const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, hd},
-                             {static_cast<uint8_t*>(v_), v_scales_, dtype_, hd}};
-  pool.ParallelFor(static_cast<uint64_t>(batch_ * KVH), [&](uint64_t task, size_t /*worker*/) {
+void KvCache::Impl::StoreTokens(ThreadPool& pool, const float* k, const float* v,
+                                ptrdiff_t batch_stride, ptrdiff_t token_stride, int64_t T,
+                                const int64_t* counts, int64_t offset) {
+  const int64_t KVH = kv_heads, hd = head_dim;
+  const CacheRows rows[2] = {{static_cast<uint8_t*>(k_data), k_scales, dtype, hd},
+                             {static_cast<uint8_t*>(v_data), v_scales, dtype, hd}};
+  pool.ParallelFor(static_cast<uint64_t>(batch * KVH), [&](uint64_t task, size_t /*worker*/) {
     const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t row0 = (n * KVH + g) * capacity_ + lengths_[static_cast<size_t>(n)] + offset;
+    const int64_t row0 = (n * KVH + g) * capacity + lengths[static_cast<size_t>(n)] + offset;
     for (int mat = 0; mat < 2; ++mat) {
       const float* src = (mat == 0 ? k : v) + n * batch_stride + g * hd;
       for (int64_t t = 0; t < c; ++t) StoreRow(src + t * token_stride, rows[mat], row0 + t);
@@ -241,24 +284,24 @@ void KvCache::StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrd
   });
 }
 
-Status KvCache::Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
-                        const TensorView& output, int64_t T) {
+Status KvCache::Impl::Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
+                              const TensorView& output, int64_t T) {
   AttentionInputs in;
   AttentionOutputs out;
-  Status s = PromptView(layer, x, batch_, T, &in.query);
-  if (s.ok()) s = PromptView(layer, output, batch_, T, &out.output);
+  Status s = PromptView(layer, x, batch, T, &in.query);
+  if (s.ok()) s = PromptView(layer, output, batch, T, &out.output);
   if (!s.ok()) return s;
   in.causal = true;
   // Keys and values go into the cache as the forward projects them, in tasks over (entry, kv
   // head); nothing else in the cache changes until the forward succeeds.
   // (Every length is 0 here: the keys of positions [begin, end) go to positions begin + t.)
   auto store = [](void* user, Context& c, const ProjectedKv& kv) {
-    static_cast<KvCache*>(user)->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride,
-                                             kv.end - kv.begin, nullptr, kv.begin);
+    static_cast<Impl*>(user)->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride,
+                                          kv.end - kv.begin, nullptr, kv.begin);
   };
   s = ForwardWithKvSink(layer, ctx, in, out, store, this);
   if (!s.ok()) return s;
-  std::fill(lengths_.begin(), lengths_.end(), T);
+  std::fill(lengths.begin(), lengths.end(), T);
   return Status::Ok();
 }
 
@@ -289,7 +332,7 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   const char* op = "KvCache::Plan: ";
   if (bytes == nullptr) return InvalidArgument(std::string(op) + "bytes is null");
   const LayerWeights& m = LayerWeightsOf(layer);
-  Status s = ValidateCacheLayer(op, m, kv_heads_, head_dim_);
+  Status s = ValidateCacheLayer(op, m, impl_->kv_heads, impl_->head_dim);
   if (!s.ok()) return s;
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31)) {
     return InvalidArgument(std::string(op) + "max_tokens: expected 1.." + Str(int64_t{1} << 31) +
@@ -299,16 +342,16 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   // workspace grows with T, so the bound is the larger of the longest split call and T itself.
   const size_t threads = std::max<size_t>(num_threads, 1);
   const int64_t longest_split = std::min(max_tokens, kSplitMaxTokens);
-  const size_t bound = std::max(
-      PlanStep(m, batch_, longest_split, capacity_, true, true, threads).total,
-      PlanStep(m, batch_, max_tokens, capacity_, true, true, threads).total);
+  const size_t bound =
+      std::max(PlanStep(m, impl_->batch, longest_split, impl_->capacity, true, true, threads).total,
+               PlanStep(m, impl_->batch, max_tokens, impl_->capacity, true, true, threads).total);
   size_t planned = ArenaBytesFor(bound);
   // A prompt of kPrefillForwardMinTokens or more runs the forward (Prefill; layers that can
   // Step), whose workspace grows with the tokens except where the long-key chunking starts: the
   // bound is the larger of max_tokens and the longest prompt below it that is not chunked.
   if (max_tokens >= kPrefillForwardMinTokens && m.kd == m.qd && m.vd == m.qd) {
     const KeyChunking chunking = CurrentKeyChunking();
-    const size_t kv_row_bytes = 2 * static_cast<size_t>(batch_) * m.kvE * sizeof(float);
+    const size_t kv_row_bytes = 2 * static_cast<size_t>(impl_->batch) * m.kvE * sizeof(float);
     const int64_t unchunked =
         chunking.min_kv_bytes == 0
             ? chunking.chunk_keys
@@ -318,7 +361,7 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
     for (const int64_t t : {max_tokens, std::clamp(unchunked, kPrefillForwardMinTokens,
                                                    max_tokens)}) {
       size_t forward_bytes = 0;
-      s = PrefillPlanBytes(layer, batch_, t, threads, &forward_bytes);
+      s = PrefillPlanBytes(layer, impl_->batch, t, threads, &forward_bytes);
       if (!s.ok()) return Status(s.code(), std::string(op) + s.message());
       planned = std::max(planned, forward_bytes);
     }
@@ -328,23 +371,23 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
 }
 
 Status KvCache::Truncate(int64_t n, int64_t length) {
-  if (n < 0 || n >= batch_) {
-    return InvalidArgument("KvCache::Truncate: n: expected a batch entry in [0, " + Str(batch_) +
-                           "), got " + Str(n));
+  if (n < 0 || n >= impl_->batch) {
+    return InvalidArgument("KvCache::Truncate: n: expected a batch entry in [0, " +
+                           Str(impl_->batch) + "), got " + Str(n));
   }
-  const int64_t cur = lengths_[static_cast<size_t>(n)];
+  const int64_t cur = impl_->lengths[static_cast<size_t>(n)];
   if (length < 0 || length > cur) {
     return InvalidArgument("KvCache::Truncate: length: expected 0.." + Str(cur) +
                            " (the current length of batch entry " + Str(n) + "), got " +
                            Str(length));
   }
-  lengths_[static_cast<size_t>(n)] = length;
+  impl_->lengths[static_cast<size_t>(n)] = length;
   return Status::Ok();
 }
 
 Status KvCache::Append(Context& ctx, const MultiheadAttention& layer, const TensorView& key,
                        const TensorView& value, const int64_t* counts) {
-  return Execute(ctx, layer, nullptr, &key, &value, nullptr, counts, "KvCache::Append: ");
+  return impl_->Execute(ctx, layer, nullptr, &key, &value, nullptr, counts, "KvCache::Append: ");
 }
 
 Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const int64_t* counts) {
@@ -354,29 +397,32 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
   const int64_t T = k.present() && k.rank == 4 ? k.shape[2] : 0;
   for (int i = 0; i < 2; ++i) {
     const TensorView& t = *views[i];
-    const bool ok = t.present() && t.rank == 4 && t.dtype == DType::kF32 && t.shape[0] == batch_ &&
-                    t.shape[1] == kv_heads_ && t.shape[2] >= 1 && t.shape[2] == T &&
-                    t.shape[3] == head_dim_ && (t.strides[3] == 1 || head_dim_ == 1);
+    const bool ok = t.present() && t.rank == 4 && t.dtype == DType::kF32 &&
+                    t.shape[0] == impl_->batch && t.shape[1] == impl_->kv_heads &&
+                    t.shape[2] >= 1 && t.shape[2] == T && t.shape[3] == impl_->head_dim &&
+                    (t.strides[3] == 1 || impl_->head_dim == 1);
     if (!ok) {
-      return InvalidArgument(std::string(op) + names[i] + ": expected [" + Str(batch_) + ", " +
-                             Str(kv_heads_) + ", " + (T > 0 ? Str(T) : std::string("T")) + ", " +
-                             Str(head_dim_) + "] f32 with a contiguous last dimension, got " +
+      return InvalidArgument(std::string(op) + names[i] + ": expected [" + Str(impl_->batch) +
+                             ", " + Str(impl_->kv_heads) + ", " +
+                             (T > 0 ? Str(T) : std::string("T")) + ", " + Str(impl_->head_dim) +
+                             "] f32 with a contiguous last dimension, got " +
                              (t.present() ? t.ShapeString() : std::string("absent")));
     }
   }
-  for (int64_t n = 0; n < batch_; ++n) {
+  for (int64_t n = 0; n < impl_->batch; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const Status s =
-        ValidateTokenCount(op, n, c, T, lengths_[static_cast<size_t>(n)], capacity_, true);
+    const Status s = ValidateTokenCount(op, n, c, T, impl_->lengths[static_cast<size_t>(n)],
+                                        impl_->capacity, true);
     if (!s.ok()) return s;
   }
-  const CacheRows rows[2] = {{static_cast<uint8_t*>(k_), k_scales_, dtype_, head_dim_},
-                             {static_cast<uint8_t*>(v_), v_scales_, dtype_, head_dim_}};
-  for (int64_t n = 0; n < batch_; ++n) {
+  const CacheRows rows[2] = {
+      {static_cast<uint8_t*>(impl_->k_data), impl_->k_scales, impl_->dtype, impl_->head_dim},
+      {static_cast<uint8_t*>(impl_->v_data), impl_->v_scales, impl_->dtype, impl_->head_dim}};
+  for (int64_t n = 0; n < impl_->batch; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t len = lengths_[static_cast<size_t>(n)];
-    for (int64_t g = 0; g < kv_heads_; ++g) {
-      const int64_t row0 = (n * kv_heads_ + g) * capacity_ + len;
+    const int64_t len = impl_->lengths[static_cast<size_t>(n)];
+    for (int64_t g = 0; g < impl_->kv_heads; ++g) {
+      const int64_t row0 = (n * impl_->kv_heads + g) * impl_->capacity + len;
       for (int i = 0; i < 2; ++i) {
         const TensorView& t = *views[i];
         for (int64_t p = 0; p < c; ++p) {
@@ -385,24 +431,26 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
         }
       }
     }
-    lengths_[static_cast<size_t>(n)] = len + c;
+    impl_->lengths[static_cast<size_t>(n)] = len + c;
   }
   return Status::Ok();
 }
 
 Status KvCache::Forward(Context& ctx, const MultiheadAttention& layer, const TensorView& query,
                         const TensorView& output, const int64_t* counts) {
-  return Execute(ctx, layer, &query, nullptr, nullptr, &output, counts, "KvCache::Forward: ");
+  return impl_->Execute(ctx, layer, &query, nullptr, nullptr, &output, counts,
+                        "KvCache::Forward: ");
 }
 
 Status KvCache::Step(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
                      const TensorView& output, const int64_t* counts) {
-  return Execute(ctx, layer, &x, &x, &x, &output, counts, "KvCache::Step: ");
+  return impl_->Execute(ctx, layer, &x, &x, &x, &output, counts, "KvCache::Step: ");
 }
 
-Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
-                        const TensorView* key, const TensorView* value, const TensorView* output,
-                        const int64_t* counts, const char* op) {
+Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
+                              const TensorView* query, const TensorView* key,
+                              const TensorView* value, const TensorView* output,
+                              const int64_t* counts, const char* op) {
   const LayerWeights& m = LayerWeightsOf(layer);
   // ---- Validation: everything before anything is written.
   if (m.config.add_bias_kv || m.config.add_zero_attn) {
@@ -412,11 +460,11 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
                        (m.config.add_bias_kv ? "true" : "false") + ", add_zero_attn " +
                        (m.config.add_zero_attn ? "true" : "false"));
   }
-  Status s = ValidateCacheLayer(op, m, kv_heads_, head_dim_);
+  Status s = ValidateCacheLayer(op, m, kv_heads, head_dim);
   if (!s.ok()) return s;
   const bool append = key != nullptr;
   const bool forward = query != nullptr;
-  const int64_t N = batch_;
+  const int64_t N = batch;
   BatchFirstSeq q, k, v, out;
   int64_t T = 0;
   if (forward) {
@@ -443,15 +491,15 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   // Lengths after the append, and the first query position of each entry.
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    s = ValidateTokenCount(op, n, c, T, lengths_[static_cast<size_t>(n)], capacity_, append);
+    s = ValidateTokenCount(op, n, c, T, lengths[static_cast<size_t>(n)], capacity, append);
     if (!s.ok()) return s;
   }
 
   if (forward && append && T >= kPrefillForwardMinTokens) {
     bool prompt = true;
     for (int64_t n = 0; n < N; ++n) {
-      prompt = prompt && lengths_[static_cast<size_t>(n)] == 0 &&
-               (counts == nullptr || counts[n] == T);
+      prompt =
+          prompt && lengths[static_cast<size_t>(n)] == 0 && (counts == nullptr || counts[n] == T);
     }
     if (prompt) return Prefill(ctx, layer, *query, *output, T);
   }
@@ -461,11 +509,11 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   int64_t max_len = 0;
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    max_len = std::max(max_len, lengths_[static_cast<size_t>(n)] + (append ? c : 0));
+    max_len = std::max(max_len, lengths[static_cast<size_t>(n)] + (append ? c : 0));
   }
   const int64_t spans = std::max<int64_t>(1, (max_len + kSpan - 1) / kSpan);
   const size_t threads = ctx.num_threads();
-  const StepWorkspace ws = PlanStep(m, N, T, capacity_, append, forward, threads);
+  const StepWorkspace ws = PlanStep(m, N, T, capacity, append, forward, threads);
   const size_t per_worker = ws.per_worker;
   const size_t off = ws.total;
   s = ReserveArena(ctx, off);
@@ -500,20 +548,20 @@ Status KvCache::Execute(Context& ctx, const MultiheadAttention& layer, const Ten
   if (append) {
     StoreTokens(pool, k_new, v_new, T * kvE, kvE, T, counts, 0);
     for (int64_t n = 0; n < N; ++n) {
-      lengths_[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
+      lengths[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
     }
   }
   if (!forward) return TakeDispatchError(ctx);
 
   // ---- 3. Attention over the cache.
   CacheStorage storage;
-  storage.k = k_;
-  storage.v = v_;
-  storage.k_scales = k_scales_;
-  storage.v_scales = v_scales_;
-  storage.dtype = dtype_;
-  storage.capacity = capacity_;
-  storage.lengths = lengths_.data();
+  storage.k = k_data;
+  storage.v = v_data;
+  storage.k_scales = k_scales;
+  storage.v_scales = v_scales;
+  storage.dtype = dtype;
+  storage.capacity = capacity;
+  storage.lengths = lengths.data();
   RunCacheAttention(pool, TraceOf(ctx), m, storage, N, T, counts, spans, ws, base);
   float* concat = reinterpret_cast<float*>(base + ws.concat);
 

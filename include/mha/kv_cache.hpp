@@ -63,14 +63,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 #include "mha/mha.hpp"
 #include "mha/types.hpp"
 
 namespace mha {
-
-class ThreadPool;  // runtime/thread_pool.h: StoreTokens only
 
 struct MHA_API KvCacheOptions {
   int64_t batch = 1;          // N: sequences (batch entries)
@@ -97,20 +94,20 @@ class MHA_API KvCache {
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
-  int64_t batch() const { return batch_; }
-  int64_t capacity() const { return capacity_; }
-  int64_t num_kv_heads() const { return kv_heads_; }
-  int64_t head_dim() const { return head_dim_; }
-  DType dtype() const { return dtype_; }
+  int64_t batch() const;
+  int64_t capacity() const;
+  int64_t num_kv_heads() const;
+  int64_t head_dim() const;
+  DType dtype() const;
   // Current length (cached positions) of entry n, 0 <= n < batch (unchecked).
-  int64_t length(int64_t n) const { return lengths_[static_cast<size_t>(n)]; }
+  int64_t length(int64_t n) const;
   // Storage of K (V follows at keys() + batch * num_kv_heads * capacity * head_dim elements),
   // in the layout of the file comment; for int8 storage the codes, with their per-row scales
   // [batch, num_kv_heads, capacity] f32 at key_scales() and value_scales() (null otherwise).
-  const void* keys() const { return k_; }
-  const void* values() const { return v_; }
-  const float* key_scales() const { return k_scales_; }
-  const float* value_scales() const { return v_scales_; }
+  const void* keys() const;
+  const void* values() const;
+  const float* key_scales() const;
+  const float* value_scales() const;
 
   // Context arena bytes that every Append, Forward and Step with `layer` of up to `max_tokens`
   // tokens per entry needs on `num_threads` threads, for sizing a caller-provided arena
@@ -144,30 +141,9 @@ class MHA_API KvCache {
               const TensorView& output, const int64_t* counts = nullptr);
 
  private:
-  KvCache() = default;
-  Status Execute(Context& ctx, const MultiheadAttention& layer, const TensorView* query,
-                 const TensorView* key, const TensorView* value, const TensorView* output,
-                 const int64_t* counts, const char* op);
-  // Stores projected keys and values, f32 [N, T, kvE] (entry n's token t at k + n * batch_stride
-  // + t * token_stride elements, likewise v), in the storage type: count_n tokens of entry n
-  // (counts null: T) at positions length(n) + offset + t, in tasks over (entry, kv head) on
-  // `pool`. Lengths are left to the caller.
-  void StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrdiff_t batch_stride,
-                   ptrdiff_t token_stride, int64_t T, const int64_t* counts, int64_t offset);
-  // A validated Step of T prompt tokens into an empty cache: the layer's causal forward, which
-  // stores its projected keys and values here as it goes.
-  Status Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
-                 const TensorView& output, int64_t T);
-
-  int64_t batch_ = 0, capacity_ = 0, kv_heads_ = 0, head_dim_ = 0;
-  DType dtype_ = DType::kF32;
-  void* k_ = nullptr;
-  void* v_ = nullptr;
-  // int8 storage: one f32 scale per row, [batch, num_kv_heads, capacity] each (else null).
-  float* k_scales_ = nullptr;
-  float* v_scales_ = nullptr;
-  std::unique_ptr<uint8_t[]> owned_;
-  std::vector<int64_t> lengths_;  // [batch], sized at creation
+  struct Impl;  // runtime/kv_cache.cc: shape, storage, lengths and the shared Execute path
+  explicit KvCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace mha
