@@ -6,18 +6,13 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/safetensors_format.h"
+
 namespace mha {
 
 namespace {
 
-std::string ShapeToString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
+using safetensors::ShapeToString;
 
 class Loader {
  public:
