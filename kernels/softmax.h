@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace mha {
 namespace kernels {
@@ -46,9 +47,24 @@ struct SoftmaxMasks {
   ptrdiff_t masked_row_stride[2] = {0, 0};
   // Causal limit: when causal is true, row r keeps only columns j < causal_offset + r + 1
   // (clamped to [0, cols]). For a query block starting at query index q0 over keys starting at
-  // key index k0, causal_offset = q0 - k0.
+  // key index k0, causal_offset = q0 - k0. It is also the index positions' offset: without
+  // q_pos/k_pos below, the position distance of (r, j) is d = causal_offset + r - j.
   bool causal = false;
   int64_t causal_offset = 0;
+
+  // Attention variants (AttentionConfig). Order per element: y = x * scale; softcap; ALiBi;
+  // additive masks; then bool masks, causal and window give -inf.
+  float softcap = 0.0f;      // > 0: y = softcap * tanh(y / softcap)
+  float alibi_slope = 0.0f;  // y -= alibi_slope * |d| (d as f32, exact below 2^24)
+  // > 0: visible iff 0 <= d < window when causal is set, |d| < window otherwise.
+  int64_t window = 0;
+  // Explicit positions (both or neither): d = q_pos[r] - k_pos[j]. Null: index positions above.
+  const int32_t* q_pos = nullptr;  // [rows]
+  const int32_t* k_pos = nullptr;  // [cols]
+  // SoftmaxRows only: one more logit per row whose value vector is zero (attention sinks); the
+  // row's p_j sum to 1 - exp(sink - max) / sum. -inf = none. The online recurrence takes a sink
+  // as its initial state instead (row_max = sink, row_sum = 1).
+  float sink = -std::numeric_limits<float>::infinity();
 };
 
 // Headroom of the online softmax's reference over the scores it exponentiates (see

@@ -158,6 +158,14 @@ struct ForwardBuffers {
   float* row_sum = nullptr;
   uint8_t* scratch = nullptr;  // worker w's at scratch + w * plan.scratch_per_worker
   uint8_t* packed_w = nullptr;
+  // Explicit token positions converted to int32 (AttentionInputs::positions / key_positions):
+  // q_pos [N, L] and k_pos [N, S] dense; null = index positions (queries 0..L-1, keys 0..S-1,
+  // or the query positions in self-attention). Appended keys (bias_kv, zero attention) have
+  // no position: layers that use positions reject them.
+  int32_t* q_pos = nullptr;
+  int32_t* k_pos = nullptr;
+  // QK-norm / RoPE scratch (QkTransformScratchBytes).
+  uint8_t* qk_scratch = nullptr;
 };
 
 ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,

@@ -14,6 +14,24 @@
 
 namespace mha {
 
+// The attention variants of a layer, resolved (AttentionConfig's fields with defaults applied,
+// and AttentionWeights' variant tensors copied). Every member empty/zero = off.
+struct LayerVariants {
+  RopeStyle rope = RopeStyle::kNone;
+  int64_t rotary_dim = 0;         // resolved (head_dim when 0 was given); 0 without RoPE
+  std::vector<double> inv_freq;   // [rotary_dim / 2]: theta^(-2i / rotary_dim) / rope_scale
+  std::vector<float> alibi_slopes;  // [H], given or the ALiBi paper's; empty without ALiBi
+  std::vector<float> sinks;         // [H] or empty
+  std::vector<float> q_norm, k_norm;  // [hd] ([E] / [kvE] when qk_norm_whole) or empty
+  float qk_norm_eps = 1e-6f;
+  bool qk_norm_whole = false;
+  int64_t window = 0;
+  float softcap = 0.0f;
+
+  bool any_position() const { return rope != RopeStyle::kNone || !alibi_slopes.empty() || window > 0; }
+  bool qk_transform() const { return rope != RopeStyle::kNone || !q_norm.empty(); }
+};
+
 // Dimensions: E = embed_dim, H heads, KVH key/value heads, hd = E / H, kvE = KVH * hd; qd, kd,
 // vd the input features of query, key, value (resolved: never 0).
 struct LayerWeights {
@@ -38,6 +56,7 @@ struct LayerWeights {
   const float* bias_v = nullptr;
   WeightMatrix w_o;            // [E, E]
   const float* b_o = nullptr;  // [E] or null
+  LayerVariants variants;
   // config.prepack: the packings of w_q, w_k, w_v and w_o (their `packed` members point here;
   // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
   // fused projection runs as three products into the column ranges of its buffer.

@@ -47,6 +47,10 @@ const char* SafeTensorsDTypeName(DType dtype) {
       return "U8";
     case DType::kI8:
       return "I8";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "invalid";
 }

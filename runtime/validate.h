@@ -77,6 +77,9 @@ struct ForwardArgs {
   const void* key_padding_mask = nullptr;
   float* out = nullptr;      // null for Project
   float* weights = nullptr;  // attn_weights when need_weights
+  // AttentionInputs::positions / key_positions as given (kI32 or kI64; absent: rank 0).
+  TensorView positions;
+  TensorView key_positions;
 };
 
 // Validates a forward's inputs, masks and (unless null) outputs against layer m.

@@ -79,6 +79,11 @@ struct MHA_API KvCacheOptions {
   // aligned to the storage element size (64 bytes recommended). Null: the cache allocates and owns its storage (zeroed).
   void* buffer = nullptr;
   size_t buffer_bytes = 0;
+  // For a layer with a sliding window W: the capacity holds the last `capacity` positions of
+  // each entry as a ring (slot p mod capacity) instead of positions 0..capacity-1, so an entry's
+  // length may grow without bound while memory stays O(capacity); capacity >= W, and a step of
+  // T tokens needs T <= capacity - W + 1. Truncate may drop at most capacity - W positions.
+  bool ring = false;
 
   // Options matching `layer`'s num_kv_heads and head_dim.
   static KvCacheOptions ForLayer(const MultiheadAttention& layer, int64_t batch, int64_t capacity,

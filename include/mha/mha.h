@@ -81,7 +81,9 @@ typedef enum mha_dtype {
   MHA_DTYPE_F16 = 2,
   MHA_DTYPE_BOOL = 3,
   MHA_DTYPE_U8 = 4,
-  MHA_DTYPE_I8 = 5 /* KV-cache storage only (mha_kv_cache_options.dtype) */
+  MHA_DTYPE_I8 = 5, /* KV-cache storage only (mha_kv_cache_options.dtype) */
+  MHA_DTYPE_I32 = 6, /* token positions (mha_attention_inputs.positions) */
+  MHA_DTYPE_I64 = 7
 } mha_dtype;
 
 #define MHA_MAX_RANK 4
@@ -203,6 +205,13 @@ typedef enum mha_prepack {
   MHA_PREPACK_STRASSEN = 3  /* MHA_PREPACK_ON plus Strassen operands (opt-in, 1.75x more) */
 } mha_prepack;
 
+/* mha_layer_config.rope: rotary position embedding (mha::RopeStyle). */
+typedef enum mha_rope {
+  MHA_ROPE_NONE = 0,
+  MHA_ROPE_NEOX = 1, /* pairs (x_i, x_{i + rd/2}): HF rotate_half */
+  MHA_ROPE_GPTJ = 2  /* pairs (x_{2i}, x_{2i+1}): GPT-J rotate_every_two */
+} mha_rope;
+
 /* Fields as mha::AttentionConfig; booleans are 0/1. A zero-initialized config is PyTorch's
  * defaults (with biases), as mha_layer_config_init gives; embed_dim and num_heads must be set.
  * ABI note: `no_bias` replaced `int32_t bias` (1 = biases) in 0.1.x so that 0 means the
@@ -230,6 +239,16 @@ typedef struct mha_layer_config {
    * opt-in, 1.75x the bytes of large matrices again for fewer multiplications on long inputs,
    * at a few times the rounding error. Ignored for 16-bit weights. */
   int32_t prepack;
+  /* Attention variants, as mha::AttentionConfig (0 = off / default in each). */
+  int32_t rope;          /* an mha_rope: MHA_ROPE_NONE (0), MHA_ROPE_NEOX, MHA_ROPE_GPTJ */
+  float rope_theta;      /* 0 = 10000 */
+  int64_t rotary_dim;    /* even, <= head_dim; 0 = head_dim */
+  float rope_scale;      /* linear position interpolation; 0 = 1 */
+  int32_t alibi;         /* 1: ALiBi with the paper's slopes or mha_layer_weights.alibi_slopes */
+  int64_t window;        /* sliding window of W positions; 0 = none */
+  float softcap;         /* > 0: scores = softcap * tanh(scores / softcap) */
+  float qk_norm_eps;     /* 0 = 1e-6 */
+  int32_t qk_norm_whole; /* 1: q/k norm weights [E] / [kvE] over the whole projection (OLMo 2) */
 } mha_layer_config;
 
 /* Row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads * head_dim. Give
@@ -250,6 +269,11 @@ typedef struct mha_layer_weights {
   const void* out_proj_weight;  /* [E, E] */
   const float* out_proj_bias;   /* [E] (bias) */
   int32_t dtype;                /* an mha_dtype: F32 (0, the default), BF16 or F16 */
+  /* Attention variants (f32, copied at creation; NULL = absent). */
+  const float* sinks;           /* [H] */
+  const float* alibi_slopes;    /* [H] (needs config alibi) */
+  const float* q_norm_weight;   /* [head_dim], or [E] with qk_norm_whole */
+  const float* k_norm_weight;   /* [head_dim], or [kvE] with qk_norm_whole */
 } mha_layer_weights;
 
 /* Options for mha_layer_create_from_safetensors: what the file cannot tell. Zero-initialized =
@@ -269,6 +293,18 @@ typedef struct mha_load_options {
   int64_t num_kv_heads;
   /* An mha_prepack for the created layer (mha_layer_config.prepack); 0 = MHA_PREPACK_ON. */
   int32_t prepack;
+  /* Attention variants a state_dict cannot tell (mha_layer_config's fields of those names);
+   * the tensors prefix + sinks, alibi_slopes, q_norm.weight, k_norm.weight are read when
+   * present. */
+  int32_t rope;
+  float rope_theta;
+  int64_t rotary_dim;
+  float rope_scale;
+  int32_t alibi;
+  int64_t window;
+  float softcap;
+  float qk_norm_eps;
+  int32_t qk_norm_add_one; /* 1: Gemma's (1 + w) norm weights */
 } mha_load_options;
 
 /* Sets *config to the defaults: all fields 0, as a zero-initialized config (embed_dim and
@@ -315,6 +351,11 @@ typedef struct mha_attention_inputs {
   mha_tensor value;
   mha_tensor attn_mask;
   mha_tensor key_padding_mask;
+  /* Token positions (I32 or I64, values in [0, 2^31)): [N, L] or [L] for the queries, [N, S] or
+   * [S] for the keys. Absent: 0..L-1, and keys share the query positions in self-attention,
+   * 0..S-1 otherwise. */
+  mha_tensor positions;
+  mha_tensor key_positions;
 } mha_attention_inputs;
 
 /* Flags for mha_layer_forward / mha_layer_plan (bitwise OR). */
@@ -418,6 +459,9 @@ typedef struct mha_kv_cache_options {
    * buffer_bytes is then ignored. */
   void* buffer;
   size_t buffer_bytes;
+  /* 1: a windowed layer's cache keeps the last `capacity` positions as a ring (see
+   * mha::KvCacheOptions::ring). */
+  int32_t ring;
 } mha_kv_cache_options;
 
 /* Bytes of storage (K and V) a cache with these options needs for `layer`:

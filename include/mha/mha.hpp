@@ -129,6 +129,13 @@ enum class WeightPrepack : int {
                   // speed depends on the CPU: measure before choosing it
 };
 
+// Rotary position embedding of q and k (README "Attention variants": exact formulas).
+enum class RopeStyle : int {
+  kNone = 0,
+  kNeox = 1,  // pairs (x_i, x_{i + rd/2}): HF rotate_half (Llama, Mistral, Qwen, Gemma, Phi)
+  kGptj = 2,  // pairs (x_{2i}, x_{2i+1}): GPT-J rotate_every_two (and Meta's Llama checkpoints)
+};
+
 struct AttentionConfig {
   int64_t embed_dim = 0;     // E: model width, output width
   int64_t num_heads = 0;     // H: E % H == 0, head_dim = E / H
@@ -149,6 +156,27 @@ struct AttentionConfig {
   DType weight_dtype = DType::kF32;
   // Memory against speed of the projections: see WeightPrepack.
   WeightPrepack prepack = WeightPrepack::kOn;
+
+  // Attention variants (README "Attention variants" gives each formula and the models it
+  // matches). Every field at its zero value is off, and the layer computes exactly what it did
+  // without them. With s = scale * q.k, the order is: QK-norm, RoPE, s, softcap, ALiBi and the
+  // masks, then softmax over the visible keys and the sink.
+  RopeStyle rope = RopeStyle::kNone;
+  float rope_theta = 0.0f;  // RoPE base; 0 = 10000
+  int64_t rotary_dim = 0;   // rotated components per head: even, <= head_dim; 0 = head_dim
+  float rope_scale = 0.0f;  // linear position interpolation: angles use p / rope_scale; 0 = 1
+  // ALiBi: s -= m_h * |p_i - p_j| with the ALiBi paper's slopes (m_h = 2^(-8(h+1)/H) for H a
+  // power of two), or AttentionWeights::alibi_slopes when given.
+  bool alibi = false;
+  // Sliding window of W positions: with causal, key j is visible to query i iff
+  // p_i - W < p_j <= p_i (W keys, itself included: HF's sliding_window = W, ONNX Runtime's
+  // local_window_size = W - 1); without causal iff |p_i - p_j| < W. 0 = no window.
+  int64_t window = 0;
+  float softcap = 0.0f;     // > 0: s = softcap * tanh(s / softcap), before ALiBi and masks
+  float qk_norm_eps = 0.0f;  // QK-norm's RMSNorm epsilon; 0 = 1e-6 (OLMo 2 uses 1e-5)
+  // QK-norm weights span the whole projection ([E] for q, [kvE] for k, one RMS per token: OLMo
+  // 2) instead of one head ([head_dim], one RMS per token and head: Qwen3, Gemma 3).
+  bool qk_norm_whole = false;
 };
 
 // Weights in nn.Linear layout ([out_features, in_features], row-major). kvE = num_kv_heads *
@@ -172,6 +200,11 @@ struct AttentionWeights {
   const float* bias_v = nullptr;           // [kvE] (add_bias_kv)
   const void* out_proj_weight = nullptr;   // [E, E]
   const float* out_proj_bias = nullptr;    // [E] (when bias)
+  // Attention variants (see AttentionConfig); f32, copied at creation whatever the binding.
+  const float* sinks = nullptr;          // [H]: one logit per head joining each softmax row
+  const float* alibi_slopes = nullptr;   // [H]: ALiBi slopes (needs config.alibi)
+  const float* q_norm_weight = nullptr;  // [head_dim] ([E] with qk_norm_whole): QK-norm of q
+  const float* k_norm_weight = nullptr;  // [head_dim] ([kvE] with qk_norm_whole): of k
 };
 
 enum class WeightBinding : int {
@@ -197,6 +230,12 @@ struct AttentionInputs {
   bool causal = false;
   bool need_weights = false;
   bool average_attn_weights = true;  // weights averaged over heads: [N, L, S'] else [N, H, L, S']
+  // Optional token positions for RoPE, ALiBi and the window, kI32 or kI64 values in [0, 2^31):
+  // positions [N, L] ([L] shared by the batch, or unbatched) for the queries, key_positions
+  // [N, S] / [S] for the keys. Absent: queries 0..L-1; keys share the query positions in
+  // self-attention (key absent) and are 0..S-1 otherwise. causal stays index based (j <= i).
+  TensorView positions;
+  TensorView key_positions;
 };
 
 // Outputs: `output` has the query's layout with E features ([L, N, E], [N, L, E] or [L, E]).
@@ -234,6 +273,19 @@ struct LoadOptions {
   int64_t num_kv_heads = 0;
   // AttentionConfig::prepack of the created layer.
   WeightPrepack prepack = WeightPrepack::kOn;
+  // The variants' settings a state_dict cannot tell (AttentionConfig's fields of those names).
+  // Their tensors are read when present: prefix + sinks [H], alibi_slopes [H] (sets alibi),
+  // q_norm.weight and k_norm.weight ([head_dim] per head; [E] and [kvE] set qk_norm_whole).
+  RopeStyle rope = RopeStyle::kNone;
+  float rope_theta = 0.0f;
+  int64_t rotary_dim = 0;
+  float rope_scale = 0.0f;
+  bool alibi = false;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  float qk_norm_eps = 0.0f;
+  // Gemma's RMSNorm scales by (1 + w): add 1 to the stored q/k norm weights.
+  bool qk_norm_add_one = false;
 };
 
 class MHA_API MultiheadAttention {
