@@ -108,21 +108,31 @@ void BM_SoftmaxRowsVariants(benchmark::State& state) {
   const size_t cols = 2048;
   std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 8);
   std::vector<int32_t> q_pos(kSoftmaxRows), k_pos(cols);
-  for (size_t r = 0; r < kSoftmaxRows; ++r) q_pos[r] = static_cast<int32_t>(cols - kSoftmaxRows + r);
+  for (size_t r = 0; r < kSoftmaxRows; ++r) {
+    q_pos[r] = static_cast<int32_t>(cols - kSoftmaxRows + r);
+  }
   for (size_t j = 0; j < cols; ++j) k_pos[j] = static_cast<int32_t>(j);
   SoftmaxMasks masks;
   masks.causal = true;
   masks.causal_offset = static_cast<int64_t>(cols - kSoftmaxRows);
   switch (state.range(0)) {
-    case 0: masks.softcap = 50.0f; break;
-    case 1: masks.alibi_slope = 0.0625f; break;
-    case 2: masks.window = 256; break;
+    case 0:
+      masks.softcap = 50.0f;
+      break;
+    case 1:
+      masks.alibi_slope = 0.0625f;
+      break;
+    case 2:
+      masks.window = 256;
+      break;
     case 3:
       masks.window = 256;
       masks.q_pos = q_pos.data();
       masks.k_pos = k_pos.data();
       break;
-    default: masks.sink = 0.5f; break;
+    default:
+      masks.sink = 0.5f;
+      break;
   }
   TimeSoftmaxRows(state, &scores, cols, masks);
 }
