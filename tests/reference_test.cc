@@ -1,12 +1,12 @@
 // The double-precision reference against cases small enough to work out by hand.
-#include "tests/reference/reference_attention.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "tests/reference/reference_attention.h"
 
 namespace mha {
 namespace reference {
@@ -160,24 +160,23 @@ TEST(ReferenceTest, GroupedQueryRepeatsKvHeads) {
   EXPECT_NEAR(out.output[1], p * 1 + (1 - p) * 3, 1e-12);
 }
 
-
 // ---- Attention variants (issue #30 "Exact conventions") ----
 
 TEST(ReferenceVariantsTest, StandardAlibiSlopesMatchThePaperTable) {
   // get_slopes(n) of the ALiBi paper, written out: powers of two give 2^(-8(h+1)/n); otherwise
   // the closest power of two cp's slopes, then get_slopes(2cp)[0::2][:n-cp].
   const std::vector<std::vector<double>> exponents = {
-      {-8},                                                    // H = 1
-      {-4, -8},                                                // 2
-      {-4, -8, -2},                                            // 3
-      {-2, -4, -6, -8},                                        // 4
-      {-2, -4, -6, -8, -1},                                    // 5
-      {-2, -4, -6, -8, -1, -3},                                // 6
-      {-2, -4, -6, -8, -1, -3, -5},                            // 7
-      {-1, -2, -3, -4, -5, -6, -7, -8},                        // 8
-      {-1, -2, -3, -4, -5, -6, -7, -8, -0.5},                  // 9
-      {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5},            // 10
-      {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5},      // 11
+      {-8},                                                      // H = 1
+      {-4, -8},                                                  // 2
+      {-4, -8, -2},                                              // 3
+      {-2, -4, -6, -8},                                          // 4
+      {-2, -4, -6, -8, -1},                                      // 5
+      {-2, -4, -6, -8, -1, -3},                                  // 6
+      {-2, -4, -6, -8, -1, -3, -5},                              // 7
+      {-1, -2, -3, -4, -5, -6, -7, -8},                          // 8
+      {-1, -2, -3, -4, -5, -6, -7, -8, -0.5},                    // 9
+      {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5},              // 10
+      {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5},        // 11
       {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5},  // 12
       {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5, -4.5},
       {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5, -4.5, -5.5},
@@ -255,7 +254,8 @@ TEST(ReferenceVariantsTest, WindowOfOneGivesTheRowsOwnValue) {
     for (int64_t l = 0; l < L; ++l) diag.attn_mask[l * L + l] = 0;
     Outputs want;
     Attention(plain, r.w, diag, &want);
-    for (size_t i = 0; i < want.output.size(); ++i) EXPECT_NEAR(out.output[i], want.output[i], 1e-12);
+    for (size_t i = 0; i < want.output.size(); ++i)
+      EXPECT_NEAR(out.output[i], want.output[i], 1e-12);
   }
 }
 
@@ -285,7 +285,8 @@ TEST(ReferenceVariantsTest, HugeSoftcapIsNone) {
   const Outputs none = Solve(r);
   r.c.softcap = 1e30;
   const Outputs capped = Solve(r);
-  for (size_t i = 0; i < none.output.size(); ++i) EXPECT_NEAR(capped.output[i], none.output[i], 1e-12);
+  for (size_t i = 0; i < none.output.size(); ++i)
+    EXPECT_NEAR(capped.output[i], none.output[i], 1e-12);
   // A small cap bounds every logit: weights differ, and match an explicit c * tanh(s / c).
   r.c.softcap = 0.5;
   const Outputs small = Solve(r);
@@ -374,7 +375,8 @@ TEST(ReferenceVariantsTest, AlibiIsShiftInvariant) {
   const Outputs base = Solve(r);
   r.in.positions = {100, 101, 102, 103, 104, 105};
   const Outputs shifted = Solve(r);
-  for (size_t i = 0; i < base.output.size(); ++i) EXPECT_NEAR(shifted.output[i], base.output[i], 1e-12);
+  for (size_t i = 0; i < base.output.size(); ++i)
+    EXPECT_NEAR(shifted.output[i], base.output[i], 1e-12);
 }
 
 TEST(ReferenceVariantsTest, RopeAtPositionZeroIsIdentity) {
@@ -432,8 +434,8 @@ TEST(ReferenceVariantsTest, GptjIsNeoxConjugatedByTheDeinterleavePermutation) {
   // rows of wq and wk by P makes the neox-rotated projection equal P times the gptj-rotated one.
   const int64_t H = 2, hd = 6, E = H * hd, L = 4;
   Random r = RandomSelf(H, hd, L, 7);
-  r.c.rotary_dim = 4;  // the permutation acts on the rotated components only
-  std::vector<int64_t> perm(hd);     // perm[new] = old, within one head
+  r.c.rotary_dim = 4;             // the permutation acts on the rotated components only
+  std::vector<int64_t> perm(hd);  // perm[new] = old, within one head
   for (int64_t i = 0; i < 2; ++i) {
     perm[i] = 2 * i;
     perm[i + 2] = 2 * i + 1;
@@ -461,7 +463,8 @@ TEST(ReferenceVariantsTest, GptjIsNeoxConjugatedByTheDeinterleavePermutation) {
       EXPECT_NEAR(neox.k[row * hd + d], gptj.k[row * hd + perm[d]], 1e-12);
     }
   // q.k is invariant under the same permutation of both: identical attention.
-  for (size_t i = 0; i < gptj.output.size(); ++i) EXPECT_NEAR(neox.output[i], gptj.output[i], 1e-12);
+  for (size_t i = 0; i < gptj.output.size(); ++i)
+    EXPECT_NEAR(neox.output[i], gptj.output[i], 1e-12);
 }
 
 TEST(ReferenceVariantsTest, RopeScoresDependOnRelativePositionOnly) {
@@ -511,12 +514,13 @@ TEST(ReferenceVariantsTest, QkNormWholeSpansEveryHead) {
   raw.c.k_norm.clear();
   const Outputs plain = Solve(raw);
   for (int64_t h = 0; h < 2; ++h)
-    for (int64_t d = 0; d < 3; ++d) ss += plain.q[(h * 3 + 0) * 3 + d] * plain.q[(h * 3 + 0) * 3 + d];
+    for (int64_t d = 0; d < 3; ++d)
+      ss += plain.q[(h * 3 + 0) * 3 + d] * plain.q[(h * 3 + 0) * 3 + d];
   const double inv = 1 / std::sqrt(ss / 6 + 1e-6);
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t d = 0; d < 3; ++d)
-      EXPECT_NEAR(whole.q[(h * 3 + 0) * 3 + d], plain.q[(h * 3 + 0) * 3 + d] * inv * r.c.q_norm[h * 3 + d],
-                  1e-12);
+      EXPECT_NEAR(whole.q[(h * 3 + 0) * 3 + d],
+                  plain.q[(h * 3 + 0) * 3 + d] * inv * r.c.q_norm[h * 3 + d], 1e-12);
 }
 
 TEST(ReferenceVariantsTest, QkNormIsInputScaleInvariantWithoutBias) {

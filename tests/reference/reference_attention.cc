@@ -121,8 +121,9 @@ void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out
       for (int64_t h = 0; h < KVH; ++h) Rotate(c, hd, kpos[r], &k[r * kvE + h * hd]);
     }
   }
-  const std::vector<double> slopes =
-      !c.alibi ? std::vector<double>() : c.alibi_slopes.empty() ? StandardAlibiSlopes(H) : c.alibi_slopes;
+  const std::vector<double> slopes = !c.alibi                 ? std::vector<double>()
+                                     : c.alibi_slopes.empty() ? StandardAlibiSlopes(H)
+                                                              : c.alibi_slopes;
 
   out->total_src_len = St;
   out->q.assign(N * H * L * hd, 0.0);

@@ -61,10 +61,10 @@ struct Config {
   int64_t rotary_dim = 0;  // 0: head_dim
   double rope_scale = 0;   // <= 0: 1
   bool alibi = false;
-  std::vector<double> alibi_slopes;  // [H]; empty: StandardAlibiSlopes(H)
-  int64_t window = 0;                // 0: none
-  double softcap = 0;                // 0: off
-  std::vector<double> sinks;         // [H]; empty: none
+  std::vector<double> alibi_slopes;    // [H]; empty: StandardAlibiSlopes(H)
+  int64_t window = 0;                  // 0: none
+  double softcap = 0;                  // 0: off
+  std::vector<double> sinks;           // [H]; empty: none
   std::vector<double> q_norm, k_norm;  // [hd] each, or [E] and [kvE] when qk_norm_whole
   bool qk_norm_whole = false;
   double qk_norm_eps = 0;  // <= 0: 1e-6
