@@ -346,8 +346,7 @@ void OnlineTask::LoadState() {
   Record(t0, Stage::kWeightedSum);
 }
 
-void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_begin,
-                                size_t r_end) {
+void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_begin, size_t r_end) {
   const int64_t hd = t_.m.hd;
   const size_t key_block = t_.plan.key_block;
   // The trace counts packing K^T as scores time and packing V as weighted-sum time.
@@ -367,8 +366,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_beg
     // columns from there on are masked for all of them, so the strip's two products and its
     // softmax stop there (the rest would add exact zeros): the strips of a diagonal block
     // do about half its work. A block wholly past the strip's limit is skipped.
-    const int64_t visible =
-        masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
+    const int64_t visible = masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
     // A window's band: the strip's first row sees keys from KeyStart(q) on, so the scores
     // product and the softmax start at the micro-panel holding it (c0, a multiple of NR), and
     // P's columns before c0 are zero. A block wholly before the strip's band is skipped.
@@ -394,11 +392,11 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_beg
     }
     Record(t0, Stage::kScores);
     t0 = t_.Now();
-    kernels::OnlineSoftmaxUpdate(
-        s_band.data, sr, cols - c0, key_block, 1.0f,
-        masked ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
-               : kernels::SoftmaxMasks(),
-        row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
+                                 masked
+                                     ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
+                                     : kernels::SoftmaxMasks(),
+                                 row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
     for (size_t r = 0; c0 > 0 && r < sr; ++r) {
       std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
     }

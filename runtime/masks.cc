@@ -21,8 +21,8 @@ MaskInput Unpadded(const MaskShape& shape, const void* data) {
 
 }  // namespace
 
-AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args,
-                            const ForwardPlan& ws, const ForwardBuffers& buf) {
+AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& ws,
+                            const ForwardBuffers& buf) {
   const ForwardShapes& sh = args.shapes;
   const int64_t H = m.H;
   const LayerVariants& var = m.variants;

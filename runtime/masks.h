@@ -61,8 +61,8 @@ struct AttentionMasks {
 
 // Fills the plan's padded mask copies when it has them (plan.padded_masks) and returns the masks
 // to read, with the layer's score terms and the forward's positions.
-AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args,
-                            const ForwardPlan& plan, const ForwardBuffers& buf);
+AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                            const ForwardBuffers& buf);
 
 // The masks of query rows [q0, q0 + rows) of (batch n, head h), key columns from k0. `full_row`:
 // for SoftmaxRows, which takes the head's sink as a logit (the online recurrence starts from it

@@ -365,8 +365,8 @@ TEST(WindowTest, SinksMatchDouble) {
           std::vector<double> s(L, -INFINITY);
           double mx = layer.sinks[h];
           for (int64_t j = 0; j < L; ++j) {
-            const bool visible = (!causal || j <= i) && (w == 0 || (causal ? i - j < w
-                                                                          : std::abs(i - j) < w));
+            const bool visible =
+                (!causal || j <= i) && (w == 0 || (causal ? i - j < w : std::abs(i - j) < w));
             if (!visible) continue;
             double dot = 0;
             for (int64_t c = 0; c < hd; ++c) dot += q[i * E + h * hd + c] * k[j * hd + c];
@@ -401,10 +401,11 @@ TEST(WindowTest, SinksMatchDouble) {
         Result got;
         const Status s = Forward(layer, x, {}, r, &got);
         ASSERT_TRUE(s.ok()) << s.ToString();
-        const std::string what = Name(path) + " causal=" + std::to_string(causal) +
-                                  " W=" + std::to_string(w);
+        const std::string what =
+            Name(path) + " causal=" + std::to_string(causal) + " W=" + std::to_string(w);
         for (int64_t i = 0; i < L * E; ++i) {
-          EXPECT_NEAR(got.out[i], out[i], 1e-5 * std::max(1.0, std::abs(out[i]))) << what << " " << i;
+          EXPECT_NEAR(got.out[i], out[i], 1e-5 * std::max(1.0, std::abs(out[i])))
+              << what << " " << i;
         }
         if (r.need_weights) {
           for (int64_t h = 0; h < H; ++h) {
