@@ -84,13 +84,16 @@ std::vector<int64_t> RandomPositions(int64_t len, int64_t max_offset, std::mt199
 }
 
 // Variant settings drawn onto a problem whose shapes and tensors are already set. `only`
-// (0..6) draws one variant alone; -1 draws a random combination.
+// (0..6, kVariantNames) draws one variant alone; -1 draws a random combination.
 void DrawVariants(Problem* pp, int only, std::mt19937* rng) {
   Problem& p = *pp;
   AttentionConfig& c = p.config;
   const int64_t H = c.num_heads, hd = c.embed_dim / H;
   const int64_t KVH = c.num_kv_heads ? c.num_kv_heads : H;
-  auto want = [&](int v, double prob) { return only == -1 ? Coin(rng, prob) : only == v; };
+  // only == 6 (positions) carries them on a window.
+  auto want = [&](int v, double prob) {
+    return only == -1 ? Coin(rng, prob) : only == v || (only == 6 && v == 2);
+  };
   if (want(0, 0.45) && hd >= 2) {
     c.rope = Coin(rng) ? RopeStyle::kNeox : RopeStyle::kGptj;
     const float thetas[4] = {0.0f, 10000.0f, 500000.0f, 100.0f};
@@ -352,9 +355,9 @@ TEST(VariantsTest, WindowsAroundBlockSizes) {
   base.config.num_heads = 2;
   base.config.batch_first = true;
   base.self_attention = true;
-  base.L = base.S = 1100;
+  base.L = base.S = 1030;
   testing_util::FillProblem(&base, &rng);
-  const int64_t windows[10] = {1, 7, 16, 511, 512, 513, 1023, 1024, 1025, 1100};
+  const int64_t windows[10] = {1, 7, 16, 511, 512, 513, 1023, 1024, 1025, 1030};
   for (int i = 0; i < 10; ++i) {
     for (int mode = 0; mode < 4; ++mode) {
       Problem p = base;
@@ -505,6 +508,35 @@ TEST(VariantsTest, NeutralSettingsMatchThePlainLayer) {
       }
     }
     if (HasFailure()) return;
+  }
+}
+
+// The softcap bends every logit, the appended bias_k key's too, on the unchunked and the
+// key-chunked paths (where the appended keys form a block of their own).
+TEST(VariantsTest, SoftcapCoversAppendedKeys) {
+  for (int mode = 0; mode < 4; ++mode) {
+    std::mt19937 rng(3038);
+    Problem p;
+    p.config.embed_dim = 4;
+    p.config.num_heads = 1;
+    p.config.batch_first = true;
+    p.config.add_bias_kv = true;
+    p.L = 3;
+    p.S = 6;
+    p.causal = mode % 2 == 1;
+    testing_util::FillProblem(&p, &rng);
+    for (float& x : p.bias_k) x *= 4;  // a large logit, which the cap visibly bends
+    p.config.softcap = 0.5f;
+    const bool chunked = mode >= 2;
+    ScopedKeyChunking chunking(chunked ? 2 : 0);
+    Views v;
+    RunMha(p, 1, &v);
+    if (HasFatalFailure()) return;
+    CheckAgainstReference(p, v);
+    if (HasFailure()) {
+      ADD_FAILURE() << (chunked ? "key-chunked" : "unchunked") << ", causal " << p.causal;
+      return;
+    }
   }
 }
 
