@@ -24,6 +24,7 @@
 #define MHA_KERNELS_SOFTMAX_INL_H_
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +32,8 @@
 #include <limits>
 
 #include "hwy/highway.h"
+// hn::Tanh for the softcap (per-target, its own toggle guard).
+#include "hwy/contrib/math/math-inl.h"
 #include "kernels/softmax.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -44,13 +47,29 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Upper bound on the lanes of an f32 vector on this target (for the tail buffers).
 constexpr size_t kMaxLanesF32 = HWY_MAX_BYTES / sizeof(float);
 
-// The masks of one row: pointers already offset to the row (null = absent).
+// The masks and variant terms of one row: pointers already offset to the row's first column
+// (null = absent). The terms are read only by the kTerms instantiations below.
 struct RowMasks {
   const float* add0;
   const float* add1;
   const uint8_t* masked0;
   const uint8_t* masked1;
+  const int32_t* k_pos = nullptr;  // explicit key positions (null: index positions)
+  int64_t d0 = 0;                  // index positions: d of column 0 (saturated)
+  int32_t q_pos = 0;               // explicit positions: the row's query position
+  // Per-element window (explicit positions only): visible iff d <= window_max, and d >= 0 when
+  // window_causal; -1 = none (index positions use the column range instead).
+  int32_t window_max = -1;
+  bool window_causal = false;
+  float softcap = 0.0f;
+  float slope = 0.0f;
 };
+
+// Whether the masks carry a term that SoftmaxRows / OnlineSoftmaxUpdate evaluate per element
+// (then they run their kTerms instantiation; otherwise the plain one, which ignores the terms).
+inline bool HasElementTerms(const SoftmaxMasks& m) {
+  return m.softcap > 0.0f || m.alibi_slope != 0.0f || (m.window > 0 && m.q_pos != nullptr);
+}
 
 inline RowMasks MasksForRow(const SoftmaxMasks& m, size_t r) {
   const ptrdiff_t ri = static_cast<ptrdiff_t>(r);
@@ -59,30 +78,72 @@ inline RowMasks MasksForRow(const SoftmaxMasks& m, size_t r) {
   rm.add1 = m.add[1] ? m.add[1] + ri * m.add_row_stride[1] : nullptr;
   rm.masked0 = m.masked[0] ? m.masked[0] + ri * m.masked_row_stride[0] : nullptr;
   rm.masked1 = m.masked[1] ? m.masked[1] + ri * m.masked_row_stride[1] : nullptr;
+  rm.softcap = m.softcap;
+  rm.slope = m.alibi_slope;
+  rm.d0 = softmax_internal::SaturatingAdd(m.causal_offset, static_cast<int64_t>(r));
+  if (m.q_pos != nullptr && m.k_pos != nullptr) {
+    rm.k_pos = m.k_pos;
+    rm.q_pos = m.q_pos[r];
+    if (m.window > 0) {
+      // |d| < 2^31 for positions in [0, 2^31), so a larger window is the same as 2^31.
+      rm.window_max = static_cast<int32_t>(std::min<int64_t>(m.window - 1, INT32_MAX));
+      rm.window_causal = m.causal;
+    }
+  }
   return rm;
 }
 
-// The masks of columns [i, ...) of a row.
+// The masks and terms of columns [i, ...) of a row.
 inline RowMasks FromColumn(const RowMasks& rm, size_t i) {
-  return {rm.add0 ? rm.add0 + i : nullptr, rm.add1 ? rm.add1 + i : nullptr,
-          rm.masked0 ? rm.masked0 + i : nullptr, rm.masked1 ? rm.masked1 + i : nullptr};
+  RowMasks out = rm;
+  out.add0 = rm.add0 ? rm.add0 + i : nullptr;
+  out.add1 = rm.add1 ? rm.add1 + i : nullptr;
+  out.masked0 = rm.masked0 ? rm.masked0 + i : nullptr;
+  out.masked1 = rm.masked1 ? rm.masked1 + i : nullptr;
+  out.k_pos = rm.k_pos ? rm.k_pos + i : nullptr;
+  out.d0 = softmax_internal::SaturatingAdd(rm.d0, -static_cast<int64_t>(i));
+  return out;
 }
 
-// Number of leading columns of row r that survive the causal limit: clamp(offset + r + 1, 0,
-// cols), computed without int64 overflow for any offset.
-inline size_t ValidColumns(const SoftmaxMasks& m, size_t r, size_t cols) {
-  if (!m.causal) return cols;
-  const int64_t ri = static_cast<int64_t>(r);
-  if (m.causal_offset >= static_cast<int64_t>(cols) - ri) return cols;
-  const int64_t limit = m.causal_offset + ri + 1;  // < cols here, and cannot overflow
-  return limit <= 0 ? 0 : static_cast<size_t>(limit);
+// The int32 position distances d of the lanes at column i: q_pos - k_pos[i + lane], or with
+// index positions d0 - i - lane (clamped so that no lane overflows; index offsets stay far
+// below 2^31 in practice, as positions do).
+template <class DI>
+HWY_INLINE hn::Vec<DI> Distances(DI di, const RowMasks& rm, size_t i) {
+  if (rm.k_pos) return hn::Sub(hn::Set(di, rm.q_pos), hn::LoadU(di, rm.k_pos + i));
+  const int64_t d = softmax_internal::SaturatingAdd(rm.d0, -static_cast<int64_t>(i));
+  constexpr int64_t kLo = int64_t{INT32_MIN} + static_cast<int64_t>(kMaxLanesF32);
+  const int64_t clamped = std::min<int64_t>(std::max(d, kLo), INT32_MAX);
+  return hn::Sub(hn::Set(di, static_cast<int32_t>(clamped)), hn::Iota(di, 0));
 }
 
-// Pass 1 on one full vector at column i: returns y (see the file comment).
-template <class D, class V = hn::Vec<D>>
+// Pass 1 on one full vector at column i: returns y (see the file comment). kTerms adds the
+// softcap, ALiBi and the per-element window of rm.
+template <bool kTerms, class D, class V = hn::Vec<D>>
 HWY_INLINE V ScaledMaskedScores(D d, const float* HWY_RESTRICT x, const RowMasks& rm, size_t i,
                                 V vscale, V neg_inf) {
   V y = hn::Mul(hn::LoadU(d, x + i), vscale);
+  auto hidden = hn::MaskFromVec(hn::Zero(d));  // the window's invisible lanes (kTerms only)
+  if constexpr (kTerms) {
+    if (rm.softcap > 0.0f) {
+      const V cap = hn::Set(d, rm.softcap);
+      y = hn::Mul(cap, hn::Tanh(d, hn::Div(y, cap)));
+    }
+    if (rm.slope != 0.0f || rm.window_max >= 0) {
+      const hn::RebindToSigned<D> di;
+      const auto dist = Distances(di, rm, i);
+      // |d| < 2^31 (see Distances), so Abs cannot overflow.
+      if (rm.slope != 0.0f) {
+        y = hn::Sub(y, hn::Mul(hn::Set(d, rm.slope), hn::ConvertTo(d, hn::Abs(dist))));
+      }
+      if (rm.window_max >= 0) {
+        const auto wmax = hn::Set(di, rm.window_max);
+        const auto out = rm.window_causal ? hn::Or(hn::Lt(dist, hn::Zero(di)), hn::Gt(dist, wmax))
+                                          : hn::Gt(hn::Abs(dist), wmax);
+        hidden = hn::RebindMask(d, out);
+      }
+    }
+  }
   if (rm.add0) y = hn::Add(y, hn::LoadU(d, rm.add0 + i));
   if (rm.add1) y = hn::Add(y, hn::LoadU(d, rm.add1 + i));
   if (rm.masked0 || rm.masked1) {
@@ -95,6 +156,7 @@ HWY_INLINE V ScaledMaskedScores(D d, const float* HWY_RESTRICT x, const RowMasks
     const auto wide = hn::PromoteTo(di32, bytes);
     y = hn::IfThenElse(hn::RebindMask(d, hn::Ne(wide, hn::Zero(di32))), neg_inf, y);
   }
+  if constexpr (kTerms) y = hn::IfThenElse(hidden, neg_inf, y);
   return y;
 }
 
@@ -107,16 +169,20 @@ struct RowTail {
   HWY_ALIGN float add1[kMaxLanesF32] = {};
   HWY_ALIGN uint8_t masked0[kMaxLanesF32] = {};
   HWY_ALIGN uint8_t masked1[kMaxLanesF32] = {};
-  RowMasks masks = {nullptr, nullptr, nullptr, nullptr};
+  HWY_ALIGN int32_t k_pos[kMaxLanesF32] = {};
+  RowMasks masks;  // the terms of column i; pointers into the buffers above
 
-  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len) {
+  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len)
+      : masks(FromColumn(rm, i)) {
     std::memcpy(x, src + i, len * sizeof(float));
-    if (rm.add0) masks.add0 = static_cast<float*>(std::memcpy(add0, rm.add0 + i, len * 4));
-    if (rm.add1) masks.add1 = static_cast<float*>(std::memcpy(add1, rm.add1 + i, len * 4));
-    if (rm.masked0)
-      masks.masked0 = static_cast<uint8_t*>(std::memcpy(masked0, rm.masked0 + i, len));
-    if (rm.masked1)
-      masks.masked1 = static_cast<uint8_t*>(std::memcpy(masked1, rm.masked1 + i, len));
+    masks.add0 = rm.add0 ? static_cast<float*>(std::memcpy(add0, rm.add0 + i, len * 4)) : nullptr;
+    masks.add1 = rm.add1 ? static_cast<float*>(std::memcpy(add1, rm.add1 + i, len * 4)) : nullptr;
+    masks.masked0 =
+        rm.masked0 ? static_cast<uint8_t*>(std::memcpy(masked0, rm.masked0 + i, len)) : nullptr;
+    masks.masked1 =
+        rm.masked1 ? static_cast<uint8_t*>(std::memcpy(masked1, rm.masked1 + i, len)) : nullptr;
+    masks.k_pos = rm.k_pos ? static_cast<int32_t*>(std::memcpy(k_pos, rm.k_pos + i, len * 4))
+                           : nullptr;
   }
 };
 
@@ -126,9 +192,9 @@ struct RowStats {
   bool has_nan;  // some y is NaN
 };
 
-// Pass 1 over columns [0, n) of one row: writes y into x (unless y = x: scale 1 and no masks)
-// and returns its max / NaN flag.
-template <class D>
+// Pass 1 over columns [0, n) of one row: writes y into x (unless y = x: scale 1, no masks and
+// no terms) and returns its max / NaN flag.
+template <bool kTerms, class D>
 HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float scale,
                                  const RowMasks& rm) {
   using V = hn::Vec<D>;
@@ -140,7 +206,7 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
   auto nan0 = hn::MaskFromVec(hn::Zero(d));
   auto nan1 = hn::MaskFromVec(hn::Zero(d));
   size_t i = 0;
-  if (scale == 1.0f && !rm.add0 && !rm.add1 && !rm.masked0 && !rm.masked1) {
+  if (!kTerms && scale == 1.0f && !rm.add0 && !rm.add1 && !rm.masked0 && !rm.masked1) {
     // y = x (the caller applied the scale, e.g. as the scores product's alpha, which rounds
     // alike): the pass only reads, and the tail below handles the last partial vector.
     for (; i + 2 * N <= n; i += 2 * N) {
@@ -154,8 +220,8 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
   }
   // Two independent max chains hide the latency of Max.
   for (; i + 2 * N <= n; i += 2 * N) {
-    const V y0 = ScaledMaskedScores(d, x, rm, i, vscale, neg_inf);
-    const V y1 = ScaledMaskedScores(d, x, rm, i + N, vscale, neg_inf);
+    const V y0 = ScaledMaskedScores<kTerms>(d, x, rm, i, vscale, neg_inf);
+    const V y1 = ScaledMaskedScores<kTerms>(d, x, rm, i + N, vscale, neg_inf);
     hn::StoreU(y0, d, x + i);
     hn::StoreU(y1, d, x + i + N);
     vmax0 = hn::Max(vmax0, y0);
@@ -164,7 +230,7 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
     nan1 = hn::Or(nan1, hn::IsNaN(y1));
   }
   for (; i + N <= n; i += N) {
-    const V y = ScaledMaskedScores(d, x, rm, i, vscale, neg_inf);
+    const V y = ScaledMaskedScores<kTerms>(d, x, rm, i, vscale, neg_inf);
     hn::StoreU(y, d, x + i);
     vmax0 = hn::Max(vmax0, y);
     nan0 = hn::Or(nan0, hn::IsNaN(y));
@@ -174,7 +240,7 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
     // masks), force the padding lanes to -inf, and copy back only the real columns.
     const size_t rem = n - i;
     RowTail tail(x, rm, i, rem);
-    V y = ScaledMaskedScores(d, tail.x, tail.masks, 0, vscale, neg_inf);
+    V y = ScaledMaskedScores<kTerms>(d, tail.x, tail.masks, 0, vscale, neg_inf);
     y = hn::IfThenElse(hn::FirstN(d, rem), y, neg_inf);
     hn::Store(y, d, tail.x);
     std::memcpy(x + i, tail.x, rem * sizeof(float));
@@ -287,8 +353,9 @@ HWY_NOINLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float m
 // comparison is false for NaN) and returns the columns done; [done, n) are untouched raw x. One
 // pass instead of pass 1 (max) plus pass 2 (exp): without a new max the block's max is not
 // needed, since exp(y - ref) <= exp(kOnlineHeadroom) cannot overflow.
-// kPlain: scale 1 and no masks (y = x: the pass only loads).
-template <bool kPlain, class D>
+// kPlain: scale 1, no masks and no terms (y = x: the pass only loads); kTerms: see
+// ScaledMaskedScores.
+template <bool kPlain, bool kTerms, class D>
 HWY_NOINLINE size_t ExpBoundedSum(D d, float* HWY_RESTRICT x, size_t n, float scale,
                                   const RowMasks& rm, float ref, float limit, double* sum) {
   using V = hn::Vec<D>;
@@ -299,7 +366,8 @@ HWY_NOINLINE size_t ExpBoundedSum(D d, float* HWY_RESTRICT x, size_t n, float sc
   const V vscale = hn::Set(d, scale);
   const V neg_inf = hn::Set(d, -std::numeric_limits<float>::infinity());
   auto y_at = [&](const float* HWY_RESTRICT src, const RowMasks& masks, size_t i) {
-    return kPlain ? hn::LoadU(d, src + i) : ScaledMaskedScores(d, src, masks, i, vscale, neg_inf);
+    if constexpr (kPlain) return hn::LoadU(d, src + i);
+    return ScaledMaskedScores<kTerms>(d, src, masks, i, vscale, neg_inf);
   };
   double total = 0.0;
   size_t i = 0;
@@ -353,31 +421,128 @@ inline void FillRow(float* x, size_t n, float value) {
   for (size_t i = 0; i < n; ++i) x[i] = value;
 }
 
-// Passes 1 and 2 of row r: x[0, valid) = exp(y - max), x[valid, cols) = 0. Returns the sum of
-// the exps; 0 for a row with no unmasked entry (x all 0), NaN for a NaN row (x NaN on
-// [0, valid)).
-template <class D>
+// Passes 1 and 2 of row r over its visible columns c: x[c.begin, c.end) = exp(y - max), with
+// max over y and the sink; the columns outside c = 0. Returns the sum of the exps plus
+// exp(sink - max); 0 for a row with no unmasked entry (x all 0, whatever the sink), NaN for a NaN
+// row (x NaN on c; also a NaN or +inf sink).
+template <bool kTerms, class D>
 HWY_INLINE double ExpRow(D d, float* HWY_RESTRICT x, size_t r, size_t cols, float scale,
-                         const SoftmaxMasks& masks) {
+                         const SoftmaxMasks& masks, ColumnRange c) {
   const float kNaN = std::numeric_limits<float>::quiet_NaN();
   const float kInf = std::numeric_limits<float>::infinity();
-  const size_t valid = ValidColumns(masks, r, cols);
-  // Columns beyond the causal limit are never read, only zeroed.
-  FillRow(x + valid, cols - valid, 0.0f);
-  if (valid == 0) return 0.0;
-  const RowStats stats = ScaleMaskMax(d, x, valid, scale, MasksForRow(masks, r));
+  // Columns outside the range are never read, only zeroed.
+  FillRow(x, c.begin, 0.0f);
+  FillRow(x + c.end, cols - c.end, 0.0f);
+  if (c.begin == c.end) return 0.0;
+  float* HWY_RESTRICT xs = x + c.begin;
+  const size_t n = c.end - c.begin;
+  const RowStats stats =
+      ScaleMaskMax<kTerms>(d, xs, n, scale, FromColumn(MasksForRow(masks, r), c.begin));
   if (stats.has_nan || stats.max == kInf) {
     // NaN anywhere, or +inf (exp(inf - inf) is NaN, as in PyTorch): the row is NaN.
-    FillRow(x, valid, kNaN);
+    FillRow(xs, n, kNaN);
     return static_cast<double>(kNaN);
   }
   if (stats.max == -kInf) {
     // Nothing unmasked: zeros, not 0/0.
-    FillRow(x, valid, 0.0f);
+    FillRow(xs, n, 0.0f);
     return 0.0;
   }
+  const float sink = masks.sink;
   // >= 1: the max element contributes exp(0) = 1.
-  return ExpSubtractSum(d, x, valid, stats.max);
+  if (sink == -kInf) return ExpSubtractSum(d, xs, n, stats.max);
+  if (std::isnan(sink) || sink == kInf) {
+    FillRow(xs, n, kNaN);
+    return static_cast<double>(kNaN);
+  }
+  // The sink joins the max and the sum (>= 1 again); its exp in double, the same on every target.
+  const float max = sink > stats.max ? sink : stats.max;
+  return ExpSubtractSum(d, xs, n, max) +
+         std::exp(static_cast<double>(sink) - static_cast<double>(max));
+}
+
+template <bool kTerms, class D>
+HWY_INLINE void SoftmaxRowsT(D d, float* HWY_RESTRICT scores, size_t rows, size_t cols,
+                             ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
+    const ColumnRange c = VisibleColumns(masks, r, cols);
+    const double sum = ExpRow<kTerms>(d, x, r, cols, scale, masks, c);
+    // Zero and NaN rows are final already; otherwise one rounding for the reciprocal.
+    if (sum > 0.0) MulRow(d, x + c.begin, c.end - c.begin, static_cast<float>(1.0 / sum));
+  }
+}
+
+// OnlineSoftmaxUpdate (see kernels/softmax.h) with kTerms as in ScaledMaskedScores.
+template <bool kTerms, class D>
+HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t rows, size_t cols,
+                                     ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks,
+                                     float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
+                                     float* HWY_RESTRICT acc, size_t acc_cols,
+                                     ptrdiff_t acc_row_stride) {
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  const bool plain = !kTerms && scale == 1.0f && !masks.add[0] && !masks.add[1] &&
+                     !masks.masked[0] && !masks.masked[1];
+  for (size_t r = 0; r < rows; ++r) {
+    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
+    float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
+    const ColumnRange c = VisibleColumns(masks, r, cols);
+    FillRow(x, c.begin, 0.0f);
+    FillRow(x + c.end, cols - c.end, 0.0f);
+    if (c.begin == c.end) continue;  // no key of this block is visible: state unchanged
+    float* HWY_RESTRICT xs = x + c.begin;
+    const size_t n = c.end - c.begin;
+    const RowMasks rm = FromColumn(MasksForRow(masks, r), c.begin);
+    const float m_old = row_max[r];
+    // A finite reference from earlier blocks (or a sink): one fused pass while the block stays
+    // within the headroom (the common case after the first block), the remaining columns
+    // otherwise.
+    size_t done = 0;
+    double done_sum = 0.0;
+    // m_old is -inf (no visible key yet), NaN, or finite, and a finite m_old + 8 stays finite.
+    const float limit = m_old + kOnlineSoftmaxHeadroom;
+    if (m_old > -kInf) {
+      done = plain ? ExpBoundedSum<true, false>(d, xs, n, scale, rm, m_old, limit, &done_sum)
+                   : ExpBoundedSum<false, kTerms>(d, xs, n, scale, rm, m_old, limit, &done_sum);
+      if (done == n) {
+        row_sum[r] += static_cast<float>(done_sum);
+        continue;
+      }
+    }
+    // Passes 1 and 2 over [done, n): columns [0, done) already hold exp(y - m_old).
+    const RowStats stats = ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
+    if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
+      // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
+      // OnlineSoftmaxFinish keep it NaN.
+      FillRow(xs, n, kNaN);
+      FillRow(acc_row, acc_cols, kNaN);
+      row_max[r] = kNaN;
+      row_sum[r] = kNaN;
+      continue;
+    }
+    const float m_new = stats.max > m_old ? stats.max : m_old;
+    if (m_new == -kInf) {
+      // Every key so far is masked: p = 0, and the state stays (-inf, 0).
+      FillRow(xs, n, 0.0f);
+      continue;
+    }
+    const float block_sum = static_cast<float>(ExpSubtractSum(d, xs + done, n - done, m_new));
+    if (m_old == -kInf) {
+      // First visible keys: nothing accumulated yet (acc is overwritten, not scaled, so it
+      // need not be initialized before the first block that has a visible key).
+      FillRow(acc_row, acc_cols, 0.0f);
+      row_sum[r] = block_sum;
+    } else {
+      // m_old is finite, so the fused pass ran and stopped at a y above m_old + headroom (NaN and
+      // +inf left above): m_new > m_old. Rescale what it did, acc and the sum to m_new.
+      const float alpha = std::exp(m_old - m_new);  // in [0, 1)
+      MulRow(d, acc_row, acc_cols, alpha);
+      MulRow(d, xs, done, alpha);
+      row_sum[r] = (row_sum[r] + static_cast<float>(done_sum)) * alpha + block_sum;
+    }
+    row_max[r] = m_new;
+  }
 }
 
 }  // namespace softmax_detail
@@ -405,13 +570,10 @@ inline void SoftmaxRows(float* HWY_RESTRICT scores, size_t rows, size_t cols, pt
                         float scale, const SoftmaxMasks& masks) {
   namespace sd = softmax_detail;
   const hwy::HWY_NAMESPACE::ScalableTag<float> d;
-  for (size_t r = 0; r < rows; ++r) {
-    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
-    const double sum = sd::ExpRow(d, x, r, cols, scale, masks);
-    // Zero and NaN rows are final already; otherwise one rounding for the reciprocal.
-    if (sum > 0.0) {
-      sd::MulRow(d, x, sd::ValidColumns(masks, r, cols), static_cast<float>(1.0 / sum));
-    }
+  if (sd::HasElementTerms(masks)) {
+    sd::SoftmaxRowsT<true>(d, scores, rows, cols, row_stride, scale, masks);
+  } else {
+    sd::SoftmaxRowsT<false>(d, scores, rows, cols, row_stride, scale, masks);
   }
 }
 
@@ -423,66 +585,12 @@ inline void OnlineSoftmaxUpdate(float* HWY_RESTRICT scores, size_t rows, size_t 
                                 ptrdiff_t acc_row_stride) {
   namespace sd = softmax_detail;
   const hwy::HWY_NAMESPACE::ScalableTag<float> d;
-  const float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const float kInf = std::numeric_limits<float>::infinity();
-  const bool plain =
-      scale == 1.0f && !masks.add[0] && !masks.add[1] && !masks.masked[0] && !masks.masked[1];
-  for (size_t r = 0; r < rows; ++r) {
-    float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
-    float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
-    const size_t valid = sd::ValidColumns(masks, r, cols);
-    sd::FillRow(x + valid, cols - valid, 0.0f);
-    if (valid == 0) continue;  // no key of this block is visible: state unchanged
-    const sd::RowMasks rm = sd::MasksForRow(masks, r);
-    const float m_old = row_max[r];
-    // A finite reference from earlier blocks: one fused pass while the block stays within the
-    // headroom (the common case after the first block), the remaining columns otherwise.
-    size_t done = 0;
-    double done_sum = 0.0;
-    // m_old is -inf (no visible key yet), NaN, or finite, and a finite m_old + 8 stays finite.
-    const float limit = m_old + kOnlineSoftmaxHeadroom;
-    if (m_old > -kInf) {
-      done = plain ? sd::ExpBoundedSum<true>(d, x, valid, scale, rm, m_old, limit, &done_sum)
-                   : sd::ExpBoundedSum<false>(d, x, valid, scale, rm, m_old, limit, &done_sum);
-      if (done == valid) {
-        row_sum[r] += static_cast<float>(done_sum);
-        continue;
-      }
-    }
-    // Passes 1 and 2 over [done, valid): columns [0, done) already hold exp(y - m_old).
-    const sd::RowStats stats =
-        sd::ScaleMaskMax(d, x + done, valid - done, scale, sd::FromColumn(rm, done));
-    if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
-      // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
-      // OnlineSoftmaxFinish keep it NaN.
-      sd::FillRow(x, valid, kNaN);
-      sd::FillRow(acc_row, acc_cols, kNaN);
-      row_max[r] = kNaN;
-      row_sum[r] = kNaN;
-      continue;
-    }
-    const float m_new = stats.max > m_old ? stats.max : m_old;
-    if (m_new == -kInf) {
-      // Every key so far is masked: p = 0, and the state stays (-inf, 0).
-      sd::FillRow(x, valid, 0.0f);
-      continue;
-    }
-    const float block_sum =
-        static_cast<float>(sd::ExpSubtractSum(d, x + done, valid - done, m_new));
-    if (m_old == -kInf) {
-      // First visible keys: nothing accumulated yet (acc is overwritten, not scaled, so it
-      // need not be initialized before the first block that has a visible key).
-      sd::FillRow(acc_row, acc_cols, 0.0f);
-      row_sum[r] = block_sum;
-    } else {
-      // m_old is finite, so the fused pass ran and stopped at a y above m_old + headroom (NaN and
-      // +inf left above): m_new > m_old. Rescale what it did, acc and the sum to m_new.
-      const float alpha = std::exp(m_old - m_new);  // in [0, 1)
-      sd::MulRow(d, acc_row, acc_cols, alpha);
-      sd::MulRow(d, x, done, alpha);
-      row_sum[r] = (row_sum[r] + static_cast<float>(done_sum)) * alpha + block_sum;
-    }
-    row_max[r] = m_new;
+  if (sd::HasElementTerms(masks)) {
+    sd::OnlineSoftmaxUpdateT<true>(d, scores, rows, cols, row_stride, scale, masks, row_max,
+                                   row_sum, acc, acc_cols, acc_row_stride);
+  } else {
+    sd::OnlineSoftmaxUpdateT<false>(d, scores, rows, cols, row_stride, scale, masks, row_max,
+                                    row_sum, acc, acc_cols, acc_row_stride);
   }
 }
 

@@ -5,18 +5,27 @@
 // (elements). Masks are per-row pointers with their own row strides; a row stride of 0
 // broadcasts one mask row to every row.
 //
-// Semantics, for each row r and column j < cols:
-//   y_j = x_j * scale + sum(additive masks)_j, or -inf if any boolean mask is nonzero at j
-//         (true = masked out, as nn.MultiheadAttention) or j >= valid(r) (causal limit);
-//   p_j = exp(y_j - max_j y_j) / sum_j exp(y_j - max_j y_j).
-// y is formed in f32, rounded after the multiply and after each addition (no FMA), the same on
-// every target.
+// Semantics, for each row r and column j < cols, with d = q_pos[r] - k_pos[j] (or the index
+// distance causal_offset + r - j without positions):
+//   y_j = x_j * scale; y_j = softcap * tanh(y_j / softcap) (softcap > 0); y_j -= alibi_slope *
+//         |d|; y_j += each additive mask; then y_j = -inf if any boolean mask is nonzero at j
+//         (true = masked out, as nn.MultiheadAttention), j is beyond the causal limit, or the
+//         window hides j (see SoftmaxMasks);
+//   p_j = exp(y_j - m) / (sum_j exp(y_j - m) + exp(sink - m)), m = max(max_j y_j, sink)
+//         (sink -inf, the default: the plain softmax).
+// y is formed in f32, rounded after the multiply, the division, tanh, the product slope * |d|
+// (|d| converted to f32) and each addition or subtraction (no FMA), the same on every target
+// except tanh (see Accuracy).
 // Special values:
-// - A row with no unmasked entry (every y_j == -inf) yields all zeros, never NaN.
+// - A row with no unmasked entry (every y_j == -inf) yields all zeros, never NaN, whatever the
+//   sink.
+// - A NaN or +inf sink makes every row NaN (as exp(inf - inf) in PyTorch).
+// - With softcap, +-inf scores become +-softcap (tanh saturates) before the masks.
 // - NaN in x or in an additive mask (at an unmasked position), or a +inf y_j (exp(inf - inf),
 //   as PyTorch), makes columns j < valid(r) of its row NaN; other rows are unaffected. NaN or
 //   +inf at a bool-masked position is ignored. -inf behaves as a masked entry (p_j = 0).
-// - Columns j >= valid(r) are written as 0 and never read.
+// - Columns outside VisibleColumns(r) (the causal limit, and the window with index positions)
+//   are written as 0 and never read.
 //
 // Accuracy (SoftmaxRows): exp is ExpNonPositiveRow's (max error 2 ULP, see below); the row sum
 // is accumulated in f32 partial sums of at most 16 additions folded into a double. Against the
@@ -26,6 +35,11 @@
 // (about 1.8e-6 worst case), and the 2^-23 term is the conditioning of rounding y_j - max to f32
 // (it matters only for scores of large magnitude, e.g. 1e4). Tested in tests/softmax_test.cc on
 // every target, where the largest observed error is about a quarter of this bound.
+// Softcap: tanh is Highway's hn::Tanh (4 ULP by its documentation), so a softcapped y differs
+// from softcap * tanh(fl(x * scale) / softcap) in exact arithmetic by at most 2^-21 * |y|
+// (tanh, the division and the product) and may differ between targets by a few ULP; p_j gains a
+// relative error of at most 2^-21 * (|y_j| + max_k |y_k|) <= 2^-20 * softcap (about 5e-5 at
+// softcap 50).  The sink's exp is computed in double.
 #ifndef MHA_KERNELS_SOFTMAX_H_
 #define MHA_KERNELS_SOFTMAX_H_
 
@@ -53,19 +67,67 @@ struct SoftmaxMasks {
   int64_t causal_offset = 0;
 
   // Attention variants (AttentionConfig). Order per element: y = x * scale; softcap; ALiBi;
-  // additive masks; then bool masks, causal and window give -inf.
+  // additive masks; then bool masks, causal and window give -inf. Positions must lie in
+  // [0, 2^31) (index distances are clamped to int32), so |d| < 2^31.
   float softcap = 0.0f;      // > 0: y = softcap * tanh(y / softcap)
   float alibi_slope = 0.0f;  // y -= alibi_slope * |d| (d as f32, exact below 2^24)
-  // > 0: visible iff 0 <= d < window when causal is set, |d| < window otherwise.
+  // > 0: visible iff 0 <= d < window when causal is set, |d| < window otherwise. With index
+  // positions this is a column range per row (VisibleColumns): the kernels start there.
   int64_t window = 0;
   // Explicit positions (both or neither): d = q_pos[r] - k_pos[j]. Null: index positions above.
   const int32_t* q_pos = nullptr;  // [rows]
   const int32_t* k_pos = nullptr;  // [cols]
   // SoftmaxRows only: one more logit per row whose value vector is zero (attention sinks); the
-  // row's p_j sum to 1 - exp(sink - max) / sum. -inf = none. The online recurrence takes a sink
-  // as its initial state instead (row_max = sink, row_sum = 1).
+  // row's p_j sum to 1 - exp(sink - m) / sum. -inf = none. OnlineSoftmaxUpdate ignores it: the
+  // online recurrence takes a sink as its initial state instead (see there).
   float sink = -std::numeric_limits<float>::infinity();
 };
+
+// Columns [begin, end) of row r that the index predicates leave visible: the causal limit and,
+// with index positions (q_pos null), the window (causal: begin = clamp(causal_offset + r -
+// window + 1, 0, cols); non-causal also end = clamp(causal_offset + r + window, 0, cols)).
+// SoftmaxRows and OnlineSoftmaxUpdate write the columns outside it as 0 and never read them, so
+// a caller need not compute their scores. Computed without int64 overflow for any offset.
+struct ColumnRange {
+  size_t begin;
+  size_t end;
+};
+
+namespace softmax_internal {
+
+// a + b, saturated to the int64 range.
+inline int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
+}
+
+inline size_t ClampColumn(int64_t c, size_t cols) {
+  if (c <= 0) return 0;
+  return static_cast<uint64_t>(c) >= cols ? cols : static_cast<size_t>(c);
+}
+
+}  // namespace softmax_internal
+
+inline ColumnRange VisibleColumns(const SoftmaxMasks& m, size_t r, size_t cols) {
+  using softmax_internal::ClampColumn;
+  using softmax_internal::SaturatingAdd;
+  const int64_t ri = static_cast<int64_t>(r);
+  ColumnRange c = {0, cols};
+  // Causal: j <= causal_offset + r.
+  if (m.causal) c.end = ClampColumn(SaturatingAdd(m.causal_offset, ri + 1), cols);
+  if (m.window > 0 && m.q_pos == nullptr) {
+    // d = causal_offset + r - j < window  <=>  j >= causal_offset + r + 1 - window (no overflow:
+    // ri + 1 >= 1 and window > 0).
+    c.begin = ClampColumn(SaturatingAdd(m.causal_offset, ri + 1 - m.window), cols);
+    // Non-causal: also d > -window  <=>  j < causal_offset + r + window.
+    if (!m.causal) {
+      c.end = ClampColumn(SaturatingAdd(SaturatingAdd(m.causal_offset, ri), m.window), cols);
+    }
+    if (c.begin > c.end) c.begin = c.end;
+  }
+  return c;
+}
 
 // Headroom of the online softmax's reference over the scores it exponentiates (see
 // OnlineSoftmaxUpdate): p_j <= exp(kOnlineSoftmaxHeadroom) ~= 2981.
@@ -84,9 +146,15 @@ void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, 
 
 // One step of the online-softmax (flash-attention) recurrence over a block of keys.
 //
-// In: scores [rows, cols] for keys [k0, k0 + cols) (raw x, scaled and masked here exactly as
-// SoftmaxRows does); row_max[rows], row_sum[rows] from the previous blocks (start with -inf and
-// 0); acc [rows, acc_cols] (row stride acc_row_stride), the running unnormalized output.
+// In: scores [rows, cols] for keys [k0, k0 + cols) (raw x, scaled, capped, biased and masked
+// here exactly as SoftmaxRows does; the block's masks, k_pos and causal_offset are offset to
+// k0); row_max[rows], row_sum[rows] from the previous blocks (start with -inf and 0);
+// acc [rows, acc_cols] (row stride acc_row_stride), the running unnormalized output.
+// Sinks: start instead with row_max = sink, row_sum = 1 and acc = 0 (zeroed by the caller: a
+// finite m_old makes the update scale acc rather than overwrite it). That is the state after a
+// block holding only the sink's logit with a zero value vector, so the finish divides by the sum
+// including exp(sink - m), as SoftmaxRows with masks.sink; a row whose keys are all masked keeps
+// acc = 0 and finishes as zeros. A sink of -inf means none: start with (-inf, 0).
 // Out: scores hold p_j = exp(y_j - m_new) (0 where masked); row_sum = row_sum * exp(m_old -
 // m_new) + sum_j p_j; acc rows are multiplied by exp(m_old - m_new). The caller then adds
 // p · V_block to acc, and after the last block calls OnlineSoftmaxFinish.

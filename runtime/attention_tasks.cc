@@ -23,6 +23,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Query rows per window segment of the online path with a window (see OnlineTask::Run): a
+// strip's band starts at most this many keys after the segment's key grid, so its P V product
+// multiplies few columns of zeros left of the band, while K^T and V are packed once per
+// segment ((rows + W) keys for rows rows). Belongs with forward_plan.h's tuning constants.
+constexpr size_t kWindowQueryBlock = 128;
+
 // What every task of one RunAttentionTasks call reads: the layer, the bound workspace, the keys
 // covered, the masks and the trace; and views of one head's rows of the buffers.
 struct TaskContext {
@@ -60,10 +66,13 @@ struct TaskContext {
         buf.concat + n * buf.concat_layout.batch + q0 * buf.concat_layout.token + h * m.hd, rows,
         static_cast<size_t>(m.hd), buf.concat_layout.token, 1};
   }
-  // Keys a causal block needs: key j is used by some row iff j <= q0 + rows - 1.
+  // One past the last key some row of [q0, q0 + rows) sees: causal, key j is used by some row
+  // iff j <= q0 + rows - 1; a non-causal window's band ends at q0 + rows - 1 + W.
   int64_t KeyLimit(int64_t q0, size_t rows) const {
-    return masks.causal ? std::min<int64_t>(St, q0 + static_cast<int64_t>(rows)) : St;
+    return masks.BandLimit(q0, static_cast<int64_t>(rows), St);
   }
+  // The first key query row q sees (a window's band over index positions, else 0).
+  int64_t KeyStart(int64_t q) const { return masks.BandStart(q); }
   uint8_t* GemmScratch(size_t worker) const {
     return buf.scratch + worker * plan.scratch_per_worker;
   }
@@ -83,24 +92,35 @@ void FullRows(const TaskContext& t, int64_t n, int64_t h, int64_t q0, size_t row
               ptrdiff_t ld, size_t worker, int64_t blk) {
   const int64_t g = h / t.group;
   void* gs = t.GemmScratch(worker);
-  const size_t kl = static_cast<size_t>(t.KeyLimit(q0, rows));
-  const MatrixView s_view{scores, rows, kl, ld, 1};
+  // Keys [ks, kl): those some row of the block sees (causal limit, a window's band). The
+  // products and the softmax run over them only; the weights' other columns are exactly zero.
+  // The block's rows depend only on the shapes, so the band does too (deterministic).
+  const int64_t kl = t.KeyLimit(q0, rows);
+  const int64_t ks = std::min(t.KeyStart(q0), kl);
+  const size_t kn = static_cast<size_t>(kl - ks);
   const MatrixView out = t.OutView(n, h, q0, rows);
-  int64_t t0 = t.Now();
-  // The scale is the product's alpha (the softmax's own multiply by it would round alike).
-  kernels::Gemm(t.m.scale, t.QView(n, h, q0, rows), t.KtView(n, g, 0, kl), 0.0f, s_view, gs);
-  t.Record(t0, worker, Stage::kScores, n, h, blk);
-  t0 = t.Now();
-  kernels::SoftmaxRows(scores, rows, kl, ld, 1.0f, MasksFor(t.masks, n, h, q0, 0));
-  t.Record(t0, worker, Stage::kSoftmax, n, h, blk);
-  t0 = t.Now();
-  kernels::Gemm(1.0f, s_view, t.VView(n, g, 0, kl), 0.0f, out, gs);
-  t.Record(t0, worker, Stage::kWeightedSum, n, h, blk);
-  // Columns past the causal limit are exactly zero in the returned weights.
-  if (kl < static_cast<size_t>(t.St)) {
+  if (kn > 0) {
+    float* band = scores + ks;
+    const MatrixView s_view{band, rows, kn, ld, 1};
+    int64_t t0 = t.Now();
+    // The scale is the product's alpha (the softmax's own multiply by it would round alike).
+    kernels::Gemm(t.m.scale, t.QView(n, h, q0, rows), t.KtView(n, g, ks, kn), 0.0f, s_view, gs);
+    t.Record(t0, worker, Stage::kScores, n, h, blk);
+    t0 = t.Now();
+    kernels::SoftmaxRows(band, rows, kn, ld, 1.0f, MasksFor(t.masks, n, h, q0, ks, true));
+    t.Record(t0, worker, Stage::kSoftmax, n, h, blk);
+    t0 = t.Now();
+    kernels::Gemm(1.0f, s_view, t.VView(n, g, ks, kn), 0.0f, out, gs);
+    t.Record(t0, worker, Stage::kWeightedSum, n, h, blk);
+  } else {
     for (size_t r = 0; r < rows; ++r) {
-      std::memset(scores + r * ld + kl, 0, (t.St - kl) * sizeof(float));
+      std::memset(out.data + r * out.row_stride, 0, t.m.hd * sizeof(float));
     }
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = scores + r * ld;
+    std::memset(row, 0, ks * sizeof(float));
+    std::memset(row + kl, 0, (t.St - kl) * sizeof(float));
   }
 }
 
@@ -154,10 +174,12 @@ class OnlineTask {
  private:
   // The task's Q rows as the scores product reads them (q_ or qp_).
   void LoadQueryRows(bool one_block);
-  // Starts the softmax state (first key chunk) or reloads the running output into acc_.
+  // Starts the softmax state (the block's first key chunk) or reloads the running output into
+  // acc_.
   void LoadState();
-  // Keys [k0, k0 + kc) of one key block; `masked` when they take the masks and causal limit.
-  void UpdateKeyBlock(int64_t k0, size_t kc, bool masked);
+  // Keys [k0, k0 + kc) of one key block for the task's rows [r_begin, r_end); `masked` when
+  // they take the masks, the causal limit and the window.
+  void UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_begin, size_t r_end);
   void Record(int64_t t0, Stage stage) const { t_.Record(t0, worker_, stage, n_, h_, blk_); }
 
   const TaskContext& t_;
@@ -166,6 +188,7 @@ class OnlineTask {
   const bool direct_ = t_.direct;
   int64_t q0_ = 0;
   size_t rows_ = 0;
+  bool init_ = true;  // this pass starts the softmax state
   float* scores_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;
@@ -176,6 +199,13 @@ class OnlineTask {
   MatrixView out_;
   MatrixView acc_;
 };
+
+// Query rows per window segment of the online path (see OnlineTask::Run): kWindowQueryBlock
+// rounded down to whole strips.
+size_t WindowSegmentRows() {
+  const size_t strip = OnlineStripRows();
+  return std::max(kWindowQueryBlock / strip, size_t{1}) * strip;
+}
 
 void OnlineTask::Run() {
   const ForwardPlan& plan = t_.plan;
@@ -202,9 +232,14 @@ void OnlineTask::Run() {
   // positions [S, S') after them are never masked, so they form one block without masks.
   const int64_t mask_end = plan.chunked() ? t_.args.shapes.S : t_.St;
   const int64_t kend = std::min({keys.end, mask_end, t_.KeyLimit(q0_, rows_)});
+  const int64_t kbegin = std::max(keys.begin, t_.KeyStart(q0_));
   const int64_t tail = std::max(keys.begin, mask_end);
-  // A later key chunk past this block's causal diagonal leaves its state as it is.
-  if (!keys.first && kend <= keys.begin && tail >= keys.end) return;
+  // The key chunk holding the block's first visible key (with a window, the band's start; the
+  // last chunk when the band lies past every key) starts its softmax state.
+  const int64_t kfirst = std::max<int64_t>(std::min(t_.KeyStart(q0_), t_.St - 1), 0);
+  init_ = keys.begin <= kfirst && kfirst < keys.end;
+  // A key chunk before this block's band or past its causal diagonal leaves its state as it is.
+  if (!init_ && kend <= kbegin && tail >= keys.end) return;
   out_ = t_.OutView(n_, h_, q0_, rows_);
   const int64_t kb = static_cast<int64_t>(plan.key_block);
   // One key block for the whole task (S' <= key_block without key chunks, e.g. every S <= 512):
@@ -212,17 +247,39 @@ void OnlineTask::Run() {
   // and the running output is the output itself (normalized there by the finish), which
   // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
   // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
-  const bool one_block = !plan.chunked() && ((kend - keys.begin <= kb && tail >= keys.end) ||
-                                             (kend <= keys.begin && keys.end - tail <= kb));
+  const bool one_block = !plan.chunked() && ((kend - kbegin <= kb && tail >= keys.end) ||
+                                             (kend <= kbegin && keys.end - tail <= kb));
   acc_ = one_block ? out_
                    : MatrixView{reinterpret_cast<float*>(scratch + os.acc_rows), rows_,
                                 static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
   LoadQueryRows(one_block);
   LoadState();
-  for (int64_t k0 = keys.begin; k0 < kend; k0 += kb) {
-    UpdateKeyBlock(k0, std::min<int64_t>(kb, kend - k0), true);
+  // A window over index positions (masks.banded()): the rows run in segments of
+  // WindowSegmentRows() rows at multiples of it, each over the key blocks of a grid that starts
+  // at the band start of the segment's aligned first row. Blocks before the band are never
+  // packed or multiplied, and a row's blocks depend on its own position only, not on the task's
+  // rows (which follow the thread count), so results stay bitwise the same for any thread
+  // count. Without a band, one segment of all rows over the grid from keys.begin.
+  const bool banded = t_.masks.banded();
+  const int64_t seg = banded ? static_cast<int64_t>(WindowSegmentRows()) : int64_t(rows_);
+  const int64_t q_end = q0_ + static_cast<int64_t>(rows_);
+  for (int64_t s0 = q0_; s0 < q_end;) {
+    const int64_t s1 = banded ? std::min(q_end, (s0 / seg + 1) * seg) : q_end;
+    const int64_t origin = banded ? t_.KeyStart(s0 / seg * seg) : keys.begin;
+    const int64_t hi = std::min({keys.end, mask_end, t_.KeyLimit(s0, s1 - s0)});
+    // The grid block holding max(keys.begin, the segment's band start), then on.
+    const int64_t lo = std::max(keys.begin, t_.KeyStart(s0));
+    for (int64_t b0 = origin + (lo - origin) / kb * kb; b0 < hi; b0 += kb) {
+      const int64_t k0 = std::max(b0, keys.begin);
+      const int64_t k1 = std::min(b0 + kb, hi);
+      if (k1 > k0) {
+        UpdateKeyBlock(k0, k1 - k0, true, static_cast<size_t>(s0 - q0_),
+                       static_cast<size_t>(s1 - q0_));
+      }
+    }
+    s0 = s1;
   }
-  if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false);
+  if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false, 0, rows_);
   // The key-chunked path normalizes in its output projection, after the last key chunk.
   const int64_t t0 = t_.Now();
   if (!plan.chunked()) {
@@ -255,18 +312,29 @@ void OnlineTask::LoadQueryRows(bool one_block) {
 void OnlineTask::LoadState() {
   const int64_t hd = t_.m.hd;
   const int64_t t0 = t_.Now();
+  // A sink (finite; -inf is none) is the state's first logit, whose value vector is zero: the
+  // recurrence starts at (sink, 1) with acc zeroed, since OnlineSoftmaxUpdate scales acc rather
+  // than overwriting it from a finite reference.
+  const float sink = t_.masks.sinks != nullptr ? t_.masks.sinks[h_] : kNegInf;
+  const bool has_sink = sink > kNegInf;
   for (size_t r = 0; r < rows_; ++r) {
-    if (t_.keys.first) {
+    float* acc_row = acc_.data + r * acc_.row_stride;
+    if (!init_) {
+      std::memcpy(acc_row, out_.data + r * out_.row_stride, hd * sizeof(float));
+    } else if (has_sink) {
+      row_max_[r] = sink;
+      row_sum_[r] = 1.0f;
+      std::memset(acc_row, 0, hd * sizeof(float));
+    } else {
       row_max_[r] = kNegInf;
       row_sum_[r] = 0.0f;
-    } else {
-      std::memcpy(acc_.data + r * hd, out_.data + r * out_.row_stride, hd * sizeof(float));
     }
   }
   Record(t0, Stage::kWeightedSum);
 }
 
-void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
+void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_begin,
+                                size_t r_end) {
   const int64_t hd = t_.m.hd;
   const size_t key_block = t_.plan.key_block;
   // The trace counts packing K^T as scores time and packing V as weighted-sum time.
@@ -277,38 +345,50 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
   const kernels::PackedB vp = kernels::PackB(t_.VView(n_, g_, k0, kc), packed_v_);
   Record(t0, Stage::kWeightedSum);
   const size_t strip_rows = OnlineStripRows();
+  const size_t nr = kernels::GemmBlocking().nr;
   void* const gs = t_.GemmScratch(worker_);
-  for (size_t r0 = 0; r0 < rows_; r0 += strip_rows) {
-    const size_t sr = std::min(strip_rows, rows_ - r0);
+  for (size_t r0 = r_begin; r0 < r_end; r0 += strip_rows) {
+    const size_t sr = std::min(strip_rows, r_end - r0);
+    const int64_t q = q0_ + static_cast<int64_t>(r0);
     // Causal: the strip's rows see the keys below KeyLimit(q0 + r0, sr) only; the block's
     // columns from there on are masked for all of them, so the strip's two products and its
     // softmax stop there (the rest would add exact zeros): the strips of a diagonal block
     // do about half its work. A block wholly past the strip's limit is skipped.
     const int64_t visible =
-        masked ? std::min<int64_t>(kc, t_.KeyLimit(q0_ + r0, sr) - k0) : int64_t(kc);
-    if (visible <= 0) continue;
+        masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
+    // A window's band: the strip's first row sees keys from KeyStart(q) on, so the scores
+    // product and the softmax start at the micro-panel holding it (c0, a multiple of NR), and
+    // P's columns before c0 are zero. A block wholly before the strip's band is skipped.
+    const int64_t first = masked ? t_.KeyStart(q) - k0 : 0;
+    if (visible <= 0 || first >= visible) continue;
     const size_t cols = static_cast<size_t>(visible);
+    const size_t c0 = first <= 0 ? 0 : static_cast<size_t>(first) / nr * nr;
     const MatrixView s_view{scores_, sr, cols, static_cast<ptrdiff_t>(key_block), 1};
+    const MatrixView s_band = s_view.Block(0, c0, sr, cols - c0);
     const MatrixView a_view = acc_.Block(r0, 0, sr, hd);
-    const kernels::PackedB k_cols = kp.Columns(0, cols);
+    const kernels::PackedB k_cols = kp.Columns(c0, cols - c0);
     const kernels::PackedB v_rows = vp.LeadingRows(cols);
     t0 = t_.Now();
     // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
     // without masks the softmax's first pass only reads the scores.
     if (direct_) {
       const bool ran =
-          kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
       assert(ran && "the direct kernel runs where it was chosen");
       (void)ran;
     } else {
-      kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_view);
+      kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_band);
     }
     Record(t0, Stage::kScores);
     t0 = t_.Now();
     kernels::OnlineSoftmaxUpdate(
-        scores_, sr, cols, key_block, 1.0f,
-        masked ? MasksFor(t_.masks, n_, h_, q0_ + r0, k0) : kernels::SoftmaxMasks(), row_max_ + r0,
-        row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+        s_band.data, sr, cols - c0, key_block, 1.0f,
+        masked ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
+               : kernels::SoftmaxMasks(),
+        row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+    for (size_t r = 0; c0 > 0 && r < sr; ++r) {
+      std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
+    }
     Record(t0, Stage::kSoftmax);
     t0 = t_.Now();
     // P is read in place where the direct micro-kernel runs: no packing of the strip's
@@ -332,7 +412,7 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
   const int64_t N = sh.N, L = sh.L, H = m.H;
   const size_t qb = plan.query_block;
   const int64_t q_blocks = (L + qb - 1) / qb;
-  const AttentionMasks masks = PrepareMasks(H, args, plan, buf);
+  const AttentionMasks masks = PrepareMasks(m, args, plan, buf);
   const TaskContext t{m,     args,         plan,  buf,       keys,
                       masks, TraceOf(ctx), sh.St, H / m.KVH, OnlineUsesDirectKernel()};
 

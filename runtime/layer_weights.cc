@@ -168,6 +168,148 @@ Status CheckWeightArrays(const LayerWeights& m, const AttentionWeights& w) {
   return Status::Ok();
 }
 
+// The ALiBi paper's slopes for H heads (get_slopes, in double): H a power of two gives
+// 2^(-8 (h + 1) / H); otherwise the closest power of two cp below H gives slopes(cp) followed by
+// every other slope of slopes(2 cp), the first H - cp of them.
+std::vector<double> AlibiSlopes(int64_t heads) {
+  const auto power_of_two = [](int64_t n) {
+    std::vector<double> s(static_cast<size_t>(n));
+    for (int64_t h = 0; h < n; ++h) s[h] = std::exp2(-8.0 * static_cast<double>(h + 1) / n);
+    return s;
+  };
+  int64_t cp = 1;
+  while (cp * 2 <= heads) cp *= 2;
+  std::vector<double> slopes = power_of_two(cp);
+  if (cp == heads) return slopes;
+  const std::vector<double> extra = AlibiSlopes(2 * cp);
+  for (int64_t i = 0; i < heads - cp; ++i) slopes.push_back(extra[2 * i]);
+  return slopes;
+}
+
+// The index of the first element of v[0, n) that `bad` holds for, or -1.
+template <class Bad>
+int64_t FindBad(const float* v, int64_t n, Bad bad) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (bad(v[i])) return i;
+  }
+  return -1;
+}
+
+// Copies weights tensor `name` ([n] f32) into dst after checking no element is `bad`
+// (described as `expected` in the message).
+template <class Bad>
+Status CopyVariantTensor(const float* src, int64_t n, const char* name, const char* expected,
+                         Bad bad, std::vector<float>* dst) {
+  const int64_t i = FindBad(src, n, bad);
+  if (i >= 0) {
+    return InvalidArgument(std::string(kOp) + "weights." + name + ": expected " + expected +
+                           " values, got " + std::to_string(src[i]) + " at index " + Str(i));
+  }
+  dst->assign(src, src + n);
+  return Status::Ok();
+}
+
+// Checks the variants' settings and tensors and resolves them into m.variants (defaults applied,
+// tensors copied). All off leaves m.variants at its defaults.
+Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, LayerWeights& m) {
+  const std::string op = kOp;
+  LayerVariants& v = m.variants;
+  const auto finite_nonneg = [&](float x, const char* name, const char* zero) -> Status {
+    if (!(x >= 0.0f) || std::isinf(x)) {
+      return InvalidArgument(op + name + ": expected a finite value >= 0 (0 = " + zero +
+                             "), got " + std::to_string(x));
+    }
+    return Status::Ok();
+  };
+  if (c.rope != RopeStyle::kNone && c.rope != RopeStyle::kNeox && c.rope != RopeStyle::kGptj) {
+    return InvalidArgument(op + "rope: expected kNone (0), kNeox (1) or kGptj (2), got " +
+                           Str(static_cast<int>(c.rope)));
+  }
+  if (c.rope == RopeStyle::kNone) {
+    if (c.rope_theta != 0.0f || c.rotary_dim != 0 || c.rope_scale != 0.0f) {
+      return InvalidArgument(op +
+                             "rope_theta/rotary_dim/rope_scale: expected 0 when rope is kNone, "
+                             "got rope_theta " +
+                             std::to_string(c.rope_theta) + ", rotary_dim " + Str(c.rotary_dim) +
+                             ", rope_scale " + std::to_string(c.rope_scale));
+    }
+  } else {
+    const int64_t rd = c.rotary_dim == 0 ? m.hd : c.rotary_dim;
+    if (rd < 2 || rd > m.hd || rd % 2 != 0) {
+      return InvalidArgument(op + "rotary_dim: expected an even value in 2.." + Str(m.hd) +
+                             " (head_dim), or 0 for head_dim, got " + Str(c.rotary_dim));
+    }
+    Status s = finite_nonneg(c.rope_theta, "rope_theta", "10000");
+    if (s.ok()) s = finite_nonneg(c.rope_scale, "rope_scale", "1");
+    if (!s.ok()) return s;
+    const double theta = c.rope_theta > 0.0f ? c.rope_theta : 10000.0;
+    const double scale = c.rope_scale > 0.0f ? c.rope_scale : 1.0;
+    v.rope = c.rope;
+    v.rotary_dim = rd;
+    v.inv_freq.resize(static_cast<size_t>(rd / 2));
+    for (int64_t i = 0; i < rd / 2; ++i) {
+      v.inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd)) /
+                      scale;
+    }
+  }
+
+  if (w.alibi_slopes != nullptr && !c.alibi) {
+    return InvalidArgument(op + "weights.alibi_slopes: given but config.alibi is false");
+  }
+  if (c.alibi) {
+    if (w.alibi_slopes != nullptr) {
+      const Status s =
+          CopyVariantTensor(w.alibi_slopes, m.H, "alibi_slopes", "finite",
+                            [](float x) { return !std::isfinite(x); }, &v.alibi_slopes);
+      if (!s.ok()) return s;
+    } else {
+      const std::vector<double> slopes = AlibiSlopes(m.H);
+      v.alibi_slopes.assign(slopes.begin(), slopes.end());
+    }
+  }
+
+  if (c.window < 0) {
+    return InvalidArgument(op + "window: expected >= 0 (0 = no window), got " + Str(c.window));
+  }
+  v.window = c.window;
+  Status s = finite_nonneg(c.softcap, "softcap", "off");
+  if (s.ok()) s = finite_nonneg(c.qk_norm_eps, "qk_norm_eps", "1e-6");
+  if (!s.ok()) return s;
+  v.softcap = c.softcap;
+  v.qk_norm_eps = c.qk_norm_eps > 0.0f ? c.qk_norm_eps : 1e-6f;
+  v.qk_norm_whole = c.qk_norm_whole;
+
+  if (w.sinks != nullptr) {
+    // -inf is a sink that never contributes; +inf or NaN would make every row NaN.
+    s = CopyVariantTensor(w.sinks, m.H, "sinks", "non-NaN, < +inf",
+                          [](float x) { return std::isnan(x) || x == HUGE_VALF; }, &v.sinks);
+    if (!s.ok()) return s;
+  }
+  if ((w.q_norm_weight == nullptr) != (w.k_norm_weight == nullptr)) {
+    return InvalidArgument(op +
+                           "q_norm_weight/k_norm_weight: expected both or neither, got only " +
+                           (w.q_norm_weight ? "q_norm_weight" : "k_norm_weight"));
+  }
+  if (w.q_norm_weight != nullptr) {
+    const auto not_finite = [](float x) { return !std::isfinite(x); };
+    s = CopyVariantTensor(w.q_norm_weight, c.qk_norm_whole ? m.E : m.hd, "q_norm_weight",
+                          "finite", not_finite, &v.q_norm);
+    if (s.ok()) {
+      s = CopyVariantTensor(w.k_norm_weight, c.qk_norm_whole ? m.kvE : m.hd, "k_norm_weight",
+                            "finite", not_finite, &v.k_norm);
+    }
+    if (!s.ok()) return s;
+  }
+
+  if (v.any_position() && (c.add_bias_kv || c.add_zero_attn)) {
+    return Unsupported(op + "add_bias_kv/add_zero_attn: the appended keys have no position, so " +
+                       "they cannot combine with rope, alibi or window (got add_bias_kv " +
+                       (c.add_bias_kv ? "true" : "false") + ", add_zero_attn " +
+                       (c.add_zero_attn ? "true" : "false") + ")");
+  }
+  return Status::Ok();
+}
+
 // Binds the caller's arrays as they are (their dtype is the storage dtype).
 void BindViews(const AttentionWeights& w, LayerWeights& m) {
   const DType st = m.config.weight_dtype;
@@ -275,6 +417,8 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
   Status s = ResolveConfig(config, w.dtype, m);
   if (!s.ok()) return s;
   s = CheckWeightArrays(m, w);
+  if (!s.ok()) return s;
+  s = ResolveVariants(config, w, m);
   if (!s.ok()) return s;
   const DType st = config.weight_dtype;
   // Copies are made when asked for, and always for the per-head packed layout, which is
