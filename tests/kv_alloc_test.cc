@@ -82,6 +82,68 @@ TEST(KvAllocTest, DecodeAllocatesNothingInSteadyState) {
   }
 }
 
+// A ring on a windowed layer with RoPE, QK-norm and sinks: decoding through the wrap-around
+// (lengths past the capacity, spans that wrap) allocates nothing either.
+TEST(KvAllocTest, RingDecodeWithVariantsAllocatesNothing) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  constexpr int64_t E = 64, H = 4, KVH = 2, N = 2, kPrompt = 80, kCapacity = 300;
+  const int64_t hd = E / H, kvE = KVH * hd;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+  std::vector<float> wq(E * E), wk(kvE * E), wv(kvE * E), wo(E * E), sinks(H), norm(hd);
+  for (auto* w : {&wq, &wk, &wv, &wo, &sinks}) {
+    for (float& x : *w) x = u(rng);
+  }
+  for (float& x : norm) x = 1.0f + u(rng);
+  AttentionConfig c;
+  c.embed_dim = E;
+  c.num_heads = H;
+  c.num_kv_heads = KVH;
+  c.rope = RopeStyle::kNeox;
+  c.window = 100;
+  c.bias = false;
+  AttentionWeights w;
+  w.q_proj_weight = wq.data();
+  w.k_proj_weight = wk.data();
+  w.v_proj_weight = wv.data();
+  w.out_proj_weight = wo.data();
+  w.sinks = sinks.data();
+  w.q_norm_weight = norm.data();
+  w.k_norm_weight = norm.data();
+  std::unique_ptr<MultiheadAttention> layer;
+  const Status created = MultiheadAttention::Create(c, w, WeightBinding::kView, &layer);
+  ASSERT_TRUE(created.ok()) << created.ToString();
+  ContextOptions opts;
+  opts.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  KvCacheOptions o = KvCacheOptions::ForLayer(*layer, N, kCapacity, DType::kBF16);
+  o.ring = true;
+  std::unique_ptr<KvCache> cache;
+  ASSERT_TRUE(KvCache::Create(o, &cache).ok());
+  std::vector<float> prompt(N * kPrompt * E, 0.25f), prompt_out(prompt.size());
+  std::vector<float> token(N * E, 0.5f), out(N * E);
+  const int64_t p_shape[3] = {N, kPrompt, E}, t_shape[3] = {N, 1, E};
+  TensorView pv, pov, tv, ov;
+  ASSERT_TRUE(TensorView::Dense(prompt.data(), DType::kF32, 3, p_shape, &pv).ok());
+  ASSERT_TRUE(TensorView::Dense(prompt_out.data(), DType::kF32, 3, p_shape, &pov).ok());
+  ASSERT_TRUE(TensorView::Dense(token.data(), DType::kF32, 3, t_shape, &tv).ok());
+  ASSERT_TRUE(TensorView::Dense(out.data(), DType::kF32, 3, t_shape, &ov).ok());
+  ASSERT_TRUE(cache->Step(*ctx, *layer, pv, pov).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(cache->Step(*ctx, *layer, tv, ov).ok());
+  g_allocations = 0;
+  g_counting = true;
+  bool ok = true;
+  // 83 -> 383 positions: past the capacity of 300, over the span boundaries at 256 and 512 - 300.
+  for (int i = 0; i < 300 && ok; ++i) ok = cache->Step(*ctx, *layer, tv, ov).ok();
+  g_counting = false;
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(cache->length(0), 383);
+  EXPECT_EQ(g_allocations.load(), 0);
+}
+
 TEST(KvAllocTest, CounterSeesAllocations) {
 #ifdef MHA_SANITIZED
   GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
