@@ -99,9 +99,7 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
   auto band_start = [&](int64_t first) { return W > 0 ? std::max<int64_t>(0, first - W + 1) : 0; };
   // The span of the global grid holding entry n's band start, and the spans from it to the end.
   auto first_span = [&](int64_t n) { return band_start(base_of(n)) / kSpan; };
-  auto spans_of = [&](int64_t n) {
-    return (cache.lengths[n] + kSpan - 1) / kSpan - first_span(n);
-  };
+  auto spans_of = [&](int64_t n) { return (cache.lengths[n] + kSpan - 1) / kSpan - first_span(n); };
   auto slot_of = [&](int64_t pos) { return cache.ring ? pos % cache.capacity : pos; };
   // Element offset of (n, g, slot) in K or V; the int8 scales of the same row (null otherwise).
   auto row_of = [&](int64_t n, int64_t g, int64_t slot) {
@@ -116,22 +114,22 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
                         int64_t a, int64_t b, float* scores, ptrdiff_t score_stride) {
     for (int64_t p = a; p < b;) {
       const int64_t slot = slot_of(p), run = std::min(b - p, cache.capacity - slot);
-      kernels::QueryKeyScores(q, rows, q_stride, static_cast<const uint8_t*>(cache.k) +
-                                                     row_of(n, g, slot),
-                              ctype, hd, scale_row(cache.k_scales, n, g, slot),
-                              static_cast<size_t>(run), hd, scores + (p - a), score_stride);
+      kernels::QueryKeyScores(q, rows, q_stride,
+                              static_cast<const uint8_t*>(cache.k) + row_of(n, g, slot), ctype, hd,
+                              scale_row(cache.k_scales, n, g, slot), static_cast<size_t>(run), hd,
+                              scores + (p - a), score_stride);
       p += run;
     }
   };
   // acc[r] += sum_j p[r, j - a] v_j over the positions j in [a, b), as key_scores.
-  auto weighted_values = [&](const float* p, size_t rows, ptrdiff_t p_stride, int64_t n,
-                             int64_t g, int64_t a, int64_t b, float* acc, ptrdiff_t acc_stride) {
+  auto weighted_values = [&](const float* p, size_t rows, ptrdiff_t p_stride, int64_t n, int64_t g,
+                             int64_t a, int64_t b, float* acc, ptrdiff_t acc_stride) {
     for (int64_t pos = a; pos < b;) {
       const int64_t slot = slot_of(pos), run = std::min(b - pos, cache.capacity - slot);
-      kernels::AccumulateWeightedValues(
-          p + (pos - a), rows, p_stride, static_cast<const uint8_t*>(cache.v) + row_of(n, g, slot),
-          ctype, hd, scale_row(cache.v_scales, n, g, slot), static_cast<size_t>(run), hd, acc,
-          acc_stride);
+      kernels::AccumulateWeightedValues(p + (pos - a), rows, p_stride,
+                                        static_cast<const uint8_t*>(cache.v) + row_of(n, g, slot),
+                                        ctype, hd, scale_row(cache.v_scales, n, g, slot),
+                                        static_cast<size_t>(run), hd, acc, acc_stride);
       pos += run;
     }
   };

@@ -141,8 +141,9 @@ struct __attribute__((visibility("hidden"))) KvCache::Impl {
                           int64_t window) const;
   // Ring: entry n's lengths move to `length` after storing up to it; floor follows.
   void Grow(int64_t n, int64_t length) {
-    lengths[static_cast<size_t>(n)] = length;
-    if (ring) floor[static_cast<size_t>(n)] = std::max(floor[static_cast<size_t>(n)], length - capacity);
+    const size_t i = static_cast<size_t>(n);
+    lengths[i] = length;
+    if (ring) floor[i] = std::max(floor[i], length - capacity);
   }
   // A validated Step of T prompt tokens into an empty cache: the layer's causal forward, which
   // stores its projected keys and values here as it goes.
@@ -177,8 +178,8 @@ Status KvCache::Impl::CheckRing(const char* op, const LayerWeights& m) const {
   return Status::Ok();
 }
 
-Status KvCache::Impl::CheckCount(const char* op, int64_t n, int64_t count, int64_t T,
-                                 bool append, bool prompt) const {
+Status KvCache::Impl::CheckCount(const char* op, int64_t n, int64_t count, int64_t T, bool append,
+                                 bool prompt) const {
   const int64_t len = lengths[static_cast<size_t>(n)];
   if (!ring) return ValidateTokenCount(op, n, count, T, len, capacity, append);
   Status s = ValidateTokenCount(op, n, count, T, len, INT64_MAX, append);
@@ -194,20 +195,19 @@ Status KvCache::Impl::CheckRingQueries(const char* op, int64_t n, int64_t count,
                                        int64_t w) const {
   if (!ring || count == 0) return Status::Ok();
   if (count > capacity - w + 1) {
-    return InvalidArgument(std::string(op) + "counts[" + Str(n) +
-                           "]: a step over a ring needs at most capacity - window + 1 = " +
-                           Str(capacity - w + 1) + " tokens (capacity " + Str(capacity) +
-                           ", window " + Str(w) + "), got " + Str(count));
+    return InvalidArgument(
+        std::string(op) + "counts[" + Str(n) +
+        "]: a step over a ring needs at most capacity - window + 1 = " + Str(capacity - w + 1) +
+        " tokens (capacity " + Str(capacity) + ", window " + Str(w) + "), got " + Str(count));
   }
   const int64_t len = lengths[static_cast<size_t>(n)] + (append ? count : 0);
-  const int64_t lowest =
-      append ? std::max(floor[static_cast<size_t>(n)], len - capacity) : floor[static_cast<size_t>(n)];
+  const int64_t lowest = append ? std::max(floor[static_cast<size_t>(n)], len - capacity)
+                                : floor[static_cast<size_t>(n)];
   const int64_t band = std::max<int64_t>(0, len - count - w + 1);
   if (band < lowest) {
     return InvalidArgument(std::string(op) + "ring: batch entry " + Str(n) +
                            "'s first query (position " + Str(len - count) + ", window " + Str(w) +
-                           ") needs positions from " + Str(band) +
-                           ", expected >= " + Str(lowest) +
+                           ") needs positions from " + Str(band) + ", expected >= " + Str(lowest) +
                            " (the oldest position the ring still holds)");
   }
   return Status::Ok();
@@ -385,8 +385,8 @@ Status KvCache::Impl::Prefill(Context& ctx, const MultiheadAttention& layer, con
   } sink{this, ring ? T - capacity : 0};
   auto store = [](void* user, Context& c, const ProjectedKv& kv) {
     const Sink& d = *static_cast<const Sink*>(user);
-    d.cache->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride,
-                         kv.end - kv.begin, nullptr, kv.begin, d.keep_from);
+    d.cache->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride, kv.end - kv.begin,
+                         nullptr, kv.begin, d.keep_from);
   };
   s = ForwardWithKvSink(layer, ctx, in, out, store, &sink);
   if (!s.ok()) return s;
@@ -432,13 +432,11 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   // workspace grows with T, so the bound is the larger of the longest split call and T itself.
   const size_t threads = std::max<size_t>(num_threads, 1);
   const int64_t longest_split = std::min(max_tokens, kSplitMaxTokens);
-  const size_t bound =
-      std::max(PlanStep(m, impl_->batch, longest_split, impl_->capacity, impl_->ring, true, true,
-                        threads)
-                   .total,
-               PlanStep(m, impl_->batch, max_tokens, impl_->capacity, impl_->ring, true, true,
-                        threads)
-                   .total);
+  const size_t bound = std::max(
+      PlanStep(m, impl_->batch, longest_split, impl_->capacity, impl_->ring, true, true, threads)
+          .total,
+      PlanStep(m, impl_->batch, max_tokens, impl_->capacity, impl_->ring, true, true, threads)
+          .total);
   size_t planned = ArenaBytesFor(bound);
   // A prompt of kPrefillForwardMinTokens or more runs the forward (Prefill; layers that can
   // Step), whose workspace grows with the tokens except where the long-key chunking starts: the
@@ -472,19 +470,16 @@ Status KvCache::Truncate(int64_t n, int64_t length) {
   const int64_t cur = impl_->lengths[static_cast<size_t>(n)];
   // A ring keeps the window of the next token readable: it drops at most capacity - window
   // positions (window: the last layer used, 1 before any).
-  const int64_t lowest =
-      impl_->ring ? std::max<int64_t>(0, cur - (impl_->capacity - std::max<int64_t>(
-                                                                      impl_->window, 1)))
-                  : 0;
+  const int64_t window = std::max<int64_t>(impl_->window, 1);
+  const int64_t lowest = impl_->ring ? std::max<int64_t>(0, cur - (impl_->capacity - window)) : 0;
   if (length < lowest || length > cur) {
-    return InvalidArgument(
-        "KvCache::Truncate: length: expected " + Str(lowest) + ".." + Str(cur) +
-        " (the current length of batch entry " + Str(n) +
-        (impl_->ring ? "; a ring of capacity " + Str(impl_->capacity) + " and window " +
-                           Str(std::max<int64_t>(impl_->window, 1)) +
-                           " drops at most capacity - window positions"
-                     : std::string()) +
-        "), got " + Str(length));
+    const std::string ring = impl_->ring
+                                 ? "; a ring of capacity " + Str(impl_->capacity) + " and window " +
+                                       Str(window) + " drops at most capacity - window positions"
+                                 : std::string();
+    return InvalidArgument("KvCache::Truncate: length: expected " + Str(lowest) + ".." + Str(cur) +
+                           " (the current length of batch entry " + Str(n) + ring + "), got " +
+                           Str(length));
   }
   impl_->lengths[static_cast<size_t>(n)] = length;
   return Status::Ok();
@@ -677,7 +672,9 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
   // ---- 2. Store the new keys and values.
   if (append) {
     StoreTokens(pool, k_new, v_new, T * kvE, kvE, T, counts, 0);
-    for (int64_t n = 0; n < N; ++n) Grow(n, lengths[static_cast<size_t>(n)] + (counts != nullptr ? counts[n] : T));
+    for (int64_t n = 0; n < N; ++n) {
+      Grow(n, lengths[static_cast<size_t>(n)] + (counts != nullptr ? counts[n] : T));
+    }
   }
   if (!forward) return TakeDispatchError(ctx);
 

@@ -3,9 +3,9 @@
 // forward (mha_layer_forward with MHA_FORWARD_CAUSAL) within the tolerances of
 // tests/kv_cache_test.cc (f32 1e-5, bf16 2e-2, f16 4e-3, relative to 1 + |forward|), for MHA,
 // GQA and MQA layers, ragged batches, append + forward, projected appends, truncate and reset,
-// caller buffers, a ring on a windowed layer with RoPE and sinks; every NULL pointer and bad value gives the right status and a message naming
-// the argument, and leaves the cache, the outputs and the out-parameters untouched; steady-state
-// decoding allocates nothing.
+// caller buffers, a ring on a windowed layer with RoPE and sinks; every NULL pointer and bad value
+// gives the right status and a message naming the argument, and leaves the cache, the outputs and
+// the out-parameters untouched; steady-state decoding allocates nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -2,8 +2,9 @@
 // equals the one-shot causal forward of the same layer, for MHA, GQA and MQA layers, f32 / bf16 /
 // f16 storage, ragged batches, prefill + decode, multi-token steps and contexts longer than a
 // chunk, on every SIMD target; the attention variants (RoPE, ALiBi, window, softcap, sinks,
-// QK-norm, alone and combined) and the ring cache of a windowed layer; results are bitwise identical for 1..4 threads; errors name their
-// argument and leave the cache and the outputs untouched.
+// QK-norm, alone and combined) and the ring cache of a windowed layer; results are bitwise
+// identical for 1..4 threads; errors name their argument and leave the cache and the outputs
+// untouched.
 //
 // Tolerances, per output element, |cache - forward| <= tol * (1 + |forward|):
 // - f32 cache: 1e-5. Both sides are f32 computations of the same math in different summation
@@ -662,7 +663,6 @@ TEST_F(KvCacheApiTest, CallerBufferHoldsTheCache) {
   for (int i = 16; i < 32; ++i) EXPECT_EQ(k[i], 0xEE) << "byte " << i;
 }
 
-
 // ---- Attention variants (issue 30): decode equals the one-shot causal forward of the layer.
 
 struct VariantCase {
@@ -878,8 +878,8 @@ TEST(KvCacheVariantsTest, RingErrors) {
   };
   std::unique_ptr<KvCache> ring8 = make(8);
   // A layer without a window.
-  expect_error(step(*ring8, p0, 1), {"ring", "window > 0", "capacity >= window", "window 0",
-                                     "capacity 8"});
+  expect_error(step(*ring8, p0, 1),
+               {"ring", "window > 0", "capacity >= window", "window 0", "capacity 8"});
   size_t bytes = 0;
   expect_error(ring8->Plan(*p0.layer, 1, 1, &bytes), {"ring", "window 0"});
   // capacity < window.
@@ -887,8 +887,8 @@ TEST(KvCacheVariantsTest, RingErrors) {
   expect_error(step(*ring4, p5, 1), {"ring", "window 5", "capacity 4"});
   EXPECT_EQ(ring4->length(0), 0);
   // A step of more than capacity - window + 1 = 4 tokens.
-  expect_error(step(*ring8, p5, 5), {"capacity - window + 1 = 4", "capacity 8", "window 5",
-                                     "got 5"});
+  expect_error(step(*ring8, p5, 5),
+               {"capacity - window + 1 = 4", "capacity 8", "window 5", "got 5"});
   EXPECT_EQ(ring8->length(0), 0);
   for (float v : ob) ASSERT_EQ(v, 7.0f) << "output written on error";
   // Truncate drops at most capacity - window = 3 positions.

@@ -23,11 +23,11 @@
 // scale = max_d |x_d| / 127, code_d = round_half_even(x_d * 127 / max_d |x_d|) in [-127, 127];
 // the scales follow V's codes, K's [batch, num_kv_heads, capacity] f32 then V's, at the first
 // 4-byte boundary (caller buffers must be 4-byte aligned). A row costs head_dim + 4 bytes: at
-// head_dim 64, 27% of f32's bytes. Its error: each element within scale / 2 of its f32 value. Error of a 16-bit cache: each stored
-// element has relative error <= 2^-9 (bf16) or 2^-11 (f16, inside its normal range
-// [6.1e-5, 65504]; larger magnitudes become inf). For layers with O(1) activations the outputs
-// differ from an f32 cache by about 1e-2 (bf16) and 1e-3 (f16) relative to the output scale;
-// tests/kv_cache_test.cc checks 2e-2 and 4e-3 against the full causal forward.
+// head_dim 64, 27% of f32's bytes. Its error: each element within scale / 2 of its f32 value. Error
+// of a 16-bit cache: each stored element has relative error <= 2^-9 (bf16) or 2^-11 (f16, inside
+// its normal range [6.1e-5, 65504]; larger magnitudes become inf). For layers with O(1) activations
+// the outputs differ from an f32 cache by about 1e-2 (bf16) and 1e-3 (f16) relative to the output
+// scale; tests/kv_cache_test.cc checks 2e-2 and 4e-3 against the full causal forward.
 //
 // Positions and causality: entry n of the batch has its own length len_n (ragged batches).
 // Inputs carry T tokens per entry; `counts` (optional, [batch]) says how many of them entry n
@@ -47,10 +47,10 @@
 // (values as projected). Truncate keeps positions consistent: tokens appended after it get the
 // positions of the ones dropped, and the rotated keys still cached sit at their own positions.
 // AppendProjected stores keys as given: pass them already normalized and rotated at their
-// positions (as MultiheadAttention::Project returns k for those positions). Softcap, ALiBi (-m_h |p_i - p_j|),
-// the window (p_i - W < p_j <= p_i) and sinks apply in decode exactly as in the causal forward;
-// a window's decode reads only the W positions of each query's band. Layers with RoPE, ALiBi or
-// a window need every position below 2^31.
+// positions (as MultiheadAttention::Project returns k for those positions). Softcap, ALiBi
+// (s -= m_h * |p_i - p_j|), the window (p_i - W < p_j <= p_i) and sinks apply in decode exactly
+// as in the causal forward; a window's decode reads only the W positions of each query's band.
+// Layers with RoPE, ALiBi or a window need every position below 2^31.
 //
 // Ring (KvCacheOptions::ring, for layers with a window W): position p lives in slot
 // p mod capacity, so the cache keeps the last `capacity` positions of each entry. Lengths stay
