@@ -294,7 +294,7 @@ TEST(VariantsTest, EachVariantAloneMatchesReference) {
 
 TEST(VariantsTest, RandomCombinationsMatchReference) {
   std::mt19937 rng(30);
-  for (int i = 0; i < 250; ++i) {
+  for (int i = 0; i < 600; ++i) {
     const Problem p = RandomVariantProblem(&rng, i % 10 == 0 ? 40 : 10);
     Views v;
     RunMha(p, 1 + i % 3, &v);
@@ -309,7 +309,7 @@ TEST(VariantsTest, RandomCombinationsMatchReference) {
 
 TEST(VariantsTest, KeyChunkedPathMatchesReference) {
   std::mt19937 rng(3031);
-  for (int i = 0; i < 150; ++i) {
+  for (int i = 0; i < 400; ++i) {
     Problem p = RandomVariantProblem(&rng, 40);
     p.need_weights = false;
     const int64_t chunk_keys = 1 + i % 9;
@@ -327,7 +327,7 @@ TEST(VariantsTest, KeyChunkedPathMatchesReference) {
 
 TEST(VariantsTest, BitwiseIdenticalForOneTwoThreeThreads) {
   std::mt19937 rng(3032);
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 100; ++i) {
     Problem p = RandomVariantProblem(&rng, 60);
     const int64_t chunk_keys = i % 2 ? 3 + i % 13 : 0;
     if (chunk_keys) p.need_weights = false;
@@ -492,6 +492,7 @@ TEST(VariantsTest, NeutralSettingsMatchThePlainLayer) {
       default:
         if (p.config.embed_dim / H < 2) continue;
         p.config.rope = RopeStyle::kNeox;
+        p.config.rotary_dim = p.config.embed_dim / H / 2 * 2;
         p.positions.assign(p.N * p.L, 0);
         if (!p.self_attention) p.key_positions.assign(p.N * p.S, 0);
         break;
@@ -549,7 +550,8 @@ TEST(VariantsTest, PositionalVariantsRefuseAppendedKeys) {
   p.config.add_bias_kv = true;
   testing_util::FillProblem(&p, &rng);
   for (int v = 0; v < 3; ++v) {
-    AttentionConfig c = p.config;
+    Problem q = p;
+    AttentionConfig& c = q.config;
     c.rope = v == 0 ? RopeStyle::kNeox : RopeStyle::kNone;
     c.alibi = v == 1;
     c.window = v == 2 ? 4 : 0;
@@ -557,7 +559,7 @@ TEST(VariantsTest, PositionalVariantsRefuseAppendedKeys) {
       c.add_bias_kv = !zero_attn;
       c.add_zero_attn = zero_attn;
       std::unique_ptr<MultiheadAttention> mha;
-      const Status s = MultiheadAttention::Create(c, WeightsOf(p), WeightBinding::kCopy, &mha);
+      const Status s = MultiheadAttention::Create(c, WeightsOf(q), WeightBinding::kCopy, &mha);
       EXPECT_EQ(s.code(), StatusCode::kUnsupported) << v << " " << zero_attn << " " << s.ToString();
     }
   }
