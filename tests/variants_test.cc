@@ -421,6 +421,56 @@ TEST(VariantsTest, LongCrossAttentionWithKeyPositions) {
   }
 }
 
+// BLOOM-style left padding: the padded keys masked by a bool key_padding_mask, positions
+// cumsum(mask) - 1 (0 on the padding), ALiBi and RoPE, causal; and the same sequence unpadded
+// gives the same outputs on its real rows.
+TEST(VariantsTest, LeftPaddedBatchWithCumsumPositions) {
+  std::mt19937 rng(3039);
+  Problem p;
+  p.config.embed_dim = 16;
+  p.config.num_heads = 4;
+  p.config.batch_first = true;
+  p.self_attention = true;
+  p.N = 2;
+  p.L = p.S = 9;
+  p.causal = true;
+  testing_util::FillProblem(&p, &rng);
+  p.config.alibi = true;
+  p.config.rope = RopeStyle::kNeox;
+  const int64_t pad[2] = {0, 4};
+  p.kpm = MaskChoice::kBool;
+  p.kpm_b.assign(p.N * p.S, 0);
+  for (int64_t n = 0; n < p.N; ++n) {
+    for (int64_t l = 0; l < p.L; ++l) {
+      p.positions.push_back(std::max<int64_t>(0, l - pad[n]));
+      if (l < pad[n]) p.kpm_b[n * p.S + l] = 1;
+    }
+  }
+  p.pos_dtype = DType::kI64;
+  Views v;
+  RunMha(p, 2, &v);
+  if (HasFatalFailure()) return;
+  CheckAgainstReference(p, v);
+  // Batch entry 1 unpadded: its 5 real tokens alone, positions 0..4.
+  Problem alone = p;
+  alone.N = 1;
+  alone.L = alone.S = p.L - pad[1];
+  alone.query.assign(p.query.begin() + (p.L + pad[1]) * 16, p.query.begin() + 2 * p.L * 16);
+  alone.kpm = MaskChoice::kNone;
+  alone.kpm_b.clear();
+  alone.positions.clear();
+  for (int64_t l = 0; l < alone.L; ++l) alone.positions.push_back(l);
+  Views w;
+  RunMha(alone, 2, &w);
+  if (HasFatalFailure()) return;
+  for (int64_t l = 0; l < alone.L; ++l)
+    for (int64_t e = 0; e < 16; ++e) {
+      EXPECT_NEAR(OutputAt(p, v.output, 1, pad[1] + l, e), OutputAt(alone, w.output, 0, l, e),
+                  1e-5)
+          << l << " " << e;
+    }
+}
+
 // Project returns q and k as attention uses them: QK-norm, then RoPE at the given positions.
 TEST(VariantsTest, ProjectReturnsNormalizedRotatedQk) {
   std::mt19937 rng(3035);
