@@ -22,22 +22,16 @@
 namespace mha {
 namespace {
 
+using testing_util::Close;
+using testing_util::ExpectMatchesReference;
 using testing_util::MakeViews;
 using testing_util::MaskChoice;
 using testing_util::OutputAt;
 using testing_util::Problem;
+using testing_util::RunForward;
 using testing_util::ScopedKeyChunking;
 using testing_util::Views;
 using testing_util::WeightsOf;
-
-// The tolerances of attention_random_test.cc: f32 against double, O(1) values.
-constexpr double kAtol = 2e-5;
-constexpr double kRtol = 2e-4;
-
-bool Close(double got, double want) {
-  if (std::isnan(want)) return std::isnan(got);
-  return std::abs(got - want) <= kAtol + kRtol * std::abs(want);
-}
 
 int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
@@ -186,10 +180,14 @@ Problem RandomVariantProblem(std::mt19937* rng, int64_t max_len, int only = -1) 
   }
   p.S = p.self_attention ? p.L : Pick(rng, 1, max_len);
   const int mask_pick = static_cast<int>(Pick(rng, 0, 4));
-  p.attn = mask_pick == 1 ? MaskChoice::kBool : mask_pick == 2 ? MaskChoice::kFloat : MaskChoice::kNone;
+  p.attn = mask_pick == 1   ? MaskChoice::kBool
+           : mask_pick == 2 ? MaskChoice::kFloat
+                            : MaskChoice::kNone;
   p.attn_3d = p.attn != MaskChoice::kNone && Coin(rng, 0.3);
   const int kpm_pick = static_cast<int>(Pick(rng, 0, 3));
-  p.kpm = kpm_pick == 1 ? MaskChoice::kBool : kpm_pick == 2 ? MaskChoice::kFloat : MaskChoice::kNone;
+  p.kpm = kpm_pick == 1   ? MaskChoice::kBool
+          : kpm_pick == 2 ? MaskChoice::kFloat
+                          : MaskChoice::kNone;
   p.causal = Coin(rng, 0.4);
   p.need_weights = Coin(rng, 0.5);
   p.average = Coin(rng);
@@ -201,65 +199,6 @@ Problem RandomVariantProblem(std::mt19937* rng, int64_t max_len, int only = -1) 
   return p;
 }
 
-void RunMha(const Problem& p, size_t threads, Views* v) {
-  std::unique_ptr<MultiheadAttention> mha;
-  Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  ContextOptions opts;
-  opts.num_threads = threads;
-  std::unique_ptr<Context> ctx;
-  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
-  MakeViews(p, v);
-  size_t bytes = 0;
-  s = mha->Plan(v->in, v->out, threads, &bytes);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  s = mha->Forward(*ctx, v->in, v->out);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  EXPECT_LE(ctx->arena_high_water(), bytes + 64) << p.Describe();
-}
-
-// Output and weights against the reference; with sinks, every row of per-head weights sums to
-// 1 - p_sink (< 1 wherever a key is visible).
-void CheckAgainstReference(const Problem& p, const Views& v) {
-  reference::Outputs ref;
-  testing_util::RunReference(p, &ref);
-  const int64_t E = p.config.embed_dim;
-  int bad = 0;
-  for (int64_t n = 0; n < p.N; ++n)
-    for (int64_t l = 0; l < p.L; ++l)
-      for (int64_t e = 0; e < E; ++e) {
-        const double want = ref.output[(n * p.L + l) * E + e];
-        const double got = OutputAt(p, v.output, n, l, e);
-        if (!Close(got, want) && bad++ < 5) {
-          ADD_FAILURE() << "output[n=" << n << ", l=" << l << ", e=" << e << "] = " << got
-                        << ", want " << want << "\n"
-                        << p.Describe();
-        }
-      }
-  if (!p.need_weights) return;
-  const int64_t St = ref.total_src_len;
-  const std::vector<double>& want_w = p.average ? ref.mean_weights : ref.head_weights;
-  ASSERT_EQ(v.weights.size(), want_w.size()) << p.Describe();
-  for (size_t i = 0; i < want_w.size(); ++i) {
-    if (!Close(v.weights[i], want_w[i]) && bad++ < 5) {
-      ADD_FAILURE() << "weights[" << i << "] (row " << i / St << ", col " << i % St
-                    << ") = " << v.weights[i] << ", want " << want_w[i] << "\n"
-                    << p.Describe();
-    }
-  }
-  for (size_t row = 0; row * St < want_w.size(); ++row) {
-    double got = 0, want = 0;
-    for (int64_t j = 0; j < St; ++j) {
-      got += v.weights[row * St + j];
-      want += want_w[row * St + j];
-    }
-    if (std::abs(got - want) > 1e-5 && bad++ < 5) {
-      ADD_FAILURE() << "weights row " << row << " sums to " << got << ", want " << want << "\n"
-                    << p.Describe();
-    }
-  }
-}
-
 void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const Problem& p,
                     const char* what, size_t threads) {
   ASSERT_EQ(a.size(), b.size());
@@ -269,8 +208,8 @@ void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, co
       << p.Describe();
 }
 
-const char* const kVariantNames[7] = {"rope", "alibi", "window", "softcap", "sinks", "qk_norm",
-                                      "positions"};
+const char* const kVariantNames[7] = {"rope",  "alibi",   "window",   "softcap",
+                                      "sinks", "qk_norm", "positions"};
 
 TEST(VariantsTest, EachVariantAloneMatchesReference) {
   std::mt19937 rng(3030);
@@ -279,9 +218,9 @@ TEST(VariantsTest, EachVariantAloneMatchesReference) {
     for (int i = 0; i < 30; ++i) {
       const Problem p = RandomVariantProblem(&rng, 12, only);
       Views v;
-      RunMha(p, 1 + i % 3, &v);
+      RunForward(p, 1 + i % 3, &v);
       if (HasFatalFailure()) return;
-      CheckAgainstReference(p, v);
+      ExpectMatchesReference(p, v);
       if (HasFailure()) {
         ADD_FAILURE() << kVariantNames[only] << " alone, problem #" << i;
         return;
@@ -297,9 +236,9 @@ TEST(VariantsTest, RandomCombinationsMatchReference) {
   for (int i = 0; i < 600; ++i) {
     const Problem p = RandomVariantProblem(&rng, i % 10 == 0 ? 40 : 10);
     Views v;
-    RunMha(p, 1 + i % 3, &v);
+    RunForward(p, 1 + i % 3, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i;
       return;
@@ -315,9 +254,9 @@ TEST(VariantsTest, KeyChunkedPathMatchesReference) {
     const int64_t chunk_keys = 1 + i % 9;
     ScopedKeyChunking forced(chunk_keys);
     Views v;
-    RunMha(p, 1 + i % 3, &v);
+    RunForward(p, 1 + i % 3, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i << ", chunks of " << chunk_keys << " keys";
       return;
@@ -333,9 +272,9 @@ TEST(VariantsTest, BitwiseIdenticalForOneTwoThreeThreads) {
     if (chunk_keys) p.need_weights = false;
     ScopedKeyChunking chunking(chunk_keys);
     Views v1, v2, v3;
-    RunMha(p, 1, &v1);
-    RunMha(p, 2, &v2);
-    RunMha(p, 3, &v3);
+    RunForward(p, 1, &v1);
+    RunForward(p, 2, &v2);
+    RunForward(p, 3, &v3);
     if (HasFatalFailure()) return;
     ExpectSameBits(v1.output, v2.output, p, "outputs", 2);
     ExpectSameBits(v1.output, v3.output, p, "outputs", 3);
@@ -371,9 +310,9 @@ TEST(VariantsTest, WindowsAroundBlockSizes) {
       const int64_t chunk_keys = mode == 2 ? 100 : 0;
       ScopedKeyChunking chunking(chunk_keys);
       Views v;
-      RunMha(p, 2, &v);
+      RunForward(p, 2, &v);
       if (HasFatalFailure()) return;
-      CheckAgainstReference(p, v);
+      ExpectMatchesReference(p, v);
       if (HasFailure()) {
         ADD_FAILURE() << "window " << windows[i] << " mode " << mode;
         return;
@@ -412,10 +351,10 @@ TEST(VariantsTest, LongCrossAttentionWithKeyPositions) {
     p.pos_dtype = variant % 2 ? DType::kI64 : DType::kI32;
     ScopedKeyChunking chunking(variant >= 2 ? 1024 : 0);
     Views v1, v2;
-    RunMha(p, 2, &v2);
-    RunMha(p, 1, &v1);
+    RunForward(p, 2, &v2);
+    RunForward(p, 1, &v1);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v2);
+    ExpectMatchesReference(p, v2);
     ExpectSameBits(v1.output, v2.output, p, "outputs", 2);
     if (HasFailure()) return;
   }
@@ -448,9 +387,9 @@ TEST(VariantsTest, LeftPaddedBatchWithCumsumPositions) {
   }
   p.pos_dtype = DType::kI64;
   Views v;
-  RunMha(p, 2, &v);
+  RunForward(p, 2, &v);
   if (HasFatalFailure()) return;
-  CheckAgainstReference(p, v);
+  ExpectMatchesReference(p, v);
   // Batch entry 1 unpadded: its 5 real tokens alone, positions 0..4.
   Problem alone = p;
   alone.N = 1;
@@ -461,12 +400,11 @@ TEST(VariantsTest, LeftPaddedBatchWithCumsumPositions) {
   alone.positions.clear();
   for (int64_t l = 0; l < alone.L; ++l) alone.positions.push_back(l);
   Views w;
-  RunMha(alone, 2, &w);
+  RunForward(alone, 2, &w);
   if (HasFatalFailure()) return;
   for (int64_t l = 0; l < alone.L; ++l)
     for (int64_t e = 0; e < 16; ++e) {
-      EXPECT_NEAR(OutputAt(p, v.output, 1, pad[1] + l, e), OutputAt(alone, w.output, 0, l, e),
-                  1e-5)
+      EXPECT_NEAR(OutputAt(p, v.output, 1, pad[1] + l, e), OutputAt(alone, w.output, 0, l, e), 1e-5)
           << l << " " << e;
     }
 }
@@ -503,12 +441,14 @@ TEST(VariantsTest, ProjectReturnsNormalizedRotatedQk) {
     int bad = 0;
     for (size_t j = 0; j < q.size(); ++j) {
       if (!Close(q[j], ref.q[j]) && bad++ < 5) {
-        ADD_FAILURE() << "q[" << j << "] = " << q[j] << ", want " << ref.q[j] << "\n" << p.Describe();
+        ADD_FAILURE() << "q[" << j << "] = " << q[j] << ", want " << ref.q[j] << "\n"
+                      << p.Describe();
       }
     }
     for (size_t j = 0; j < k.size(); ++j) {
       if (!Close(k[j], ref.k[j]) && bad++ < 5) {
-        ADD_FAILURE() << "k[" << j << "] = " << k[j] << ", want " << ref.k[j] << "\n" << p.Describe();
+        ADD_FAILURE() << "k[" << j << "] = " << k[j] << ", want " << ref.k[j] << "\n"
+                      << p.Describe();
       }
     }
     if (HasFailure()) return;
@@ -524,7 +464,7 @@ TEST(VariantsTest, NeutralSettingsMatchThePlainLayer) {
     Problem plain = testing_util::RandomProblem(&rng, 12);
     plain.config.add_bias_kv = plain.config.add_zero_attn = false;
     Views want;
-    RunMha(plain, 2, &want);
+    RunForward(plain, 2, &want);
     if (HasFatalFailure()) return;
     Problem p = plain;
     const int64_t H = p.config.num_heads;
@@ -548,7 +488,7 @@ TEST(VariantsTest, NeutralSettingsMatchThePlainLayer) {
         break;
     }
     Views got;
-    RunMha(p, 2, &got);
+    RunForward(p, 2, &got);
     if (HasFatalFailure()) return;
     int bad = 0;
     for (size_t j = 0; j < want.output.size(); ++j) {
@@ -581,9 +521,9 @@ TEST(VariantsTest, SoftcapCoversAppendedKeys) {
     const bool chunked = mode >= 2;
     ScopedKeyChunking chunking(chunked ? 2 : 0);
     Views v;
-    RunMha(p, 1, &v);
+    RunForward(p, 1, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << (chunked ? "key-chunked" : "unchunked") << ", causal " << p.causal;
       return;
