@@ -398,7 +398,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_beg
     kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
                                  masked
                                      ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
-                                     : kernels::SoftmaxMasks(),
+                                     : AppendedKeyTerms(t_.masks),
                                  row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
     for (size_t r = 0; c0 > 0 && r < sr; ++r) {
       std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
