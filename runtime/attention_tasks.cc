@@ -23,11 +23,14 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Query rows per window segment of the online path with a window (see OnlineTask::Run): a
-// strip's band starts at most this many keys after the segment's key grid, so its P V product
-// multiplies few columns of zeros left of the band, while K^T and V are packed once per
-// segment ((rows + W) keys for rows rows). Belongs with forward_plan.h's tuning constants.
-constexpr size_t kWindowQueryBlock = 128;
+// Query rows per window segment of the online path with a window (see OnlineTask::Run). Each
+// segment packs K^T and V of its band, (rows + W) keys, and a strip's P V product multiplies
+// the zero columns between the segment's key grid and the strip's band, up to rows - strip:
+// per row, packing costs about (1 + W / rows) keys and the zeros rows / 2 columns, which
+// balance near 256 rows at W = 1024 if packing a key costs about 16 key-columns of the two
+// products at head_dim 64 (an estimate, not measured). Belongs with forward_plan.h's tuning
+// constants.
+constexpr size_t kWindowQueryBlock = 256;
 
 // What every task of one RunAttentionTasks call reads: the layer, the bound workspace, the keys
 // covered, the masks and the trace; and views of one head's rows of the buffers.
@@ -395,7 +398,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_beg
     kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
                                  masked
                                      ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
-                                     : kernels::SoftmaxMasks(),
+                                     : AppendedKeyTerms(t_.masks),
                                  row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
     for (size_t r = 0; c0 > 0 && r < sr; ++r) {
       std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
