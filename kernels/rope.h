@@ -13,8 +13,11 @@ namespace mha {
 namespace kernels {
 
 // The cos and sin of row r's angles: angle_i = positions[r] * inv_freq[i] for i < half
-// (positions null: pos0 + r), formed and reduced modulo 2 pi in double, then rounded to f32.
-// cos and sin are [rows, half] dense. inv_freq[i] = theta^(-2i / rotary_dim) / rope_scale.
+// (positions null: pos0 + r), formed in double, its cos and sin taken in double (libm, whose
+// argument reduction modulo 2 pi is exact), then rounded to f32: within one f32 rounding of the
+// exact values plus |angle| * 2^-52 (the product's rounding; 2.3e-10 rad at 2^20 * 1.0), and
+// the same on every target. cos and sin are [rows, half] dense. inv_freq[i] =
+// theta^(-2i / rotary_dim) / rope_scale.
 void RopeAngles(const int32_t* positions, int64_t pos0, size_t rows, const double* inv_freq,
                 size_t half, float* cos, float* sin);
 
@@ -22,13 +25,14 @@ void RopeAngles(const int32_t* positions, int64_t pos0, size_t rows, const doubl
 // with row r's cos/sin [half] at cos + r * half: for each pair (a, b),
 //   a' = a * c - b * s,  b' = b * c + a * s   (f32, each product rounded, no FMA).
 // interleaved false (neox): pairs (x_i, x_{i + half}); true (gptj): pairs (x_{2i}, x_{2i+1}).
-// Components >= rotary_dim are left as they are.
+// Components >= rotary_dim are left as they are. Bitwise the same on every target.
 void ApplyRope(float* x, size_t rows, ptrdiff_t row_stride, size_t heads, size_t head_dim,
                size_t rotary_dim, bool interleaved, const float* cos, const float* sin);
 
 // RMSNorm in place: each row holds `groups` groups of `group_size` values; every group becomes
-// x * weight / sqrt(mean(x^2) + eps), with the sum of squares accumulated in double and one
-// f32 factor per group. weight [group_size] (the same for every group).
+// (x * f) * weight, f = 1 / sqrt(mean(x^2) + eps) computed in double (sum of exact squares)
+// and rounded to f32 once per group; each product rounded in f32. Bitwise the same on every
+// target. weight [group_size] (the same for every group). An all-zero group with eps 0 gives NaN.
 void RmsNormRows(float* x, size_t rows, ptrdiff_t row_stride, size_t groups, size_t group_size,
                  const float* weight, float eps);
 

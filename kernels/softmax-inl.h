@@ -2,12 +2,15 @@
 // kernels/softmax.h. Included once per Highway target by kernels/softmax.cc (foreach_target);
 // other per-target code may include it and call these functions directly, without dispatch.
 //
-// Each row takes three passes over its first valid(r) columns (the causal limit; the columns
-// after it are only written with 0):
+// Each row takes three passes over its visible columns (VisibleColumns: the causal limit and the
+// window with index positions; the columns outside are only written with 0):
 //   1. y = x * scale + add0 + add1, or -inf where a bool mask is set; y is written in place and
-//      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN).
+//      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN). With
+//      per-element terms (HasElementTerms: softcap, ALiBi, a window over explicit positions) the
+//      row runs the kTerms instantiation, which adds them in the documented order; without,
+//      the plain instantiation runs the unchanged code.
 //   2. e = exp(y - max), written in place, and its sum (f32 partial sums, double total); exp is
-//      ExpNonPositive below, since y - max <= 0 always.
+//      ExpNonPositive below, since y - max <= 0 always. A sink joins max and the sum.
 //   3. e *= 1 / sum (reciprocal in double, rounded once).
 // OnlineSoftmaxUpdate fuses passes 1 and 2 (ExpBoundedSum) for rows whose reference from earlier
 // blocks bounds the block's y (see kernels/softmax.h), and falls back to them where it does not.

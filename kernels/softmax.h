@@ -19,10 +19,10 @@
 // Special values:
 // - A row with no unmasked entry (every y_j == -inf) yields all zeros, never NaN, whatever the
 //   sink.
-// - A NaN or +inf sink makes every row NaN (as exp(inf - inf) in PyTorch).
+// - A NaN or +inf sink makes each row with an unmasked entry NaN (exp(inf - inf), as PyTorch).
 // - With softcap, +-inf scores become +-softcap (tanh saturates) before the masks.
 // - NaN in x or in an additive mask (at an unmasked position), or a +inf y_j (exp(inf - inf),
-//   as PyTorch), makes columns j < valid(r) of its row NaN; other rows are unaffected. NaN or
+//   as PyTorch), makes the visible columns of its row NaN; other rows are unaffected. NaN or
 //   +inf at a bool-masked position is ignored. -inf behaves as a masked entry (p_j = 0).
 // - Columns outside VisibleColumns(r) (the causal limit, and the window with index positions)
 //   are written as 0 and never read.
@@ -35,11 +35,11 @@
 // (about 1.8e-6 worst case), and the 2^-23 term is the conditioning of rounding y_j - max to f32
 // (it matters only for scores of large magnitude, e.g. 1e4). Tested in tests/softmax_test.cc on
 // every target, where the largest observed error is about a quarter of this bound.
-// Softcap: tanh is Highway's hn::Tanh (4 ULP by its documentation), so a softcapped y differs
-// from softcap * tanh(fl(x * scale) / softcap) in exact arithmetic by at most 2^-21 * |y|
-// (tanh, the division and the product) and may differ between targets by a few ULP; p_j gains a
-// relative error of at most 2^-21 * (|y_j| + max_k |y_k|) <= 2^-20 * softcap (about 5e-5 at
-// softcap 50).  The sink's exp is computed in double.
+// Softcap: tanh is Highway's hn::Tanh (4 ULP by its documentation), so a capped score differs
+// from softcap * tanh(fl(x * scale) / softcap) by at most 2^-20 * softcap (tanh, the division
+// and the product) and may differ between targets by a few ULP; p_j gains a relative error of at
+// most 2^-19 * softcap (1e-4 at softcap 50), tested with the rest. The sink's exp is computed in
+// double.
 #ifndef MHA_KERNELS_SOFTMAX_H_
 #define MHA_KERNELS_SOFTMAX_H_
 
@@ -164,7 +164,7 @@ void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, 
 // the row's first visible keys) m_new = max(m_old, max_j y_j). Either way y_j <= m_new + 8 for
 // every key seen, so p, row_sum and acc stay within a factor e^8 of the max-referenced ones; the
 // division by row_sum at the end makes the reference cancel (its rounding: one more f32 multiply
-// of the p_j done before a late rescale). Columns beyond the causal limit are set to 0; a row
+// of the p_j done before a late rescale). Columns outside VisibleColumns are set to 0; a row
 // whose keys so far are all masked keeps (-inf, 0) and gets p = 0; NaN or +inf (see above) sets
 // the row's p, acc, row_max and row_sum to NaN, so its final output is NaN.
 void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,

@@ -16,6 +16,7 @@
 #include "runtime/key_chunks.h"
 #include "runtime/layer_weights.h"
 #include "runtime/projections.h"
+#include "runtime/qk_transform.h"
 #include "runtime/validate.h"
 #include "runtime/weights.h"
 
@@ -80,7 +81,10 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   if (!s.ok()) return s;
   const ForwardBuffers buf = BindForwardPlan(plan, m, args, static_cast<uint8_t*>(base));
 
+  FillPositions(args, buf.q_pos, buf.k_pos);
   RunInputProjections(ctx, m, args, plan, buf, nullptr);
+  // QK-norm and RoPE before anything reads Q or K (the sink stores rotated keys).
+  RunForwardQkTransform(ctx, m, args, plan, buf, nullptr);
   if (plan.chunked()) {
     RunKeyChunks(ctx, m, args, plan, buf, sink, user);
     return TakeDispatchError(ctx);
@@ -115,7 +119,7 @@ Status MultiheadAttention::PlanProject(const AttentionInputs& inputs,
   ForwardArgs args;
   const Status s = ValidateProject(*impl_, inputs, outputs, &args);
   if (!s.ok()) return s;
-  *workspace_bytes = ArenaBytesFor(PlanProjectBytes(num_threads));
+  *workspace_bytes = ArenaBytesFor(PlanProjectWorkspace(*impl_, args.shapes, num_threads).total);
   return Status::Ok();
 }
 
@@ -124,15 +128,24 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   ForwardArgs args;
   Status s = ValidateProject(*impl_, inputs, outputs, &args);
   if (!s.ok()) return s;
-  const size_t bytes = PlanProjectBytes(ctx.num_threads());
-  s = ReserveArena(ctx, bytes);
+  const ProjectPlan plan = PlanProjectWorkspace(*impl_, args.shapes, ctx.num_threads());
+  s = ReserveArena(ctx, plan.total);
   if (!s.ok()) return s;
   ArenaOf(ctx).Reset();
-  void* scratch = nullptr;
-  s = ArenaOf(ctx).Allocate(bytes, &scratch, "projection workspace");
+  void* workspace = nullptr;
+  s = ArenaOf(ctx).Allocate(plan.total, &workspace, "projection workspace");
   if (!s.ok()) return s;
-  RunHeadProjections(ctx, *impl_, args, outputs, static_cast<uint8_t*>(scratch),
-                     bytes / ctx.num_threads());
+  uint8_t* base = static_cast<uint8_t*>(workspace);
+  RunHeadProjections(ctx, *impl_, args, outputs, base, plan.scratch_per_worker);
+  int32_t* q_pos = nullptr;
+  int32_t* k_pos = nullptr;
+  if (args.shapes.has_positions) {
+    q_pos = reinterpret_cast<int32_t*>(base + plan.q_pos);
+    k_pos = reinterpret_cast<int32_t*>(base + plan.k_pos);
+    FillPositions(args, q_pos, k_pos);
+  }
+  // q and k as attention uses them: QK-norm and RoPE applied (ProjectionOutputs).
+  RunProjectQkTransform(ctx, *impl_, args, outputs, q_pos, k_pos, base + plan.qk_scratch);
   return TakeDispatchError(ctx);
 }
 

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "kernels/gemm.h"
 #include "kernels/gemm_direct.h"
 #include "runtime/arena.h"
 #include "runtime/parallel_gemm.h"
+#include "runtime/qk_transform.h"
 
 namespace mha {
 
@@ -247,15 +249,60 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
     plan.packed_w_bytes = bytes;
     off += bytes;
   }
+  if (sh.has_positions) {
+    // Every query's and key's position as int32 (the kernels' SoftmaxMasks::q_pos / k_pos).
+    plan.q_pos = off;
+    off += FloatBytes(N * L);  // int32, the size of f32
+    plan.k_pos = off;
+    off += FloatBytes(N * sh.S);
+  }
+  plan.qk_scratch_bytes = QkTransformScratchBytes(m, threads);
+  if (plan.qk_scratch_bytes > 0) {
+    RoundUpToAlignment(plan.qk_scratch_bytes, &plan.qk_scratch_bytes);
+    plan.qk_scratch = off;
+    off += plan.qk_scratch_bytes;
+  }
   plan.total = off;
   return plan;
 }
 
-// The GEMMs write straight into the caller's tensors: only per-worker packing buffers.
-size_t PlanProjectBytes(size_t num_threads) {
-  size_t per_worker = 0;
-  RoundUpToAlignment(kernels::GemmScratchBytes(), &per_worker);
-  return per_worker * std::max<size_t>(num_threads, 1);
+// The GEMMs write straight into the caller's tensors: per-worker packing buffers, and what the
+// QK transform needs.
+ProjectPlan PlanProjectWorkspace(const LayerWeights& m, const ForwardShapes& sh, size_t threads) {
+  ProjectPlan p;
+  threads = std::max<size_t>(threads, 1);
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &p.scratch_per_worker);
+  size_t off = p.scratch_per_worker * threads;
+  if (sh.has_positions) {
+    p.q_pos = off;
+    off += FloatBytes(sh.N * sh.L);  // int32, the size of f32
+    p.k_pos = off;
+    off += FloatBytes(sh.N * sh.S);
+  }
+  size_t qk = QkTransformScratchBytes(m, threads, /*strided_heads=*/true);
+  RoundUpToAlignment(qk, &qk);
+  p.qk_scratch = off;
+  off += qk;
+  p.total = off;
+  return p;
+}
+
+void FillPositions(const ForwardArgs& args, int32_t* q_pos, int32_t* k_pos) {
+  const ForwardShapes& sh = args.shapes;
+  if (!sh.has_positions) return;
+  const int64_t N = sh.N, L = sh.L, S = sh.S;
+  if (args.positions.present()) {
+    PositionsToInt32(args.positions, N, L, q_pos);
+  } else {
+    for (int64_t i = 0; i < N * L; ++i) q_pos[i] = static_cast<int32_t>(i % L);
+  }
+  if (args.key_positions.present()) {
+    PositionsToInt32(args.key_positions, N, S, k_pos);
+  } else if (args.aliasing.self_attention) {
+    std::memcpy(k_pos, q_pos, N * L * sizeof(int32_t));
+  } else {
+    for (int64_t i = 0; i < N * S; ++i) k_pos[i] = static_cast<int32_t>(i % S);
+  }
 }
 
 ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
@@ -279,6 +326,11 @@ ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
   b.row_sum = reinterpret_cast<float*>(base + plan.row_sum);
   b.scratch = base + plan.scratch;
   b.packed_w = base + plan.packed_w;
+  if (args.shapes.has_positions) {
+    b.q_pos = reinterpret_cast<int32_t*>(base + plan.q_pos);
+    b.k_pos = reinterpret_cast<int32_t*>(base + plan.k_pos);
+  }
+  if (plan.qk_scratch_bytes > 0) b.qk_scratch = base + plan.qk_scratch;
   return b;
 }
 

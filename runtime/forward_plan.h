@@ -108,6 +108,10 @@ struct ForwardPlan {
   OnlineScratch online_scratch;
   // Projection weights packed once per ParallelGemm call (0 bytes when none is packed).
   size_t packed_w = 0, packed_w_bytes = 0;
+  // ForwardShapes::has_positions: int32 positions q_pos [N, L] and k_pos [N, S] (0 bytes
+  // otherwise). QK-norm / RoPE: the workers' scratch (QkTransformScratchBytes; 0 without).
+  size_t q_pos = 0, k_pos = 0;
+  size_t qk_scratch = 0, qk_scratch_bytes = 0;
   // Rows per attention task; keys per key block (online paths: min(kKeyBlock, S')).
   size_t query_block = 0, key_block = 0;
   size_t total = 0;  // workspace bytes
@@ -121,8 +125,15 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
 // PlanForward over every Aliasing those shapes allow. MultiheadAttention::Plan returns it.
 size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t threads);
 
-// Workspace bytes of Project: per-worker GEMM packing buffers only.
-size_t PlanProjectBytes(size_t threads);
+// Project's workspace: per-worker GEMM packing buffers [threads x scratch_per_worker] at 0,
+// then int32 positions q_pos [N, L] and k_pos [N, S] (has_positions) and the QK transform's
+// scratch (strided heads), byte offsets as in ForwardPlan.
+struct ProjectPlan {
+  size_t scratch_per_worker = 0;
+  size_t q_pos = 0, k_pos = 0, qk_scratch = 0;
+  size_t total = 0;
+};
+ProjectPlan PlanProjectWorkspace(const LayerWeights& m, const ForwardShapes& sh, size_t threads);
 
 // Whether the online path's two products per strip run on kernels::GemmDirectPackedB, which
 // reads its a operand as it lies (Q rows copied once per task, P in place), else on BLIS
@@ -170,6 +181,11 @@ struct ForwardBuffers {
 
 ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
                                const ForwardArgs& args, uint8_t* base);
+
+// With ForwardShapes::has_positions, writes every query's and key's int32 position to q_pos
+// [N, L] and k_pos [N, S]: the given positions, else queries 0..L-1 and keys the query
+// positions (self-attention) or 0..S-1. Nothing otherwise.
+void FillPositions(const ForwardArgs& args, int32_t* q_pos, int32_t* k_pos);
 
 }  // namespace mha
 

@@ -7,6 +7,7 @@
 #include "kernels/softmax.h"
 #include "runtime/attention_tasks.h"
 #include "runtime/context_internal.h"
+#include "runtime/qk_transform.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -26,6 +27,7 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
     keys.first = k0 == 0;
     keys.end = last ? sh.St : k0 + ws.chunk_keys;
     RunInputProjections(ctx, m, args, ws, buf, &keys);
+    RunForwardQkTransform(ctx, m, args, ws, buf, &keys);
     SinkProjectedKv(ctx, ws, buf, keys.begin, std::min(keys.end, sh.S), sink, user);
     RunAttentionTasks(ctx, m, args, ws, buf, keys);
   }

@@ -216,8 +216,8 @@ Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, Laye
   LayerVariants& v = m.variants;
   const auto finite_nonneg = [&](float x, const char* name, const char* zero) -> Status {
     if (!(x >= 0.0f) || std::isinf(x)) {
-      return InvalidArgument(op + name + ": expected a finite value >= 0 (0 = " + zero +
-                             "), got " + std::to_string(x));
+      return InvalidArgument(op + name + ": expected a finite value >= 0 (0 = " + zero + "), got " +
+                             std::to_string(x));
     }
     return Status::Ok();
   };
@@ -248,8 +248,8 @@ Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, Laye
     v.rotary_dim = rd;
     v.inv_freq.resize(static_cast<size_t>(rd / 2));
     for (int64_t i = 0; i < rd / 2; ++i) {
-      v.inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd)) /
-                      scale;
+      v.inv_freq[i] =
+          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd)) / scale;
     }
   }
 
@@ -258,9 +258,9 @@ Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, Laye
   }
   if (c.alibi) {
     if (w.alibi_slopes != nullptr) {
-      const Status s =
-          CopyVariantTensor(w.alibi_slopes, m.H, "alibi_slopes", "finite",
-                            [](float x) { return !std::isfinite(x); }, &v.alibi_slopes);
+      const Status s = CopyVariantTensor(
+          w.alibi_slopes, m.H, "alibi_slopes", "finite", [](float x) { return !std::isfinite(x); },
+          &v.alibi_slopes);
       if (!s.ok()) return s;
     } else {
       const std::vector<double> slopes = AlibiSlopes(m.H);
@@ -281,19 +281,19 @@ Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, Laye
 
   if (w.sinks != nullptr) {
     // -inf is a sink that never contributes; +inf or NaN would make every row NaN.
-    s = CopyVariantTensor(w.sinks, m.H, "sinks", "non-NaN, < +inf",
-                          [](float x) { return std::isnan(x) || x == HUGE_VALF; }, &v.sinks);
+    s = CopyVariantTensor(
+        w.sinks, m.H, "sinks", "non-NaN, < +inf",
+        [](float x) { return std::isnan(x) || x == HUGE_VALF; }, &v.sinks);
     if (!s.ok()) return s;
   }
   if ((w.q_norm_weight == nullptr) != (w.k_norm_weight == nullptr)) {
-    return InvalidArgument(op +
-                           "q_norm_weight/k_norm_weight: expected both or neither, got only " +
+    return InvalidArgument(op + "q_norm_weight/k_norm_weight: expected both or neither, got only " +
                            (w.q_norm_weight ? "q_norm_weight" : "k_norm_weight"));
   }
   if (w.q_norm_weight != nullptr) {
     const auto not_finite = [](float x) { return !std::isfinite(x); };
-    s = CopyVariantTensor(w.q_norm_weight, c.qk_norm_whole ? m.E : m.hd, "q_norm_weight",
-                          "finite", not_finite, &v.q_norm);
+    s = CopyVariantTensor(w.q_norm_weight, c.qk_norm_whole ? m.E : m.hd, "q_norm_weight", "finite",
+                          not_finite, &v.q_norm);
     if (s.ok()) {
       s = CopyVariantTensor(w.k_norm_weight, c.qk_norm_whole ? m.kvE : m.hd, "k_norm_weight",
                             "finite", not_finite, &v.k_norm);

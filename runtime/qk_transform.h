@@ -9,31 +9,58 @@
 #include <cstdint>
 
 #include "mha/mha.hpp"
+#include "runtime/forward_plan.h"
 #include "runtime/layer_weights.h"
+#include "runtime/validate.h"
 
 namespace mha {
 
-// Rows of projected q (heads = H, QK-norm weights q_norm) or k (heads = KVH, k_norm): `rows`
-// tokens, token t at data + t * row_stride holding heads * hd f32 values (head h at h * hd).
-// Token t's position is positions[t] when positions is given, else pos0 + t.
+// Rows of projected q (heads = H, QK-norm weights q_norm) or k (heads = KVH, k_norm) of
+// `batches` batch entries: entry n's token t at data + n * batch_stride + t * row_stride, its
+// head h at + h * head_stride (0 = head_dim: a token's heads * hd f32 values back to back, the
+// projection buffers' layout; Project's [N, heads, T, hd] tensors use T * hd). Token t of entry
+// n has position positions[n * positions_batch_stride + t] when positions is given, else
+// pos0 + t.
 struct QkRows {
   float* data = nullptr;
   int64_t rows = 0;
   ptrdiff_t row_stride = 0;
   bool is_key = false;
-  const int32_t* positions = nullptr;  // [rows] or null
+  const int32_t* positions = nullptr;  // [batches, rows] at positions_batch_stride, or null
   int64_t pos0 = 0;
+  int64_t batches = 1;
+  ptrdiff_t batch_stride = 0;
+  ptrdiff_t positions_batch_stride = 0;
+  ptrdiff_t head_stride = 0;
 };
 
-// Arena bytes RunQkTransform needs on `threads` workers (per-worker cos/sin tables); 0 when the
-// layer has neither RoPE nor QK-norm.
-size_t QkTransformScratchBytes(const LayerWeights& m, size_t threads);
+// Arena bytes RunQkTransform needs on `threads` workers (per-worker cos/sin tables of one token
+// block, plus with strided_heads a copy of one token block's rows for sets whose head_stride is
+// not head_dim); 0 when the layer has neither RoPE nor QK-norm.
+size_t QkTransformScratchBytes(const LayerWeights& m, size_t threads, bool strided_heads = false);
 
 // Applies the layer's QK-norm then RoPE to each of `count` row sets (e.g. q and k) in one
-// parallel dispatch on the context's pool, scratch from `scratch` (QkTransformScratchBytes).
-// Does nothing when the layer has neither. Bitwise independent of the thread count.
+// parallel dispatch over (set, batch entry, token block) on the context's pool, scratch from
+// `scratch` (QkTransformScratchBytes, strided_heads when a set has a head_stride). Does nothing
+// when the layer has neither. Every token is transformed on its own: bitwise independent of
+// the thread count and of the token blocks.
 void RunQkTransform(Context& ctx, const LayerWeights& m, const QkRows* sets, size_t count,
                     uint8_t* scratch);
+
+// The forward's transform in its projection buffers (ForwardBuffers' q and k at the plan's
+// layouts; positions q_pos / k_pos, or index positions). keys null: Q [N, L], and unless the
+// plan is key-chunked K's real keys [N, S] (the appended bias_kv / zero-attention keys are left
+// as they are); else the key chunk's real keys [begin, min(end, S)), at positions from begin.
+void RunForwardQkTransform(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
+                           const ForwardPlan& plan, const ForwardBuffers& buf,
+                           const KeyChunk* keys);
+
+// Project's transform in its outputs q [N, H, L, hd] and k [N, KVH, S', hd] (the real keys
+// [0, S) only), positions as RunForwardQkTransform's (null: index positions); scratch from
+// QkTransformScratchBytes(m, threads, /*strided_heads=*/true).
+void RunProjectQkTransform(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
+                           const ProjectionOutputs& outputs, const int32_t* q_pos,
+                           const int32_t* k_pos, uint8_t* scratch);
 
 }  // namespace mha
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 namespace mha {
@@ -152,6 +153,80 @@ Status ValidateMasks(const AttentionInputs& in, int64_t H, ForwardArgs* args) {
   return Status::Ok();
 }
 
+// Element (n, t) of a validated positions tensor t ([N, len] or [len]) as int64.
+int64_t PositionAt(const TensorView& t, int64_t n, int64_t i) {
+  const int64_t off = (t.rank == 2 ? n * t.strides[0] : 0) + i * t.strides[t.rank - 1];
+  return t.dtype == DType::kI32 ? int64_t{t.As<const int32_t>()[off]} : t.As<const int64_t>()[off];
+}
+
+// Checks positions tensor t (named `name`, over `len` tokens of N batch entries; `what` names
+// the length in messages): i32/i64, [N, len] or [len], values in [0, 2^31). *sorted tells
+// whether every entry's positions are non-decreasing.
+Status ValidatePositions(const TensorView& t, const char* name, const char* what, int64_t N,
+                         int64_t len, bool* sorted) {
+  if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
+    return InvalidArgument(std::string(name) + ": expected dtype i32 or i64, got " +
+                           DTypeName(t.dtype));
+  }
+  const bool shape_ok =
+      (t.rank == 1 && t.shape[0] == len) || (t.rank == 2 && t.shape[0] == N && t.shape[1] == len);
+  if (!shape_ok) {
+    return InvalidArgument(std::string(name) + ": expected shape [" + Str(N) + ", " + Str(len) +
+                           "] (N, " + what + ") or [" + Str(len) + "] (" + what + "), got " +
+                           Dims(t));
+  }
+  const int64_t rows = t.rank == 2 ? N : 1;
+  for (int64_t n = 0; n < rows; ++n) {
+    int64_t prev = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      const int64_t p = PositionAt(t, n, i);
+      if (p < 0 || p > INT32_MAX) {
+        return InvalidArgument(std::string(name) + "[" + (t.rank == 2 ? Str(n) + ", " : "") +
+                               Str(i) + "]: expected a position in [0, 2^31), got " + Str(p));
+      }
+      if (i > 0 && p < prev) *sorted = false;
+      prev = p;
+    }
+  }
+  return Status::Ok();
+}
+
+// Checks AttentionInputs::positions / key_positions against layer m and the shapes validated
+// before them, and records them in args.
+Status ValidatePositionInputs(const LayerWeights& m, const AttentionInputs& in, ForwardArgs* args) {
+  ForwardShapes* sh = &args->shapes;
+  const bool q_given = in.positions.present(), k_given = in.key_positions.present();
+  if (!q_given && !k_given) return Status::Ok();
+  const char* name = q_given ? "positions" : "key_positions";
+  if (!m.variants.any_position()) {
+    return InvalidArgument(std::string(name) +
+                           ": expected none, since the layer uses no position (rope, alibi and "
+                           "window are off), got " +
+                           Dims(q_given ? in.positions : in.key_positions));
+  }
+  if (k_given && args->aliasing.self_attention) {
+    return InvalidArgument(
+        "key_positions: expected none in self-attention (the keys share the query positions; "
+        "give `positions`), got " +
+        Dims(in.key_positions));
+  }
+  bool sorted = true;
+  if (q_given) {
+    const Status s = ValidatePositions(in.positions, "positions", "L", sh->N, sh->L, &sorted);
+    if (!s.ok()) return s;
+    args->positions = in.positions;
+  }
+  if (k_given) {
+    const Status s =
+        ValidatePositions(in.key_positions, "key_positions", "S", sh->N, sh->S, &sorted);
+    if (!s.ok()) return s;
+    args->key_positions = in.key_positions;
+  }
+  sh->has_positions = true;
+  sh->positions_sorted = sorted;
+  return Status::Ok();
+}
+
 Status CheckDense4(const TensorView& t, const char* name, int64_t a, int64_t b, int64_t c,
                    int64_t d) {
   const int64_t want[4] = {a, b, c, d};
@@ -231,6 +306,8 @@ Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
 
   s = ValidateMasks(in, H, args);
   if (!s.ok()) return s;
+  s = ValidatePositionInputs(m, in, args);
+  if (!s.ok()) return s;
   sh->causal = in.causal;
   sh->need_weights = in.need_weights;
   sh->average = in.average_attn_weights;
@@ -307,6 +384,14 @@ Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
     sh->w_stride[1] = wt.strides[d++];  // l
   }
   return Status::Ok();
+}
+
+void PositionsToInt32(const TensorView& t, int64_t N, int64_t len, int32_t* dst) {
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t i = 0; i < len; ++i) {
+      dst[n * len + i] = static_cast<int32_t>(PositionAt(t, t.rank == 2 ? n : 0, i));
+    }
+  }
 }
 
 Status ValidateProject(const LayerWeights& m, const AttentionInputs& inputs,

@@ -55,6 +55,11 @@ struct ForwardShapes {
   bool average = true;
   TokenLayout out_layout;
   ptrdiff_t w_stride[3] = {0, 0, 0};  // attn_weights, averaged: n, l; per head: n, h, l
+  // AttentionInputs::positions or key_positions given: the forward holds int32 positions of
+  // every query and key (ForwardBuffers::q_pos [N, L], k_pos [N, S]).
+  bool has_positions = false;
+  // Every batch entry's given query and key positions are non-decreasing (true without any).
+  bool positions_sorted = true;
 };
 
 // What the addresses of a forward's arguments decide; the plan is the bound over both values
@@ -77,7 +82,8 @@ struct ForwardArgs {
   const void* key_padding_mask = nullptr;
   float* out = nullptr;      // null for Project
   float* weights = nullptr;  // attn_weights when need_weights
-  // AttentionInputs::positions / key_positions as given (kI32 or kI64; absent: rank 0).
+  // AttentionInputs::positions / key_positions as given (kI32 or kI64; absent: rank 0), checked:
+  // [N, L] or [L] ([N, S] or [S]), values in [0, 2^31); key_positions never in self-attention.
   TensorView positions;
   TensorView key_positions;
 };
@@ -85,6 +91,9 @@ struct ForwardArgs {
 // Validates a forward's inputs, masks and (unless null) outputs against layer m.
 Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
                        const AttentionOutputs* out, ForwardArgs* args);
+
+// Writes validated positions t ([N, len] or [len], i32 or i64) as dense int32 [N, len] to dst.
+void PositionsToInt32(const TensorView& t, int64_t N, int64_t len, int32_t* dst);
 
 // Validates inputs and outputs of Project/PlanProject (masks and weights are ignored there).
 Status ValidateProject(const LayerWeights& m, const AttentionInputs& inputs,

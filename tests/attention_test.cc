@@ -117,6 +117,220 @@ TEST(AttentionValidationTest, ConfigErrors) {
   EXPECT_EQ(m, nullptr);
 }
 
+// Creates the 8-wide, 2-head layer of `cfg` (its other fields set here) with variant weights
+// `vw` (their projection weights are filled in); returns the status.
+Status CreateVariant(AttentionConfig cfg, AttentionWeights vw,
+                     std::unique_ptr<MultiheadAttention>* m) {
+  static float dummy[256] = {};
+  cfg.embed_dim = 8;
+  cfg.num_heads = 2;
+  vw.in_proj_weight = dummy;
+  vw.out_proj_weight = dummy;
+  vw.in_proj_bias = dummy;
+  vw.out_proj_bias = dummy;
+  if (cfg.add_bias_kv) vw.bias_k = vw.bias_v = dummy;
+  return MultiheadAttention::Create(cfg, vw, WeightBinding::kView, m);
+}
+
+void ExpectCreateError(const AttentionConfig& cfg, const AttentionWeights& vw,
+                       const std::string& fragment,
+                       StatusCode code = StatusCode::kInvalidArgument) {
+  std::unique_ptr<MultiheadAttention> m;
+  const Status s = CreateVariant(cfg, vw, &m);
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_NE(s.message().find(fragment), std::string::npos)
+      << "'" << fragment << "' not in: " << s.message();
+  EXPECT_EQ(m, nullptr);
+}
+
+TEST(AttentionValidationTest, VariantConfigErrors) {
+  const AttentionWeights none;
+  AttentionConfig c;
+  c.rope = RopeStyle::kNeox;
+  c.rotary_dim = 3;
+  ExpectCreateError(c, none,
+                    "rotary_dim: expected an even value in 2..4 (head_dim), or 0 for "
+                    "head_dim, got 3");
+  c.rotary_dim = 6;
+  ExpectCreateError(c, none, "rotary_dim: expected an even value in 2..4 (head_dim)");
+  c.rotary_dim = -2;
+  ExpectCreateError(c, none, "got -2");
+  c.rotary_dim = 0;
+  c.rope_theta = -1.0f;
+  ExpectCreateError(c, none, "rope_theta: expected a finite value >= 0 (0 = 10000), got -1");
+  c.rope_theta = INFINITY;
+  ExpectCreateError(c, none, "rope_theta: expected a finite value >= 0");
+  c.rope_theta = 0.0f;
+  c.rope_scale = std::nanf("");
+  ExpectCreateError(c, none, "rope_scale: expected a finite value >= 0 (0 = 1), got nan");
+  c.rope_scale = 0.0f;
+  c.rope = static_cast<RopeStyle>(3);
+  ExpectCreateError(c, none, "rope: expected kNone (0), kNeox (1) or kGptj (2), got 3");
+
+  c = AttentionConfig();
+  c.rotary_dim = 2;
+  ExpectCreateError(c, none, "rope_theta/rotary_dim/rope_scale: expected 0 when rope is kNone");
+  c.rotary_dim = 0;
+  c.rope_theta = 500.0f;
+  ExpectCreateError(c, none, "rope_theta 500");
+  c.rope_theta = 0.0f;
+  c.rope_scale = 2.0f;
+  ExpectCreateError(c, none, "rope_scale 2");
+
+  c = AttentionConfig();
+  c.window = -1;
+  ExpectCreateError(c, none, "window: expected >= 0 (0 = no window), got -1");
+  c.window = 0;
+  c.softcap = -2.0f;
+  ExpectCreateError(c, none, "softcap: expected a finite value >= 0 (0 = off), got -2");
+  c.softcap = INFINITY;
+  ExpectCreateError(c, none, "softcap: expected a finite value >= 0 (0 = off), got inf");
+  c.softcap = 0.0f;
+  c.qk_norm_eps = -1e-6f;
+  ExpectCreateError(c, none, "qk_norm_eps: expected a finite value >= 0 (0 = 1e-6)");
+}
+
+TEST(AttentionValidationTest, VariantTensorErrors) {
+  AttentionConfig c;
+  const float slopes[2] = {0.5f, 0.25f};
+  AttentionWeights w;
+  w.alibi_slopes = slopes;
+  ExpectCreateError(c, w, "weights.alibi_slopes: given but config.alibi is false");
+  c.alibi = true;
+  const float bad_slopes[2] = {0.5f, INFINITY};
+  w.alibi_slopes = bad_slopes;
+  ExpectCreateError(c, w, "weights.alibi_slopes: expected finite values, got inf at index 1");
+
+  c = AttentionConfig();
+  w = AttentionWeights();
+  const float nan_sinks[2] = {0.0f, std::nanf("")};
+  w.sinks = nan_sinks;
+  ExpectCreateError(c, w, "weights.sinks: expected non-NaN, < +inf values, got nan at index 1");
+  const float inf_sinks[2] = {INFINITY, 0.0f};
+  w.sinks = inf_sinks;
+  ExpectCreateError(c, w, "weights.sinks: expected non-NaN, < +inf values, got inf at index 0");
+  const float none_sinks[2] = {-INFINITY, 1.0f};  // -inf: that head has no sink
+  w.sinks = none_sinks;
+  std::unique_ptr<MultiheadAttention> m;
+  EXPECT_TRUE(CreateVariant(c, w, &m).ok());
+
+  w = AttentionWeights();
+  const float norm[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  w.q_norm_weight = norm;
+  ExpectCreateError(c, w,
+                    "q_norm_weight/k_norm_weight: expected both or neither, got only "
+                    "q_norm_weight");
+  w.q_norm_weight = nullptr;
+  w.k_norm_weight = norm;
+  ExpectCreateError(c, w, "got only k_norm_weight");
+  const float bad_norm[8] = {1, 1, 1, 1, 1, std::nanf(""), 1, 1};
+  w.q_norm_weight = norm;
+  w.k_norm_weight = bad_norm;
+  c.qk_norm_whole = true;  // [E]: index 5 is read
+  ExpectCreateError(c, w, "weights.k_norm_weight: expected finite values, got nan at index 5");
+  c.qk_norm_whole = false;  // [hd] = 4 values: index 5 is not part of it
+  EXPECT_TRUE(CreateVariant(c, w, &m).ok());
+}
+
+TEST(AttentionValidationTest, PositionsCannotCombineWithAppendedKeys) {
+  const AttentionWeights none;
+  for (int variant = 0; variant < 3; ++variant) {
+    for (const bool bias_kv : {true, false}) {
+      AttentionConfig c;
+      c.rope = variant == 0 ? RopeStyle::kGptj : RopeStyle::kNone;
+      c.alibi = variant == 1;
+      c.window = variant == 2 ? 4 : 0;
+      c.add_bias_kv = bias_kv;
+      c.add_zero_attn = !bias_kv;
+      ExpectCreateError(c, none, "add_bias_kv/add_zero_attn: the appended keys have no position",
+                        StatusCode::kUnsupported);
+    }
+  }
+  // Without positions (QK-norm, softcap, sinks) the appended keys are fine.
+  AttentionConfig c;
+  c.softcap = 30.0f;
+  c.add_bias_kv = true;
+  c.add_zero_attn = true;
+  std::unique_ptr<MultiheadAttention> m;
+  EXPECT_TRUE(CreateVariant(c, AttentionWeights(), &m).ok());
+}
+
+// A positions tensor over `values` with the given dtype and shape.
+struct Positions {
+  std::vector<int32_t> i32;
+  std::vector<int64_t> i64;
+  TensorView view;
+  Positions(DType dtype, std::vector<int64_t> shape, const std::vector<int64_t>& values) {
+    void* data = nullptr;
+    if (dtype == DType::kI64) {
+      i64 = values;
+      data = i64.data();
+    } else {
+      i32.assign(values.begin(), values.end());
+      data = i32.data();
+    }
+    EXPECT_TRUE(TensorView::Dense(data, dtype == DType::kI64 ? DType::kI64 : dtype,
+                                  static_cast<int>(shape.size()), shape.data(), &view)
+                    .ok());
+  }
+};
+
+TEST(AttentionValidationTest, PositionErrors) {
+  Fixture f;
+  MakeFixture(&f);  // N 2, L 3, S 5, cross-attention, no position variant
+  const Positions q(DType::kI32, {2, 3}, {0, 1, 2, 5, 6, 7});
+  AttentionInputs in = f.v.in;
+  in.positions = q.view;
+  ExpectError(f, in, f.v.out,
+              {"positions: expected none, since the layer uses no position", "[2, 3] i32"});
+
+  // The same problem on a layer with RoPE.
+  f.p.config.rope = RopeStyle::kNeox;
+  ASSERT_TRUE(MultiheadAttention::Create(f.p.config, testing_util::WeightsOf(f.p),
+                                         WeightBinding::kView, &f.mha)
+                  .ok());
+  ASSERT_TRUE(f.mha->Forward(*f.ctx, in, f.v.out).ok());
+  std::fill(f.v.output.begin(), f.v.output.end(), NAN);  // ExpectError checks they stay NaN
+  std::fill(f.v.weights.begin(), f.v.weights.end(), NAN);
+
+  const Positions f32(DType::kF32, {2, 3}, {0, 0, 0, 0, 0, 0});
+  in.positions = f32.view;
+  ExpectError(f, in, f.v.out, {"positions: expected dtype i32 or i64, got f32"});
+  const Positions wrong(DType::kI64, {3}, {0, 1, 2});
+  in.positions = q.view;
+  in.key_positions = wrong.view;
+  ExpectError(f, in, f.v.out,
+              {"key_positions: expected shape [2, 5] (N, S) or [5] (S), got [3] i64"});
+  const Positions rank3(DType::kI32, {1, 2, 3}, {0, 1, 2, 3, 4, 5});
+  in.key_positions = TensorView();
+  in.positions = rank3.view;
+  ExpectError(f, in, f.v.out, {"positions: expected shape [2, 3] (N, L) or [3] (L)"});
+  const Positions negative(DType::kI64, {3}, {0, -1, 2});
+  in.positions = negative.view;
+  ExpectError(f, in, f.v.out, {"positions[1]: expected a position in [0, 2^31), got -1"});
+  const Positions huge(DType::kI64, {2, 5}, {0, 1, 2, 3, 4, 5, 6, 7, 8, int64_t{1} << 31});
+  in.positions = TensorView();
+  in.key_positions = huge.view;
+  ExpectError(f, in, f.v.out,
+              {"key_positions[1, 4]: expected a position in [0, 2^31), got 2147483648"});
+
+  // Self-attention: the keys share the query positions.
+  in = f.v.in;
+  in.key = in.value = TensorView();
+  const int64_t shape[3] = {2, 3, 8};
+  ASSERT_TRUE(TensorView::Dense(f.p.query.data(), DType::kF32, 3, shape, &in.query).ok());
+  in.need_weights = false;
+  AttentionOutputs out = f.v.out;
+  out.attn_weights = TensorView();
+  in.attn_mask = in.key_padding_mask = TensorView();
+  const Positions keys(DType::kI32, {3}, {0, 1, 2});
+  in.key_positions = keys.view;
+  ExpectError(f, in, out, {"key_positions: expected none in self-attention"});
+  in.key_positions = TensorView();
+  in.positions = keys.view;  // [L] shared by the batch
+  EXPECT_TRUE(f.mha->Forward(*f.ctx, in, out).ok());
+}
+
 TEST(AttentionValidationTest, InputShapeErrors) {
   Fixture f;
   MakeFixture(&f);

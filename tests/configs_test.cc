@@ -1,13 +1,18 @@
 // The four configurations mha started from (shared/seeds), each at its exact size, against the
 // double-precision reference. (The PyTorch fixtures seed_*.safetensors cover them against torch
 // in golden_test; seed_fused_qkv there uses batch 4 to keep the file small, so batch 30 is
-// checked here.)
+// checked here.) Then the attention variants' configuration as the layer resolves it: ALiBi
+// slopes, RoPE frequencies, and settings at their defaults computing exactly what a layer
+// without them computes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "mha/mha.hpp"
+#include "runtime/attention_impl.h"
 #include "tests/attention_test_util.h"
 
 namespace mha {
@@ -147,6 +152,129 @@ TEST(SeedConfigsTest, UnbatchedCrossAttention) {
   RunAndCompare(p, 2, &v);
   EXPECT_EQ(v.out.attn_weights.rank, 3);  // [H, L, S]
   EXPECT_EQ(v.out.output.rank, 2);        // [L, E]
+}
+
+// The layer's resolved variants for `config` (8 x num_heads wide) and `weights`' variant tensors.
+LayerVariants VariantsOf(AttentionConfig config, AttentionWeights weights) {
+  static std::vector<float> dummy(64 * 64 * 3);
+  config.embed_dim = 8 * config.num_heads;
+  weights.in_proj_weight = dummy.data();
+  weights.out_proj_weight = dummy.data();
+  weights.in_proj_bias = dummy.data();
+  weights.out_proj_bias = dummy.data();
+  std::unique_ptr<MultiheadAttention> layer;
+  const Status s = MultiheadAttention::Create(config, weights, WeightBinding::kView, &layer);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return layer ? LayerWeightsOf(*layer).variants : LayerVariants();
+}
+
+// The ALiBi paper's get_slopes: 2^(-8 (h + 1) / H) for H a power of two, else the closest
+// power of two's slopes then every other slope of twice that many (BLOOM's build_alibi_tensor).
+TEST(VariantConfigTest, AlibiSlopesFollowThePaper) {
+  AttentionConfig c;
+  c.alibi = true;
+  const struct {
+    int64_t heads;
+    std::vector<double> log2_slopes;
+  } cases[] = {
+      {1, {-8}},
+      {2, {-4, -8}},
+      {3, {-4, -8, -2}},
+      {8, {-1, -2, -3, -4, -5, -6, -7, -8}},
+      {12, {-1, -2, -3, -4, -5, -6, -7, -8, -0.5, -1.5, -2.5, -3.5}},
+  };
+  for (const auto& t : cases) {
+    c.num_heads = t.heads;
+    const LayerVariants v = VariantsOf(c, AttentionWeights());
+    ASSERT_EQ(v.alibi_slopes.size(), t.log2_slopes.size()) << t.heads;
+    for (size_t h = 0; h < t.log2_slopes.size(); ++h) {
+      EXPECT_EQ(v.alibi_slopes[h], static_cast<float>(std::exp2(t.log2_slopes[h])))
+          << "H " << t.heads << " h " << h;
+    }
+  }
+  // Given slopes replace them.
+  c.num_heads = 2;
+  const float given[2] = {0.75f, -0.5f};
+  AttentionWeights w;
+  w.alibi_slopes = given;
+  const LayerVariants v = VariantsOf(c, w);
+  EXPECT_EQ(v.alibi_slopes, std::vector<float>(given, given + 2));
+}
+
+TEST(VariantConfigTest, RopeFrequenciesAndDefaults) {
+  AttentionConfig c;
+  c.num_heads = 2;  // head_dim 8
+  c.rope = RopeStyle::kGptj;
+  LayerVariants v = VariantsOf(c, AttentionWeights());
+  EXPECT_EQ(v.rotary_dim, 8);
+  ASSERT_EQ(v.inv_freq.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(v.inv_freq[i], std::pow(10000.0, -2.0 * i / 8)) << i;
+  EXPECT_EQ(v.qk_norm_eps, 1e-6f);
+
+  c.rotary_dim = 4;
+  c.rope_theta = 500.0f;
+  c.rope_scale = 2.0f;
+  c.qk_norm_eps = 1e-5f;
+  v = VariantsOf(c, AttentionWeights());
+  EXPECT_EQ(v.rotary_dim, 4);
+  ASSERT_EQ(v.inv_freq.size(), 2u);
+  EXPECT_EQ(v.inv_freq[0], 0.5);
+  EXPECT_EQ(v.inv_freq[1], std::pow(500.0, -0.5) / 2.0);
+  EXPECT_EQ(v.qk_norm_eps, 1e-5f);
+  EXPECT_TRUE(v.qk_transform());
+
+  // Everything off: nothing resolved, no position used.
+  v = VariantsOf(AttentionConfig{0, 2}, AttentionWeights());
+  EXPECT_FALSE(v.any_position());
+  EXPECT_FALSE(v.qk_transform());
+  EXPECT_TRUE(v.inv_freq.empty() && v.alibi_slopes.empty() && v.sinks.empty());
+}
+
+// Settings that change nothing (QK-norm eps and layout without weights; RoPE at position 0,
+// where every angle is 0 and each rotation is exact) give a plain layer's bits, on every path.
+TEST(VariantConfigTest, NeutralSettingsGiveThePlainLayersBits) {
+  for (const int64_t chunk : {int64_t{0}, int64_t{2}}) {
+    testing_util::ScopedKeyChunking chunking(chunk);
+    for (const bool self : {true, false}) {
+      std::mt19937 rng(30);
+      Problem p;
+      p.config.embed_dim = 16;
+      p.config.num_heads = 2;
+      p.config.batch_first = true;
+      p.N = 2;
+      p.L = 5;
+      p.S = self ? 5 : 7;
+      p.self_attention = self;
+      p.causal = true;
+      testing_util::FillProblem(&p, &rng);
+      testing_util::Views plain_v, v;
+      RunAndCompare(p, 2, &plain_v);
+
+      AttentionConfig c = p.config;
+      c.qk_norm_eps = 1e-5f;
+      c.qk_norm_whole = true;
+      c.rope = RopeStyle::kNeox;
+      c.rope_theta = 1000.0f;
+      std::unique_ptr<MultiheadAttention> layer;
+      ASSERT_TRUE(
+          MultiheadAttention::Create(c, testing_util::WeightsOf(p), p.binding, &layer).ok());
+      testing_util::MakeViews(p, &v);
+      std::vector<int32_t> zeros(p.N * std::max(p.L, p.S), 0);
+      const int64_t qshape[2] = {p.N, p.L}, kshape[2] = {p.N, p.S};
+      ASSERT_TRUE(TensorView::Dense(zeros.data(), DType::kI32, 2, qshape, &v.in.positions).ok());
+      if (!self) {
+        ASSERT_TRUE(
+            TensorView::Dense(zeros.data(), DType::kI32, 2, kshape, &v.in.key_positions).ok());
+      }
+      std::unique_ptr<Context> ctx;
+      ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
+      const Status s = layer->Forward(*ctx, v.in, v.out);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(
+          0, std::memcmp(v.output.data(), plain_v.output.data(), v.output.size() * sizeof(float)))
+          << "chunk " << chunk << " self " << self;
+    }
+  }
 }
 
 }  // namespace

@@ -187,6 +187,85 @@ TEST(PlanTest, ForwardFitsThePlanAtAnyAlignmentInPlaceOrNot) {
   EXPECT_GT(tight, 10) << "too few calls where the plan is tight to check one byte less";
 }
 
+// A random problem's layer with positions-based variants and QK-norm (RoPE where head_dim
+// allows it, else ALiBi), and positions inputs for its views.
+struct VariantLayer {
+  std::vector<float> q_norm, k_norm;
+  std::vector<int64_t> positions, key_positions;
+  std::unique_ptr<MultiheadAttention> layer;
+};
+
+void MakeVariantLayer(Problem* p, std::mt19937* rng, VariantLayer* vl) {
+  AttentionConfig& c = p->config;
+  c.add_bias_kv = c.add_zero_attn = false;  // their keys have no position
+  const int64_t E = c.embed_dim, hd = E / c.num_heads;
+  const int64_t kvE = (c.num_kv_heads ? c.num_kv_heads : c.num_heads) * hd;
+  AttentionConfig vc = c;
+  if (hd >= 2) {
+    vc.rope = (*rng)() % 2 ? RopeStyle::kNeox : RopeStyle::kGptj;
+    vc.rotary_dim = hd - hd % 2;
+  } else {
+    vc.alibi = true;
+  }
+  vc.qk_norm_whole = (*rng)() % 2 == 0;
+  vl->q_norm.assign(vc.qk_norm_whole ? E : hd, 1.25f);
+  vl->k_norm.assign(vc.qk_norm_whole ? kvE : hd, 0.75f);
+  AttentionWeights w = testing_util::WeightsOf(*p);
+  w.q_norm_weight = vl->q_norm.data();
+  w.k_norm_weight = vl->k_norm.data();
+  const Status s = MultiheadAttention::Create(vc, w, p->binding, &vl->layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (int64_t i = 0; i < p->N * p->L; ++i) vl->positions.push_back((*rng)() % 1000);
+  for (int64_t i = 0; i < p->N * p->S; ++i) vl->key_positions.push_back((*rng)() % 1000);
+}
+
+void AddPositions(const Problem& p, bool keys, VariantLayer* vl, AttentionInputs* in) {
+  const int64_t qs[2] = {p.N, p.L}, ks[2] = {p.N, p.S};
+  const int rank = p.batched ? 2 : 1;
+  ASSERT_TRUE(TensorView::Dense(vl->positions.data(), DType::kI64, rank, p.batched ? qs : qs + 1,
+                                &in->positions)
+                  .ok());
+  if (keys) {
+    ASSERT_TRUE(TensorView::Dense(vl->key_positions.data(), DType::kI64, rank,
+                                  p.batched ? ks : ks + 1, &in->key_positions)
+                    .ok());
+  }
+}
+
+TEST(PlanTest, ForwardWithPositionsAndQkTransformFitsThePlan) {
+  std::mt19937 rng(31);
+  int with_positions = 0, chunked_runs = 0;
+  for (int iter = 0; iter < 30; ++iter) {
+    const int64_t chunk = iter % 3 == 0 ? 1 + iter % 4 : 0;
+    ScopedKeyChunking chunking(chunk);
+    Problem p = testing_util::RandomProblem(&rng, 12);
+    VariantLayer vl;
+    MakeVariantLayer(&p, &rng, &vl);
+    ASSERT_NE(vl.layer, nullptr);
+    const size_t threads = 1 + static_cast<size_t>(iter % 3);
+    Views v;
+    testing_util::MakeViews(p, &v);
+    const bool positions = iter % 4 != 3;  // else the default positions
+    if (positions) AddPositions(p, !p.self_attention && iter % 2 == 0, &vl, &v.in);
+    with_positions += positions;
+    const std::vector<float> query_copy = p.query;
+    std::vector<Call> calls;
+    calls.push_back({"out of place", v.in, v.out, &v.output});
+    if (p.self_attention) {
+      Call explicit_self = calls[0];
+      explicit_self.name = "key = value = query view";
+      explicit_self.in.key = explicit_self.in.value = v.in.query;
+      calls.push_back(explicit_self);
+    }
+    chunked_runs += chunk > 0 && !p.need_weights;
+    int tight = 0;
+    CheckCalls(*vl.layer, calls, threads, query_copy, &p.query, p.Describe(), &tight);
+    if (HasFatalFailure()) return;
+  }
+  EXPECT_GT(with_positions, 15);
+  EXPECT_GT(chunked_runs, 2);
+}
+
 TEST(PlanTest, CrossAttentionWithKeyAsACopyOfTheQueryPlansLikeSelfAttention) {
   // Same shapes, key/value the query's view or a copy of it: one plan covers both (with
   // add_bias_kv, the fused [tokens, 3E] projection buffer of self-attention and the three
@@ -254,6 +333,41 @@ TEST(PlanTest, ProjectFitsItsPlanAtAnyAlignment) {
       const long allocations = CountAllocations([&] { s = layer->Project(*ctx, v.in, out); });
       ASSERT_TRUE(s.ok()) << offset << ": " << s.ToString();
       EXPECT_EQ(allocations, 0) << offset;
+    }
+  }
+}
+
+TEST(PlanTest, ProjectWithPositionsAndQkTransformFitsItsPlan) {
+  std::mt19937 rng(12);
+  for (int iter = 0; iter < 8; ++iter) {
+    Problem p = testing_util::RandomProblem(&rng, 12);
+    VariantLayer vl;
+    MakeVariantLayer(&p, &rng, &vl);
+    ASSERT_NE(vl.layer, nullptr);
+    Views v;
+    testing_util::MakeViews(p, &v);
+    if (iter % 2 == 0) AddPositions(p, !p.self_attention, &vl, &v.in);
+    const int64_t H = p.config.num_heads, hd = p.config.embed_dim / H;
+    const int64_t KVH = p.config.num_kv_heads ? p.config.num_kv_heads : H;
+    std::vector<float> q(p.N * H * p.L * hd), k(p.N * KVH * p.S * hd), vv(k.size());
+    ProjectionOutputs out;
+    const int64_t qs[4] = {p.N, H, p.L, hd}, ks[4] = {p.N, KVH, p.S, hd};
+    ASSERT_TRUE(TensorView::Dense(q.data(), DType::kF32, 4, qs, &out.q).ok());
+    ASSERT_TRUE(TensorView::Dense(k.data(), DType::kF32, 4, ks, &out.k).ok());
+    ASSERT_TRUE(TensorView::Dense(vv.data(), DType::kF32, 4, ks, &out.v).ok());
+    const size_t threads = 1 + iter % 3;
+    size_t plan = 0;
+    ASSERT_TRUE(vl.layer->PlanProject(v.in, out, threads, &plan).ok());
+    std::vector<float> want_q;
+    for (size_t offset : kOffsets) {
+      CallerBuffer buf(plan, offset);
+      auto ctx = CallerContext(buf, plan, threads);
+      Status s;
+      const long allocations = CountAllocations([&] { s = vl.layer->Project(*ctx, v.in, out); });
+      ASSERT_TRUE(s.ok()) << offset << ": " << s.ToString() << " " << p.Describe();
+      EXPECT_EQ(allocations, 0) << offset;
+      if (want_q.empty()) want_q = q;
+      EXPECT_TRUE(SameBits(q, want_q)) << offset;
     }
   }
 }

@@ -2,7 +2,9 @@
 // reference.
 //
 // Reference: y_j is formed in f32 exactly as the kernel documents (x * scale, then each additive
-// mask, each step rounded; -inf where masked), then softmax(y) is computed in double.
+// mask, each step rounded; -inf where masked), then softmax(y) is computed in double. The
+// variant terms follow the same order: the softcap in double (rounded to f32), ALiBi in f32,
+// visibility from an independent per-column predicate, the sink in the softmax's denominator.
 //
 // Tolerance, per output: |got - want| <= kAbs + want * (kRel + 2^-23 * (d_j + E[d])), where
 // d_j = max - y_j and E[d] = sum_k p_k d_k.
@@ -51,13 +53,16 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Fills padding between rows and around buffers; must come back unchanged.
 constexpr float kSentinel = -12345.5f;
 
-// Expected softmax of one row.
+// Expected softmax of one row: columns outside [begin, valid) are exactly 0.
 struct RefRow {
   enum Kind { kNormal, kNaNRow, kZeroRow } kind = kNormal;
+  size_t begin = 0;
   size_t valid = 0;
   std::vector<double> p;  // [valid], kNormal only
   std::vector<double> d;  // max - y_j, kNormal only
   double mean_d = 0;      // sum p_j d_j
+  double p_sink = 0;      // the sink's share of the row (0 without a sink)
+  double cap_rel = 0;     // the softcap's relative tolerance (softmax.h): 2^-19 * softcap
 };
 
 size_t ValidColumns(const SoftmaxMasks& m, size_t r, size_t cols) {
@@ -67,16 +72,46 @@ size_t ValidColumns(const SoftmaxMasks& m, size_t r, size_t cols) {
   return static_cast<size_t>(std::min(std::max(limit, 0.0), static_cast<double>(cols)));
 }
 
+// The position distance d of (r, j), exact (__int128: no overflow for any offset).
+__int128 Distance(const SoftmaxMasks& m, size_t r, size_t j) {
+  if (m.q_pos) return static_cast<__int128>(m.q_pos[r]) - m.k_pos[j];
+  return static_cast<__int128>(m.causal_offset) + static_cast<__int128>(r) - j;
+}
+
+// Whether the window (if any) shows column j to row r.
+bool WindowVisible(const SoftmaxMasks& m, size_t r, size_t j) {
+  if (m.window <= 0) return true;
+  const __int128 d = Distance(m, r, j);
+  return m.causal ? d >= 0 && d < m.window : d > -m.window && d < m.window;
+}
+
 // Reference for row r of a block; `x` points at that row's raw scores.
 RefRow ReferenceRow(const float* x, size_t r, size_t cols, float scale, const SoftmaxMasks& m) {
   RefRow ref;
   ref.valid = ValidColumns(m, r, cols);
+  if (m.window > 0 && !m.q_pos) {
+    // Index positions: the window's visible columns are a range [begin, valid).
+    size_t first = cols, last = 0;
+    for (size_t j = 0; j < ref.valid; ++j) {
+      if (WindowVisible(m, r, j)) first = std::min(first, j), last = j + 1;
+    }
+    ref.begin = first < last ? first : 0;
+    ref.valid = first < last ? last : 0;
+  }
+  if (m.softcap > 0) ref.cap_rel = std::ldexp(static_cast<double>(m.softcap), -19);
   const ptrdiff_t ri = static_cast<ptrdiff_t>(r);
-  std::vector<float> y(ref.valid);
+  std::vector<float> y(ref.valid, -kInf);
   bool has_nan = false;
   float max = -kInf;
-  for (size_t j = 0; j < ref.valid; ++j) {
+  for (size_t j = ref.begin; j < ref.valid; ++j) {
     float v = x[j] * scale;
+    if (m.softcap > 0) {
+      v = static_cast<float>(m.softcap * std::tanh(static_cast<double>(v) / m.softcap));
+    }
+    if (m.alibi_slope != 0) {
+      const __int128 d = Distance(m, r, j);
+      v = v - m.alibi_slope * static_cast<float>(static_cast<int64_t>(d < 0 ? -d : d));
+    }
     for (int k = 0; k < 2; ++k) {
       if (m.add[k]) v = v + m.add[k][ri * m.add_row_stride[k] + static_cast<ptrdiff_t>(j)];
     }
@@ -85,30 +120,37 @@ RefRow ReferenceRow(const float* x, size_t r, size_t cols, float scale, const So
         v = -kInf;
       }
     }
+    if (!WindowVisible(m, r, j)) v = -kInf;
     y[j] = v;
     has_nan |= std::isnan(v);
     if (v > max) max = v;
   }
-  if (has_nan || max == kInf) {
-    ref.kind = RefRow::kNaNRow;
-    return ref;
-  }
-  if (max == -kInf) {
+  if (max == -kInf && !has_nan) {
     ref.kind = RefRow::kZeroRow;
     return ref;
   }
-  ref.p.resize(ref.valid);
-  ref.d.resize(ref.valid);
+  if (has_nan || max == kInf || std::isnan(m.sink) || m.sink == kInf) {
+    ref.kind = RefRow::kNaNRow;
+    return ref;
+  }
+  const float ref_max = std::max(max, m.sink);
+  ref.p.assign(ref.valid, 0.0);
+  ref.d.assign(ref.valid, kInf);
   double sum = 0;
-  for (size_t j = 0; j < ref.valid; ++j) {
-    ref.d[j] = static_cast<double>(max) - static_cast<double>(y[j]);
+  for (size_t j = ref.begin; j < ref.valid; ++j) {
+    ref.d[j] = static_cast<double>(ref_max) - static_cast<double>(y[j]);
     ref.p[j] = std::exp(-ref.d[j]);
     sum += ref.p[j];
   }
-  for (size_t j = 0; j < ref.valid; ++j) {
+  const double d_sink = static_cast<double>(ref_max) - static_cast<double>(m.sink);
+  ref.p_sink = std::exp(-d_sink);  // 0 for a sink of -inf
+  sum += ref.p_sink;
+  for (size_t j = ref.begin; j < ref.valid; ++j) {
     ref.p[j] /= sum;
     if (std::isfinite(ref.d[j])) ref.mean_d += ref.p[j] * ref.d[j];
   }
+  ref.p_sink /= sum;
+  if (ref.p_sink > 0) ref.mean_d += ref.p_sink * d_sink;
   return ref;
 }
 
@@ -134,7 +176,7 @@ void ExpectRow(const RefRow& ref, const float* got, size_t cols, const std::stri
     const double g = got[j];
     bool ok = true;
     std::string want;
-    if (j >= ref.valid || ref.kind == RefRow::kZeroRow) {
+    if (j < ref.begin || j >= ref.valid || ref.kind == RefRow::kZeroRow) {
       ok = g == 0.0 && !std::signbit(g);
       want = "0";
     } else if (ref.kind == RefRow::kNaNRow) {
@@ -144,7 +186,9 @@ void ExpectRow(const RefRow& ref, const float* got, size_t cols, const std::stri
       const double w = ref.p[j];
       // Masked entries (d = inf) have w = 0 exactly.
       const double tol =
-          std::isinf(ref.d[j]) ? kAbs : kAbs + w * (kRel + kCond * (ref.d[j] + ref.mean_d));
+          std::isinf(ref.d[j])
+              ? kAbs
+              : kAbs + w * (kRel + ref.cap_rel + kCond * (ref.d[j] + ref.mean_d));
       ok = std::fabs(g - w) <= tol;
       g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - w) / tol);
       want = Num(w) + " +- " + Num(tol) + " (|err| = " + Num(std::fabs(g - w)) + ")";
@@ -411,6 +455,199 @@ TEST_P(SoftmaxRowsTest, HugeMagnitudes) {
   ReportWorst(target, "HugeMagnitudes");
 }
 
+// Positions for the variant tests. kind 0: index positions (null pointers); 1: explicit and
+// monotone with an offset (keys 1000.., queries the last rows' positions, as a KV cache); 2:
+// non-monotone (packed or permuted); 3: near the top of the int32 range (no overflow).
+struct Positions {
+  std::vector<int32_t> q, k;
+};
+
+Positions MakePositions(std::mt19937& rng, int kind, size_t rows, size_t cols) {
+  Positions p;
+  if (kind == 0) return p;
+  p.q.resize(rows);
+  p.k.resize(cols);
+  std::uniform_int_distribution<int32_t> spread(0, static_cast<int32_t>(cols + rows + 3));
+  for (size_t j = 0; j < cols; ++j) {
+    p.k[j] = kind == 1   ? 1000 + static_cast<int32_t>(j)
+             : kind == 2 ? 500 + spread(rng)
+                         : std::numeric_limits<int32_t>::max() - spread(rng);
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    p.q[r] = kind == 1   ? 1000 + static_cast<int32_t>(cols) - static_cast<int32_t>(rows) +
+                             static_cast<int32_t>(r)
+             : kind == 2 ? 500 + spread(rng)
+                         : std::numeric_limits<int32_t>::max() - spread(rng);
+  }
+  return p;
+}
+
+// The variant terms of one test case (softmax.h's SoftmaxMasks fields).
+struct TermsCase {
+  int pos_kind;
+  bool causal;
+  int64_t window;
+  int terms;  // 0: window (and sink) only; 1: softcap on large scores; 2: ALiBi; 3: all + masks
+  float sink;
+  int64_t causal_offset;
+
+  std::string Name() const {
+    return "pos=" + std::to_string(pos_kind) + " causal=" + std::to_string(causal) +
+           " window=" + std::to_string(window) + " terms=" + std::to_string(terms) +
+           " sink=" + Num(sink) + " offset=" + std::to_string(causal_offset);
+  }
+};
+
+// Scores, masks and positions of one case; `masks` points into the vectors.
+struct TermsInputs {
+  std::vector<float> x, add;
+  std::vector<uint8_t> bools;
+  Positions pos;
+  SoftmaxMasks masks;
+  float scale = 0.25f;
+
+  TermsInputs(std::mt19937& rng, const TermsCase& c, size_t rows, size_t cols) {
+    pos = MakePositions(rng, c.pos_kind, rows, cols);
+    if (c.terms == 1 || c.terms == 3) {
+      // Large scores: the cap saturates (|y| up to 150 against a cap of 30).
+      x = RandomFloats(rng, rows * cols, -300.0f, 300.0f);
+      scale = 0.5f;
+      masks.softcap = 30.0f;
+    } else {
+      x = RandomFloats(rng, rows * cols, -6.0f, 6.0f);
+    }
+    if (c.terms >= 2) masks.alibi_slope = c.terms == 2 ? 0.0625f : 0.5f;
+    if (c.terms == 3) {
+      add = RandomFloats(rng, rows * cols, -2.0f, 2.0f);
+      bools = RandomBytes(rng, rows * cols, 0.2);
+      masks.add[0] = add.data();
+      masks.add_row_stride[0] = static_cast<ptrdiff_t>(cols);
+      masks.masked[0] = bools.data();
+      masks.masked_row_stride[0] = static_cast<ptrdiff_t>(cols);
+    }
+    masks.causal = c.causal;
+    masks.causal_offset = c.causal_offset;
+    masks.window = c.window;
+    masks.sink = c.sink;
+    if (c.pos_kind != 0) {
+      masks.q_pos = pos.q.data();
+      masks.k_pos = pos.k.data();
+    }
+  }
+};
+
+// Every variant term and their combinations against the reference: window sizes around the
+// vector lengths and beyond the row, causal and not, index / offset / non-monotone / int32-edge
+// positions, odd lengths and misaligned rows.
+TEST_P(SoftmaxRowsTest, VariantTerms) {
+  const char* const target = target_name();
+  std::mt19937 rng(11);
+  const size_t rows = 6;
+  const float sinks[] = {-kInf, 0.0f, 2.5f, -3.0f, 40.0f};
+  size_t case_index = 0;
+  for (const size_t n : {1, 2, 3, 7, 16, 17, 33, 100, 257}) {
+    const int64_t offsets[] = {0, 2, -3, static_cast<int64_t>(n) - static_cast<int64_t>(rows)};
+    for (int pos_kind = 0; pos_kind < 4; ++pos_kind) {
+      for (const bool causal : {false, true}) {
+        for (const int64_t window : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{16},
+                                     static_cast<int64_t>(n) + 5}) {
+          for (int terms = 0; terms < 4; ++terms, ++case_index) {
+            const TermsCase c = {pos_kind, causal, window, terms, sinks[case_index % 5],
+                                 offsets[case_index % 4]};
+            const TermsInputs in(rng, c, rows, n);
+            RunAndCheck(in.x, rows, n, in.scale, in.masks, /*pad=*/n % 3, /*offset=*/case_index % 4,
+                        std::string(target) + " n=" + std::to_string(n) + " " + c.Name());
+          }
+        }
+      }
+    }
+  }
+  ReportWorst(target, "VariantTerms");
+}
+
+// Columns outside VisibleColumns (the window with index positions) are written as 0 without
+// being read: NaN there is harmless, in SoftmaxRows and in OnlineSoftmaxUpdate.
+TEST_P(SoftmaxRowsTest, WindowColumnsAreNotRead) {
+  const char* const target = target_name();
+  const size_t rows = 5, cols = 23;
+  for (const bool causal : {false, true}) {
+    for (const int64_t window : {1, 4, 9}) {
+      SoftmaxMasks masks;
+      masks.causal = causal;
+      masks.causal_offset = 6;
+      masks.window = window;
+      masks.alibi_slope = 0.25f;
+      std::vector<float> x(rows * cols, kNaN);
+      for (size_t r = 0; r < rows; ++r) {
+        const kernels::ColumnRange c = kernels::VisibleColumns(masks, r, cols);
+        ASSERT_LT(c.begin, c.end) << target;
+        for (size_t j = c.begin; j < c.end; ++j) x[r * cols + j] = 0.1f * static_cast<float>(j);
+      }
+      const std::string what = std::string(target) + " causal=" + std::to_string(causal) +
+                               " window=" + std::to_string(window);
+      RunAndCheck(x, rows, cols, 1.0f, masks, 1, 1, what);
+      std::vector<float> online = x, row_max(rows, -kInf), row_sum(rows, 0.0f), acc(rows, 0.0f);
+      kernels::OnlineSoftmaxUpdate(online.data(), rows, cols, cols, 1.0f, masks, row_max.data(),
+                                   row_sum.data(), acc.data(), 1, 1);
+      for (size_t r = 0; r < rows; ++r) {
+        const kernels::ColumnRange c = kernels::VisibleColumns(masks, r, cols);
+        for (size_t j = 0; j < cols; ++j) {
+          const float v = online[r * cols + j];
+          if (j < c.begin || j >= c.end) {
+            EXPECT_EQ(v, 0.0f) << what << " online row " << r << " col " << j;
+          } else {
+            EXPECT_GT(v, 0.0f) << what << " online row " << r << " col " << j;
+          }
+        }
+        EXPECT_GT(row_sum[r], 0.0f) << what << " row " << r;
+      }
+    }
+  }
+}
+
+// Sinks: the weights sum to 1 - p_sink; a sink of -inf is bitwise no sink; a row whose keys are
+// all masked is zeros whatever the sink; a NaN or +inf sink gives NaN rows.
+TEST_P(SoftmaxRowsTest, Sinks) {
+  const char* const target = target_name();
+  std::mt19937 rng(12);
+  for (const size_t n : {1, 5, 16, 37, 300}) {
+    const size_t rows = 3;
+    const std::vector<float> x = RandomFloats(rng, rows * n, -4.0f, 4.0f);
+    std::vector<uint8_t> bools(rows * n, 0);
+    std::fill(bools.begin() + 2 * n, bools.end(), 1);  // row 2 fully masked
+    SoftmaxMasks masks;
+    masks.masked[0] = bools.data();
+    masks.masked_row_stride[0] = n;
+    std::vector<float> none = x;
+    kernels::SoftmaxRows(none.data(), rows, n, n, 0.5f, masks);
+    for (const float sink : {-kInf, -30.0f, -1.0f, 0.0f, 3.0f, 90.0f}) {
+      SoftmaxMasks with = masks;
+      with.sink = sink;
+      std::vector<float> y = x;
+      kernels::SoftmaxRows(y.data(), rows, n, n, 0.5f, with);
+      const std::string what = std::string(target) + " n=" + std::to_string(n) + " sink=" + Num(sink);
+      if (sink == -kInf) {
+        EXPECT_EQ(std::memcmp(y.data(), none.data(), y.size() * sizeof(float)), 0) << what;
+      }
+      for (size_t r = 0; r < 2; ++r) {
+        const RefRow ref = ReferenceRow(x.data() + r * n, r, n, 0.5f, with);
+        double sum = 0;
+        for (size_t j = 0; j < n; ++j) sum += y[r * n + j];
+        EXPECT_NEAR(sum, 1.0 - ref.p_sink, 4e-6) << what << " row " << r;
+      }
+      for (size_t j = 0; j < n; ++j) EXPECT_EQ(y[2 * n + j], 0.0f) << what << " masked row";
+    }
+    for (const float sink : {kNaN, kInf}) {
+      SoftmaxMasks with = masks;
+      with.sink = sink;
+      std::vector<float> y = x;
+      kernels::SoftmaxRows(y.data(), rows, n, n, 0.5f, with);
+      EXPECT_TRUE(std::isnan(y[0])) << target << " sink " << sink;
+      EXPECT_EQ(y[2 * n], 0.0f) << target << " masked row, sink " << sink;
+    }
+  }
+}
+
 // The online recurrence over uneven key blocks, finished, equals the one-shot softmax-weighted
 // sum of V. The test adds p . V for each block with a plain loop (in double, rounded into the f32
 // acc once per block).
@@ -578,6 +815,129 @@ TEST_P(OnlineSoftmaxTest, SpecialValues) {
   EXPECT_EQ(row_max[2], -kInf) << target;
 }
 
+// The online recurrence with the variant terms over uneven key blocks (masks, k_pos and the
+// index offset moved to each block), started from the sink's state (row_max = sink, row_sum =
+// 1, acc = 0; or (-inf, 0) without one) and finished, equals SoftmaxRows's weights (with the
+// sink) times V. Tolerance as MatchesOneShot's, plus the softcap's.
+TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
+  const char* const target = target_name();
+  std::mt19937 rng(13);
+  constexpr double kOnlineRel = 4e-6;
+  const size_t rows = 5;
+  const float sinks[] = {-kInf, -20.0f, 0.5f, 30.0f, 200.0f};
+  size_t case_index = 0;
+  for (const size_t total : {1, 5, 17, 64, 257}) {
+    for (const size_t num_blocks : {1, 2, 3, 5}) {
+      if (num_blocks > total) continue;
+      for (int pos_kind = 0; pos_kind < 3; ++pos_kind) {
+        for (const bool causal : {false, true}) {
+          for (const int64_t window :
+               {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{16}, static_cast<int64_t>(total) + 2}) {
+            for (int terms = 0; terms < 5; ++terms, ++case_index) {
+              // terms 4: ALiBi on scores rising along the row by 300 (the rescaling path).
+              const TermsCase c = {pos_kind, causal, window, terms == 4 ? 2 : terms,
+                                   sinks[case_index % 5], case_index % 2 ? 2 : -1};
+              TermsInputs in(rng, c, rows, total);
+              if (terms == 4) {
+                for (size_t i = 0; i < in.x.size(); ++i) {
+                  in.x[i] += 1200.0f * static_cast<float>(i % total) / static_cast<float>(total);
+                }
+              }
+              // Row 4 fully masked (its output is zeros even with a sink).
+              std::vector<uint8_t> row4(rows * total, 0);
+              std::fill(row4.begin() + 4 * total, row4.end(), 1);
+              if (!in.masks.masked[0]) {
+                in.masks.masked[0] = row4.data();
+                in.masks.masked_row_stride[0] = static_cast<ptrdiff_t>(total);
+              } else {
+                in.masks.masked[1] = row4.data();
+                in.masks.masked_row_stride[1] = static_cast<ptrdiff_t>(total);
+              }
+              const size_t hd = case_index % 2 ? 3 : 16;
+              const std::vector<float> v = RandomFloats(rng, total * hd, -1.0f, 1.0f);
+              std::vector<size_t> cuts = {0, total};
+              std::uniform_int_distribution<size_t> cut(1, total - 1);
+              while (cuts.size() < num_blocks + 1) {
+                const size_t k = cut(rng);
+                if (std::find(cuts.begin(), cuts.end(), k) == cuts.end()) cuts.push_back(k);
+              }
+              std::sort(cuts.begin(), cuts.end());
+
+              const float sink = in.masks.sink;
+              std::vector<float> row_max(rows, sink), row_sum(rows, sink > -kInf ? 1.0f : 0.0f);
+              const size_t acc_stride = hd + 1;
+              std::vector<float> acc(rows * acc_stride, 0.0f);
+              for (size_t b = 0; b < num_blocks; ++b) {
+                const size_t k0 = cuts[b], cols = cuts[b + 1] - cuts[b];
+                Block scores(rows, cols, 2, (b + case_index) % 4);
+                for (size_t r = 0; r < rows; ++r) {
+                  std::copy(in.x.begin() + static_cast<ptrdiff_t>(r * total + k0),
+                            in.x.begin() + static_cast<ptrdiff_t>(r * total + k0 + cols),
+                            scores.row(r));
+                }
+                SoftmaxMasks bm = in.masks;
+                for (int k = 0; k < 2; ++k) {
+                  if (bm.add[k]) bm.add[k] += k0;
+                  if (bm.masked[k]) bm.masked[k] += k0;
+                }
+                if (bm.k_pos) bm.k_pos += k0;
+                bm.causal_offset = in.masks.causal_offset - static_cast<int64_t>(k0);
+                kernels::OnlineSoftmaxUpdate(scores.data(), rows, cols,
+                                             static_cast<ptrdiff_t>(scores.stride), in.scale, bm,
+                                             row_max.data(), row_sum.data(), acc.data(), hd,
+                                             static_cast<ptrdiff_t>(acc_stride));
+                for (size_t r = 0; r < rows; ++r) {
+                  for (size_t col = 0; col < hd; ++col) {
+                    double dot = 0;
+                    for (size_t j = 0; j < cols; ++j) {
+                      dot += static_cast<double>(scores.row(r)[j]) * v[(k0 + j) * hd + col];
+                    }
+                    acc[r * acc_stride + col] =
+                        static_cast<float>(acc[r * acc_stride + col] + dot);
+                  }
+                }
+                scores.CheckSentinels(std::string(target) + " scores");
+              }
+              kernels::OnlineSoftmaxFinish(acc.data(), rows, hd,
+                                           static_cast<ptrdiff_t>(acc_stride), row_sum.data());
+
+              int budget = 3;
+              for (size_t r = 0; r < rows; ++r) {
+                const RefRow ref = ReferenceRow(in.x.data() + r * total, r, total, in.scale,
+                                                in.masks);
+                ASSERT_NE(ref.kind, RefRow::kNaNRow);
+                for (size_t col = 0; col < hd && budget > 0; ++col) {
+                  const float g = acc[r * acc_stride + col];
+                  double want = 0, tol = kAbs;
+                  if (ref.kind == RefRow::kNormal) {
+                    for (size_t j = ref.begin; j < ref.valid; ++j) {
+                      if (std::isinf(ref.d[j])) continue;  // masked: p = 0
+                      const double pv = ref.p[j] * v[j * hd + col];
+                      want += pv;
+                      tol += std::fabs(pv) *
+                             (kOnlineRel + ref.cap_rel +
+                              (num_blocks + 1) * kCond * (ref.d[j] + ref.mean_d));
+                    }
+                  }
+                  g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - want) / tol);
+                  if (!(std::fabs(g - want) <= tol)) {
+                    --budget;
+                    ADD_FAILURE() << target << " total=" << total << " blocks=" << num_blocks
+                                  << " " << c.Name() << " rising=" << (terms == 4) << " row "
+                                  << r << " col " << col << ": got " << Num(g) << ", want "
+                                  << Num(want) << " +- " << Num(tol);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  ReportWorst(target, "VariantTermsMatchOneShot");
+}
+
 // Finish alone: acc / row_sum, zeros for a zero sum, with row strides.
 TEST_P(OnlineSoftmaxTest, Finish) {
   const char* const target = target_name();
@@ -661,6 +1021,45 @@ TEST_P(ExpNonPositiveTest, WithinTwoUlp) {
       EXPECT_NEAR(v[i], want, want * 2.4e-7f) << target << " n=" << n << " i=" << i;  // 2 ULP
     }
     EXPECT_EQ(v[n], kSentinel) << target << " n=" << n;
+  }
+}
+
+// VisibleColumns against the per-column predicates in exact arithmetic, at extreme offsets and
+// windows (no int64 overflow).
+TEST(VisibleColumnsTest, MatchesPredicate) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (const size_t cols : {0, 1, 5, 40}) {
+    for (const int64_t offset : {kMin, kMin + 3, int64_t{-1000}, int64_t{-7}, int64_t{-1},
+                                 int64_t{0}, int64_t{1}, int64_t{5}, int64_t{1000}, kMax - 2, kMax}) {
+      for (const int64_t window : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, kMax - 1, kMax}) {
+        for (const bool causal : {false, true}) {
+          SoftmaxMasks m;
+          m.causal = causal;
+          m.causal_offset = offset;
+          m.window = window;
+          for (size_t r = 0; r < 8; ++r) {
+            size_t first = cols, last = 0;
+            for (size_t j = 0; j < cols; ++j) {
+              const bool visible = (!causal || Distance(m, r, j) >= 0) && WindowVisible(m, r, j);
+              if (visible) first = std::min(first, j), last = j + 1;
+            }
+            const kernels::ColumnRange c = kernels::VisibleColumns(m, r, cols);
+            const std::string what = "cols=" + std::to_string(cols) + " offset=" +
+                                     std::to_string(offset) + " window=" + std::to_string(window) +
+                                     " causal=" + std::to_string(causal) + " r=" + std::to_string(r);
+            ASSERT_LE(c.begin, c.end) << what;
+            ASSERT_LE(c.end, cols) << what;
+            if (first < last) {
+              EXPECT_EQ(c.begin, first) << what;
+              EXPECT_EQ(c.end, last) << what;
+            } else {
+              EXPECT_EQ(c.begin, c.end) << what;
+            }
+          }
+        }
+      }
+    }
   }
 }
 

@@ -249,7 +249,9 @@ struct AttentionOutputs {
 };
 
 // Per-head projections (Project): q [N, H, L, hd], k and v [N, kvH, S', hd], dense f32 (N = 1 for
-// unbatched inputs). k and v include the bias_kv / zero-attention positions.
+// unbatched inputs). k and v include the bias_kv / zero-attention positions. q and k are as
+// attention uses them: QK-norm then RoPE applied (at AttentionInputs::positions /
+// key_positions, or the default positions); the appended positions and v are as projected.
 struct ProjectionOutputs {
   TensorView q;
   TensorView k;
