@@ -18,6 +18,7 @@
 #include "kernels/elementwise.h"
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
+#include "tests/kernel_test_util.h"
 
 namespace mha {
 namespace {
@@ -554,6 +555,30 @@ TEST(VariantsTest, PositionalVariantsRefuseAppendedKeys) {
     }
   }
 }
+
+// Random combinations, unchunked and key-chunked, on each SIMD target compiled in and supported
+// here (the kernels' dispatch forced to the test's target).
+class VariantsTargetTest : public test::PerTargetTest {};
+
+TEST_P(VariantsTargetTest, RandomCombinationsMatchReference) {
+  std::mt19937 rng(3040);
+  for (int i = 0; i < 60; ++i) {
+    Problem p = RandomVariantProblem(&rng, i % 5 == 0 ? 40 : 10);
+    const int64_t chunk_keys = i % 2 ? 1 + i % 7 : 0;
+    if (chunk_keys) p.need_weights = false;
+    ScopedKeyChunking chunking(chunk_keys);
+    Views v;
+    RunForward(p, 1 + i % 3, &v);
+    if (HasFatalFailure()) return;
+    ExpectMatchesReference(p, v);
+    if (HasFailure()) {
+      ADD_FAILURE() << "target " << target_name() << ", random problem #" << i;
+      return;
+    }
+  }
+}
+
+MHA_INSTANTIATE_PER_TARGET(VariantsTargetTest);
 
 }  // namespace
 }  // namespace mha
