@@ -73,7 +73,7 @@ struct Problem {
   bool need_weights = false;
   bool average = true;
   bool sinks = false;
-  std::vector<float> attn_mask;  // [L, S] float, or empty
+  std::vector<float> attn_mask;    // [L, S] float, or empty
   std::vector<int32_t> positions;  // [L] query (and self-attention key) positions, or empty
   size_t threads = 1;
 };
