@@ -32,6 +32,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_direct.h"
+#include "kernels/rope.h"
 #include "kernels/softmax.h"
 #include "kernels/targets.h"
 #include "runtime/parallel_gemm.h"
@@ -60,18 +61,23 @@ void SetSoftmaxCounters(benchmark::State& state, size_t rows, size_t cols) {
   state.SetBytesProcessed(elements * static_cast<int64_t>(2 * sizeof(float)));
 }
 
-// The scores are re-softmaxed in place every iteration: values stay in [0, 1], and the cost of a
-// row does not depend on the values (no early exit in the kernel).
-void BM_SoftmaxRows(benchmark::State& state) {
-  const size_t cols = static_cast<size_t>(state.range(0));
-  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 1);
+// SoftmaxRows on scores [kSoftmaxRows, cols], re-softmaxed in place every iteration: values stay
+// in [0, 1], and the cost of a row does not depend on the values (no early exit in the kernel).
+void TimeSoftmaxRows(benchmark::State& state, std::vector<float>* scores, size_t cols,
+                     const SoftmaxMasks& masks) {
   for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         SoftmaxMasks());
-    benchmark::DoNotOptimize(scores.data());
+    kernels::SoftmaxRows(scores->data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+                         masks);
+    benchmark::DoNotOptimize(scores->data());
     benchmark::ClobberMemory();
   }
   SetSoftmaxCounters(state, kSoftmaxRows, cols);
+}
+
+void BM_SoftmaxRows(benchmark::State& state) {
+  const size_t cols = static_cast<size_t>(state.range(0));
+  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 1);
+  TimeSoftmaxRows(state, &scores, cols, SoftmaxMasks());
 }
 BENCHMARK(BM_SoftmaxRows)->RangeMultiplier(2)->Range(16, 8192);
 
@@ -90,15 +96,66 @@ void BM_SoftmaxRowsMasked(benchmark::State& state) {
   masks.masked_row_stride[0] = 0;
   masks.causal = true;
   masks.causal_offset = static_cast<int64_t>(cols / 2);
-  for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         masks);
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
-  }
-  SetSoftmaxCounters(state, kSoftmaxRows, cols);
+  TimeSoftmaxRows(state, &scores, cols, masks);
 }
 BENCHMARK(BM_SoftmaxRowsMasked)->RangeMultiplier(4)->Range(64, 8192);
+
+// The attention variants' terms on 16 x 2048 causal rows (the last 16 queries of 2048 keys).
+// Argument: 0 = softcap 50 (tanh per element); 1 = ALiBi; 2 = window 256 with index positions
+// (a column range: about 256 of 2048 columns per row run the passes); 3 = the same window with
+// explicit positions (per-element int32 compare over every column); 4 = a sink.
+void BM_SoftmaxRowsVariants(benchmark::State& state) {
+  const size_t cols = 2048;
+  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 8);
+  std::vector<int32_t> q_pos(kSoftmaxRows), k_pos(cols);
+  for (size_t r = 0; r < kSoftmaxRows; ++r) {
+    q_pos[r] = static_cast<int32_t>(cols - kSoftmaxRows + r);
+  }
+  for (size_t j = 0; j < cols; ++j) k_pos[j] = static_cast<int32_t>(j);
+  SoftmaxMasks masks;
+  masks.causal = true;
+  masks.causal_offset = static_cast<int64_t>(cols - kSoftmaxRows);
+  switch (state.range(0)) {
+    case 0:
+      masks.softcap = 50.0f;
+      break;
+    case 1:
+      masks.alibi_slope = 0.0625f;
+      break;
+    case 2:
+      masks.window = 256;
+      break;
+    case 3:
+      masks.window = 256;
+      masks.q_pos = q_pos.data();
+      masks.k_pos = k_pos.data();
+      break;
+    default:
+      masks.sink = 0.5f;
+      break;
+  }
+  TimeSoftmaxRows(state, &scores, cols, masks);
+}
+BENCHMARK(BM_SoftmaxRowsVariants)->DenseRange(0, 4);
+
+// RoPE on a 64-token block of q (16 heads x 128): argument 0 = neox, 1 = gptj. The rotation is
+// repeated on the same rows (values stay bounded: it is a rotation).
+void BM_ApplyRope(benchmark::State& state) {
+  const size_t rows = 64, heads = 16, hd = 128, half = hd / 2;
+  std::vector<float> x = RandomFloats(rows * heads * hd, -1.0f, 1.0f, 9);
+  std::vector<double> inv_freq(half);
+  for (size_t i = 0; i < half; ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / hd);
+  std::vector<float> cos(rows * half), sin(rows * half);
+  kernels::RopeAngles(nullptr, 4096, rows, inv_freq.data(), half, cos.data(), sin.data());
+  for (auto _ : state) {
+    kernels::ApplyRope(x.data(), rows, static_cast<ptrdiff_t>(heads * hd), heads, hd, hd,
+                       state.range(0) == 1, cos.data(), sin.data());
+    benchmark::DoNotOptimize(x.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * rows * heads * hd));
+}
+BENCHMARK(BM_ApplyRope)->DenseRange(0, 1);
 
 // One online-softmax step as the attention's online path takes it: a strip of 24 query rows x
 // 512 keys (kStripRows x kKeyBlock in runtime/attention.cc), scale 1 (applied by the scores
@@ -150,14 +207,8 @@ void BM_SoftmaxRowsPerTarget(benchmark::State& state) {
   state.SetLabel(kernels::TargetName(kernels::ActiveTarget()));
   const size_t cols = 1024;
   std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 6);
-  for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         SoftmaxMasks());
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
-  }
+  TimeSoftmaxRows(state, &scores, cols, SoftmaxMasks());
   kernels::ForceTarget(0);
-  SetSoftmaxCounters(state, kSoftmaxRows, cols);
 }
 BENCHMARK(BM_SoftmaxRowsPerTarget)->DenseRange(0, 5);
 

@@ -2,12 +2,15 @@
 // kernels/softmax.h. Included once per Highway target by kernels/softmax.cc (foreach_target);
 // other per-target code may include it and call these functions directly, without dispatch.
 //
-// Each row takes three passes over its first valid(r) columns (the causal limit; the columns
-// after it are only written with 0):
+// Each row takes three passes over its visible columns (VisibleColumns: the causal limit and the
+// window with index positions; the columns outside are only written with 0):
 //   1. y = x * scale + add0 + add1, or -inf where a bool mask is set; y is written in place and
-//      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN).
+//      the row max is tracked (plus whether any y is NaN: Max does not propagate NaN). With
+//      per-element terms (HasElementTerms: softcap, ALiBi, a window over explicit positions) the
+//      row runs the kTerms instantiation, which adds them in the documented order; without,
+//      the plain instantiation runs the unchanged code.
 //   2. e = exp(y - max), written in place, and its sum (f32 partial sums, double total); exp is
-//      ExpNonPositive below, since y - max <= 0 always.
+//      ExpNonPositive below, since y - max <= 0 always. A sink joins max and the sum.
 //   3. e *= 1 / sum (reciprocal in double, rounded once).
 // OnlineSoftmaxUpdate fuses passes 1 and 2 (ExpBoundedSum) for rows whose reference from earlier
 // blocks bounds the block's y (see kernels/softmax.h), and falls back to them where it does not.
@@ -172,8 +175,7 @@ struct RowTail {
   HWY_ALIGN int32_t k_pos[kMaxLanesF32] = {};
   RowMasks masks;  // the terms of column i; pointers into the buffers above
 
-  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len)
-      : masks(FromColumn(rm, i)) {
+  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len) : masks(FromColumn(rm, i)) {
     std::memcpy(x, src + i, len * sizeof(float));
     masks.add0 = rm.add0 ? static_cast<float*>(std::memcpy(add0, rm.add0 + i, len * 4)) : nullptr;
     masks.add1 = rm.add1 ? static_cast<float*>(std::memcpy(add1, rm.add1 + i, len * 4)) : nullptr;
@@ -181,8 +183,8 @@ struct RowTail {
         rm.masked0 ? static_cast<uint8_t*>(std::memcpy(masked0, rm.masked0 + i, len)) : nullptr;
     masks.masked1 =
         rm.masked1 ? static_cast<uint8_t*>(std::memcpy(masked1, rm.masked1 + i, len)) : nullptr;
-    masks.k_pos = rm.k_pos ? static_cast<int32_t*>(std::memcpy(k_pos, rm.k_pos + i, len * 4))
-                           : nullptr;
+    masks.k_pos =
+        rm.k_pos ? static_cast<int32_t*>(std::memcpy(k_pos, rm.k_pos + i, len * 4)) : nullptr;
   }
 };
 
@@ -511,7 +513,8 @@ HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t row
       }
     }
     // Passes 1 and 2 over [done, n): columns [0, done) already hold exp(y - m_old).
-    const RowStats stats = ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
+    const RowStats stats =
+        ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
     if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
       // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
       // OnlineSoftmaxFinish keep it NaN.

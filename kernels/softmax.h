@@ -164,7 +164,7 @@ void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, 
 // the row's first visible keys) m_new = max(m_old, max_j y_j). Either way y_j <= m_new + 8 for
 // every key seen, so p, row_sum and acc stay within a factor e^8 of the max-referenced ones; the
 // division by row_sum at the end makes the reference cancel (its rounding: one more f32 multiply
-// of the p_j done before a late rescale). Columns beyond the causal limit are set to 0; a row
+// of the p_j done before a late rescale). Columns outside VisibleColumns are set to 0; a row
 // whose keys so far are all masked keeps (-inf, 0) and gets p = 0; NaN or +inf (see above) sets
 // the row's p, acc, row_max and row_sum to NaN, so its final output is NaN.
 void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
