@@ -132,4 +132,10 @@ kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h
   return m;
 }
 
+kernels::SoftmaxMasks AppendedKeyTerms(const AttentionMasks& masks) {
+  kernels::SoftmaxMasks m;
+  m.softcap = masks.softcap;
+  return m;
+}
+
 }  // namespace mha

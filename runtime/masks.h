@@ -70,6 +70,11 @@ AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args, cons
 kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h, int64_t q0,
                                int64_t k0, bool full_row = false);
 
+// The terms of the key-chunked path's appended key positions [S, S') (add_bias_kv,
+// add_zero_attn), which no mask covers: the softcap only (layers with positional terms reject
+// appended keys; the online recurrence starts from the sink).
+kernels::SoftmaxMasks AppendedKeyTerms(const AttentionMasks& masks);
+
 }  // namespace mha
 
 #endif  // MHA_RUNTIME_MASKS_H_
