@@ -62,7 +62,8 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
     ws.k_pos = off;
     off += FloatBytes(rows);
     ws.qk_scratch = off;
-    // RoundUpToAlignment(QkTransformScratchBytes(m, threads), &off): pending fwdcfg
+    off += QkTransformScratchBytes(m, threads);
+    RoundUpToAlignment(off, &off);
   }
   size_t attn_scratch = 0;
   if (forward) {

@@ -666,7 +666,7 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
     size_t num_sets = 0;
     if (forward) sets[num_sets++] = {q_buf, N * T, static_cast<ptrdiff_t>(E), false, q_pos, 0};
     if (append) sets[num_sets++] = {k_new, N * T, static_cast<ptrdiff_t>(kvE), true, k_pos, 0};
-    (void)sets;  // RunQkTransform(ctx, m, sets, num_sets, base + ws.qk_scratch): pending fwdcfg
+    RunQkTransform(ctx, m, sets, num_sets, base + ws.qk_scratch);
   }
 
   // ---- 2. Store the new keys and values.

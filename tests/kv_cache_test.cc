@@ -753,11 +753,13 @@ TEST_P(KvCacheTargetTest, VariantCombinationsMatchCausalForward) {
   PrintWorst();
 }
 
-// Longer than a span: the split schedule skips the spans below the window's band, the blocked
-// schedule (a ragged prefill of 270 tokens) starts at the band; the prompt path runs the forward.
-TEST(KvCacheVariantsTest, WindowAcrossSpans) {
+// Longer than a span: the split schedule merges spans (from the sink's state) or skips the spans
+// below the window's band, the blocked schedule (a ragged prefill of 270 tokens) starts at the
+// band; the prompt path runs the forward.
+TEST(KvCacheVariantsTest, LongContextAcrossSpans) {
   for (const VariantCase& c : VariantCases()) {
-    if (c.var.config.window == 0) continue;
+    const Variants& v = c.var;
+    if (v.config.window == 0 && !v.sinks && !v.config.alibi && v.config.softcap == 0) continue;
     SCOPED_TRACE(c.name);
     const Problem p = VariantProblem(c, 2, 300, 320);
     ASSERT_FALSE(HasFatalFailure());
@@ -817,6 +819,39 @@ TEST(KvCacheVariantsTest, RingLongerThanCapacityMatchesWindowedForward) {
   s.step_tokens = 3;
   CheckAgainstForward(p, DType::kF32, s, "ring 260 / window 200, steps of 3");
   PrintWorst();
+}
+
+// AppendProjected takes keys as given: Project's k, normalized and rotated at positions 0..S-1,
+// imported into an empty cache, then Forward over the same tokens equals the causal forward.
+TEST(KvCacheVariantsTest, AppendProjectedTakesRotatedKeys) {
+  VariantCase c{"neox + qk-norm", 2, {}};
+  c.var.config.rope = RopeStyle::kNeox;
+  c.var.qk_norm = true;
+  const Problem p = VariantProblem(c, 2, 12, 370);
+  ASSERT_FALSE(HasFatalFailure());
+  const int64_t hd = p.E / p.H;
+  std::vector<float> x = p.x, q(p.N * p.H * p.S * hd), k(p.N * p.KVH * p.S * hd), v(k.size());
+  std::vector<float> out(x.size(), std::nanf(""));
+  const int64_t xs[3] = {p.N, p.S, p.E}, qs[4] = {p.N, p.H, p.S, hd}, ks[4] = {p.N, p.KVH, p.S, hd};
+  AttentionInputs in;
+  ProjectionOutputs po;
+  TensorView ov;
+  ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, xs, &in.query).ok());
+  ASSERT_TRUE(TensorView::Dense(out.data(), DType::kF32, 3, xs, &ov).ok());
+  ASSERT_TRUE(TensorView::Dense(q.data(), DType::kF32, 4, qs, &po.q).ok());
+  ASSERT_TRUE(TensorView::Dense(k.data(), DType::kF32, 4, ks, &po.k).ok());
+  ASSERT_TRUE(TensorView::Dense(v.data(), DType::kF32, 4, ks, &po.v).ok());
+  ContextOptions co;
+  co.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(co, &ctx).ok());
+  ASSERT_TRUE(p.layer->Project(*ctx, in, po).ok());
+  std::unique_ptr<KvCache> cache;
+  ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*p.layer, p.N, p.S), &cache).ok());
+  ASSERT_TRUE(cache->AppendProjected(po.k, po.v).ok());
+  const Status s = cache->Forward(*ctx, *p.layer, in.query, ov);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_LE(MaxScaledError(out, p.reference), 1e-5);
 }
 
 TEST(KvCacheVariantsTest, BitwiseIdenticalForOneToThreeThreads) {
