@@ -160,10 +160,9 @@ int64_t PositionAt(const TensorView& t, int64_t n, int64_t i) {
 }
 
 // Checks positions tensor t (named `name`, over `len` tokens of N batch entries; `what` names
-// the length in messages): i32/i64, [N, len] or [len], values in [0, 2^31). *sorted tells
-// whether every entry's positions are non-decreasing.
+// the length in messages): i32/i64, [N, len] or [len], values in [0, 2^31).
 Status ValidatePositions(const TensorView& t, const char* name, const char* what, int64_t N,
-                         int64_t len, bool* sorted) {
+                         int64_t len) {
   if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
     return InvalidArgument(std::string(name) + ": expected dtype i32 or i64, got " +
                            DTypeName(t.dtype));
@@ -177,15 +176,12 @@ Status ValidatePositions(const TensorView& t, const char* name, const char* what
   }
   const int64_t rows = t.rank == 2 ? N : 1;
   for (int64_t n = 0; n < rows; ++n) {
-    int64_t prev = 0;
     for (int64_t i = 0; i < len; ++i) {
       const int64_t p = PositionAt(t, n, i);
       if (p < 0 || p > INT32_MAX) {
         return InvalidArgument(std::string(name) + "[" + (t.rank == 2 ? Str(n) + ", " : "") +
                                Str(i) + "]: expected a position in [0, 2^31), got " + Str(p));
       }
-      if (i > 0 && p < prev) *sorted = false;
-      prev = p;
     }
   }
   return Status::Ok();
@@ -210,20 +206,17 @@ Status ValidatePositionInputs(const LayerWeights& m, const AttentionInputs& in, 
         "give `positions`), got " +
         Dims(in.key_positions));
   }
-  bool sorted = true;
   if (q_given) {
-    const Status s = ValidatePositions(in.positions, "positions", "L", sh->N, sh->L, &sorted);
+    const Status s = ValidatePositions(in.positions, "positions", "L", sh->N, sh->L);
     if (!s.ok()) return s;
     args->positions = in.positions;
   }
   if (k_given) {
-    const Status s =
-        ValidatePositions(in.key_positions, "key_positions", "S", sh->N, sh->S, &sorted);
+    const Status s = ValidatePositions(in.key_positions, "key_positions", "S", sh->N, sh->S);
     if (!s.ok()) return s;
     args->key_positions = in.key_positions;
   }
   sh->has_positions = true;
-  sh->positions_sorted = sorted;
   return Status::Ok();
 }
 

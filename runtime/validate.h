@@ -58,8 +58,6 @@ struct ForwardShapes {
   // AttentionInputs::positions or key_positions given: the forward holds int32 positions of
   // every query and key (ForwardBuffers::q_pos [N, L], k_pos [N, S]).
   bool has_positions = false;
-  // Every batch entry's given query and key positions are non-decreasing (true without any).
-  bool positions_sorted = true;
 };
 
 // What the addresses of a forward's arguments decide; the plan is the bound over both values

@@ -299,5 +299,37 @@ TEST(QkTransformTest, ForwardPathsHandOnTransformedKeys) {
   }
 }
 
+// Positions as i64 or i32, and [L] shared by the batch or repeated per entry [N, L], are the
+// same positions: the same bits.
+TEST(QkTransformTest, PositionDtypesAndBroadcastAgree) {
+  Variant var;
+  var.rotary_dim = 6;
+  Case c = MakeCase(var, /*self=*/false, 3, 7);
+  const auto layer = CreateLayer(c, true);
+  ASSERT_NE(layer, nullptr);
+  testing_util::Views v;
+  testing_util::MakeViews(c.p, &v);
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
+  const int64_t N = c.p.N, L = c.p.L, S = c.p.S;
+  // Every entry gets entry 0's positions.
+  std::vector<int32_t> q32(N * L), k32(N * S);
+  std::vector<int64_t> q64(L), k64(S);
+  for (int64_t i = 0; i < N * L; ++i) q32[i] = c.positions[i % L];
+  for (int64_t i = 0; i < N * S; ++i) k32[i] = c.key_positions[i % S];
+  for (int64_t i = 0; i < L; ++i) q64[i] = c.positions[i];
+  for (int64_t i = 0; i < S; ++i) k64[i] = c.key_positions[i];
+  const int64_t qs[2] = {N, L}, ks[2] = {N, S};
+  AttentionInputs full = v.in, shared = v.in;
+  ASSERT_TRUE(TensorView::Dense(q32.data(), DType::kI32, 2, qs, &full.positions).ok());
+  ASSERT_TRUE(TensorView::Dense(k32.data(), DType::kI32, 2, ks, &full.key_positions).ok());
+  ASSERT_TRUE(TensorView::Dense(q64.data(), DType::kI64, 1, qs + 1, &shared.positions).ok());
+  ASSERT_TRUE(TensorView::Dense(k64.data(), DType::kI64, 1, ks + 1, &shared.key_positions).ok());
+  ASSERT_TRUE(layer->Forward(*ctx, full, v.out).ok());
+  const std::vector<float> want = v.output;
+  ASSERT_TRUE(layer->Forward(*ctx, shared, v.out).ok());
+  EXPECT_EQ(0, std::memcmp(v.output.data(), want.data(), want.size() * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace mha
