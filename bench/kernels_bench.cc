@@ -61,18 +61,23 @@ void SetSoftmaxCounters(benchmark::State& state, size_t rows, size_t cols) {
   state.SetBytesProcessed(elements * static_cast<int64_t>(2 * sizeof(float)));
 }
 
-// The scores are re-softmaxed in place every iteration: values stay in [0, 1], and the cost of a
-// row does not depend on the values (no early exit in the kernel).
-void BM_SoftmaxRows(benchmark::State& state) {
-  const size_t cols = static_cast<size_t>(state.range(0));
-  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 1);
+// SoftmaxRows on scores [kSoftmaxRows, cols], re-softmaxed in place every iteration: values stay
+// in [0, 1], and the cost of a row does not depend on the values (no early exit in the kernel).
+void TimeSoftmaxRows(benchmark::State& state, std::vector<float>* scores, size_t cols,
+                     const SoftmaxMasks& masks) {
   for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         SoftmaxMasks());
-    benchmark::DoNotOptimize(scores.data());
+    kernels::SoftmaxRows(scores->data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
+                         masks);
+    benchmark::DoNotOptimize(scores->data());
     benchmark::ClobberMemory();
   }
   SetSoftmaxCounters(state, kSoftmaxRows, cols);
+}
+
+void BM_SoftmaxRows(benchmark::State& state) {
+  const size_t cols = static_cast<size_t>(state.range(0));
+  std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 1);
+  TimeSoftmaxRows(state, &scores, cols, SoftmaxMasks());
 }
 BENCHMARK(BM_SoftmaxRows)->RangeMultiplier(2)->Range(16, 8192);
 
@@ -91,13 +96,7 @@ void BM_SoftmaxRowsMasked(benchmark::State& state) {
   masks.masked_row_stride[0] = 0;
   masks.causal = true;
   masks.causal_offset = static_cast<int64_t>(cols / 2);
-  for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         masks);
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
-  }
-  SetSoftmaxCounters(state, kSoftmaxRows, cols);
+  TimeSoftmaxRows(state, &scores, cols, masks);
 }
 BENCHMARK(BM_SoftmaxRowsMasked)->RangeMultiplier(4)->Range(64, 8192);
 
@@ -109,29 +108,33 @@ void BM_SoftmaxRowsVariants(benchmark::State& state) {
   const size_t cols = 2048;
   std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 8);
   std::vector<int32_t> q_pos(kSoftmaxRows), k_pos(cols);
-  for (size_t r = 0; r < kSoftmaxRows; ++r) q_pos[r] = static_cast<int32_t>(cols - kSoftmaxRows + r);
+  for (size_t r = 0; r < kSoftmaxRows; ++r) {
+    q_pos[r] = static_cast<int32_t>(cols - kSoftmaxRows + r);
+  }
   for (size_t j = 0; j < cols; ++j) k_pos[j] = static_cast<int32_t>(j);
   SoftmaxMasks masks;
   masks.causal = true;
   masks.causal_offset = static_cast<int64_t>(cols - kSoftmaxRows);
   switch (state.range(0)) {
-    case 0: masks.softcap = 50.0f; break;
-    case 1: masks.alibi_slope = 0.0625f; break;
-    case 2: masks.window = 256; break;
+    case 0:
+      masks.softcap = 50.0f;
+      break;
+    case 1:
+      masks.alibi_slope = 0.0625f;
+      break;
+    case 2:
+      masks.window = 256;
+      break;
     case 3:
       masks.window = 256;
       masks.q_pos = q_pos.data();
       masks.k_pos = k_pos.data();
       break;
-    default: masks.sink = 0.5f; break;
+    default:
+      masks.sink = 0.5f;
+      break;
   }
-  for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         masks);
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
-  }
-  SetSoftmaxCounters(state, kSoftmaxRows, cols);
+  TimeSoftmaxRows(state, &scores, cols, masks);
 }
 BENCHMARK(BM_SoftmaxRowsVariants)->DenseRange(0, 4);
 
@@ -204,14 +207,8 @@ void BM_SoftmaxRowsPerTarget(benchmark::State& state) {
   state.SetLabel(kernels::TargetName(kernels::ActiveTarget()));
   const size_t cols = 1024;
   std::vector<float> scores = RandomFloats(kSoftmaxRows * cols, -4.0f, 4.0f, 6);
-  for (auto _ : state) {
-    kernels::SoftmaxRows(scores.data(), kSoftmaxRows, cols, static_cast<ptrdiff_t>(cols), 0.125f,
-                         SoftmaxMasks());
-    benchmark::DoNotOptimize(scores.data());
-    benchmark::ClobberMemory();
-  }
+  TimeSoftmaxRows(state, &scores, cols, SoftmaxMasks());
   kernels::ForceTarget(0);
-  SetSoftmaxCounters(state, kSoftmaxRows, cols);
 }
 BENCHMARK(BM_SoftmaxRowsPerTarget)->DenseRange(0, 5);
 

@@ -2,8 +2,9 @@
 // per Highway target by kernels/rope.cc (foreach_target).
 //
 // Every target computes bitwise the same results: the rotation is one f32 multiply per product
-// and one add or subtract per output (no FMA), and RMSNorm's sum of squares adds exact double products into 8 slots (column i into slot
-// i mod 8, in column order) folded in a fixed order, whatever the vector width.
+// and one add or subtract per output (no FMA), and RMSNorm's sum of squares adds exact double
+// products into 8 slots (column i into slot i mod 8, in column order) folded in a fixed order,
+// whatever the vector width.
 
 // Toggle guard: compiled once per target by foreach_target.
 #if defined(MHA_KERNELS_ROPE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -60,8 +61,7 @@ HWY_INLINE void RotateHalves(D d, float* HWY_RESTRICT x, size_t half, const floa
   for (; i + N <= half; i += N) RotateHalves(d, x + i, y + i, c + i, s + i);
   if (i < half) {
     const size_t rem = half - i;
-    HWY_ALIGN float ta[kMaxLanes] = {}, tb[kMaxLanes] = {}, tc[kMaxLanes] = {},
-                    ts[kMaxLanes] = {};
+    HWY_ALIGN float ta[kMaxLanes] = {}, tb[kMaxLanes] = {}, tc[kMaxLanes] = {}, ts[kMaxLanes] = {};
     std::memcpy(ta, x + i, rem * sizeof(float));
     std::memcpy(tb, y + i, rem * sizeof(float));
     std::memcpy(tc, c + i, rem * sizeof(float));

@@ -37,8 +37,8 @@ void RopeAngles(const int32_t* positions, int64_t pos0, size_t rows, const doubl
 void ApplyRope(float* x, size_t rows, ptrdiff_t row_stride, size_t heads, size_t head_dim,
                size_t rotary_dim, bool interleaved, const float* cos, const float* sin) {
   if (rows == 0 || heads == 0 || rotary_dim < 2) return;
-  HWY_DYNAMIC_DISPATCH(ApplyRope)(x, rows, row_stride, heads, head_dim, rotary_dim, interleaved,
-                                  cos, sin);
+  HWY_DYNAMIC_DISPATCH(ApplyRope)
+  (x, rows, row_stride, heads, head_dim, rotary_dim, interleaved, cos, sin);
 }
 
 void RmsNormRows(float* x, size_t rows, ptrdiff_t row_stride, size_t groups, size_t group_size,

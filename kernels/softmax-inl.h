@@ -175,8 +175,7 @@ struct RowTail {
   HWY_ALIGN int32_t k_pos[kMaxLanesF32] = {};
   RowMasks masks;  // the terms of column i; pointers into the buffers above
 
-  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len)
-      : masks(FromColumn(rm, i)) {
+  RowTail(const float* src, const RowMasks& rm, size_t i, size_t len) : masks(FromColumn(rm, i)) {
     std::memcpy(x, src + i, len * sizeof(float));
     masks.add0 = rm.add0 ? static_cast<float*>(std::memcpy(add0, rm.add0 + i, len * 4)) : nullptr;
     masks.add1 = rm.add1 ? static_cast<float*>(std::memcpy(add1, rm.add1 + i, len * 4)) : nullptr;
@@ -184,8 +183,8 @@ struct RowTail {
         rm.masked0 ? static_cast<uint8_t*>(std::memcpy(masked0, rm.masked0 + i, len)) : nullptr;
     masks.masked1 =
         rm.masked1 ? static_cast<uint8_t*>(std::memcpy(masked1, rm.masked1 + i, len)) : nullptr;
-    masks.k_pos = rm.k_pos ? static_cast<int32_t*>(std::memcpy(k_pos, rm.k_pos + i, len * 4))
-                           : nullptr;
+    masks.k_pos =
+        rm.k_pos ? static_cast<int32_t*>(std::memcpy(k_pos, rm.k_pos + i, len * 4)) : nullptr;
   }
 };
 
@@ -514,7 +513,8 @@ HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t row
       }
     }
     // Passes 1 and 2 over [done, n): columns [0, done) already hold exp(y - m_old).
-    const RowStats stats = ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
+    const RowStats stats =
+        ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
     if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
       // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
       // OnlineSoftmaxFinish keep it NaN.

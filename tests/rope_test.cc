@@ -106,13 +106,14 @@ struct RopeCase {
 
 std::vector<RopeCase> RopeCases() {
   std::vector<RopeCase> cases;
-  const size_t dims[][2] = {{2, 2},   {6, 6},   {7, 6},     {8, 4},     {16, 16},
-                            {33, 32}, {64, 64}, {128, 128}, {130, 66},  {300, 298}};
+  const size_t dims[][2] = {{2, 2},   {6, 6},   {7, 6},     {8, 4},    {16, 16},
+                            {33, 32}, {64, 64}, {128, 128}, {130, 66}, {300, 298}};
   size_t k = 0;
   for (const auto& dim : dims) {
     for (const bool interleaved : {false, true}) {
       for (const size_t heads : {1, 3}) {
-        cases.push_back({k % 2 ? size_t{5} : size_t{1}, heads, dim[0], dim[1], interleaved, k % 3, k % 4});
+        cases.push_back(
+            {k % 2 ? size_t{5} : size_t{1}, heads, dim[0], dim[1], interleaved, k % 3, k % 4});
         ++k;
       }
     }
@@ -143,12 +144,10 @@ RopeRun RunRope(const RopeCase& c, uint32_t seed) {
   const std::vector<double> inv_freq = InvFreq(c.rotary_dim, 10000.0, 1.0);
   run.cos.resize(c.rows * half);
   run.sin.resize(c.rows * half);
-  kernels::RopeAngles(pos.data(), 0, c.rows, inv_freq.data(), half, run.cos.data(),
-                      run.sin.data());
+  kernels::RopeAngles(pos.data(), 0, c.rows, inv_freq.data(), half, run.cos.data(), run.sin.data());
   run.out = run.in;
-  kernels::ApplyRope(run.out.data() + c.offset, c.rows, static_cast<ptrdiff_t>(c.stride()),
-                     c.heads, c.head_dim, c.rotary_dim, c.interleaved, run.cos.data(),
-                     run.sin.data());
+  kernels::ApplyRope(run.out.data() + c.offset, c.rows, static_cast<ptrdiff_t>(c.stride()), c.heads,
+                     c.head_dim, c.rotary_dim, c.interleaved, run.cos.data(), run.sin.data());
   return run;
 }
 
@@ -204,8 +203,7 @@ TEST_P(ApplyRopeTest, BitwiseAcrossTargets) {
       kernels::ForceTarget(other);
       const RopeRun theirs = RunRope(cases[k], static_cast<uint32_t>(k) + 100);
       kernels::ForceTarget(GetParam());
-      EXPECT_EQ(std::memcmp(mine.out.data(), theirs.out.data(), mine.out.size() * sizeof(float)),
-                0)
+      EXPECT_EQ(std::memcmp(mine.out.data(), theirs.out.data(), mine.out.size() * sizeof(float)), 0)
           << target << " vs " << kernels::TargetName(other) << " " << cases[k].Name();
     }
   }
@@ -257,8 +255,8 @@ TEST_P(RmsNormRowsTest, MatchesDouble) {
                 // The f32 factor and the two products: three roundings.
                 if (std::fabs(got - want) > 0x1p-22 * std::fabs(want) + 1e-38) {
                   ++failures;
-                  ADD_FAILURE() << what << " row " << r << " group " << g << " i " << i
-                                << ": got " << got << " want " << want;
+                  ADD_FAILURE() << what << " row " << r << " group " << g << " i " << i << ": got "
+                                << got << " want " << want;
                 }
               }
             }

@@ -18,6 +18,8 @@
 //   large |y| (e.g. the +-1e4 cases), where it is inherent to f32 scores.
 // - kAbs = 1e-37 admits flushed / gradually underflowed outputs below FLT_MIN (Exp of arguments
 //   below -87 is zero).
+// - With a softcap, kRel grows by softmax.h's 2^-19 * softcap (hn::Tanh's error against the
+//   reference's tanh in double).
 #include "kernels/softmax.h"
 
 #include <gtest/gtest.h>
@@ -185,10 +187,9 @@ void ExpectRow(const RefRow& ref, const float* got, size_t cols, const std::stri
     } else {
       const double w = ref.p[j];
       // Masked entries (d = inf) have w = 0 exactly.
-      const double tol =
-          std::isinf(ref.d[j])
-              ? kAbs
-              : kAbs + w * (kRel + ref.cap_rel + kCond * (ref.d[j] + ref.mean_d));
+      const double tol = std::isinf(ref.d[j])
+                             ? kAbs
+                             : kAbs + w * (kRel + ref.cap_rel + kCond * (ref.d[j] + ref.mean_d));
       ok = std::fabs(g - w) <= tol;
       g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - w) / tol);
       want = Num(w) + " +- " + Num(tol) + " (|err| = " + Num(std::fabs(g - w)) + ")";
@@ -474,7 +475,7 @@ Positions MakePositions(std::mt19937& rng, int kind, size_t rows, size_t cols) {
                          : std::numeric_limits<int32_t>::max() - spread(rng);
   }
   for (size_t r = 0; r < rows; ++r) {
-    p.q[r] = kind == 1   ? 1000 + static_cast<int32_t>(cols) - static_cast<int32_t>(rows) +
+    p.q[r] = kind == 1 ? 1000 + static_cast<int32_t>(cols) - static_cast<int32_t>(rows) +
                              static_cast<int32_t>(r)
              : kind == 2 ? 500 + spread(rng)
                          : std::numeric_limits<int32_t>::max() - spread(rng);
@@ -550,10 +551,10 @@ TEST_P(SoftmaxRowsTest, VariantTerms) {
     for (int pos_kind = 0; pos_kind < 4; ++pos_kind) {
       for (const bool causal : {false, true}) {
         for (const int64_t window : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{16},
-                                     static_cast<int64_t>(n) + 5}) {
+                                     static_cast<int64_t>(n) + 5, int64_t{1} << 40}) {
           for (int terms = 0; terms < 4; ++terms, ++case_index) {
-            const TermsCase c = {pos_kind, causal, window, terms, sinks[case_index % 5],
-                                 offsets[case_index % 4]};
+            const TermsCase c = {
+                pos_kind, causal, window, terms, sinks[case_index % 5], offsets[case_index % 4]};
             const TermsInputs in(rng, c, rows, n);
             RunAndCheck(in.x, rows, n, in.scale, in.masks, /*pad=*/n % 3, /*offset=*/case_index % 4,
                         std::string(target) + " n=" + std::to_string(n) + " " + c.Name());
@@ -625,7 +626,8 @@ TEST_P(SoftmaxRowsTest, Sinks) {
       with.sink = sink;
       std::vector<float> y = x;
       kernels::SoftmaxRows(y.data(), rows, n, n, 0.5f, with);
-      const std::string what = std::string(target) + " n=" + std::to_string(n) + " sink=" + Num(sink);
+      const std::string what =
+          std::string(target) + " n=" + std::to_string(n) + " sink=" + Num(sink);
       if (sink == -kInf) {
         EXPECT_EQ(std::memcmp(y.data(), none.data(), y.size() * sizeof(float)), 0) << what;
       }
@@ -835,8 +837,12 @@ TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
                {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{16}, static_cast<int64_t>(total) + 2}) {
             for (int terms = 0; terms < 5; ++terms, ++case_index) {
               // terms 4: ALiBi on scores rising along the row by 300 (the rescaling path).
-              const TermsCase c = {pos_kind, causal, window, terms == 4 ? 2 : terms,
-                                   sinks[case_index % 5], case_index % 2 ? 2 : -1};
+              const TermsCase c = {pos_kind,
+                                   causal,
+                                   window,
+                                   terms == 4 ? 2 : terms,
+                                   sinks[case_index % 5],
+                                   case_index % 2 ? 2 : -1};
               TermsInputs in(rng, c, rows, total);
               if (terms == 4) {
                 for (size_t i = 0; i < in.x.size(); ++i) {
@@ -892,19 +898,18 @@ TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
                     for (size_t j = 0; j < cols; ++j) {
                       dot += static_cast<double>(scores.row(r)[j]) * v[(k0 + j) * hd + col];
                     }
-                    acc[r * acc_stride + col] =
-                        static_cast<float>(acc[r * acc_stride + col] + dot);
+                    acc[r * acc_stride + col] = static_cast<float>(acc[r * acc_stride + col] + dot);
                   }
                 }
                 scores.CheckSentinels(std::string(target) + " scores");
               }
-              kernels::OnlineSoftmaxFinish(acc.data(), rows, hd,
-                                           static_cast<ptrdiff_t>(acc_stride), row_sum.data());
+              kernels::OnlineSoftmaxFinish(acc.data(), rows, hd, static_cast<ptrdiff_t>(acc_stride),
+                                           row_sum.data());
 
               int budget = 3;
               for (size_t r = 0; r < rows; ++r) {
-                const RefRow ref = ReferenceRow(in.x.data() + r * total, r, total, in.scale,
-                                                in.masks);
+                const RefRow ref =
+                    ReferenceRow(in.x.data() + r * total, r, total, in.scale, in.masks);
                 ASSERT_NE(ref.kind, RefRow::kNaNRow);
                 for (size_t col = 0; col < hd && budget > 0; ++col) {
                   const float g = acc[r * acc_stride + col];
@@ -914,18 +919,17 @@ TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
                       if (std::isinf(ref.d[j])) continue;  // masked: p = 0
                       const double pv = ref.p[j] * v[j * hd + col];
                       want += pv;
-                      tol += std::fabs(pv) *
-                             (kOnlineRel + ref.cap_rel +
-                              (num_blocks + 1) * kCond * (ref.d[j] + ref.mean_d));
+                      tol += std::fabs(pv) * (kOnlineRel + ref.cap_rel +
+                                              (num_blocks + 1) * kCond * (ref.d[j] + ref.mean_d));
                     }
                   }
                   g_worst_ratio = std::max(g_worst_ratio, std::fabs(g - want) / tol);
                   if (!(std::fabs(g - want) <= tol)) {
                     --budget;
-                    ADD_FAILURE() << target << " total=" << total << " blocks=" << num_blocks
-                                  << " " << c.Name() << " rising=" << (terms == 4) << " row "
-                                  << r << " col " << col << ": got " << Num(g) << ", want "
-                                  << Num(want) << " +- " << Num(tol);
+                    ADD_FAILURE() << target << " total=" << total << " blocks=" << num_blocks << " "
+                                  << c.Name() << " rising=" << (terms == 4) << " row " << r
+                                  << " col " << col << ": got " << Num(g) << ", want " << Num(want)
+                                  << " +- " << Num(tol);
                   }
                 }
               }
@@ -1030,9 +1034,11 @@ TEST(VisibleColumnsTest, MatchesPredicate) {
   constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   for (const size_t cols : {0, 1, 5, 40}) {
-    for (const int64_t offset : {kMin, kMin + 3, int64_t{-1000}, int64_t{-7}, int64_t{-1},
-                                 int64_t{0}, int64_t{1}, int64_t{5}, int64_t{1000}, kMax - 2, kMax}) {
-      for (const int64_t window : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, kMax - 1, kMax}) {
+    for (const int64_t offset :
+         {kMin, kMin + 3, int64_t{-1000}, int64_t{-7}, int64_t{-1}, int64_t{0}, int64_t{1},
+          int64_t{5}, int64_t{1000}, kMax - 2, kMax}) {
+      for (const int64_t window :
+           {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, kMax - 1, kMax}) {
         for (const bool causal : {false, true}) {
           SoftmaxMasks m;
           m.causal = causal;
@@ -1045,9 +1051,10 @@ TEST(VisibleColumnsTest, MatchesPredicate) {
               if (visible) first = std::min(first, j), last = j + 1;
             }
             const kernels::ColumnRange c = kernels::VisibleColumns(m, r, cols);
-            const std::string what = "cols=" + std::to_string(cols) + " offset=" +
-                                     std::to_string(offset) + " window=" + std::to_string(window) +
-                                     " causal=" + std::to_string(causal) + " r=" + std::to_string(r);
+            const std::string what =
+                "cols=" + std::to_string(cols) + " offset=" + std::to_string(offset) +
+                " window=" + std::to_string(window) + " causal=" + std::to_string(causal) +
+                " r=" + std::to_string(r);
             ASSERT_LE(c.begin, c.end) << what;
             ASSERT_LE(c.end, cols) << what;
             if (first < last) {
