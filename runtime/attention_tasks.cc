@@ -23,11 +23,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Query rows per window segment of the online path with a window (see OnlineTask::Run): a
-// strip's band starts at most this many keys after the segment's key grid, so its P V product
-// multiplies few columns of zeros left of the band, while K^T and V are packed once per
-// segment ((rows + W) keys for rows rows). Belongs with forward_plan.h's tuning constants.
-constexpr size_t kWindowQueryBlock = 128;
+// Keys per key block of the online path with a window over index positions (see
+// OnlineTask::Run), at most the plan's key_block: a strip's band starts inside its first key
+// block, whose columns before it cost the P V product zeros (the scores product and the softmax
+// start at the band), so smaller blocks waste less there, at the cost of more, smaller products.
+// Belongs with forward_plan.h's tuning constants.
+constexpr int64_t kWindowKeyBlock = 128;
 
 // What every task of one RunAttentionTasks call reads: the layer, the bound workspace, the keys
 // covered, the masks and the trace; and views of one head's rows of the buffers.
@@ -73,6 +74,24 @@ struct TaskContext {
   }
   // The first key query row q sees (a window's band over index positions, else 0).
   int64_t KeyStart(int64_t q) const { return masks.BandStart(q); }
+  // Keys [0, MaskEnd()) take the masks, the causal limit and the window: the key-chunked path's
+  // unpadded masks end at S, and its appended positions [S, S') are never masked.
+  int64_t MaskEnd() const { return plan.chunked() ? args.shapes.S : St; }
+  // Whether this pass starts the softmax state of the online task of query rows from q0: it
+  // holds the block's first visible key (with a window, its band's start; the last key chunk
+  // when the band lies past every key).
+  bool StartsState(int64_t q0) const {
+    const int64_t kfirst = std::max<int64_t>(std::min(KeyStart(q0), St - 1), 0);
+    return keys.begin <= kfirst && kfirst < keys.end;
+  }
+  // Whether the online task of query rows [q0, q0 + rows) has anything to do in this pass: it
+  // starts the state, or keys of its band or appended keys lie in [keys.begin, keys.end). A key
+  // chunk before the band or past the causal diagonal leaves the state as it is.
+  bool Visits(int64_t q0, size_t rows) const {
+    const int64_t kend = std::min({keys.end, MaskEnd(), KeyLimit(q0, rows)});
+    const int64_t kbegin = std::max(keys.begin, KeyStart(q0));
+    return StartsState(q0) || kend > kbegin || std::max(keys.begin, MaskEnd()) < keys.end;
+  }
   uint8_t* GemmScratch(size_t worker) const {
     return buf.scratch + worker * plan.scratch_per_worker;
   }
@@ -177,9 +196,9 @@ class OnlineTask {
   // Starts the softmax state (the block's first key chunk) or reloads the running output into
   // acc_.
   void LoadState();
-  // Keys [k0, k0 + kc) of one key block for the task's rows [r_begin, r_end); `masked` when
-  // they take the masks, the causal limit and the window.
-  void UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_begin, size_t r_end);
+  // Keys [k0, k0 + kc) of one key block; `masked` when they take the masks, the causal limit
+  // and the window.
+  void UpdateKeyBlock(int64_t k0, size_t kc, bool masked);
   void Record(int64_t t0, Stage stage) const { t_.Record(t0, worker_, stage, n_, h_, blk_); }
 
   const TaskContext& t_;
@@ -199,13 +218,6 @@ class OnlineTask {
   MatrixView out_;
   MatrixView acc_;
 };
-
-// Query rows per window segment of the online path (see OnlineTask::Run): kWindowQueryBlock
-// rounded down to whole strips.
-size_t WindowSegmentRows() {
-  const size_t strip = OnlineStripRows();
-  return std::max(kWindowQueryBlock / strip, size_t{1}) * strip;
-}
 
 void OnlineTask::Run() {
   const ForwardPlan& plan = t_.plan;
@@ -227,19 +239,14 @@ void OnlineTask::Run() {
     row_max_ = t_.buf.row_max + state;
     row_sum_ = t_.buf.row_sum + state;
   }
-  // Keys below mask_end take the masks and the causal limit (a key chunk past this block's
-  // diagonal has none left); the key-chunked path's unpadded masks end at S, and the appended
-  // positions [S, S') after them are never masked, so they form one block without masks.
-  const int64_t mask_end = plan.chunked() ? t_.args.shapes.S : t_.St;
+  if (!t_.Visits(q0_, rows_)) return;
+  init_ = t_.StartsState(q0_);
+  // Keys below mask_end take the masks and the causal limit; the appended positions after them
+  // form one block without masks.
+  const int64_t mask_end = t_.MaskEnd();
   const int64_t kend = std::min({keys.end, mask_end, t_.KeyLimit(q0_, rows_)});
   const int64_t kbegin = std::max(keys.begin, t_.KeyStart(q0_));
   const int64_t tail = std::max(keys.begin, mask_end);
-  // The key chunk holding the block's first visible key (with a window, the band's start; the
-  // last chunk when the band lies past every key) starts its softmax state.
-  const int64_t kfirst = std::max<int64_t>(std::min(t_.KeyStart(q0_), t_.St - 1), 0);
-  init_ = keys.begin <= kfirst && kfirst < keys.end;
-  // A key chunk before this block's band or past its causal diagonal leaves its state as it is.
-  if (!init_ && kend <= kbegin && tail >= keys.end) return;
   out_ = t_.OutView(n_, h_, q0_, rows_);
   const int64_t kb = static_cast<int64_t>(plan.key_block);
   // One key block for the whole task (S' <= key_block without key chunks, e.g. every S <= 512):
@@ -254,32 +261,15 @@ void OnlineTask::Run() {
                                 static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
   LoadQueryRows(one_block);
   LoadState();
-  // A window over index positions (masks.banded()): the rows run in segments of
-  // WindowSegmentRows() rows at multiples of it, each over the key blocks of a grid that starts
-  // at the band start of the segment's aligned first row. Blocks before the band are never
-  // packed or multiplied, and a row's blocks depend on its own position only, not on the task's
-  // rows (which follow the thread count), so results stay bitwise the same for any thread
-  // count. Without a band, one segment of all rows over the grid from keys.begin.
-  const bool banded = t_.masks.banded();
-  const int64_t seg = banded ? static_cast<int64_t>(WindowSegmentRows()) : int64_t(rows_);
-  const int64_t q_end = q0_ + static_cast<int64_t>(rows_);
-  for (int64_t s0 = q0_; s0 < q_end;) {
-    const int64_t s1 = banded ? std::min(q_end, (s0 / seg + 1) * seg) : q_end;
-    const int64_t origin = banded ? t_.KeyStart(s0 / seg * seg) : keys.begin;
-    const int64_t hi = std::min({keys.end, mask_end, t_.KeyLimit(s0, s1 - s0)});
-    // The grid block holding max(keys.begin, the segment's band start), then on.
-    const int64_t lo = std::max(keys.begin, t_.KeyStart(s0));
-    for (int64_t b0 = origin + (lo - origin) / kb * kb; b0 < hi; b0 += kb) {
-      const int64_t k0 = std::max(b0, keys.begin);
-      const int64_t k1 = std::min(b0 + kb, hi);
-      if (k1 > k0) {
-        UpdateKeyBlock(k0, k1 - k0, true, static_cast<size_t>(s0 - q0_),
-                       static_cast<size_t>(s1 - q0_));
-      }
-    }
-    s0 = s1;
+  // A window over index positions (masks.banded()): key blocks of at most kWindowKeyBlock keys
+  // from the one holding the band's start; the blocks before it are never packed or multiplied.
+  // The block grid starts at keys.begin whatever the task's rows (which follow the thread
+  // count), so a row's blocks, and its results, do not depend on them.
+  const int64_t bk = t_.masks.banded() ? std::min(kb, kWindowKeyBlock) : kb;
+  for (int64_t k0 = keys.begin + (kbegin - keys.begin) / bk * bk; k0 < kend; k0 += bk) {
+    UpdateKeyBlock(k0, std::min(bk, kend - k0), true);
   }
-  if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false, 0, rows_);
+  if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false);
   // The key-chunked path normalizes in its output projection, after the last key chunk.
   const int64_t t0 = t_.Now();
   if (!plan.chunked()) {
@@ -333,8 +323,7 @@ void OnlineTask::LoadState() {
   Record(t0, Stage::kWeightedSum);
 }
 
-void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_begin,
-                                size_t r_end) {
+void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
   const int64_t hd = t_.m.hd;
   const size_t key_block = t_.plan.key_block;
   // The trace counts packing K^T as scores time and packing V as weighted-sum time.
@@ -347,15 +336,14 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_beg
   const size_t strip_rows = OnlineStripRows();
   const size_t nr = kernels::GemmBlocking().nr;
   void* const gs = t_.GemmScratch(worker_);
-  for (size_t r0 = r_begin; r0 < r_end; r0 += strip_rows) {
-    const size_t sr = std::min(strip_rows, r_end - r0);
+  for (size_t r0 = 0; r0 < rows_; r0 += strip_rows) {
+    const size_t sr = std::min(strip_rows, rows_ - r0);
     const int64_t q = q0_ + static_cast<int64_t>(r0);
     // Causal: the strip's rows see the keys below KeyLimit(q0 + r0, sr) only; the block's
     // columns from there on are masked for all of them, so the strip's two products and its
     // softmax stop there (the rest would add exact zeros): the strips of a diagonal block
     // do about half its work. A block wholly past the strip's limit is skipped.
-    const int64_t visible =
-        masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
+    const int64_t visible = masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
     // A window's band: the strip's first row sees keys from KeyStart(q) on, so the scores
     // product and the softmax start at the micro-panel holding it (c0, a multiple of NR), and
     // P's columns before c0 are zero. A block wholly before the strip's band is skipped.
@@ -381,11 +369,11 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked, size_t r_beg
     }
     Record(t0, Stage::kScores);
     t0 = t_.Now();
-    kernels::OnlineSoftmaxUpdate(
-        s_band.data, sr, cols - c0, key_block, 1.0f,
-        masked ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
-               : kernels::SoftmaxMasks(),
-        row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
+                                 masked
+                                     ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
+                                     : AppendedKeyTerms(t_.masks),
+                                 row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
     for (size_t r = 0; c0 > 0 && r < sr; ++r) {
       std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
     }
@@ -423,13 +411,26 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
     return;
   }
 
-  PoolOf(ctx).ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
+  // Key-chunked: only the query blocks [b_lo, b_hi) that have work in this key chunk
+  // (TaskContext::Visits; causal or a window's band make them a contiguous range).
+  int64_t b_lo = 0, b_hi = q_blocks;
+  if (plan.chunked() && !sh.need_weights) {
+    auto visits = [&](int64_t b) {
+      const int64_t q0 = b * static_cast<int64_t>(qb);
+      return t.Visits(q0, static_cast<size_t>(std::min<int64_t>(qb, L - q0)));
+    };
+    while (b_lo < b_hi && !visits(b_lo)) ++b_lo;
+    while (b_hi > b_lo && !visits(b_hi - 1)) --b_hi;
+  }
+  const int64_t blocks = b_hi - b_lo;
+  if (blocks == 0) return;
+  PoolOf(ctx).ParallelFor(N * H * blocks, [&](uint64_t task, size_t worker) {
     // Causal blocks cost more the later they start: each head's run from its last block down,
     // so the tasks left for stealing at the end of a worker's range are its cheapest.
-    const int64_t blk = t.masks.causal ? q_blocks - 1 - static_cast<int64_t>(task % q_blocks)
-                                       : static_cast<int64_t>(task % q_blocks);
-    const int64_t h = (task / q_blocks) % H;
-    const int64_t n = task / (q_blocks * H);
+    const int64_t blk = t.masks.causal ? b_hi - 1 - static_cast<int64_t>(task % blocks)
+                                       : b_lo + static_cast<int64_t>(task % blocks);
+    const int64_t h = (task / blocks) % H;
+    const int64_t n = task / (blocks * H);
     if (sh.need_weights) {
       // Per-head weights: the scores block lives in the caller's weights tensor.
       const int64_t q0 = blk * qb;

@@ -21,8 +21,8 @@ MaskInput Unpadded(const MaskShape& shape, const void* data) {
 
 }  // namespace
 
-AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args,
-                            const ForwardPlan& ws, const ForwardBuffers& buf) {
+AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& ws,
+                            const ForwardBuffers& buf) {
   const ForwardShapes& sh = args.shapes;
   const int64_t H = m.H;
   const LayerVariants& var = m.variants;
@@ -129,6 +129,12 @@ kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h
     m.k_pos = masks.k_pos + n * masks.k_pos_batch + k0;
   }
   if (full_row && masks.sinks != nullptr) m.sink = masks.sinks[h];
+  return m;
+}
+
+kernels::SoftmaxMasks AppendedKeyTerms(const AttentionMasks& masks) {
+  kernels::SoftmaxMasks m;
+  m.softcap = masks.softcap;
   return m;
 }
 

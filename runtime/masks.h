@@ -61,14 +61,19 @@ struct AttentionMasks {
 
 // Fills the plan's padded mask copies when it has them (plan.padded_masks) and returns the masks
 // to read, with the layer's score terms and the forward's positions.
-AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args,
-                            const ForwardPlan& plan, const ForwardBuffers& buf);
+AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                            const ForwardBuffers& buf);
 
 // The masks of query rows [q0, q0 + rows) of (batch n, head h), key columns from k0. `full_row`:
 // for SoftmaxRows, which takes the head's sink as a logit (the online recurrence starts from it
 // instead, see OnlineTask).
 kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h, int64_t q0,
                                int64_t k0, bool full_row = false);
+
+// The terms of the key-chunked path's appended key positions [S, S') (add_bias_kv,
+// add_zero_attn), which no mask covers: the softcap only (layers with positional terms reject
+// appended keys; the online recurrence starts from the sink).
+kernels::SoftmaxMasks AppendedKeyTerms(const AttentionMasks& masks);
 
 }  // namespace mha
 
