@@ -37,6 +37,15 @@ struct Problem {
   bool average = true;
   int64_t row_pad = 0;  // extra floats between tokens of the inputs (strided views)
 
+  // Attention variants (config holds their scalars): the extra weights, empty = absent; token
+  // positions, empty = the defaults. positions is [N, L] ([L] when positions_shared: one
+  // vector for the whole batch, given to mha as a rank-1 tensor), key_positions [N, S]; passed
+  // to mha as pos_dtype (kI32 or kI64).
+  std::vector<float> sinks, alibi_slopes, q_norm, k_norm;
+  std::vector<int64_t> positions, key_positions;
+  bool positions_shared = false;
+  DType pos_dtype = DType::kI32;
+
   // Weights as mha sees them.
   std::vector<float> in_proj_w, in_proj_b, wq, wk, wv, bias_k, bias_v, wo, bo;
   // Inputs in the layout described by batched / batch_first.
@@ -65,6 +74,7 @@ struct Views {
   AttentionOutputs out;
   std::vector<float> output;   // sized for the output
   std::vector<float> weights;  // sized for the attention weights
+  std::vector<int32_t> pos32, key_pos32;  // positions' storage when Problem::pos_dtype is kI32
 };
 void MakeViews(const Problem& p, Views* v);
 
