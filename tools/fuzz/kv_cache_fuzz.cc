@@ -94,10 +94,10 @@ struct Case {
        << " wdtype=" << wdtype << " prepack=" << prepack << " batch_first=" << batch_first
        << " N=" << N << " capacity=" << capacity << " cache_dtype=" << cdtype
        << " caller_buffer=" << caller_buffer << " threads=" << threads << " arena=" << arena
-       << " rope=" << rope << " theta=" << rope_theta << " rd=" << rotary_dim
-       << " alibi=" << alibi << " window=" << window << " softcap=" << softcap
-       << " sinks=" << sinks << " qk_norm=" << qk_norm << (qk_norm_whole ? "(whole)" : "")
-       << " seed=" << seed << " ops=[";
+       << " rope=" << rope << " theta=" << rope_theta << " rd=" << rotary_dim << " alibi=" << alibi
+       << " window=" << window << " softcap=" << softcap << " sinks=" << sinks
+       << " qk_norm=" << qk_norm << (qk_norm_whole ? "(whole)" : "") << " seed=" << seed
+       << " ops=[";
     for (const Op& op : ops) {
       os << "{kind=" << op.kind << " T=" << op.T;
       if (op.with_counts) {
