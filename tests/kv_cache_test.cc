@@ -792,6 +792,10 @@ TEST(KvCacheVariantsTest, RingLongerThanCapacityMatchesWindowedForward) {
     s.prefill = {64, 64};
     s.rewind = 0;
     CheckAgainstForward(p, DType::kF32, s, "ring, prompt of 64 + decode");
+    {
+      testing_util::ScopedKeyChunking chunked(24);  // the prompt's keys reach the ring by chunks
+      CheckAgainstForward(p, DType::kF32, s, "ring, key-chunked prompt of 64 + decode");
+    }
     for (DType t : {DType::kBF16, DType::kI8}) {
       s.prefill.clear();
       CheckAgainstForward(p, t, s, "ring, token by token");

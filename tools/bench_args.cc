@@ -205,8 +205,9 @@ bool ValidateShape(const Shape& s, std::string* error) {
     return false;
   }
   if (v.rope == RopeStyle::kNone && (v.rope_theta > 0 || v.rotary_dim > 0 || v.rope_scale > 0)) {
-    *error = "--rope-theta/--rotary-dim/--rope-scale: expected --rope neox|gptj as well, got no "
-             "--rope";
+    *error =
+        "--rope-theta/--rotary-dim/--rope-scale: expected --rope neox|gptj as well, got no "
+        "--rope";
     return false;
   }
   if (v.qk_norm_eps > 0 && !v.qk_norm) {
@@ -300,12 +301,12 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",   "--seq",           "--kv-seq",   "--embed",      "--heads",
-        "--threads", "--min-time",      "--min-runs", "--sgemm-size", "--tolerance",
-        "--seed",    "--json",          "--csv",      "--trace",      "--contexts",
-        "--batches", "--weights-dtype", "--rounds",   "--compare",    "--prefill",
-        "--kv-heads", "--rope",         "--rope-theta", "--rotary-dim", "--rope-scale",
-        "--window",   "--softcap",      "--qk-norm-eps"};
+        "--batch",    "--seq",           "--kv-seq",     "--embed",      "--heads",
+        "--threads",  "--min-time",      "--min-runs",   "--sgemm-size", "--tolerance",
+        "--seed",     "--json",          "--csv",        "--trace",      "--contexts",
+        "--batches",  "--weights-dtype", "--rounds",     "--compare",    "--prefill",
+        "--kv-heads", "--rope",          "--rope-theta", "--rotary-dim", "--rope-scale",
+        "--window",   "--softcap",       "--qk-norm-eps"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {

@@ -338,13 +338,29 @@ void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<Case
     std::vector<std::string> path;
   };
   std::vector<Column> columns;
-  for (const char* name :
-       {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights", "kv_heads",
-        "variants", "threads",
-        "median_ms", "p10_ms", "p90_ms", "runs", "gflops", "efficiency", "sgemm_gflops",
-        "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err", "rows_checked"}) {
-    columns.push_back({name, {name}});
-  }
+  static const char* const kFields[] = {"batch",
+                                        "seq",
+                                        "kv_seq",
+                                        "embed",
+                                        "heads",
+                                        "causal",
+                                        "need_weights",
+                                        "kv_heads",
+                                        "variants",
+                                        "threads",
+                                        "median_ms",
+                                        "p10_ms",
+                                        "p90_ms",
+                                        "runs",
+                                        "gflops",
+                                        "efficiency",
+                                        "sgemm_gflops",
+                                        "workspace_bytes",
+                                        "arena_high_water",
+                                        "peak_rss_mib",
+                                        "max_abs_err",
+                                        "rows_checked"};
+  for (const char* name : kFields) columns.push_back({name, {name}});
   if (header.breakdown) {
     std::vector<std::string> keys;
     for (int st = 0; st < kNumStages; ++st) keys.push_back(StageKey(st));
