@@ -245,6 +245,9 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path, const 
   }
   w.out_proj_weight = as_storage(mw.w_out);
   if (mw.bias) w.out_proj_bias = mw.b_out.data();
+  VariantTensors variants;
+  s = LoadVariants(file, prefix, options, &variants, &c, &w);
+  if (!s.ok()) return s;
   // Copy: the loaded vectors are freed when this call returns.
   s = Create(c, w, WeightBinding::kCopy, out);
   if (!s.ok()) return Status(s.code(), where + s.message());

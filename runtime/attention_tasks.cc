@@ -23,6 +23,13 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Keys per key block of the online path with a window over index positions (see
+// OnlineTask::Run), at most the plan's key_block: a strip's band starts inside its first key
+// block, whose columns before it cost the P V product zeros (the scores product and the softmax
+// start at the band), so smaller blocks waste less there, at the cost of more, smaller products.
+// Belongs with forward_plan.h's tuning constants.
+constexpr int64_t kWindowKeyBlock = 128;
+
 // What every task of one RunAttentionTasks call reads: the layer, the bound workspace, the keys
 // covered, the masks and the trace; and views of one head's rows of the buffers.
 struct TaskContext {
@@ -60,9 +67,30 @@ struct TaskContext {
         buf.concat + n * buf.concat_layout.batch + q0 * buf.concat_layout.token + h * m.hd, rows,
         static_cast<size_t>(m.hd), buf.concat_layout.token, 1};
   }
-  // Keys a causal block needs: key j is used by some row iff j <= q0 + rows - 1.
+  // One past the last key some row of [q0, q0 + rows) sees: causal, key j is used by some row
+  // iff j <= q0 + rows - 1; a non-causal window's band ends at q0 + rows - 1 + W.
   int64_t KeyLimit(int64_t q0, size_t rows) const {
-    return masks.causal ? std::min<int64_t>(St, q0 + static_cast<int64_t>(rows)) : St;
+    return masks.BandLimit(q0, static_cast<int64_t>(rows), St);
+  }
+  // The first key query row q sees (a window's band over index positions, else 0).
+  int64_t KeyStart(int64_t q) const { return masks.BandStart(q); }
+  // Keys [0, MaskEnd()) take the masks, the causal limit and the window: the key-chunked path's
+  // unpadded masks end at S, and its appended positions [S, S') are never masked.
+  int64_t MaskEnd() const { return plan.chunked() ? args.shapes.S : St; }
+  // Whether this pass starts the softmax state of the online task of query rows from q0: it
+  // holds the block's first visible key (with a window, its band's start; the last key chunk
+  // when the band lies past every key).
+  bool StartsState(int64_t q0) const {
+    const int64_t kfirst = std::max<int64_t>(std::min(KeyStart(q0), St - 1), 0);
+    return keys.begin <= kfirst && kfirst < keys.end;
+  }
+  // Whether the online task of query rows [q0, q0 + rows) has anything to do in this pass: it
+  // starts the state, or keys of its band or appended keys lie in [keys.begin, keys.end). A key
+  // chunk before the band or past the causal diagonal leaves the state as it is.
+  bool Visits(int64_t q0, size_t rows) const {
+    const int64_t kend = std::min({keys.end, MaskEnd(), KeyLimit(q0, rows)});
+    const int64_t kbegin = std::max(keys.begin, KeyStart(q0));
+    return StartsState(q0) || kend > kbegin || std::max(keys.begin, MaskEnd()) < keys.end;
   }
   uint8_t* GemmScratch(size_t worker) const {
     return buf.scratch + worker * plan.scratch_per_worker;
@@ -83,24 +111,35 @@ void FullRows(const TaskContext& t, int64_t n, int64_t h, int64_t q0, size_t row
               ptrdiff_t ld, size_t worker, int64_t blk) {
   const int64_t g = h / t.group;
   void* gs = t.GemmScratch(worker);
-  const size_t kl = static_cast<size_t>(t.KeyLimit(q0, rows));
-  const MatrixView s_view{scores, rows, kl, ld, 1};
+  // Keys [ks, kl): those some row of the block sees (causal limit, a window's band). The
+  // products and the softmax run over them only; the weights' other columns are exactly zero.
+  // The block's rows depend only on the shapes, so the band does too (deterministic).
+  const int64_t kl = t.KeyLimit(q0, rows);
+  const int64_t ks = std::min(t.KeyStart(q0), kl);
+  const size_t kn = static_cast<size_t>(kl - ks);
   const MatrixView out = t.OutView(n, h, q0, rows);
-  int64_t t0 = t.Now();
-  // The scale is the product's alpha (the softmax's own multiply by it would round alike).
-  kernels::Gemm(t.m.scale, t.QView(n, h, q0, rows), t.KtView(n, g, 0, kl), 0.0f, s_view, gs);
-  t.Record(t0, worker, Stage::kScores, n, h, blk);
-  t0 = t.Now();
-  kernels::SoftmaxRows(scores, rows, kl, ld, 1.0f, MasksFor(t.masks, n, h, q0, 0));
-  t.Record(t0, worker, Stage::kSoftmax, n, h, blk);
-  t0 = t.Now();
-  kernels::Gemm(1.0f, s_view, t.VView(n, g, 0, kl), 0.0f, out, gs);
-  t.Record(t0, worker, Stage::kWeightedSum, n, h, blk);
-  // Columns past the causal limit are exactly zero in the returned weights.
-  if (kl < static_cast<size_t>(t.St)) {
+  if (kn > 0) {
+    float* band = scores + ks;
+    const MatrixView s_view{band, rows, kn, ld, 1};
+    int64_t t0 = t.Now();
+    // The scale is the product's alpha (the softmax's own multiply by it would round alike).
+    kernels::Gemm(t.m.scale, t.QView(n, h, q0, rows), t.KtView(n, g, ks, kn), 0.0f, s_view, gs);
+    t.Record(t0, worker, Stage::kScores, n, h, blk);
+    t0 = t.Now();
+    kernels::SoftmaxRows(band, rows, kn, ld, 1.0f, MasksFor(t.masks, n, h, q0, ks, true));
+    t.Record(t0, worker, Stage::kSoftmax, n, h, blk);
+    t0 = t.Now();
+    kernels::Gemm(1.0f, s_view, t.VView(n, g, ks, kn), 0.0f, out, gs);
+    t.Record(t0, worker, Stage::kWeightedSum, n, h, blk);
+  } else {
     for (size_t r = 0; r < rows; ++r) {
-      std::memset(scores + r * ld + kl, 0, (t.St - kl) * sizeof(float));
+      std::memset(out.data + r * out.row_stride, 0, t.m.hd * sizeof(float));
     }
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = scores + r * ld;
+    std::memset(row, 0, ks * sizeof(float));
+    std::memset(row + kl, 0, (t.St - kl) * sizeof(float));
   }
 }
 
@@ -154,9 +193,11 @@ class OnlineTask {
  private:
   // The task's Q rows as the scores product reads them (q_ or qp_).
   void LoadQueryRows(bool one_block);
-  // Starts the softmax state (first key chunk) or reloads the running output into acc_.
+  // Starts the softmax state (the block's first key chunk) or reloads the running output into
+  // acc_.
   void LoadState();
-  // Keys [k0, k0 + kc) of one key block; `masked` when they take the masks and causal limit.
+  // Keys [k0, k0 + kc) of one key block; `masked` when they take the masks, the causal limit
+  // and the window.
   void UpdateKeyBlock(int64_t k0, size_t kc, bool masked);
   void Record(int64_t t0, Stage stage) const { t_.Record(t0, worker_, stage, n_, h_, blk_); }
 
@@ -166,6 +207,7 @@ class OnlineTask {
   const bool direct_ = t_.direct;
   int64_t q0_ = 0;
   size_t rows_ = 0;
+  bool init_ = true;  // this pass starts the softmax state
   float* scores_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;
@@ -197,14 +239,14 @@ void OnlineTask::Run() {
     row_max_ = t_.buf.row_max + state;
     row_sum_ = t_.buf.row_sum + state;
   }
-  // Keys below mask_end take the masks and the causal limit (a key chunk past this block's
-  // diagonal has none left); the key-chunked path's unpadded masks end at S, and the appended
-  // positions [S, S') after them are never masked, so they form one block without masks.
-  const int64_t mask_end = plan.chunked() ? t_.args.shapes.S : t_.St;
+  if (!t_.Visits(q0_, rows_)) return;
+  init_ = t_.StartsState(q0_);
+  // Keys below mask_end take the masks and the causal limit; the appended positions after them
+  // form one block without masks.
+  const int64_t mask_end = t_.MaskEnd();
   const int64_t kend = std::min({keys.end, mask_end, t_.KeyLimit(q0_, rows_)});
+  const int64_t kbegin = std::max(keys.begin, t_.KeyStart(q0_));
   const int64_t tail = std::max(keys.begin, mask_end);
-  // A later key chunk past this block's causal diagonal leaves its state as it is.
-  if (!keys.first && kend <= keys.begin && tail >= keys.end) return;
   out_ = t_.OutView(n_, h_, q0_, rows_);
   const int64_t kb = static_cast<int64_t>(plan.key_block);
   // One key block for the whole task (S' <= key_block without key chunks, e.g. every S <= 512):
@@ -212,15 +254,20 @@ void OnlineTask::Run() {
   // and the running output is the output itself (normalized there by the finish), which
   // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
   // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
-  const bool one_block = !plan.chunked() && ((kend - keys.begin <= kb && tail >= keys.end) ||
-                                             (kend <= keys.begin && keys.end - tail <= kb));
+  const bool one_block = !plan.chunked() && ((kend - kbegin <= kb && tail >= keys.end) ||
+                                             (kend <= kbegin && keys.end - tail <= kb));
   acc_ = one_block ? out_
                    : MatrixView{reinterpret_cast<float*>(scratch + os.acc_rows), rows_,
                                 static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
   LoadQueryRows(one_block);
   LoadState();
-  for (int64_t k0 = keys.begin; k0 < kend; k0 += kb) {
-    UpdateKeyBlock(k0, std::min<int64_t>(kb, kend - k0), true);
+  // A window over index positions (masks.banded()): key blocks of at most kWindowKeyBlock keys
+  // from the one holding the band's start; the blocks before it are never packed or multiplied.
+  // The block grid starts at keys.begin whatever the task's rows (which follow the thread
+  // count), so a row's blocks, and its results, do not depend on them.
+  const int64_t bk = t_.masks.banded() ? std::min(kb, kWindowKeyBlock) : kb;
+  for (int64_t k0 = keys.begin + (kbegin - keys.begin) / bk * bk; k0 < kend; k0 += bk) {
+    UpdateKeyBlock(k0, std::min(bk, kend - k0), true);
   }
   if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false);
   // The key-chunked path normalizes in its output projection, after the last key chunk.
@@ -255,12 +302,22 @@ void OnlineTask::LoadQueryRows(bool one_block) {
 void OnlineTask::LoadState() {
   const int64_t hd = t_.m.hd;
   const int64_t t0 = t_.Now();
+  // A sink (finite; -inf is none) is the state's first logit, whose value vector is zero: the
+  // recurrence starts at (sink, 1) with acc zeroed, since OnlineSoftmaxUpdate scales acc rather
+  // than overwriting it from a finite reference.
+  const float sink = t_.masks.sinks != nullptr ? t_.masks.sinks[h_] : kNegInf;
+  const bool has_sink = sink > kNegInf;
   for (size_t r = 0; r < rows_; ++r) {
-    if (t_.keys.first) {
+    float* acc_row = acc_.data + r * acc_.row_stride;
+    if (!init_) {
+      std::memcpy(acc_row, out_.data + r * out_.row_stride, hd * sizeof(float));
+    } else if (has_sink) {
+      row_max_[r] = sink;
+      row_sum_[r] = 1.0f;
+      std::memset(acc_row, 0, hd * sizeof(float));
+    } else {
       row_max_[r] = kNegInf;
       row_sum_[r] = 0.0f;
-    } else {
-      std::memcpy(acc_.data + r * hd, out_.data + r * out_.row_stride, hd * sizeof(float));
     }
   }
   Record(t0, Stage::kWeightedSum);
@@ -277,38 +334,49 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
   const kernels::PackedB vp = kernels::PackB(t_.VView(n_, g_, k0, kc), packed_v_);
   Record(t0, Stage::kWeightedSum);
   const size_t strip_rows = OnlineStripRows();
+  const size_t nr = kernels::GemmBlocking().nr;
   void* const gs = t_.GemmScratch(worker_);
   for (size_t r0 = 0; r0 < rows_; r0 += strip_rows) {
     const size_t sr = std::min(strip_rows, rows_ - r0);
+    const int64_t q = q0_ + static_cast<int64_t>(r0);
     // Causal: the strip's rows see the keys below KeyLimit(q0 + r0, sr) only; the block's
     // columns from there on are masked for all of them, so the strip's two products and its
     // softmax stop there (the rest would add exact zeros): the strips of a diagonal block
     // do about half its work. A block wholly past the strip's limit is skipped.
-    const int64_t visible =
-        masked ? std::min<int64_t>(kc, t_.KeyLimit(q0_ + r0, sr) - k0) : int64_t(kc);
-    if (visible <= 0) continue;
+    const int64_t visible = masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
+    // A window's band: the strip's first row sees keys from KeyStart(q) on, so the scores
+    // product and the softmax start at the micro-panel holding it (c0, a multiple of NR), and
+    // P's columns before c0 are zero. A block wholly before the strip's band is skipped.
+    const int64_t first = masked ? t_.KeyStart(q) - k0 : 0;
+    if (visible <= 0 || first >= visible) continue;
     const size_t cols = static_cast<size_t>(visible);
+    const size_t c0 = first <= 0 ? 0 : static_cast<size_t>(first) / nr * nr;
     const MatrixView s_view{scores_, sr, cols, static_cast<ptrdiff_t>(key_block), 1};
+    const MatrixView s_band = s_view.Block(0, c0, sr, cols - c0);
     const MatrixView a_view = acc_.Block(r0, 0, sr, hd);
-    const kernels::PackedB k_cols = kp.Columns(0, cols);
+    const kernels::PackedB k_cols = kp.Columns(c0, cols - c0);
     const kernels::PackedB v_rows = vp.LeadingRows(cols);
     t0 = t_.Now();
     // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
     // without masks the softmax's first pass only reads the scores.
     if (direct_) {
       const bool ran =
-          kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_view);
+          kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
       assert(ran && "the direct kernel runs where it was chosen");
       (void)ran;
     } else {
-      kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_view);
+      kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_band);
     }
     Record(t0, Stage::kScores);
     t0 = t_.Now();
-    kernels::OnlineSoftmaxUpdate(
-        scores_, sr, cols, key_block, 1.0f,
-        masked ? MasksFor(t_.masks, n_, h_, q0_ + r0, k0) : kernels::SoftmaxMasks(), row_max_ + r0,
-        row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
+                                 masked
+                                     ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
+                                     : AppendedKeyTerms(t_.masks),
+                                 row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
+    for (size_t r = 0; c0 > 0 && r < sr; ++r) {
+      std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
+    }
     Record(t0, Stage::kSoftmax);
     t0 = t_.Now();
     // P is read in place where the direct micro-kernel runs: no packing of the strip's
@@ -332,7 +400,7 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
   const int64_t N = sh.N, L = sh.L, H = m.H;
   const size_t qb = plan.query_block;
   const int64_t q_blocks = (L + qb - 1) / qb;
-  const AttentionMasks masks = PrepareMasks(H, args, plan, buf);
+  const AttentionMasks masks = PrepareMasks(m, args, plan, buf);
   const TaskContext t{m,     args,         plan,  buf,       keys,
                       masks, TraceOf(ctx), sh.St, H / m.KVH, OnlineUsesDirectKernel()};
 
@@ -343,13 +411,26 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
     return;
   }
 
-  PoolOf(ctx).ParallelFor(N * H * q_blocks, [&](uint64_t task, size_t worker) {
+  // Key-chunked: only the query blocks [b_lo, b_hi) that have work in this key chunk
+  // (TaskContext::Visits; causal or a window's band make them a contiguous range).
+  int64_t b_lo = 0, b_hi = q_blocks;
+  if (plan.chunked() && !sh.need_weights) {
+    auto visits = [&](int64_t b) {
+      const int64_t q0 = b * static_cast<int64_t>(qb);
+      return t.Visits(q0, static_cast<size_t>(std::min<int64_t>(qb, L - q0)));
+    };
+    while (b_lo < b_hi && !visits(b_lo)) ++b_lo;
+    while (b_hi > b_lo && !visits(b_hi - 1)) --b_hi;
+  }
+  const int64_t blocks = b_hi - b_lo;
+  if (blocks == 0) return;
+  PoolOf(ctx).ParallelFor(N * H * blocks, [&](uint64_t task, size_t worker) {
     // Causal blocks cost more the later they start: each head's run from its last block down,
     // so the tasks left for stealing at the end of a worker's range are its cheapest.
-    const int64_t blk = t.masks.causal ? q_blocks - 1 - static_cast<int64_t>(task % q_blocks)
-                                       : static_cast<int64_t>(task % q_blocks);
-    const int64_t h = (task / q_blocks) % H;
-    const int64_t n = task / (q_blocks * H);
+    const int64_t blk = t.masks.causal ? b_hi - 1 - static_cast<int64_t>(task % blocks)
+                                       : b_lo + static_cast<int64_t>(task % blocks);
+    const int64_t h = (task / blocks) % H;
+    const int64_t n = task / (blocks * H);
     if (sh.need_weights) {
       // Per-head weights: the scores block lives in the caller's weights tensor.
       const int64_t q0 = blk * qb;

@@ -3,7 +3,9 @@
 // into the head's columns of concat. Paths (ForwardPlan::path): the full-row path computes
 // whole score rows (into the caller's attention weights, or scratch to average them over the
 // heads); the online path runs each query block in strips over key blocks with the online
-// softmax, keeping a strip's scores in L1/L2. Internal: not installed.
+// softmax, keeping a strip's scores in L1/L2. A window over index positions limits both paths
+// to each block's band of keys: keys outside it are never packed or multiplied (work O(L W)).
+// Internal: not installed.
 #ifndef MHA_RUNTIME_ATTENTION_TASKS_H_
 #define MHA_RUNTIME_ATTENTION_TASKS_H_
 

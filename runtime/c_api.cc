@@ -23,6 +23,12 @@ static_assert(static_cast<int>(MHA_STATUS_INTERNAL) == static_cast<int>(StatusCo
 static_assert(static_cast<int>(MHA_DTYPE_U8) == static_cast<int>(DType::kU8) &&
                   static_cast<int>(MHA_DTYPE_I8) == static_cast<int>(DType::kI8),
               "mha_dtype values must equal mha::DType values");
+static_assert(static_cast<int>(MHA_DTYPE_I32) == static_cast<int>(DType::kI32) &&
+                  static_cast<int>(MHA_DTYPE_I64) == static_cast<int>(DType::kI64),
+              "mha_dtype values must equal mha::DType values");
+static_assert(static_cast<int>(MHA_ROPE_NEOX) == static_cast<int>(RopeStyle::kNeox) &&
+                  static_cast<int>(MHA_ROPE_GPTJ) == static_cast<int>(RopeStyle::kGptj),
+              "mha_rope values must equal mha::RopeStyle values");
 static_assert(static_cast<int>(MHA_QKV_LAYOUT_PER_HEAD) == static_cast<int>(QkvLayout::kPerHead),
               "mha_qkv_layout values must equal mha::QkvLayout values");
 static_assert(MHA_MAX_RANK == kMaxRank, "MHA_MAX_RANK must equal mha::kMaxRank");
@@ -69,7 +75,14 @@ Status NullArg(const char* name) {
   return InvalidArgument(std::string(name) + ": expected a non-NULL pointer, got NULL");
 }
 
-Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* out) {
+namespace {
+
+// The element types a tensor argument may have: the general ones (F32..U8) or positions (I32,
+// I64); the operator checks which of them each argument accepts.
+enum class TensorKind { kGeneral, kPositions };
+
+Status ToViewOfKind(const mha_tensor* t, const char* name, bool required, TensorKind kind,
+                    TensorView* out) {
   if (t == nullptr) {
     if (required) return NullArg(name);
     *out = TensorView();
@@ -83,7 +96,13 @@ Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* 
     return Status::Ok();
   }
   const int32_t dtype = t->dtype;
-  if (dtype < static_cast<int>(MHA_DTYPE_F32) || dtype > static_cast<int>(MHA_DTYPE_U8)) {
+  if (kind == TensorKind::kPositions) {
+    if (dtype != MHA_DTYPE_I32 && dtype != MHA_DTYPE_I64) {
+      return InvalidArgument(std::string(name) +
+                             ".dtype: expected MHA_DTYPE_I32 (6) or MHA_DTYPE_I64 (7), got " +
+                             std::to_string(dtype));
+    }
+  } else if (dtype < static_cast<int>(MHA_DTYPE_F32) || dtype > static_cast<int>(MHA_DTYPE_U8)) {
     return InvalidArgument(std::string(name) + ".dtype: expected MHA_DTYPE_F32..MHA_DTYPE_U8 (0..4), got " +
                            std::to_string(dtype));
   }
@@ -102,11 +121,22 @@ Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* 
                              out, name, /*allow_empty=*/true);
 }
 
+}  // namespace
+
+Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* out) {
+  return ToViewOfKind(t, name, required, TensorKind::kGeneral, out);
+}
+
+Status ToPositionsView(const mha_tensor* t, const char* name, TensorView* out) {
+  return ToViewOfKind(t, name, /*required=*/false, TensorKind::kPositions, out);
+}
+
 }  // namespace c_api
 
 namespace {
 
 using c_api::NullArg;
+using c_api::ToPositionsView;
 using c_api::ToView;
 
 Status ToInputs(const mha_attention_inputs* in, AttentionInputs* out) {
@@ -117,6 +147,10 @@ Status ToInputs(const mha_attention_inputs* in, AttentionInputs* out) {
   if (s.ok()) s = ToView(&in->attn_mask, "inputs->attn_mask", false, &out->attn_mask);
   if (s.ok()) {
     s = ToView(&in->key_padding_mask, "inputs->key_padding_mask", false, &out->key_padding_mask);
+  }
+  if (s.ok()) s = ToPositionsView(&in->positions, "inputs->positions", &out->positions);
+  if (s.ok()) {
+    s = ToPositionsView(&in->key_positions, "inputs->key_positions", &out->key_positions);
   }
   return s;
 }
@@ -179,11 +213,42 @@ Status CheckWeightDtype(int32_t v, const char* name) {
   return Status::Ok();
 }
 
+Status CheckRope(int32_t v, const char* name) {
+  if (v != MHA_ROPE_NONE && v != MHA_ROPE_NEOX && v != MHA_ROPE_GPTJ) {
+    return InvalidArgument(std::string(name) +
+                           ": expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) "
+                           "or MHA_ROPE_GPTJ (2), got " +
+                           std::to_string(v));
+  }
+  return Status::Ok();
+}
+
+// The variant fields mha_layer_config and mha_load_options share (their C names are equal, so
+// one template serves both). Values are range-checked by the C++ API; only the enum and the
+// booleans, which C cannot type, are checked here.
+template <typename CStruct, typename Out>
+Status ToVariants(const CStruct& c, const char* owner, Out* out) {
+  const std::string o(owner);
+  Status s = CheckRope(c.rope, (o + "->rope").c_str());
+  if (s.ok()) s = CheckBool(c.alibi, (o + "->alibi").c_str());
+  if (!s.ok()) return s;
+  out->rope = static_cast<RopeStyle>(c.rope);
+  out->rope_theta = c.rope_theta;
+  out->rotary_dim = c.rotary_dim;
+  out->rope_scale = c.rope_scale;
+  out->alibi = c.alibi != 0;
+  out->window = c.window;
+  out->softcap = c.softcap;
+  out->qk_norm_eps = c.qk_norm_eps;
+  return Status::Ok();
+}
+
 Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   const std::pair<int32_t, const char*> flags[] = {{c.no_bias, "config->no_bias"},
                                                    {c.add_bias_kv, "config->add_bias_kv"},
                                                    {c.add_zero_attn, "config->add_zero_attn"},
-                                                   {c.batch_first, "config->batch_first"}};
+                                                   {c.batch_first, "config->batch_first"},
+                                                   {c.qk_norm_whole, "config->qk_norm_whole"}};
   for (const auto& f : flags) {
     Status s = CheckBool(f.first, f.second);
     if (!s.ok()) return s;
@@ -216,7 +281,8 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   s = CheckPrepack(c.prepack, "config->prepack");
   if (!s.ok()) return s;
   out->prepack = static_cast<WeightPrepack>(c.prepack);
-  return Status::Ok();
+  out->qk_norm_whole = c.qk_norm_whole != 0;
+  return ToVariants(c, "config", out);
 }
 
 Status CheckLayout(int32_t v, const char* name) {
@@ -336,6 +402,10 @@ mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weig
     s = mha::CheckWeightDtype(weights->dtype, "weights->dtype");
     if (!s.ok()) return s;
     w.dtype = static_cast<mha::DType>(weights->dtype);
+    w.sinks = weights->sinks;
+    w.alibi_slopes = weights->alibi_slopes;
+    w.q_norm_weight = weights->q_norm_weight;
+    w.k_norm_weight = weights->k_norm_weight;
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::Create(c, w, static_cast<mha::WeightBinding>(b), &handle->impl);
     if (!s.ok()) return s;
@@ -359,6 +429,7 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     if (s.ok()) s = mha::CheckLayout(options->qkv_layout, "options->qkv_layout");
     if (s.ok()) s = mha::CheckWeightDtype(options->weight_dtype, "options->weight_dtype");
     if (s.ok()) s = mha::CheckPrepack(options->prepack, "options->prepack");
+    if (s.ok()) s = mha::CheckBool(options->qk_norm_add_one, "options->qk_norm_add_one");
     if (s.ok() && options->num_kv_heads < 0) {
       s = mha::InvalidArgument("options->num_kv_heads: expected >= 0 (0 = from the file), got " +
                                std::to_string(options->num_kv_heads));
@@ -373,6 +444,9 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     lo.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
     lo.num_kv_heads = options->num_kv_heads;
     lo.prepack = static_cast<mha::WeightPrepack>(options->prepack);
+    s = mha::ToVariants(*options, "options", &lo);
+    if (!s.ok()) return s;
+    lo.qk_norm_add_one = options->qk_norm_add_one != 0;
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::CreateFromSafeTensors(path, prefix == nullptr ? "" : prefix, lo,
                                                        &handle->impl);
@@ -404,6 +478,15 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.scale = c.scale;
     r.weight_dtype = static_cast<int32_t>(c.weight_dtype);
     r.prepack = static_cast<int32_t>(c.prepack);
+    r.rope = static_cast<int32_t>(c.rope);
+    r.rope_theta = c.rope_theta;
+    r.rotary_dim = c.rotary_dim;
+    r.rope_scale = c.rope_scale;
+    r.alibi = c.alibi ? 1 : 0;
+    r.window = c.window;
+    r.softcap = c.softcap;
+    r.qk_norm_eps = c.qk_norm_eps;
+    r.qk_norm_whole = c.qk_norm_whole ? 1 : 0;
     *config = r;
     return Status::Ok();
   });

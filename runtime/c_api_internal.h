@@ -54,6 +54,9 @@ Status NullArg(const char* name);
 // Converts a C tensor description. `required`: data must be non-NULL; otherwise a NULL struct
 // pointer or NULL data gives an absent view. All-zero strides mean dense row-major.
 Status ToView(const mha_tensor* t, const char* name, bool required, TensorView* out);
+// The same for an optional token-positions tensor, whose dtype must be MHA_DTYPE_I32 or
+// MHA_DTYPE_I64.
+Status ToPositionsView(const mha_tensor* t, const char* name, TensorView* out);
 
 }  // namespace c_api
 }  // namespace mha

@@ -45,6 +45,10 @@ Status ToCacheOptions(const mha_layer* layer, const mha_kv_cache_options* option
                                   static_cast<DType>(dtype));
   out->buffer = options->buffer;
   out->buffer_bytes = options->buffer_bytes;
+  if (options->ring != 0 && options->ring != 1) {
+    return InvalidArgument("options->ring: expected 0 or 1, got " + std::to_string(options->ring));
+  }
+  out->ring = options->ring != 0;
   return Status::Ok();
 }
 

@@ -12,6 +12,7 @@
 #include "kernels/softmax.h"
 #include "runtime/arena.h"
 #include "runtime/forward_plan.h"
+#include "runtime/qk_transform.h"
 
 namespace mha {
 
@@ -21,9 +22,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 }  // namespace
 
-// From shapes alone: N entries, T tokens each, the cache's capacity, which parts run, threads.
-StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool append,
-                       bool forward, size_t threads) {
+int64_t MaxSpans(int64_t capacity, bool ring) {
+  return (capacity + kSpan - 1) / kSpan + (ring ? 1 : 0);
+}
+
+// From shapes alone: N entries, T tokens each, the cache's capacity and ring flag, which parts
+// run, threads.
+StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool ring,
+                       bool append, bool forward, size_t threads) {
   const int64_t G = m.H / m.KVH;
   const size_t rows = static_cast<size_t>(N * T);
   const bool split = T <= kSplitMaxTokens;
@@ -36,7 +42,7 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
     ws.concat = off;
     off += FloatBytes(rows * m.E);
     if (split) {
-      const int64_t max_spans = (capacity + kSpan - 1) / kSpan;
+      const int64_t max_spans = MaxSpans(capacity, ring);
       ws.acc = off;
       off += FloatBytes(static_cast<size_t>(N * m.KVH * max_spans * R * m.hd));
       ws.stats = off;
@@ -48,6 +54,16 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
     off += FloatBytes(rows * m.kvE);
     ws.v = off;
     off += FloatBytes(rows * m.kvE);
+  }
+  if (m.variants.qk_transform()) {
+    // int32 positions: FloatBytes rounds sizeof(float) == sizeof(int32_t) elements up.
+    ws.q_pos = off;
+    off += FloatBytes(rows);
+    ws.k_pos = off;
+    off += FloatBytes(rows);
+    ws.qk_scratch = off;
+    off += QkTransformScratchBytes(m, threads);
+    RoundUpToAlignment(off, &off);
   }
   size_t attn_scratch = 0;
   if (forward) {
@@ -63,7 +79,7 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
 
 void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeights& m,
                        const CacheStorage& cache, int64_t N, int64_t T, const int64_t* counts,
-                       int64_t spans, const StepWorkspace& ws, uint8_t* base) {
+                       const StepWorkspace& ws, uint8_t* base) {
   const int64_t E = m.E, H = m.H, KVH = m.KVH, hd = m.hd;
   const int64_t G = H / KVH;
   const bool split = T <= kSplitMaxTokens;
@@ -73,95 +89,132 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
   const float* q_buf = reinterpret_cast<const float*>(base + ws.q);
   const size_t elem = DTypeSize(cache.dtype);
   const ptrdiff_t head_stride = static_cast<ptrdiff_t>(cache.capacity * hd);  // per (n, g)
-  // Entry n's query token i sits at position base_n + i.
   const DType ctype = cache.dtype;
+  const LayerVariants& var = m.variants;
+  const int64_t W = var.window;
   float* concat = reinterpret_cast<float*>(base + ws.concat);
   auto count_of = [&](int64_t n) { return counts != nullptr ? counts[n] : T; };
+  // Entry n's query token i sits at position base_n + i.
   auto base_of = [&](int64_t n) { return cache.lengths[n] - count_of(n); };
-  auto cache_k = [&](int64_t n, int64_t g, int64_t pos) {
-    return static_cast<const uint8_t*>(cache.k) + ((n * KVH + g) * head_stride + pos * hd) * elem;
+  // The first position any query of entry n (from position `first` on) may see.
+  auto band_start = [&](int64_t first) { return W > 0 ? std::max<int64_t>(0, first - W + 1) : 0; };
+  // The span of the global grid holding entry n's band start, and the spans from it to the end.
+  auto first_span = [&](int64_t n) { return band_start(base_of(n)) / kSpan; };
+  auto spans_of = [&](int64_t n) { return (cache.lengths[n] + kSpan - 1) / kSpan - first_span(n); };
+  auto slot_of = [&](int64_t pos) { return cache.ring ? pos % cache.capacity : pos; };
+  // Element offset of (n, g, slot) in K or V; the int8 scales of the same row (null otherwise).
+  auto row_of = [&](int64_t n, int64_t g, int64_t slot) {
+    return ((n * KVH + g) * head_stride + slot * hd) * static_cast<ptrdiff_t>(elem);
   };
-  auto cache_v = [&](int64_t n, int64_t g, int64_t pos) {
-    return static_cast<const uint8_t*>(cache.v) + ((n * KVH + g) * head_stride + pos * hd) * elem;
+  auto scale_row = [&](const float* scales, int64_t n, int64_t g, int64_t slot) -> const float* {
+    return scales != nullptr ? scales + (n * KVH + g) * cache.capacity + slot : nullptr;
   };
-  // int8 scales of the same rows (null for the other storage types).
-  auto scales_k = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return cache.k_scales != nullptr ? cache.k_scales + (n * KVH + g) * cache.capacity + pos
-                                     : nullptr;
+  // scores[r, j - a] = q_r . k_j for the positions j in [a, b) (at most the capacity): one
+  // kernel call per contiguous run of slots (two when a ring range wraps).
+  auto key_scores = [&](const float* q, size_t rows, ptrdiff_t q_stride, int64_t n, int64_t g,
+                        int64_t a, int64_t b, float* scores, ptrdiff_t score_stride) {
+    for (int64_t p = a; p < b;) {
+      const int64_t slot = slot_of(p), run = std::min(b - p, cache.capacity - slot);
+      kernels::QueryKeyScores(q, rows, q_stride,
+                              static_cast<const uint8_t*>(cache.k) + row_of(n, g, slot), ctype, hd,
+                              scale_row(cache.k_scales, n, g, slot), static_cast<size_t>(run), hd,
+                              scores + (p - a), score_stride);
+      p += run;
+    }
   };
-  auto scales_v = [&](int64_t n, int64_t g, int64_t pos) -> const float* {
-    return cache.v_scales != nullptr ? cache.v_scales + (n * KVH + g) * cache.capacity + pos
-                                     : nullptr;
+  // acc[r] += sum_j p[r, j - a] v_j over the positions j in [a, b), as key_scores.
+  auto weighted_values = [&](const float* p, size_t rows, ptrdiff_t p_stride, int64_t n, int64_t g,
+                             int64_t a, int64_t b, float* acc, ptrdiff_t acc_stride) {
+    for (int64_t pos = a; pos < b;) {
+      const int64_t slot = slot_of(pos), run = std::min(b - pos, cache.capacity - slot);
+      kernels::AccumulateWeightedValues(p + (pos - a), rows, p_stride,
+                                        static_cast<const uint8_t*>(cache.v) + row_of(n, g, slot),
+                                        ctype, hd, scale_row(cache.v_scales, n, g, slot),
+                                        static_cast<size_t>(run), hd, acc, acc_stride);
+      pos += run;
+    }
   };
+  // The variants' terms of query head h; the caller sets causal_offset.
+  auto masks_of = [&](int64_t h) {
+    kernels::SoftmaxMasks masks;
+    masks.causal = true;
+    masks.softcap = var.softcap;
+    masks.alibi_slope = var.alibi_slopes.empty() ? 0.0f : var.alibi_slopes[h];
+    masks.window = W;
+    return masks;
+  };
+  auto sink_of = [&](int64_t h) { return var.sinks.empty() ? kNegInf : var.sinks[h]; };
   const float scale = m.scale;
   // One trace event per attention task (mha-bench --decode times the attention from them).
 
   if (split) {
     // Per (n, g, span) slot: acc [T][G][hd] (token-major, like concat's head columns) and
-    // stats [2][G][T] (row max, then row sum).
+    // stats [2][G][T] (row max, then row sum). Span slot j of entry n is the global span
+    // first_span(n) + j.
+    int64_t spans = 1;
+    for (int64_t n = 0; n < N; ++n) spans = std::max(spans, spans_of(n));
     float* acc_all = reinterpret_cast<float*>(base + ws.acc);
     float* stats_all = reinterpret_cast<float*>(base + ws.stats);
     const size_t slot_acc = static_cast<size_t>(R * hd), slot_stats = static_cast<size_t>(2 * R);
     pool.ParallelFor(static_cast<uint64_t>(N * KVH * spans), [&](uint64_t task, size_t worker) {
-      const int64_t c = static_cast<int64_t>(task) % spans;
+      const int64_t j = static_cast<int64_t>(task) % spans;
       const int64_t g = (static_cast<int64_t>(task) / spans) % KVH;
       const int64_t n = static_cast<int64_t>(task) / (spans * KVH);
+      const int64_t c = first_span(n) + j;
       const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, g, c);
       float* acc = acc_all + task * slot_acc;
       float* row_max = stats_all + task * slot_stats;
       float* row_sum = row_max + R;
       std::fill(row_max, row_max + R, kNegInf);
       std::fill(row_sum, row_sum + R, 0.0f);
-      const int64_t k0 = c * kSpan;
       const int64_t len = cache.lengths[n];
-      if (k0 >= len) return;  // past this entry's end: an empty partial state
+      if (c * kSpan >= len) return;  // past this entry's end: an empty partial state
       std::memset(acc, 0, slot_acc * sizeof(float));
-      const size_t keys = static_cast<size_t>(std::min(kSpan, len - k0));
+      const int64_t a = std::max(c * kSpan, band_start(base_of(n)));
+      const int64_t b = std::min((c + 1) * kSpan, len);
+      const size_t keys = static_cast<size_t>(b - a);
       float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kSpan]
       // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
       for (int64_t i = 0; i < T; ++i) {
-        kernels::QueryKeyScores(q_buf + (n * T + i) * E + g * G * hd, G, hd, cache_k(n, g, k0),
-                                ctype, hd, scales_k(n, g, k0), keys, hd, scores + i * G * kSpan,
-                                kSpan);
+        key_scores(q_buf + (n * T + i) * E + g * G * hd, G, hd, n, g, a, b, scores + i * G * kSpan,
+                   kSpan);
       }
       for (int64_t h = 0; h < G; ++h) {
-        kernels::SoftmaxMasks masks;
-        masks.causal = true;
-        masks.causal_offset = base_of(n) - k0;
+        kernels::SoftmaxMasks masks = masks_of(g * G + h);
+        masks.causal_offset = base_of(n) - a;
         kernels::OnlineSoftmaxUpdate(scores + h * kSpan, T, keys, G * kSpan, scale, masks,
                                      row_max + h * T, row_sum + h * T, acc + h * hd, hd, G * hd);
       }
       for (int64_t i = 0; i < T; ++i) {
-        kernels::AccumulateWeightedValues(scores + i * G * kSpan, G, kSpan, cache_v(n, g, k0),
-                                          ctype, hd, scales_v(n, g, k0), keys, hd, acc + i * G * hd,
-                                          hd);
+        weighted_values(scores + i * G * kSpan, G, kSpan, n, g, a, b, acc + i * G * hd, hd);
       }
     });
-    // Merge the spans of each (n, head) in increasing order.
+    // Merge the spans of each (n, head) in increasing order, from the sink's state (sink_h, 1).
     pool.ParallelFor(static_cast<uint64_t>(N * H), [&](uint64_t task, size_t worker) {
       const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
       const TraceSpan trace_span(trace, worker, Stage::kCacheAttention, n, h, -1);
       const int64_t g = h / G, hh = h % G;
-      const int64_t used = (cache.lengths[n] + kSpan - 1) / kSpan;
+      const int64_t used = spans_of(n);
+      const float sink = sink_of(h);
       for (int64_t i = 0; i < T; ++i) {
         float* dst = concat + (n * T + i) * E + h * hd;
         std::memset(dst, 0, hd * sizeof(float));
         if (i >= count_of(n)) continue;
         const size_t first = static_cast<size_t>((n * KVH + g) * spans);
-        float mx = kNegInf;
+        float mx = sink;
         for (int64_t c = 0; c < used; ++c) {
           mx = std::max(mx, stats_all[(first + c) * slot_stats + hh * T + i]);
         }
         if (mx == kNegInf) continue;  // no key allowed (cannot happen: a token sees itself)
-        float sum = 0.0f;
+        float sum = sink == kNegInf ? 0.0f : std::exp(sink - mx);
         for (int64_t c = 0; c < used; ++c) {
           const float* st = stats_all + (first + c) * slot_stats;
           const float cm = st[hh * T + i];
           if (cm == kNegInf) continue;
           const float w = std::exp(cm - mx);
           sum += w * st[R + hh * T + i];
-          const float* a = acc_all + (first + c) * slot_acc + (i * G + hh) * hd;
-          for (int64_t d = 0; d < hd; ++d) dst[d] += w * a[d];
+          const float* acc = acc_all + (first + c) * slot_acc + (i * G + hh) * hd;
+          for (int64_t d = 0; d < hd; ++d) dst[d] += w * acc[d];
         }
         kernels::ScaleBy(1.0f / sum, dst, hd);
       }
@@ -184,22 +237,21 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
       float* scores = reinterpret_cast<float*>(ws);
       float* row_max = reinterpret_cast<float*>(ws + FloatBytes(kQueryBlock * kSpan));
       float* row_sum = row_max + FloatBytes(kQueryBlock) / sizeof(float);
-      std::fill(row_max, row_max + valid, kNegInf);
-      std::fill(row_sum, row_sum + valid, 0.0f);
+      const float sink = sink_of(h);
+      std::fill(row_max, row_max + valid, sink);
+      std::fill(row_sum, row_sum + valid, sink == kNegInf ? 0.0f : 1.0f);
       const int64_t first_pos = base_of(n) + q0;
       const int64_t key_end = first_pos + valid;  // keys the last row of the block sees
+      const int64_t lo = band_start(first_pos);   // the first key the first row sees
       const float* qr = q_buf + (n * T + q0) * E + h * hd;
-      for (int64_t k0 = 0; k0 < key_end; k0 += kSpan) {
-        const size_t keys = static_cast<size_t>(std::min(kSpan, key_end - k0));
-        kernels::QueryKeyScores(qr, valid, E, cache_k(n, g, k0), ctype, hd, scales_k(n, g, k0),
-                                keys, hd, scores, kSpan);
-        kernels::SoftmaxMasks masks;
-        masks.causal = true;
-        masks.causal_offset = first_pos - k0;
-        kernels::OnlineSoftmaxUpdate(scores, valid, keys, kSpan, scale, masks, row_max, row_sum,
+      for (int64_t k0 = lo / kSpan * kSpan; k0 < key_end; k0 += kSpan) {
+        const int64_t a = std::max(k0, lo), e = std::min(k0 + kSpan, key_end);
+        key_scores(qr, valid, E, n, g, a, e, scores, kSpan);
+        kernels::SoftmaxMasks masks = masks_of(h);
+        masks.causal_offset = first_pos - a;
+        kernels::OnlineSoftmaxUpdate(scores, valid, e - a, kSpan, scale, masks, row_max, row_sum,
                                      acc, hd, E);
-        kernels::AccumulateWeightedValues(scores, valid, kSpan, cache_v(n, g, k0), ctype, hd,
-                                          scales_v(n, g, k0), keys, hd, acc, E);
+        weighted_values(scores, valid, kSpan, n, g, a, e, acc, E);
       }
       kernels::OnlineSoftmaxFinish(acc, valid, hd, E, row_sum);
     });

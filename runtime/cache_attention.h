@@ -8,8 +8,14 @@
 //     (entry, head) pairs, often fewer than threads; the spans supply the parallelism.
 //   - blocked (prefill): tasks over (entry, head, block of kQueryBlock query rows), the
 //     online-softmax recurrence over the spans in order, accumulating in place.
-// Both apply the causal limit through the softmax kernels' causal_offset. Internal: not
-// installed.
+// Both apply the causal limit through the softmax kernels' causal_offset, and the layer's
+// variants through the same SoftmaxMasks terms as the forward (softcap, ALiBi slope, window, with
+// index positions: a cache position is the token's position). A window skips the spans wholly
+// below the band of the entry's first query (the span grid stays the global one, multiples of
+// kSpan, so the partition depends on lengths only) and starts reading at the band. Sinks seed
+// the merge (split) or the recurrence (blocked) with (row_max = sink_h, row_sum = 1). A ring
+// cache (CacheStorage::ring) reads position p at slot p mod capacity; a key range that wraps is
+// read by two kernel calls. Internal: not installed.
 #ifndef MHA_RUNTIME_CACHE_ATTENTION_H_
 #define MHA_RUNTIME_CACHE_ATTENTION_H_
 
@@ -35,19 +41,28 @@ inline constexpr int64_t kQueryBlock = 64;
 // Byte offsets of a KV-cache call's workspace: Q and concat [N*T, E] (forward), the split
 // schedule's per-span partial states (sized for a full cache, so the arena reaches its final
 // size on the first decode step and never grows as the sequences get longer), new K and V
-// [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores).
+// [N*T, kvE] (append), then per-worker scratch (GEMM packing, or the attention's scores). With
+// QK-norm or RoPE also the int32 positions of the query and new key rows [N*T] each and the
+// scratch of RunQkTransform (qk_transform.h).
 struct StepWorkspace {
   size_t q = 0, concat = 0, acc = 0, stats = 0, k = 0, v = 0, scratch = 0;
+  size_t q_pos = 0, k_pos = 0, qk_scratch = 0;
   size_t per_worker = 0, total = 0;
 };
 
-// From shapes alone: N entries, T tokens each, the cache's capacity, which parts run, threads.
-StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool append,
-                       bool forward, size_t threads);
+// Span slots per (entry, kv head) of the split schedule: the spans a full cache holds, one more
+// for a ring (its band of at most `capacity` positions may start inside a span).
+int64_t MaxSpans(int64_t capacity, bool ring);
+
+// From shapes alone: N entries, T tokens each, the cache's capacity and ring flag, which parts
+// run, threads.
+StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capacity, bool ring,
+                       bool append, bool forward, size_t threads);
 
 // A cache's storage as the attention reads it: K and V [N, kv_heads, capacity, head_dim] of
 // `dtype` (int8: a scale per row in k_scales / v_scales, else null), `lengths` [N] the cached
-// positions of each entry (the new tokens included).
+// positions of each entry (the new tokens included). ring: position p sits in slot p mod
+// capacity (lengths may exceed the capacity), else in slot p.
 struct CacheStorage {
   const void* k = nullptr;
   const void* v = nullptr;
@@ -55,15 +70,18 @@ struct CacheStorage {
   const float* v_scales = nullptr;
   DType dtype = DType::kF32;
   int64_t capacity = 0;
+  bool ring = false;
   const int64_t* lengths = nullptr;
 };
 
 // Attention of the queries q_buf [N*T, E] (row n * T + i: entry n's token i, at position
 // lengths[n] - counts[n] + i; counts null = T each) over the cache into concat [N*T, E] (rows
-// past counts[n] zero). `spans`: of the longest entry (split schedule). Workspace: ws at base.
+// past counts[n] zero). With a window the queries of entry n read positions from
+// max(0, lengths[n] - counts[n] - window + 1) on; a ring needs them still in the ring
+// (counts[n] + window - 1 <= capacity, checked by the caller). Workspace: ws at base.
 void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeights& m,
                        const CacheStorage& cache, int64_t N, int64_t T, const int64_t* counts,
-                       int64_t spans, const StepWorkspace& ws, uint8_t* base);
+                       const StepWorkspace& ws, uint8_t* base);
 
 }  // namespace mha
 

@@ -20,6 +20,8 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
   const ForwardShapes& sh = args.shapes;
   const int64_t E = m.E, H = m.H, hd = m.hd;
   // Key chunks of chunk_keys real keys; the last one also takes the appended positions [S, S').
+  // Each chunk runs only the query blocks whose keys (causal limit, a window's band) meet it;
+  // a block's softmax state starts in the chunk holding its first visible key (attention_tasks.cc).
   for (int64_t k0 = 0; k0 < sh.S; k0 += ws.chunk_keys) {
     const bool last = k0 + ws.chunk_keys >= sh.S;
     KeyChunk keys;

@@ -3,9 +3,11 @@
 // Data flow of Execute (Append, Forward and Step share it; E = embed_dim, hd = head_dim,
 // kvE = kv_heads * hd, G = heads / kv_heads query heads per key/value head, T tokens per entry):
 //   1. Projections (ParallelGemm, bias fused): Q [N*T, E], new K and V [N*T, kvE], f32, in the
-//      arena, token-major (row n * T + t).
+//      arena, token-major (row n * T + t); then the layer's QK-norm and RoPE on Q and the new K
+//      (RunQkTransform) at the tokens' positions: query i at len_n - count_n + i (len_n after
+//      the append), new key t at len_n + t (before it).
 //   2. Store: tasks over (entry, kv head) convert the new K/V rows into the cache's storage type
-//      at positions len_n .. len_n + count_n - 1.
+//      at positions len_n .. len_n + count_n - 1 (slot = position mod capacity in a ring).
 //   3. Attention over the cache (cache_attention.h): split over spans of positions then merged
 //      (decoding), or blocked by query rows (prefill), reading the cache in its storage type.
 //   4. Output projection (ParallelGemm) into the caller's output; padding rows set to 0.
@@ -31,6 +33,7 @@
 #include "runtime/layer_weights.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/projections.h"
+#include "runtime/qk_transform.h"
 #include "runtime/thread_pool.h"
 #include "runtime/validate.h"
 
@@ -119,9 +122,29 @@ struct __attribute__((visibility("hidden"))) KvCache::Impl {
   // Stores projected keys and values, f32 [N, T, kvE] (entry n's token t at k + n * batch_stride
   // + t * token_stride elements, likewise v), in the storage type: count_n tokens of entry n
   // (counts null: T) at positions lengths[n] + offset + t, in tasks over (entry, kv head) on
-  // `pool`. Lengths are left to the caller.
+  // `pool`, except positions below keep_from (a ring prompt longer than the capacity keeps its
+  // last `capacity` positions). Lengths are left to the caller.
   void StoreTokens(ThreadPool& pool, const float* k, const float* v, ptrdiff_t batch_stride,
-                   ptrdiff_t token_stride, int64_t T, const int64_t* counts, int64_t offset);
+                   ptrdiff_t token_stride, int64_t T, const int64_t* counts, int64_t offset,
+                   int64_t keep_from = 0);
+  // The slot (row within its (entry, kv head) block) of position `pos`.
+  int64_t Slot(int64_t pos) const { return ring ? pos % capacity : pos; }
+  // Ring: the checks of a call with `m` (window > 0, capacity >= window). Ok without a ring.
+  Status CheckRing(const char* op, const LayerWeights& m) const;
+  // Entry n's count of T tokens (append: stored, so within the capacity or, for a ring, at most
+  // the capacity per call unless `prompt`; forward: count <= length).
+  Status CheckCount(const char* op, int64_t n, int64_t count, int64_t T, bool append,
+                    bool prompt = false) const;
+  // Ring, a call whose queries attend the cache: entry n's count tokens must see their whole
+  // window in the ring (count <= capacity - window + 1, and no position below floor).
+  Status CheckRingQueries(const char* op, int64_t n, int64_t count, bool append,
+                          int64_t window) const;
+  // Ring: entry n's lengths move to `length` after storing up to it; floor follows.
+  void Grow(int64_t n, int64_t length) {
+    const size_t i = static_cast<size_t>(n);
+    lengths[i] = length;
+    if (ring) floor[i] = std::max(floor[i], length - capacity);
+  }
   // A validated Step of T prompt tokens into an empty cache: the layer's causal forward, which
   // stores its projected keys and values here as it goes.
   Status Prefill(Context& ctx, const MultiheadAttention& layer, const TensorView& x,
@@ -136,7 +159,59 @@ struct __attribute__((visibility("hidden"))) KvCache::Impl {
   float* v_scales = nullptr;
   std::unique_ptr<uint8_t[]> owned;
   std::vector<int64_t> lengths;  // [batch], sized at creation
+  // Ring: the window of the last layer used (0 before any), and per entry the lowest position
+  // whose slot still holds it (positions [floor_n, len_n) are readable).
+  bool ring = false;
+  int64_t window = 0;
+  std::vector<int64_t> floor;
 };
+
+Status KvCache::Impl::CheckRing(const char* op, const LayerWeights& m) const {
+  if (!ring) return Status::Ok();
+  const int64_t w = m.variants.window;
+  if (w <= 0 || capacity < w) {
+    return InvalidArgument(std::string(op) +
+                           "ring: expected a layer with window > 0 and capacity >= window, got "
+                           "window " +
+                           Str(w) + " and capacity " + Str(capacity));
+  }
+  return Status::Ok();
+}
+
+Status KvCache::Impl::CheckCount(const char* op, int64_t n, int64_t count, int64_t T, bool append,
+                                 bool prompt) const {
+  const int64_t len = lengths[static_cast<size_t>(n)];
+  if (!ring) return ValidateTokenCount(op, n, count, T, len, capacity, append);
+  Status s = ValidateTokenCount(op, n, count, T, len, INT64_MAX, append);
+  if (s.ok() && append && !prompt && count > capacity) {
+    return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: a ring of capacity " +
+                           Str(capacity) + " stores at most " + Str(capacity) +
+                           " tokens per call, got " + Str(count));
+  }
+  return s;
+}
+
+Status KvCache::Impl::CheckRingQueries(const char* op, int64_t n, int64_t count, bool append,
+                                       int64_t w) const {
+  if (!ring || count == 0) return Status::Ok();
+  if (count > capacity - w + 1) {
+    return InvalidArgument(
+        std::string(op) + "counts[" + Str(n) +
+        "]: a step over a ring needs at most capacity - window + 1 = " + Str(capacity - w + 1) +
+        " tokens (capacity " + Str(capacity) + ", window " + Str(w) + "), got " + Str(count));
+  }
+  const int64_t len = lengths[static_cast<size_t>(n)] + (append ? count : 0);
+  const int64_t lowest = append ? std::max(floor[static_cast<size_t>(n)], len - capacity)
+                                : floor[static_cast<size_t>(n)];
+  const int64_t band = std::max<int64_t>(0, len - count - w + 1);
+  if (band < lowest) {
+    return InvalidArgument(std::string(op) + "ring: batch entry " + Str(n) +
+                           "'s first query (position " + Str(len - count) + ", window " + Str(w) +
+                           ") needs positions from " + Str(band) + ", expected >= " + Str(lowest) +
+                           " (the oldest position the ring still holds)");
+  }
+  return Status::Ok();
+}
 
 KvCache::KvCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 KvCache::~KvCache() = default;
@@ -244,11 +319,16 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
     c->v_scales = c->k_scales + o.batch * o.num_kv_heads * o.capacity;
   }
   c->lengths.assign(static_cast<size_t>(o.batch), 0);
+  c->ring = o.ring;
+  c->floor.assign(static_cast<size_t>(o.batch), 0);
   out->reset(new KvCache(std::move(c)));
   return Status::Ok();
 }
 
-void KvCache::Reset() { std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0); }
+void KvCache::Reset() {
+  std::fill(impl_->lengths.begin(), impl_->lengths.end(), 0);
+  std::fill(impl_->floor.begin(), impl_->floor.end(), 0);
+}
 
 namespace {
 
@@ -269,17 +349,20 @@ Status PromptView(const MultiheadAttention& layer, const TensorView& x, int64_t 
 
 void KvCache::Impl::StoreTokens(ThreadPool& pool, const float* k, const float* v,
                                 ptrdiff_t batch_stride, ptrdiff_t token_stride, int64_t T,
-                                const int64_t* counts, int64_t offset) {
+                                const int64_t* counts, int64_t offset, int64_t keep_from) {
   const int64_t KVH = kv_heads, hd = head_dim;
   const CacheRows rows[2] = {{static_cast<uint8_t*>(k_data), k_scales, dtype, hd},
                              {static_cast<uint8_t*>(v_data), v_scales, dtype, hd}};
   pool.ParallelFor(static_cast<uint64_t>(batch * KVH), [&](uint64_t task, size_t /*worker*/) {
     const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const int64_t row0 = (n * KVH + g) * capacity + lengths[static_cast<size_t>(n)] + offset;
+    const int64_t pos0 = lengths[static_cast<size_t>(n)] + offset;
+    const int64_t t0 = std::clamp<int64_t>(keep_from - pos0, 0, c);
     for (int mat = 0; mat < 2; ++mat) {
       const float* src = (mat == 0 ? k : v) + n * batch_stride + g * hd;
-      for (int64_t t = 0; t < c; ++t) StoreRow(src + t * token_stride, rows[mat], row0 + t);
+      for (int64_t t = t0; t < c; ++t) {
+        StoreRow(src + t * token_stride, rows[mat], (n * KVH + g) * capacity + Slot(pos0 + t));
+      }
     }
   });
 }
@@ -294,14 +377,20 @@ Status KvCache::Impl::Prefill(Context& ctx, const MultiheadAttention& layer, con
   in.causal = true;
   // Keys and values go into the cache as the forward projects them, in tasks over (entry, kv
   // head); nothing else in the cache changes until the forward succeeds.
-  // (Every length is 0 here: the keys of positions [begin, end) go to positions begin + t.)
+  // (Every length is 0 here: the keys of positions [begin, end) go to positions begin + t; the
+  // forward has applied QK-norm and RoPE to them. A ring keeps the last `capacity` of them.)
+  struct Sink {
+    Impl* cache;
+    int64_t keep_from;
+  } sink{this, ring ? T - capacity : 0};
   auto store = [](void* user, Context& c, const ProjectedKv& kv) {
-    static_cast<Impl*>(user)->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride,
-                                          kv.end - kv.begin, nullptr, kv.begin);
+    const Sink& d = *static_cast<const Sink*>(user);
+    d.cache->StoreTokens(PoolOf(c), kv.k, kv.v, kv.batch_stride, kv.token_stride, kv.end - kv.begin,
+                         nullptr, kv.begin, d.keep_from);
   };
-  s = ForwardWithKvSink(layer, ctx, in, out, store, this);
+  s = ForwardWithKvSink(layer, ctx, in, out, store, &sink);
   if (!s.ok()) return s;
-  std::fill(lengths.begin(), lengths.end(), T);
+  for (int64_t n = 0; n < batch; ++n) Grow(n, T);
   return Status::Ok();
 }
 
@@ -333,6 +422,7 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   if (bytes == nullptr) return InvalidArgument(std::string(op) + "bytes is null");
   const LayerWeights& m = LayerWeightsOf(layer);
   Status s = ValidateCacheLayer(op, m, impl_->kv_heads, impl_->head_dim);
+  if (s.ok()) s = impl_->CheckRing(op, m);
   if (!s.ok()) return s;
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31)) {
     return InvalidArgument(std::string(op) + "max_tokens: expected 1.." + Str(int64_t{1} << 31) +
@@ -342,9 +432,11 @@ Status KvCache::Plan(const MultiheadAttention& layer, int64_t max_tokens, size_t
   // workspace grows with T, so the bound is the larger of the longest split call and T itself.
   const size_t threads = std::max<size_t>(num_threads, 1);
   const int64_t longest_split = std::min(max_tokens, kSplitMaxTokens);
-  const size_t bound =
-      std::max(PlanStep(m, impl_->batch, longest_split, impl_->capacity, true, true, threads).total,
-               PlanStep(m, impl_->batch, max_tokens, impl_->capacity, true, true, threads).total);
+  const size_t bound = std::max(
+      PlanStep(m, impl_->batch, longest_split, impl_->capacity, impl_->ring, true, true, threads)
+          .total,
+      PlanStep(m, impl_->batch, max_tokens, impl_->capacity, impl_->ring, true, true, threads)
+          .total);
   size_t planned = ArenaBytesFor(bound);
   // A prompt of kPrefillForwardMinTokens or more runs the forward (Prefill; layers that can
   // Step), whose workspace grows with the tokens except where the long-key chunking starts: the
@@ -376,9 +468,17 @@ Status KvCache::Truncate(int64_t n, int64_t length) {
                            Str(impl_->batch) + "), got " + Str(n));
   }
   const int64_t cur = impl_->lengths[static_cast<size_t>(n)];
-  if (length < 0 || length > cur) {
-    return InvalidArgument("KvCache::Truncate: length: expected 0.." + Str(cur) +
-                           " (the current length of batch entry " + Str(n) + "), got " +
+  // A ring keeps the window of the next token readable: it drops at most capacity - window
+  // positions (window: the last layer used, 1 before any).
+  const int64_t window = std::max<int64_t>(impl_->window, 1);
+  const int64_t lowest = impl_->ring ? std::max<int64_t>(0, cur - (impl_->capacity - window)) : 0;
+  if (length < lowest || length > cur) {
+    const std::string ring = impl_->ring
+                                 ? "; a ring of capacity " + Str(impl_->capacity) + " and window " +
+                                       Str(window) + " drops at most capacity - window positions"
+                                 : std::string();
+    return InvalidArgument("KvCache::Truncate: length: expected " + Str(lowest) + ".." + Str(cur) +
+                           " (the current length of batch entry " + Str(n) + ring + "), got " +
                            Str(length));
   }
   impl_->lengths[static_cast<size_t>(n)] = length;
@@ -411,8 +511,7 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
   }
   for (int64_t n = 0; n < impl_->batch; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    const Status s = ValidateTokenCount(op, n, c, T, impl_->lengths[static_cast<size_t>(n)],
-                                        impl_->capacity, true);
+    const Status s = impl_->CheckCount(op, n, c, T, true);
     if (!s.ok()) return s;
   }
   const CacheRows rows[2] = {
@@ -422,16 +521,16 @@ Status KvCache::AppendProjected(const TensorView& k, const TensorView& v, const 
     const int64_t c = counts != nullptr ? counts[n] : T;
     const int64_t len = impl_->lengths[static_cast<size_t>(n)];
     for (int64_t g = 0; g < impl_->kv_heads; ++g) {
-      const int64_t row0 = (n * impl_->kv_heads + g) * impl_->capacity + len;
+      const int64_t row0 = (n * impl_->kv_heads + g) * impl_->capacity;
       for (int i = 0; i < 2; ++i) {
         const TensorView& t = *views[i];
         for (int64_t p = 0; p < c; ++p) {
           StoreRow(t.As<const float>() + n * t.strides[0] + g * t.strides[1] + p * t.strides[2],
-                   rows[i], row0 + p);
+                   rows[i], row0 + impl_->Slot(len + p));
         }
       }
     }
-    impl_->lengths[static_cast<size_t>(n)] = len + c;
+    impl_->Grow(n, len + c);
   }
   return Status::Ok();
 }
@@ -461,6 +560,7 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
                        (m.config.add_zero_attn ? "true" : "false"));
   }
   Status s = ValidateCacheLayer(op, m, kv_heads, head_dim);
+  if (s.ok()) s = CheckRing(op, m);
   if (!s.ok()) return s;
   const bool append = key != nullptr;
   const bool forward = query != nullptr;
@@ -489,31 +589,36 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
     if (!s.ok()) return s;
   }
   // Lengths after the append, and the first query position of each entry.
+  // A prompt into an empty cache runs the forward (a ring keeps its last `capacity` positions).
+  bool prompt = forward && append && T >= kPrefillForwardMinTokens;
+  for (int64_t n = 0; n < N && prompt; ++n) {
+    prompt = lengths[static_cast<size_t>(n)] == 0 && (counts == nullptr || counts[n] == T);
+  }
   for (int64_t n = 0; n < N; ++n) {
     const int64_t c = counts != nullptr ? counts[n] : T;
-    s = ValidateTokenCount(op, n, c, T, lengths[static_cast<size_t>(n)], capacity, append);
+    s = CheckCount(op, n, c, T, append, prompt);
     if (!s.ok()) return s;
+    // RoPE, ALiBi and the window take positions as int32 (kernels/rope.h, kernels/softmax.h).
+    const int64_t end = lengths[static_cast<size_t>(n)] + (append ? c : 0);
+    if (m.variants.any_position() && end > INT32_MAX) {
+      return InvalidArgument(std::string(op) + "batch entry " + Str(n) +
+                             ": positions of a layer with RoPE, ALiBi or a window are int32: "
+                             "expected a length <= " +
+                             Str(INT32_MAX) + ", got " + Str(end));
+    }
   }
 
-  if (forward && append && T >= kPrefillForwardMinTokens) {
-    bool prompt = true;
-    for (int64_t n = 0; n < N; ++n) {
-      prompt =
-          prompt && lengths[static_cast<size_t>(n)] == 0 && (counts == nullptr || counts[n] == T);
-    }
-    if (prompt) return Prefill(ctx, layer, *query, *output, T);
+  for (int64_t n = 0; n < N && forward && !prompt; ++n) {
+    s = CheckRingQueries(op, n, counts != nullptr ? counts[n] : T, append, m.variants.window);
+    if (!s.ok()) return s;
   }
+  window = m.variants.window;
+  if (prompt) return Prefill(ctx, layer, *query, *output, T);
 
   // ---- Plan the workspace (shapes only).
   const int64_t E = m.E, kvE = m.kvE;
-  int64_t max_len = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t c = counts != nullptr ? counts[n] : T;
-    max_len = std::max(max_len, lengths[static_cast<size_t>(n)] + (append ? c : 0));
-  }
-  const int64_t spans = std::max<int64_t>(1, (max_len + kSpan - 1) / kSpan);
   const size_t threads = ctx.num_threads();
-  const StepWorkspace ws = PlanStep(m, N, T, capacity, append, forward, threads);
+  const StepWorkspace ws = PlanStep(m, N, T, capacity, ring, append, forward, threads);
   const size_t per_worker = ws.per_worker;
   const size_t off = ws.total;
   s = ReserveArena(ctx, off);
@@ -543,12 +648,32 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
     }
     ParallelGemm(pool, jobs, num_jobs, scratch, per_worker, TraceOf(ctx));
   }
+  if (m.variants.qk_transform()) {
+    // Positions (kv_cache.hpp): new key t of entry n at len_n + t, query i at len_n' - count_n
+    // + i with len_n' the length after the append (padding rows: any valid position).
+    int32_t* q_pos = reinterpret_cast<int32_t*>(base + ws.q_pos);
+    int32_t* k_pos = reinterpret_cast<int32_t*>(base + ws.k_pos);
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t len = lengths[static_cast<size_t>(n)];
+      const int64_t c = counts != nullptr ? counts[n] : T;
+      const int64_t q_first = len + (append ? c : 0) - c;
+      for (int64_t t = 0; t < T; ++t) {
+        k_pos[n * T + t] = static_cast<int32_t>(len + std::min(t, c));
+        q_pos[n * T + t] = static_cast<int32_t>(q_first + std::min(t, c));
+      }
+    }
+    QkRows sets[2];
+    size_t num_sets = 0;
+    if (forward) sets[num_sets++] = {q_buf, N * T, static_cast<ptrdiff_t>(E), false, q_pos, 0};
+    if (append) sets[num_sets++] = {k_new, N * T, static_cast<ptrdiff_t>(kvE), true, k_pos, 0};
+    RunQkTransform(ctx, m, sets, num_sets, base + ws.qk_scratch);
+  }
 
   // ---- 2. Store the new keys and values.
   if (append) {
     StoreTokens(pool, k_new, v_new, T * kvE, kvE, T, counts, 0);
     for (int64_t n = 0; n < N; ++n) {
-      lengths[static_cast<size_t>(n)] += counts != nullptr ? counts[n] : T;
+      Grow(n, lengths[static_cast<size_t>(n)] + (counts != nullptr ? counts[n] : T));
     }
   }
   if (!forward) return TakeDispatchError(ctx);
@@ -561,8 +686,9 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
   storage.v_scales = v_scales;
   storage.dtype = dtype;
   storage.capacity = capacity;
+  storage.ring = ring;
   storage.lengths = lengths.data();
-  RunCacheAttention(pool, TraceOf(ctx), m, storage, N, T, counts, spans, ws, base);
+  RunCacheAttention(pool, TraceOf(ctx), m, storage, N, T, counts, ws, base);
   float* concat = reinterpret_cast<float*>(base + ws.concat);
 
   // ---- 4. Output projection, then padding rows to 0.

@@ -21,11 +21,23 @@ MaskInput Unpadded(const MaskShape& shape, const void* data) {
 
 }  // namespace
 
-AttentionMasks PrepareMasks(int64_t H, const ForwardArgs& args, const ForwardPlan& ws,
+AttentionMasks PrepareMasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& ws,
                             const ForwardBuffers& buf) {
   const ForwardShapes& sh = args.shapes;
+  const int64_t H = m.H;
+  const LayerVariants& var = m.variants;
   AttentionMasks masks;
   masks.H = H;
+  masks.softcap = var.softcap;
+  masks.window = var.window;
+  masks.alibi_slopes = var.alibi_slopes.empty() ? nullptr : var.alibi_slopes.data();
+  masks.sinks = var.sinks.empty() ? nullptr : var.sinks.data();
+  if (buf.q_pos != nullptr) {
+    masks.q_pos = buf.q_pos;
+    masks.q_pos_batch = sh.L;
+    masks.k_pos = buf.k_pos != nullptr ? buf.k_pos : buf.q_pos;
+    masks.k_pos_batch = buf.k_pos != nullptr ? sh.S : sh.L;
+  }
   // With padded masks, causal is folded into the attn mask.
   masks.causal = sh.causal && !ws.padded_masks;
   masks.attn = Unpadded(sh.attn, args.attn_mask);
@@ -87,7 +99,7 @@ AttentionMasks PrepareMasks(int64_t H, const ForwardArgs& args, const ForwardPla
 }
 
 kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h, int64_t q0,
-                               int64_t k0) {
+                               int64_t k0, bool full_row) {
   const MaskInput& attn = masks.attn;
   const MaskInput& kpm = masks.kpm;
   kernels::SoftmaxMasks m;
@@ -107,7 +119,22 @@ kernels::SoftmaxMasks MasksFor(const AttentionMasks& masks, int64_t n, int64_t h
   }
   if (kpm.type != MaskType::kNone) add_mask(kpm, n * kpm.stride0 + k0, 0);
   m.causal = masks.causal;
+  // Also the index positions' distance offset (ALiBi, window), with or without causal.
   m.causal_offset = q0 - k0;
+  m.softcap = masks.softcap;
+  m.window = masks.window;
+  if (masks.alibi_slopes != nullptr) m.alibi_slope = masks.alibi_slopes[h];
+  if (masks.q_pos != nullptr) {
+    m.q_pos = masks.q_pos + n * masks.q_pos_batch + q0;
+    m.k_pos = masks.k_pos + n * masks.k_pos_batch + k0;
+  }
+  if (full_row && masks.sinks != nullptr) m.sink = masks.sinks[h];
+  return m;
+}
+
+kernels::SoftmaxMasks AppendedKeyTerms(const AttentionMasks& masks) {
+  kernels::SoftmaxMasks m;
+  m.softcap = masks.softcap;
   return m;
 }
 

@@ -265,4 +265,30 @@ Status SafeTensorsFile::GetBool(const std::string& name, std::vector<uint8_t>* o
   return Status::Ok();
 }
 
+Status SafeTensorsFile::GetInt64(const std::string& name, std::vector<int64_t>* out) const {
+  if (out == nullptr) return InvalidArgument("GetInt64: out is null");
+  const TensorInfo* t = Find(name);
+  if (t == nullptr) {
+    return InvalidArgument("safetensors '" + path_ + "': no tensor named '" + name + "'");
+  }
+  if (!t->supported || (t->dtype != DType::kI32 && t->dtype != DType::kI64)) {
+    return Unsupported("safetensors '" + path_ + "': tensor '" + name + "' has dtype " +
+                       t->dtype_name + ", expected I32 or I64 for GetInt64");
+  }
+  // Element bytes are little-endian like the host (checked at Open), and only 1-byte aligned.
+  const size_t n = static_cast<size_t>(t->num_elements);
+  std::vector<int64_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (t->dtype == DType::kI32) {
+      int32_t x;
+      std::memcpy(&x, t->data + 4 * i, 4);
+      v[i] = x;
+    } else {
+      std::memcpy(&v[i], t->data + 8 * i, 8);
+    }
+  }
+  *out = std::move(v);
+  return Status::Ok();
+}
+
 }  // namespace mha

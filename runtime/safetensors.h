@@ -55,8 +55,8 @@ struct TensorInfo {
   std::string name;
   // The dtype string as written in the file ("F32", "I64", ...).
   std::string dtype_name;
-  // True when dtype_name maps to an mha::DType (F32, F16, BF16, BOOL, U8); other dtypes are
-  // validated for size but every accessor reports Unsupported for them.
+  // True when dtype_name maps to an mha::DType (F32, F16, BF16, BOOL, U8, I32, I64); other dtypes
+  // are validated for size but every accessor reports Unsupported for them.
   bool supported = false;
   DType dtype = DType::kF32;  // meaningful only when supported
   size_t element_size = 0;    // bytes per element of dtype_name
@@ -115,6 +115,8 @@ class SafeTensorsFile {
   Status ViewF32(const std::string& name, TensorView* out) const;
   // Copies a BOOL or U8 tensor; BOOL bytes are normalized to 0/1 (nonzero = true).
   Status GetBool(const std::string& name, std::vector<uint8_t>* out) const;
+  // Copies an I32 or I64 tensor (token positions) as int64 values.
+  Status GetInt64(const std::string& name, std::vector<int64_t>* out) const;
 
  private:
   Status Parse(const uint8_t* data, size_t size);
@@ -163,7 +165,8 @@ class SafeTensorsWriter {
   std::vector<std::pair<std::string, std::string>> metadata_;
 };
 
-// Safetensors dtype string for an mha DType ("F32", "BF16", "F16", "BOOL", "U8").
+// Safetensors dtype string for an mha DType ("F32", "BF16", "F16", "BOOL", "U8", "I8", "I32",
+// "I64").
 const char* SafeTensorsDTypeName(DType dtype);
 // Exact widening conversions (bit patterns in, f32 out).
 float F16BitsToF32(uint16_t bits);

@@ -214,4 +214,76 @@ Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, Mh
   return Status::Ok();
 }
 
+Status LoadVariants(const SafeTensorsFile& file, const std::string& prefix,
+                    const LoadOptions& options, VariantTensors* tensors, AttentionConfig* config,
+                    AttentionWeights* weights) {
+  if (tensors == nullptr || config == nullptr || weights == nullptr) {
+    return InvalidArgument("LoadVariants: tensors, config and weights must be non-null");
+  }
+  Loader loader(file, prefix);
+  const std::string& p = loader.prefix();
+  const int64_t E = config->embed_dim, H = config->num_heads;
+  const int64_t KVH = config->num_kv_heads > 0 ? config->num_kv_heads : H;
+  VariantTensors t;
+  Status s;
+
+  // An optional [n] tensor into *dst.
+  auto read_vector = [&](const char* name, int64_t n, const std::string& meaning,
+                         std::vector<float>* dst) -> Status {
+    const TensorInfo* info = loader.Find(name);
+    if (info == nullptr) return Status::Ok();
+    Status st = loader.CheckShape(info, {n}, meaning);
+    return st.ok() ? loader.Read(info, dst) : st;
+  };
+  const std::string heads = "[H] with H = " + std::to_string(H);
+  s = read_vector("sinks", H, heads, &t.sinks);
+  if (s.ok()) s = read_vector("alibi_slopes", H, heads, &t.alibi_slopes);
+  if (!s.ok()) return s;
+
+  const TensorInfo* qn = loader.Find("q_norm.weight");
+  const TensorInfo* kn = loader.Find("k_norm.weight");
+  if ((qn == nullptr) != (kn == nullptr)) {
+    return FormatError(loader.where() + "'" + p + "q_norm.weight' is " +
+                       (qn ? "present" : "absent") + " but '" + p + "k_norm.weight' is " +
+                       (kn ? "present" : "absent") + ", expected both or neither (QK-norm)");
+  }
+  // A head count that does not divide E is reported by the layer's creation.
+  if (qn != nullptr && H > 0 && E % H == 0) {
+    const int64_t hd = E / H;
+    t.qk_norm_whole = qn->shape == std::vector<int64_t>{E} && E != hd;
+    const std::string dims = "(head_dim = " + std::to_string(hd) + ", E = " + std::to_string(E) +
+                             ", kvE = " + std::to_string(KVH * hd) + ")";
+    s = t.qk_norm_whole ? Status::Ok() : loader.CheckShape(qn, {hd}, "[head_dim] or [E] " + dims);
+    if (s.ok()) {
+      s = t.qk_norm_whole
+              ? loader.CheckShape(kn, {KVH * hd}, "[kvE] (q_norm.weight is [E]) " + dims)
+              : loader.CheckShape(kn, {hd}, "[head_dim] (q_norm.weight is [head_dim]) " + dims);
+    }
+    if (s.ok()) s = loader.Read(qn, &t.q_norm);
+    if (s.ok()) s = loader.Read(kn, &t.k_norm);
+    if (!s.ok()) return s;
+    if (options.qk_norm_add_one) {
+      for (float& v : t.q_norm) v += 1.0f;
+      for (float& v : t.k_norm) v += 1.0f;
+    }
+  }
+
+  config->rope = options.rope;
+  config->rope_theta = options.rope_theta;
+  config->rotary_dim = options.rotary_dim;
+  config->rope_scale = options.rope_scale;
+  config->alibi = options.alibi || !t.alibi_slopes.empty();
+  config->window = options.window;
+  config->softcap = options.softcap;
+  config->qk_norm_eps = options.qk_norm_eps;
+  config->qk_norm_whole = t.qk_norm_whole;
+  *tensors = std::move(t);
+  auto ptr = [](const std::vector<float>& v) { return v.empty() ? nullptr : v.data(); };
+  weights->sinks = ptr(tensors->sinks);
+  weights->alibi_slopes = ptr(tensors->alibi_slopes);
+  weights->q_norm_weight = ptr(tensors->q_norm);
+  weights->k_norm_weight = ptr(tensors->k_norm);
+  return Status::Ok();
+}
+
 }  // namespace mha

@@ -23,6 +23,12 @@
 //   - every tensor is F32, F16 or BF16; other dtypes are Unsupported. Biases are widened
 //     exactly to f32; weight matrices too, except that those stored in the `keep` dtype (BF16
 //     or F16, when the caller asks) are kept as their 16-bit values.
+// The attention variants' tensors (LoadVariants), each optional, F32/F16/BF16 widened to f32:
+//   sinks            [H]        one softmax sink logit per head (gpt-oss `self_attn.sinks`)
+//   alibi_slopes     [H]        ALiBi slopes; present = ALiBi on
+//   q_norm.weight    [hd] or [E]    QK-norm weights: [hd] per head (Qwen3, Gemma 3), or the
+//   k_norm.weight    [hd] or [kvE]  whole projection (OLMo 2; q [E] with E != hd selects it)
+// q_norm.weight and k_norm.weight are both present or both absent.
 // Tensors under other names (the rest of a model) are ignored.
 //
 // The packed [3E, D] matrix is split in PyTorch's order: rows [0, E) are q, [E, 2E) k,
@@ -36,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "mha/mha.hpp"
 #include "mha/types.hpp"
 #include "runtime/safetensors.h"
 
@@ -84,6 +91,25 @@ struct MhaWeights {
 // tensors, Unsupported for a non-float dtype.
 Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out,
                       DType keep = DType::kF32);
+
+// The variant tensors as loaded (f32, Gemma's +1 applied); empty = absent.
+struct VariantTensors {
+  std::vector<float> sinks;         // [H]
+  std::vector<float> alibi_slopes;  // [H]
+  std::vector<float> q_norm;        // [hd], or [E] when whole
+  std::vector<float> k_norm;        // [hd], or [kvE] when whole
+  bool qk_norm_whole = false;
+};
+
+// Reads the variant tensors for a layer of config->embed_dim, num_heads and num_kv_heads (set
+// by the caller) and sets the variant fields of *config (options' scalars; alibi when slopes
+// are present or options.alibi; qk_norm_whole from the norm shapes) and of *weights (pointers
+// into *tensors, which must outlive the layer's creation). options.qk_norm_add_one adds 1 to the
+// norm weights. FormatError naming the tensor for a bad shape or a lone q/k norm weight,
+// Unsupported for a non-float dtype.
+Status LoadVariants(const SafeTensorsFile& file, const std::string& prefix,
+                    const LoadOptions& options, VariantTensors* tensors, AttentionConfig* config,
+                    AttentionWeights* weights);
 
 }  // namespace mha
 

@@ -1,5 +1,7 @@
 #include "tests/attention_test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <sstream>
 
 namespace mha {
@@ -76,6 +78,27 @@ std::string Problem::Describe() const {
      << " kpm=" << static_cast<int>(kpm) << " causal=" << causal << " weights=" << need_weights
      << " avg=" << average << " pad=" << row_pad
      << " prepack=" << static_cast<int>(config.prepack);
+  if (config.weight_dtype != DType::kF32) os << " weight_dtype=" << DTypeName(config.weight_dtype);
+  if (config.rope != RopeStyle::kNone) {
+    os << " rope=" << static_cast<int>(config.rope) << " theta=" << config.rope_theta
+       << " rd=" << config.rotary_dim << " rope_scale=" << config.rope_scale;
+  }
+  if (config.alibi) os << " alibi" << (alibi_slopes.empty() ? "" : "(slopes)");
+  if (config.window) os << " window=" << config.window;
+  if (config.softcap > 0) os << " softcap=" << config.softcap;
+  if (!sinks.empty()) os << " sinks";
+  if (!q_norm.empty()) {
+    os << " qk_norm(eps=" << config.qk_norm_eps << (config.qk_norm_whole ? ", whole)" : ")");
+  }
+  auto list = [&os](const char* name, const std::vector<int64_t>& v) {
+    if (v.empty()) return;
+    os << " " << name << "=[";
+    for (size_t i = 0; i < v.size() && i < 12; ++i) os << (i ? "," : "") << v[i];
+    os << (v.size() > 12 ? ",...]" : "]");
+  };
+  list(positions_shared ? "positions[L]" : "positions", positions);
+  list("key_positions", key_positions);
+  if (!positions.empty() || !key_positions.empty()) os << " " << DTypeName(pos_dtype);
   return os.str();
 }
 
@@ -203,6 +226,10 @@ AttentionWeights WeightsOf(const Problem& p) {
     w.bias_v = p.bias_v.data();
   }
   w.out_proj_weight = p.wo.data();
+  if (!p.sinks.empty()) w.sinks = p.sinks.data();
+  if (!p.alibi_slopes.empty()) w.alibi_slopes = p.alibi_slopes.data();
+  if (!p.q_norm.empty()) w.q_norm_weight = p.q_norm.data();
+  if (!p.k_norm.empty()) w.k_norm_weight = p.k_norm.data();
   return w;
 }
 
@@ -224,6 +251,21 @@ void RunReference(const Problem& p, reference::Outputs* out) {
   rc.add_zero_attn = c.add_zero_attn;
   rc.causal = p.causal;
   rc.scale = c.scale;
+  rc.rope = c.rope == RopeStyle::kNeox   ? reference::Rope::kNeox
+            : c.rope == RopeStyle::kGptj ? reference::Rope::kGptj
+                                         : reference::Rope::kNone;
+  rc.rope_theta = c.rope_theta;
+  rc.rotary_dim = c.rotary_dim;
+  rc.rope_scale = c.rope_scale;
+  rc.alibi = c.alibi;
+  rc.alibi_slopes = D(p.alibi_slopes);
+  rc.window = c.window;
+  rc.softcap = c.softcap;
+  rc.sinks = D(p.sinks);
+  rc.q_norm = D(p.q_norm);
+  rc.k_norm = D(p.k_norm);
+  rc.qk_norm_whole = c.qk_norm_whole;
+  rc.qk_norm_eps = c.qk_norm_eps;
   reference::Weights w;
   std::vector<double> bias(E + 2 * kvE, 0.0);
   if (c.bias) bias = D(p.in_proj_b);
@@ -282,6 +324,13 @@ void RunReference(const Problem& p, reference::Outputs* out) {
     in.key_padding_mask_kind = reference::MaskKind::kBool;
     in.key_padding_mask.assign(p.kpm_b.begin(), p.kpm_b.end());
   }
+  in.self_attention = p.self_attention;
+  if (!p.positions.empty()) {
+    for (int64_t n = 0; n < p.N; ++n)
+      for (int64_t l = 0; l < p.L; ++l)
+        in.positions.push_back(p.positions[(p.positions_shared ? 0 : n * p.L) + l]);
+  }
+  in.key_positions = p.key_positions;
   reference::Attention(rc, w, in, out);
 }
 
@@ -331,6 +380,21 @@ void MakeViews(const Problem& p, Views* v) {
     TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.batched ? 2 : 1,
                       p.batched ? shape : shape + 1, &v->in.key_padding_mask);
   }
+  // Positions: [N, L] / [N, S]; rank 1 when shared by the batch or unbatched.
+  auto pos_view = [&](const std::vector<int64_t>& pos, std::vector<int32_t>* pos32, int64_t len,
+                      bool shared, TensorView* t) {
+    if (pos.empty()) return;
+    void* data = const_cast<int64_t*>(pos.data());
+    if (p.pos_dtype == DType::kI32) {
+      pos32->assign(pos.begin(), pos.end());
+      data = pos32->data();
+    }
+    const int64_t shape[2] = {p.N, len};
+    const bool rank1 = shared || !p.batched;
+    TensorView::Dense(data, p.pos_dtype, rank1 ? 1 : 2, rank1 ? shape + 1 : shape, t);
+  };
+  pos_view(p.positions, &v->pos32, p.L, p.positions_shared, &v->in.positions);
+  pos_view(p.key_positions, &v->key_pos32, p.S, false, &v->in.key_positions);
   v->in.causal = p.causal;
   v->in.need_weights = p.need_weights;
   v->in.average_attn_weights = p.average;
@@ -358,6 +422,68 @@ void MakeViews(const Problem& p, Views* v) {
     shape[rank++] = St;
     v->weights.assign(p.N * (p.average ? 1 : H) * p.L * St, std::numeric_limits<float>::quiet_NaN());
     TensorView::Dense(v->weights.data(), DType::kF32, rank, shape, &v->out.attn_weights);
+  }
+}
+
+bool Close(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return std::abs(got - want) <= kAtol + kRtol * std::abs(want);
+}
+
+void RunForward(const Problem& p, size_t threads, Views* v) {
+  std::unique_ptr<MultiheadAttention> mha;
+  Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  ContextOptions opts;
+  opts.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  MakeViews(p, v);
+  size_t bytes = 0;
+  s = mha->Plan(v->in, v->out, threads, &bytes);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  s = mha->Forward(*ctx, v->in, v->out);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  EXPECT_LE(ctx->arena_high_water(), bytes + 64) << p.Describe();
+}
+
+void ExpectMatchesReference(const Problem& p, const Views& v) {
+  reference::Outputs ref;
+  RunReference(p, &ref);
+  const int64_t E = p.config.embed_dim;
+  int bad = 0;
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t l = 0; l < p.L; ++l)
+      for (int64_t e = 0; e < E; ++e) {
+        const double want = ref.output[(n * p.L + l) * E + e];
+        const double got = OutputAt(p, v.output, n, l, e);
+        if (!Close(got, want) && bad++ < 5) {
+          ADD_FAILURE() << "output[n=" << n << ", l=" << l << ", e=" << e << "] = " << got
+                        << ", want " << want << "\n"
+                        << p.Describe();
+        }
+      }
+  if (!p.need_weights) return;
+  const int64_t St = ref.total_src_len;
+  const std::vector<double>& want_w = p.average ? ref.mean_weights : ref.head_weights;
+  ASSERT_EQ(v.weights.size(), want_w.size()) << p.Describe();
+  for (size_t i = 0; i < want_w.size(); ++i) {
+    if (!Close(v.weights[i], want_w[i]) && bad++ < 5) {
+      ADD_FAILURE() << "weights[" << i << "] (row " << i / St << ", col " << i % St
+                    << ") = " << v.weights[i] << ", want " << want_w[i] << "\n"
+                    << p.Describe();
+    }
+  }
+  for (size_t row = 0; row * St < want_w.size(); ++row) {
+    double got = 0, want = 0;
+    for (int64_t j = 0; j < St; ++j) {
+      got += v.weights[row * St + j];
+      want += want_w[row * St + j];
+    }
+    if (std::abs(got - want) > 1e-5 && bad++ < 5) {
+      ADD_FAILURE() << "weights row " << row << " sums to " << got << ", want " << want << "\n"
+                    << p.Describe();
+    }
   }
 }
 

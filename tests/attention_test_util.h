@@ -37,6 +37,15 @@ struct Problem {
   bool average = true;
   int64_t row_pad = 0;  // extra floats between tokens of the inputs (strided views)
 
+  // Attention variants (config holds their scalars): the extra weights, empty = absent; token
+  // positions, empty = the defaults. positions is [N, L] ([L] when positions_shared: one
+  // vector for the whole batch, given to mha as a rank-1 tensor), key_positions [N, S]; passed
+  // to mha as pos_dtype (kI32 or kI64).
+  std::vector<float> sinks, alibi_slopes, q_norm, k_norm;
+  std::vector<int64_t> positions, key_positions;
+  bool positions_shared = false;
+  DType pos_dtype = DType::kI32;
+
   // Weights as mha sees them.
   std::vector<float> in_proj_w, in_proj_b, wq, wk, wv, bias_k, bias_v, wo, bo;
   // Inputs in the layout described by batched / batch_first.
@@ -65,11 +74,27 @@ struct Views {
   AttentionOutputs out;
   std::vector<float> output;   // sized for the output
   std::vector<float> weights;  // sized for the attention weights
+  std::vector<int32_t> pos32, key_pos32;  // positions' storage when Problem::pos_dtype is kI32
 };
 void MakeViews(const Problem& p, Views* v);
 
 // Element (n, l, e) of an output stored in the problem's query layout.
 float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64_t l, int64_t e);
+
+// The operator against the double reference: f32 arithmetic on O(1) values (products summed
+// over <= 64 terms, softmax, two more products) is within 2e-5 absolute + 2e-4 relative, while
+// an indexing or masking error is O(0.1).
+constexpr double kAtol = 2e-5;
+constexpr double kRtol = 2e-4;
+bool Close(double got, double want);
+
+// Creates the layer of `p`, plans and runs its forward on `threads` threads into `v` (gtest
+// assertions: every step succeeds, the workspace stays within the plan).
+void RunForward(const Problem& p, size_t threads, Views* v);
+
+// The forward's output and (when requested) attention weights against the reference, within
+// Close; each weights row's sum too (1 - p_sink with sinks). gtest failures name the problem.
+void ExpectMatchesReference(const Problem& p, const Views& v);
 
 // Sets the operator's key chunking (runtime/attention_impl.h) for one scope: chunks of
 // `chunk_keys` keys for K/V of any size, so small shapes take the chunked path; or, with

@@ -3,9 +3,9 @@
 // forward (mha_layer_forward with MHA_FORWARD_CAUSAL) within the tolerances of
 // tests/kv_cache_test.cc (f32 1e-5, bf16 2e-2, f16 4e-3, relative to 1 + |forward|), for MHA,
 // GQA and MQA layers, ragged batches, append + forward, projected appends, truncate and reset,
-// caller buffers; every NULL pointer and bad value gives the right status and a message naming
-// the argument, and leaves the cache, the outputs and the out-parameters untouched; steady-state
-// decoding allocates nothing.
+// caller buffers, a ring on a windowed layer with RoPE and sinks; every NULL pointer and bad value
+// gives the right status and a message naming the argument, and leaves the cache, the outputs and
+// the out-parameters untouched; steady-state decoding allocates nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -44,16 +44,24 @@ void Fill(std::vector<float>* v, size_t n, float bound, std::mt19937* rng) {
   for (float& x : *v) x = u(*rng);
 }
 
+// Attention variants of a Fixture's layer, set through mha_layer_config / mha_layer_weights.
+struct Variant {
+  int32_t rope = MHA_ROPE_NONE;
+  int64_t window = 0;
+  bool sinks = false;
+};
+
 // A random self-attention layer (separate q/k/v weights, biases, batch_first) and a context,
 // created through the C API, and sequences x [N, S, E]. The C++ side of the comparisons uses
 // the same objects, reached through the handles (runtime/c_api_internal.h).
 struct Fixture {
   int64_t E, H, KVH, N, S;
-  std::vector<float> wq, wk, wv, bias, wo, bo, x;
+  std::vector<float> wq, wk, wv, bias, wo, bo, x, sinks;
   mha_layer* layer = nullptr;
   mha_context* ctx = nullptr;
 
-  Fixture(int64_t e, int64_t h, int64_t kvh, int64_t n, int64_t s, uint32_t seed)
+  Fixture(int64_t e, int64_t h, int64_t kvh, int64_t n, int64_t s, uint32_t seed,
+          const Variant& variant = Variant())
       : E(e), H(h), KVH(kvh), N(n), S(s) {
     std::mt19937 rng(seed);
     const int64_t kvE = KVH * (E / H);
@@ -71,8 +79,14 @@ struct Fixture {
     c.num_heads = H;
     c.num_kv_heads = KVH;
     c.batch_first = 1;
+    c.rope = variant.rope;
+    c.window = variant.window;
     mha_layer_weights w;
     std::memset(&w, 0, sizeof(w));
+    if (variant.sinks) {
+      Fill(&sinks, H, 1.0f, &rng);
+      w.sinks = sinks.data();
+    }
     w.q_proj_weight = wq.data();
     w.k_proj_weight = wk.data();
     w.v_proj_weight = wv.data();
@@ -107,17 +121,18 @@ struct Fixture {
     return out;
   }
 
-  mha_kv_cache_options Options(int32_t dtype, int64_t capacity) const {
+  mha_kv_cache_options Options(int32_t dtype, int64_t capacity, bool ring = false) const {
     mha_kv_cache_options o;
     std::memset(&o, 0, sizeof(o));
     o.batch = N;
     o.capacity = capacity;
     o.dtype = dtype;
+    o.ring = ring ? 1 : 0;
     return o;
   }
 
-  mha_kv_cache* NewCache(int32_t dtype, int64_t capacity) const {
-    const mha_kv_cache_options o = Options(dtype, capacity);
+  mha_kv_cache* NewCache(int32_t dtype, int64_t capacity, bool ring = false) const {
+    const mha_kv_cache_options o = Options(dtype, capacity, ring);
     mha_kv_cache* cache = nullptr;
     EXPECT_EQ(mha_kv_cache_create(layer, &o, &cache), MHA_STATUS_OK) << mha_last_error_message();
     return cache;
@@ -126,11 +141,11 @@ struct Fixture {
   const MultiheadAttention& cpp() const { return *layer->impl; }
   Context& cpp_ctx() const { return *ctx->impl; }
 
-  std::unique_ptr<KvCache> NewCppCache(int32_t dtype, int64_t capacity) const {
+  std::unique_ptr<KvCache> NewCppCache(int32_t dtype, int64_t capacity, bool ring = false) const {
     std::unique_ptr<KvCache> cache;
-    EXPECT_TRUE(KvCache::Create(
-                    KvCacheOptions::ForLayer(cpp(), N, capacity, static_cast<DType>(dtype)), &cache)
-                    .ok());
+    KvCacheOptions o = KvCacheOptions::ForLayer(cpp(), N, capacity, static_cast<DType>(dtype));
+    o.ring = ring;
+    EXPECT_TRUE(KvCache::Create(o, &cache).ok());
     return cache;
   }
 };
@@ -258,15 +273,19 @@ void ExpectLengths(mha_kv_cache* cache, const std::vector<int64_t>& want) {
   }
 }
 
-// Runs `calls` through a C cache and a C++ cache of `dtype`: bitwise equal outputs, within the
-// dtype's tolerance of the causal forward, every entry at length S.
-void CheckDecode(const Fixture& f, int32_t dtype, const std::vector<Call>& calls) {
+// Runs `calls` through a C cache and a C++ cache of `dtype` (capacity S, or a ring of
+// ring_capacity positions): bitwise equal outputs, within the dtype's tolerance of the causal
+// forward, every entry at length S.
+void CheckDecode(const Fixture& f, int32_t dtype, const std::vector<Call>& calls,
+                 int64_t ring_capacity = 0) {
   SCOPED_TRACE(f.Describe() + " dtype " + std::to_string(dtype));
   const std::vector<int64_t> zero(f.N, 0);
-  CachePtr cache(f.NewCache(dtype, f.S));
+  const bool ring = ring_capacity > 0;
+  const int64_t capacity = ring ? ring_capacity : f.S;
+  CachePtr cache(f.NewCache(dtype, capacity, ring));
   ASSERT_NE(cache, nullptr);
   const std::vector<float> got = Feed(f, f.x, calls, zero, CStep(f, cache.get()));
-  std::unique_ptr<KvCache> cpp = f.NewCppCache(dtype, f.S);
+  std::unique_ptr<KvCache> cpp = f.NewCppCache(dtype, capacity, ring);
   ASSERT_NE(cpp, nullptr);
   const std::vector<float> want = Feed(f, f.x, calls, zero, CppStep(f, cpp.get()));
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
@@ -294,6 +313,49 @@ TEST(CApiKvCacheTest, GroupedAndMultiQueryLayers) {
     CheckDecode(f, MHA_DTYPE_BF16, PrefillThenDecode(f.S, 4));
     CheckDecode(f, MHA_DTYPE_I8, PrefillThenDecode(f.S, 4));
   }
+}
+
+// A windowed layer with RoPE and sinks (gpt-oss-like, GQA) through the C API: a ring of 9
+// positions holds sequences of 60 tokens, equal to the C++ ring and the windowed causal forward.
+TEST(CApiKvCacheTest, RingOnAWindowedLayerWithRopeAndSinks) {
+  Variant v;
+  v.rope = MHA_ROPE_NEOX;
+  v.window = 6;
+  v.sinks = true;
+  Fixture f(32, 4, 2, 2, 60, 11, v);
+  CheckDecode(f, MHA_DTYPE_F32, PrefillThenDecode(f.S, 4), 9);
+  CheckDecode(f, MHA_DTYPE_BF16, PrefillThenDecode(f.S, 0), 9);
+  size_t bytes = 0;
+  const mha_kv_cache_options o = f.Options(MHA_DTYPE_F32, 9, true);
+  ASSERT_EQ(mha_kv_cache_required_bytes(f.layer, &o, &bytes), MHA_STATUS_OK);
+  EXPECT_EQ(bytes, 2u * 2 * 2 * 9 * 8 * sizeof(float));  // K+V, batch, kv heads, ring, hd
+}
+
+TEST(CApiKvCacheTest, RingErrors) {
+  Fixture plain(32, 4, 2, 1, 8, 12);
+  mha_kv_cache_options o = plain.Options(MHA_DTYPE_F32, 8, true);
+  o.ring = 2;
+  mha_kv_cache* cache = nullptr;
+  EXPECT_EQ(mha_kv_cache_create(plain.layer, &o, &cache), MHA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mha_last_error_message()).find("options->ring: expected 0 or 1, got 2"),
+            std::string::npos)
+      << mha_last_error_message();
+  EXPECT_EQ(cache, nullptr);
+  // A ring on a layer without a window fails at its first use.
+  CachePtr ring(plain.NewCache(MHA_DTYPE_F32, 8, true));
+  ASSERT_NE(ring, nullptr);
+  std::vector<float> in(plain.E, 0.5f), out(plain.E, kSentinel);
+  const mha_tensor x = Dense(in.data(), MHA_DTYPE_F32, {1, 1, plain.E});
+  const mha_tensor y = Dense(out.data(), MHA_DTYPE_F32, {1, 1, plain.E});
+  EXPECT_EQ(mha_kv_cache_step(ring.get(), plain.layer, plain.ctx, &x, &y, nullptr),
+            MHA_STATUS_INVALID_ARGUMENT);
+  const std::string message = mha_last_error_message();
+  EXPECT_NE(message.find("ring: expected a layer with window > 0 and capacity >= window, got "
+                         "window 0 and capacity 8"),
+            std::string::npos)
+      << message;
+  for (float e : out) EXPECT_EQ(e, kSentinel);
+  ExpectLengths(ring.get(), {0});
 }
 
 TEST(CApiKvCacheTest, RaggedCounts) {

@@ -27,6 +27,7 @@ namespace {
 using testing_util::Dense;
 using testing_util::kSentinel;
 using testing_util::MakeViews;
+using testing_util::NewContext;
 using testing_util::Problem;
 using testing_util::RandomProblem;
 using testing_util::Views;
@@ -61,6 +62,15 @@ mha_layer_config ConfigOf(const AttentionConfig& c) {
   r.scale = c.scale;
   r.weight_dtype = static_cast<int32_t>(c.weight_dtype);
   r.prepack = static_cast<int32_t>(c.prepack);
+  r.rope = static_cast<int32_t>(c.rope);
+  r.rope_theta = c.rope_theta;
+  r.rotary_dim = c.rotary_dim;
+  r.rope_scale = c.rope_scale;
+  r.alibi = c.alibi;
+  r.window = c.window;
+  r.softcap = c.softcap;
+  r.qk_norm_eps = c.qk_norm_eps;
+  r.qk_norm_whole = c.qk_norm_whole;
   return r;
 }
 
@@ -77,6 +87,11 @@ mha_layer_weights WeightsOfC(const AttentionWeights& w) {
   r.bias_v = w.bias_v;
   r.out_proj_weight = w.out_proj_weight;
   r.out_proj_bias = w.out_proj_bias;
+  r.dtype = static_cast<int32_t>(w.dtype);
+  r.sinks = w.sinks;
+  r.alibi_slopes = w.alibi_slopes;
+  r.q_norm_weight = w.q_norm_weight;
+  r.k_norm_weight = w.k_norm_weight;
   return r;
 }
 
@@ -88,6 +103,8 @@ mha_attention_inputs InputsOfC(const AttentionInputs& in) {
   r.value = ToC(in.value);
   r.attn_mask = ToC(in.attn_mask);
   r.key_padding_mask = ToC(in.key_padding_mask);
+  r.positions = ToC(in.positions);
+  r.key_positions = ToC(in.key_positions);
   return r;
 }
 
@@ -190,6 +207,15 @@ TEST(CApiTest, ZeroInitializedOptionsAreTheDefaults) {
   EXPECT_EQ(zero.scale, init.scale);
   EXPECT_EQ(zero.weight_dtype, init.weight_dtype);
   EXPECT_EQ(zero.prepack, init.prepack);
+  EXPECT_EQ(zero.rope, init.rope);
+  EXPECT_EQ(zero.rope_theta, init.rope_theta);
+  EXPECT_EQ(zero.rotary_dim, init.rotary_dim);
+  EXPECT_EQ(zero.rope_scale, init.rope_scale);
+  EXPECT_EQ(zero.alibi, init.alibi);
+  EXPECT_EQ(zero.window, init.window);
+  EXPECT_EQ(zero.softcap, init.softcap);
+  EXPECT_EQ(zero.qk_norm_eps, init.qk_norm_eps);
+  EXPECT_EQ(zero.qk_norm_whole, init.qk_norm_whole);
   EXPECT_EQ(std::memcmp(&zero, &init, sizeof(zero)), 0) << "a field the test does not list";
 
   // The defaults are the C++ API's (AttentionConfig{}), biases included.
@@ -211,6 +237,11 @@ TEST(CApiTest, ZeroInitializedOptionsAreTheDefaults) {
   EXPECT_EQ(got.no_bias, defaults.bias ? 0 : 1);
   EXPECT_EQ(got.prepack, static_cast<int32_t>(defaults.prepack));
   EXPECT_EQ(got.weight_dtype, static_cast<int32_t>(defaults.weight_dtype));
+  EXPECT_EQ(got.rope, MHA_ROPE_NONE);
+  EXPECT_EQ(got.alibi, 0);
+  EXPECT_EQ(got.window, 0);
+  EXPECT_EQ(got.softcap, 0.0f);
+  EXPECT_EQ(got.qk_norm_whole, 0);
 
   // A zero-initialized context options struct is the same as none.
   mha_context_options zero_ctx;
@@ -378,6 +409,32 @@ TEST(CApiTest, InvalidConfigs) {
                  "binding: expected MHA_WEIGHTS_VIEW (0) or MHA_WEIGHTS_COPY (1), got 5");
   w.out_proj_weight = nullptr;
   EXPECT_INVALID(create(c), "out_proj_weight");
+  EXPECT_EQ(layer, nullptr);
+
+  // The variants' C-only checks: the enum and the booleans.
+  w.out_proj_weight = s.w_out.data();
+  c.rope = 3;
+  EXPECT_INVALID(create(c),
+                 "config->rope: expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) or "
+                 "MHA_ROPE_GPTJ (2), got 3");
+  c.rope = -1;
+  EXPECT_INVALID(create(c), "config->rope: expected MHA_ROPE_NONE (0)");
+  c.rope = MHA_ROPE_NONE;
+  c.alibi = 2;
+  EXPECT_INVALID(create(c), "config->alibi: expected 0 or 1, got 2");
+  c.alibi = 0;
+  c.qk_norm_whole = -1;
+  EXPECT_INVALID(create(c), "config->qk_norm_whole: expected 0 or 1, got -1");
+  c.qk_norm_whole = 0;
+  // Range checks are the C++ API's, reached through the C fields.
+  c.rope = MHA_ROPE_NEOX;
+  c.rotary_dim = 3;
+  EXPECT_INVALID(create(c), "rotary_dim");
+  c.rotary_dim = 0;
+  c.rope = MHA_ROPE_NONE;
+  c.window = -1;
+  EXPECT_INVALID(create(c), "window");
+  c.window = 0;
   EXPECT_EQ(layer, nullptr);
 
   mha_context* ctx = nullptr;
@@ -680,6 +737,256 @@ TEST(CApiTest, ForwardAndProjectMatchCppApiBitwise) {
   }
 }
 
+// A grouped-query layer (E 16, H 4, KVH 2, hd 4, separate projections) with every variant
+// tensor, and one batched input [L 6, N 2, E 16] with positions [N, L].
+struct VariantProblem {
+  static constexpr int64_t E = 16, H = 4, KVH = 2, hd = 4, L = 6, N = 2;
+  std::vector<float> wq, wk, wv, b, wo, bo, sinks, slopes, q_norm, k_norm, q_norm_whole,
+      k_norm_whole, query;
+  std::vector<int32_t> pos32;
+  std::vector<int64_t> pos64;
+
+  VariantProblem() {
+    std::mt19937 rng(30);
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    auto fill = [&](std::vector<float>* v, size_t n, float offset) {
+      v->resize(n);
+      for (float& x : *v) x = offset + u(rng);
+    };
+    fill(&wq, E * E, 0.0f);
+    fill(&wk, KVH * hd * E, 0.0f);
+    fill(&wv, KVH * hd * E, 0.0f);
+    fill(&b, E + 2 * KVH * hd, 0.0f);
+    fill(&wo, E * E, 0.0f);
+    fill(&bo, E, 0.0f);
+    fill(&sinks, H, 0.0f);
+    fill(&slopes, H, 0.5f);
+    fill(&q_norm, hd, 1.0f);
+    fill(&k_norm, hd, 1.0f);
+    fill(&q_norm_whole, E, 1.0f);
+    fill(&k_norm_whole, KVH * hd, 1.0f);
+    fill(&query, L * N * E, 0.0f);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t i = 0; i < L; ++i) {
+        pos32.push_back(static_cast<int32_t>(7 * n + 2 * i));
+        pos64.push_back(7 * n + 2 * i);
+      }
+    }
+  }
+
+  AttentionConfig Config() const {
+    AttentionConfig c;
+    c.embed_dim = E;
+    c.num_heads = H;
+    c.num_kv_heads = KVH;
+    return c;
+  }
+  AttentionWeights Weights() const {
+    AttentionWeights w;
+    w.q_proj_weight = wq.data();
+    w.k_proj_weight = wk.data();
+    w.v_proj_weight = wv.data();
+    w.in_proj_bias = b.data();
+    w.out_proj_weight = wo.data();
+    w.out_proj_bias = bo.data();
+    return w;
+  }
+};
+
+// Runs the layer through the C++ API and through the C API (created from the C structs the
+// same settings give) and expects bitwise equal outputs and weights; returns the output.
+std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionConfig& config,
+                                     const AttentionWeights& weights, DType positions,
+                                     bool causal) {
+  using VP = VariantProblem;
+  std::unique_ptr<MultiheadAttention> cpp;
+  Status st = MultiheadAttention::Create(config, weights, WeightBinding::kView, &cpp);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  if (!st.ok()) return {};
+  std::unique_ptr<Context> cpp_ctx;
+  ContextOptions co;
+  co.num_threads = 2;
+  EXPECT_TRUE(Context::Create(co, &cpp_ctx).ok());
+  AttentionInputs in;
+  const int64_t q_shape[3] = {VP::L, VP::N, VP::E}, pos_shape[2] = {VP::N, VP::L};
+  TensorView::Dense(const_cast<float*>(p.query.data()), DType::kF32, 3, q_shape, &in.query);
+  if (positions != DType::kF32) {
+    void* data = positions == DType::kI32
+                     ? static_cast<void*>(const_cast<int32_t*>(p.pos32.data()))
+                     : static_cast<void*>(const_cast<int64_t*>(p.pos64.data()));
+    TensorView::Dense(data, positions, 2, pos_shape, &in.positions);
+  }
+  in.causal = causal;
+  in.need_weights = true;
+  in.average_attn_weights = false;
+  std::vector<float> want(VP::L * VP::N * VP::E), want_w(VP::N * VP::H * VP::L * VP::L);
+  std::vector<float> got(want.size(), kSentinel), got_w(want_w.size(), kSentinel);
+  AttentionOutputs out;
+  const int64_t w_shape[4] = {VP::N, VP::H, VP::L, VP::L};
+  TensorView::Dense(want.data(), DType::kF32, 3, q_shape, &out.output);
+  TensorView::Dense(want_w.data(), DType::kF32, 4, w_shape, &out.attn_weights);
+  st = cpp->Forward(*cpp_ctx, in, out);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+
+  const mha_layer_config cc = ConfigOf(config);
+  const mha_layer_weights cw = WeightsOfC(weights);
+  mha_layer* layer = nullptr;
+  EXPECT_EQ(mha_layer_create(&cc, &cw, MHA_WEIGHTS_COPY, &layer), MHA_STATUS_OK)
+      << mha_last_error_message();
+  if (layer == nullptr) return {};
+  mha_layer_config back;
+  EXPECT_EQ(mha_layer_get_config(layer, &back), MHA_STATUS_OK);
+  EXPECT_EQ(back.rope, cc.rope);
+  EXPECT_EQ(back.rope_theta, cc.rope_theta);
+  EXPECT_EQ(back.rotary_dim, cc.rotary_dim);
+  EXPECT_EQ(back.rope_scale, cc.rope_scale);
+  EXPECT_EQ(back.alibi, cc.alibi);
+  EXPECT_EQ(back.window, cc.window);
+  EXPECT_EQ(back.softcap, cc.softcap);
+  EXPECT_EQ(back.qk_norm_eps, cc.qk_norm_eps);
+  EXPECT_EQ(back.qk_norm_whole, cc.qk_norm_whole);
+  mha_context* ctx = NewContext(2);
+  const mha_attention_inputs c_in = InputsOfC(in);
+  const mha_tensor c_out = Dense(got.data(), MHA_DTYPE_F32, {VP::L, VP::N, VP::E});
+  const mha_tensor c_w = Dense(got_w.data(), MHA_DTYPE_F32, {VP::N, VP::H, VP::L, VP::L});
+  EXPECT_EQ(mha_layer_forward(layer, ctx, &c_in, &c_out, &c_w,
+                              (causal ? MHA_FORWARD_CAUSAL : 0u) | MHA_FORWARD_PER_HEAD_WEIGHTS),
+            MHA_STATUS_OK)
+      << mha_last_error_message();
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got_w.data(), want_w.data(), got_w.size() * 4), 0);
+  mha_context_destroy(ctx);
+  mha_layer_destroy(layer);
+  return got;
+}
+
+// Each variant field of the C structs reaches the layer: the C layer computes bitwise what the
+// C++ layer with the same settings computes, and differs from the plain layer.
+TEST(CApiTest, VariantsMatchCppApiBitwise) {
+  const VariantProblem p;
+  const std::vector<float> plain =
+      ExpectCMatchesCpp(p, p.Config(), p.Weights(), DType::kF32, /*causal=*/true);
+  ASSERT_FALSE(plain.empty());
+  struct Case {
+    const char* name;
+    void (*set)(const VariantProblem&, AttentionConfig*, AttentionWeights*);
+    DType positions;
+  };
+  const Case cases[] = {
+      {"rope_neox_theta_partial_scale",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) {
+         c->rope = RopeStyle::kNeox;
+         c->rope_theta = 500.0f;
+         c->rotary_dim = 2;
+         c->rope_scale = 3.0f;
+       },
+       DType::kI32},
+      {"rope_gptj_i64_positions",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) {
+         c->rope = RopeStyle::kGptj;
+       },
+       DType::kI64},
+      {"alibi_standard",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->alibi = true; },
+       DType::kF32},
+      {"alibi_slopes",
+       [](const VariantProblem& p, AttentionConfig* c, AttentionWeights* w) {
+         c->alibi = true;
+         w->alibi_slopes = p.slopes.data();
+       },
+       DType::kI32},
+      {"window",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->window = 2; },
+       DType::kF32},
+      {"window_positions",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->window = 3; },
+       DType::kI64},
+      {"softcap",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->softcap = 0.3f; },
+       DType::kF32},
+      {"sinks",
+       [](const VariantProblem& p, AttentionConfig*, AttentionWeights* w) {
+         w->sinks = p.sinks.data();
+       },
+       DType::kF32},
+      {"qk_norm_per_head_eps",
+       [](const VariantProblem& p, AttentionConfig* c, AttentionWeights* w) {
+         c->qk_norm_eps = 0.5f;
+         w->q_norm_weight = p.q_norm.data();
+         w->k_norm_weight = p.k_norm.data();
+       },
+       DType::kF32},
+      {"qk_norm_whole",
+       [](const VariantProblem& p, AttentionConfig* c, AttentionWeights* w) {
+         c->qk_norm_whole = true;
+         w->q_norm_weight = p.q_norm_whole.data();
+         w->k_norm_weight = p.k_norm_whole.data();
+       },
+       DType::kF32},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    AttentionConfig c = p.Config();
+    AttentionWeights w = p.Weights();
+    k.set(p, &c, &w);
+    const std::vector<float> got = ExpectCMatchesCpp(p, c, w, k.positions, /*causal=*/true);
+    ASSERT_EQ(got.size(), plain.size());
+    EXPECT_NE(std::memcmp(got.data(), plain.data(), got.size() * 4), 0)
+        << "the variant did not change the output";
+  }
+}
+
+// Zero-initialized variant fields and absent positions are the layer without variants: the
+// output equals the plain layer's bitwise, with explicit default positions too.
+TEST(CApiTest, PositionsTensorsAndTheirErrors) {
+  Small s;
+  std::vector<int32_t> pos(Small::N * Small::L);
+  for (int64_t n = 0; n < Small::N; ++n) {
+    for (int64_t i = 0; i < Small::L; ++i) pos[n * Small::L + i] = static_cast<int32_t>(i);
+  }
+  std::vector<float> bad(pos.size());
+  mha_attention_inputs in = s.in;
+  in.positions = Dense(bad.data(), MHA_DTYPE_F32, {Small::N, Small::L});
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, nullptr, 0),
+                 "inputs->positions.dtype: expected MHA_DTYPE_I32 (6) or MHA_DTYPE_I64 (7), got 0");
+  in.positions = mha_tensor{};
+  in.key_positions = Dense(pos.data(), 9, {Small::N, Small::L});
+  EXPECT_INVALID(mha_layer_plan(s.layer, &in, &s.out, nullptr, 0, 1, nullptr), "workspace_bytes");
+  size_t bytes = 0;
+  EXPECT_INVALID(mha_layer_plan(s.layer, &in, &s.out, nullptr, 0, 1, &bytes),
+                 "inputs->key_positions.dtype: expected MHA_DTYPE_I32 (6) or MHA_DTYPE_I64 (7), "
+                 "got 9");
+  EXPECT_TRUE(s.OutputUntouched());
+
+  // A layer that uses no position rejects given positions (the C++ API's check, reached).
+  in.key_positions = mha_tensor{};
+  in.positions = Dense(pos.data(), MHA_DTYPE_I32, {Small::N, Small::L});
+  EXPECT_INVALID(mha_layer_forward(s.layer, s.ctx, &in, &s.out, nullptr, 0), "positions");
+
+  // A windowed layer given the default positions explicitly computes bitwise what it computes
+  // without them.
+  mha_layer_config c;
+  mha_layer_config_init(&c);
+  c.embed_dim = Small::E;
+  c.num_heads = Small::H;
+  c.window = 2;
+  mha_layer_weights w = s.Weights();
+  mha_layer* windowed = nullptr;
+  ASSERT_EQ(mha_layer_create(&c, &w, MHA_WEIGHTS_VIEW, &windowed), MHA_STATUS_OK)
+      << mha_last_error_message();
+  std::vector<float> a(s.output.size()), b(s.output.size());
+  mha_tensor ta = Dense(a.data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+  mha_tensor tb = Dense(b.data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+  ASSERT_EQ(mha_layer_forward(windowed, s.ctx, &in, &ta, nullptr, MHA_FORWARD_CAUSAL),
+            MHA_STATUS_OK)
+      << mha_last_error_message();
+  ASSERT_EQ(mha_layer_forward(windowed, s.ctx, &s.in, &tb, nullptr, MHA_FORWARD_CAUSAL),
+            MHA_STATUS_OK)
+      << mha_last_error_message();
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+  mha_layer_destroy(windowed);
+}
+
 // Writes a state_dict-style safetensors file and checks the loaded layer against one created
 // from the same arrays.
 TEST(CApiTest, CreateFromSafetensors) {
@@ -740,6 +1047,114 @@ TEST(CApiTest, CreateFromSafetensors) {
   load.qkv_layout = 3;
   EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), "blk.attn.", &load, &layer),
                  "options->qkv_layout");
+  EXPECT_EQ(layer, nullptr);
+  std::remove(path.c_str());
+}
+
+// The variants through mha_load_options and the file's tensors: the loaded layer equals the one
+// created from the same arrays and settings; Gemma's qk_norm_add_one adds 1 to the stored norm
+// weights; the C-only checks name the option.
+TEST(CApiTest, CreateFromSafetensorsWithVariants) {
+  using VP = VariantProblem;
+  const VariantProblem p;
+  const std::string path =
+      ::testing::TempDir() + "c_api_variants_" + std::to_string(getpid()) + ".safetensors";
+  std::vector<float> q_minus_one = p.q_norm_whole, k_minus_one = p.k_norm_whole;
+  for (float& v : q_minus_one) v -= 1.0f;
+  for (float& v : k_minus_one) v -= 1.0f;
+  const std::string pre = "model.layers.0.self_attn.";
+  SafeTensorsWriter writer;
+  const int64_t kvE = VP::KVH * VP::hd;
+  ASSERT_TRUE(writer.Add(pre + "q_proj_weight", DType::kF32, {VP::E, VP::E}, p.wq.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "k_proj_weight", DType::kF32, {kvE, VP::E}, p.wk.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "v_proj_weight", DType::kF32, {kvE, VP::E}, p.wv.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "in_proj_bias", DType::kF32, {VP::E + 2 * kvE}, p.b.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "out_proj.weight", DType::kF32, {VP::E, VP::E}, p.wo.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "out_proj.bias", DType::kF32, {VP::E}, p.bo.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "sinks", DType::kF32, {VP::H}, p.sinks.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "alibi_slopes", DType::kF32, {VP::H}, p.slopes.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "q_norm.weight", DType::kF32, {VP::E}, q_minus_one.data()).ok());
+  ASSERT_TRUE(writer.Add(pre + "k_norm.weight", DType::kF32, {kvE}, k_minus_one.data()).ok());
+  ASSERT_TRUE(writer.WriteFile(path).ok());
+
+  mha_load_options load;
+  std::memset(&load, 0, sizeof(load));
+  load.num_heads = VP::H;
+  load.rope = MHA_ROPE_GPTJ;
+  load.rope_theta = 1000.0f;
+  load.rotary_dim = 2;
+  load.rope_scale = 2.0f;
+  load.window = 3;
+  load.softcap = 0.75f;
+  load.qk_norm_eps = 1e-5f;
+  load.qk_norm_add_one = 1;
+  mha_layer* layer = nullptr;
+  ASSERT_EQ(mha_layer_create_from_safetensors(path.c_str(), pre.c_str(), &load, &layer),
+            MHA_STATUS_OK)
+      << mha_last_error_message();
+  mha_layer_config got;
+  ASSERT_EQ(mha_layer_get_config(layer, &got), MHA_STATUS_OK);
+  EXPECT_EQ(got.num_kv_heads, VP::KVH);
+  EXPECT_EQ(got.rope, MHA_ROPE_GPTJ);
+  EXPECT_EQ(got.rope_theta, 1000.0f);
+  EXPECT_EQ(got.rotary_dim, 2);
+  EXPECT_EQ(got.rope_scale, 2.0f);
+  EXPECT_EQ(got.alibi, 1);  // set by the alibi_slopes tensor
+  EXPECT_EQ(got.window, 3);
+  EXPECT_EQ(got.softcap, 0.75f);
+  EXPECT_EQ(got.qk_norm_eps, 1e-5f);
+  EXPECT_EQ(got.qk_norm_whole, 1);  // q_norm.weight [E]
+
+  AttentionConfig c = p.Config();
+  c.rope = RopeStyle::kGptj;
+  c.rope_theta = 1000.0f;
+  c.rotary_dim = 2;
+  c.rope_scale = 2.0f;
+  c.alibi = true;
+  c.window = 3;
+  c.softcap = 0.75f;
+  c.qk_norm_eps = 1e-5f;
+  c.qk_norm_whole = true;
+  AttentionWeights w = p.Weights();
+  w.sinks = p.sinks.data();
+  w.alibi_slopes = p.slopes.data();
+  w.q_norm_weight = p.q_norm_whole.data();
+  w.k_norm_weight = p.k_norm_whole.data();
+  const std::vector<float> want = ExpectCMatchesCpp(p, c, w, DType::kI32, /*causal=*/true);
+  std::vector<float> from_file(want.size(), kSentinel);
+  mha_attention_inputs in;
+  std::memset(&in, 0, sizeof(in));
+  in.query = Dense(const_cast<float*>(p.query.data()), MHA_DTYPE_F32, {VP::L, VP::N, VP::E});
+  in.positions = Dense(const_cast<int32_t*>(p.pos32.data()), MHA_DTYPE_I32, {VP::N, VP::L});
+  mha_tensor out = Dense(from_file.data(), MHA_DTYPE_F32, {VP::L, VP::N, VP::E});
+  // The same weights request as ExpectCMatchesCpp's (the path, and so the rounding, follows it).
+  std::vector<float> weights_out(VP::N * VP::H * VP::L * VP::L);
+  mha_tensor wt = Dense(weights_out.data(), MHA_DTYPE_F32, {VP::N, VP::H, VP::L, VP::L});
+  mha_context* ctx = NewContext(2);
+  ASSERT_EQ(mha_layer_forward(layer, ctx, &in, &out, &wt,
+                              MHA_FORWARD_CAUSAL | MHA_FORWARD_PER_HEAD_WEIGHTS),
+            MHA_STATUS_OK)
+      << mha_last_error_message();
+  EXPECT_EQ(std::memcmp(from_file.data(), want.data(), want.size() * 4), 0);
+  mha_context_destroy(ctx);
+  mha_layer_destroy(layer);
+  layer = nullptr;
+
+  load.rope = 7;
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), pre.c_str(), &load, &layer),
+                 "options->rope: expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) or MHA_ROPE_GPTJ "
+                 "(2), got 7");
+  load.rope = MHA_ROPE_NONE;
+  load.rotary_dim = 0;
+  load.rope_theta = 0.0f;
+  load.rope_scale = 0.0f;
+  load.alibi = 3;
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), pre.c_str(), &load, &layer),
+                 "options->alibi: expected 0 or 1, got 3");
+  load.alibi = 0;
+  load.qk_norm_add_one = 2;
+  EXPECT_INVALID(mha_layer_create_from_safetensors(path.c_str(), pre.c_str(), &load, &layer),
+                 "options->qk_norm_add_one: expected 0 or 1, got 2");
   EXPECT_EQ(layer, nullptr);
   std::remove(path.c_str());
 }

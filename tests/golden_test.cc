@@ -42,6 +42,7 @@ std::vector<std::string> GoldenFiles() {
 struct Loaded {
   std::vector<float> f;
   std::vector<uint8_t> b;
+  std::vector<int64_t> i;  // positions (I32 / I64 in the file)
   std::vector<int64_t> shape;
   DType dtype = DType::kF32;
   bool present = false;
@@ -49,7 +50,9 @@ struct Loaded {
   TensorView View() {
     TensorView v;
     if (!present) return v;
-    void* data = dtype == DType::kF32 ? static_cast<void*>(f.data()) : static_cast<void*>(b.data());
+    void* data = dtype == DType::kF32   ? static_cast<void*>(f.data())
+                 : dtype == DType::kI64 ? static_cast<void*>(i.data())
+                                        : static_cast<void*>(b.data());
     EXPECT_TRUE(TensorView::Dense(data, dtype, static_cast<int>(shape.size()), shape.data(), &v).ok());
     return v;
   }
@@ -64,6 +67,9 @@ Loaded Load(const SafeTensorsFile& file, const std::string& name) {
   if (info->dtype == DType::kBool || info->dtype == DType::kU8) {
     t.dtype = DType::kBool;
     EXPECT_TRUE(file.GetBool(name, &t.b).ok()) << name;
+  } else if (info->dtype == DType::kI32 || info->dtype == DType::kI64) {
+    t.dtype = DType::kI64;
+    EXPECT_TRUE(file.GetInt64(name, &t.i).ok()) << name;
   } else {
     EXPECT_TRUE(file.GetF32(name, &t.f).ok()) << name;
   }
@@ -82,6 +88,27 @@ double MetaDouble(const std::map<std::string, std::string>& m, const std::string
   return it == m.end() ? fallback : std::stod(it->second);
 }
 
+// The attention variants of a variant fixture (metadata "variants" = "1"; tests/data/README.md
+// "Variant fixtures"); other fixtures leave the fields off.
+void ReadVariants(const std::map<std::string, std::string>& meta, AttentionConfig* c) {
+  if (meta.count("variants") == 0) return;
+  c->num_kv_heads = MetaInt(meta, "num_kv_heads");
+  c->scale = static_cast<float>(MetaDouble(meta, "scale", 0.0));
+  const std::string rope = meta.at("rope");
+  ASSERT_TRUE(rope == "none" || rope == "neox" || rope == "gptj") << rope;
+  c->rope = rope == "neox"   ? RopeStyle::kNeox
+            : rope == "gptj" ? RopeStyle::kGptj
+                             : RopeStyle::kNone;
+  c->rope_theta = static_cast<float>(MetaDouble(meta, "rope_theta", 0.0));
+  c->rotary_dim = MetaInt(meta, "rotary_dim");
+  c->rope_scale = static_cast<float>(MetaDouble(meta, "rope_scale", 0.0));
+  c->alibi = MetaInt(meta, "alibi") != 0;
+  c->window = MetaInt(meta, "window");
+  c->softcap = static_cast<float>(MetaDouble(meta, "softcap", 0.0));
+  c->qk_norm_eps = static_cast<float>(MetaDouble(meta, "qk_norm_eps", 0.0));
+  c->qk_norm_whole = MetaInt(meta, "qk_norm_whole") != 0;
+}
+
 void CheckClose(const std::vector<float>& got, const std::vector<float>& want, double atol,
                 double rtol, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -94,8 +121,11 @@ void CheckClose(const std::vector<float>& got, const std::vector<float>& want, d
   }
 }
 
-void RunFixture(const std::string& path, int threads) {
-  SCOPED_TRACE(path);
+// Runs one fixture; with via_loader the layer comes from the file through
+// CreateFromSafeTensors (the variant settings in LoadOptions, the extra tensors read by name)
+// instead of AttentionWeights views.
+void RunFixture(const std::string& path, int threads, bool via_loader = false) {
+  SCOPED_TRACE(path + (via_loader ? " (loader)" : ""));
   SafeTensorsFile file;
   Status s = SafeTensorsFile::Open(path, &file);
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -111,6 +141,8 @@ void RunFixture(const std::string& path, int threads) {
   c.add_zero_attn = MetaInt(meta, "add_zero_attn") != 0;
   c.batch_first = MetaInt(meta, "batch_first") != 0;
   const bool self_attention = MetaInt(meta, "self_attention") != 0;
+  ReadVariants(meta, &c);
+  if (::testing::Test::HasFatalFailure()) return;
 
   Loaded in_w = Load(file, "in_proj_weight"), in_b = Load(file, "in_proj_bias");
   Loaded wq = Load(file, "q_proj_weight"), wk = Load(file, "k_proj_weight"),
@@ -131,13 +163,43 @@ void RunFixture(const std::string& path, int threads) {
   if (bv.present) w.bias_v = bv.f.data();
   w.out_proj_weight = wo.f.data();
   if (bo.present) w.out_proj_bias = bo.f.data();
+  Loaded sinks = Load(file, "sinks"), slopes = Load(file, "alibi_slopes");
+  Loaded q_norm = Load(file, "q_norm.weight"), k_norm = Load(file, "k_norm.weight");
+  if (sinks.present) w.sinks = sinks.f.data();
+  if (slopes.present) w.alibi_slopes = slopes.f.data();
+  if (q_norm.present) w.q_norm_weight = q_norm.f.data();
+  if (k_norm.present) w.k_norm_weight = k_norm.f.data();
   std::unique_ptr<MultiheadAttention> mha;
-  s = MultiheadAttention::Create(c, w, WeightBinding::kView, &mha);
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  if (via_loader) {
+    LoadOptions lo;
+    lo.num_heads = c.num_heads;
+    lo.add_zero_attn = c.add_zero_attn;
+    lo.batch_first = c.batch_first;
+    lo.scale = c.scale;
+    lo.qkv_layout = w.qkv_layout;
+    lo.num_kv_heads = c.num_kv_heads;
+    lo.rope = c.rope;
+    lo.rope_theta = c.rope_theta;
+    lo.rotary_dim = c.rotary_dim;
+    lo.rope_scale = c.rope_scale;
+    lo.alibi = c.alibi;
+    lo.window = c.window;
+    lo.softcap = c.softcap;
+    lo.qk_norm_eps = c.qk_norm_eps;
+    s = MultiheadAttention::CreateFromSafeTensors(path, "", lo, &mha);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(mha->config().qk_norm_whole, c.qk_norm_whole);
+  } else {
+    s = MultiheadAttention::Create(c, w, WeightBinding::kView, &mha);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
 
   Loaded q = Load(file, "query"), k = Load(file, "key"), v = Load(file, "value");
   Loaded am = Load(file, "attn_mask"), kpm = Load(file, "key_padding_mask");
+  Loaded pos = Load(file, "positions"), key_pos = Load(file, "key_positions");
   AttentionInputs in;
+  in.positions = pos.View();
+  in.key_positions = key_pos.View();
   in.query = q.View();
   // Self-attention passes one tensor, so the fused-projection path is what gets tested.
   if (!self_attention) {
@@ -192,14 +254,47 @@ void RunFixture(const std::string& path, int threads) {
 
 TEST(GoldenTest, AtLeastSixtyFixtures) { EXPECT_GE(GoldenFiles().size(), 60u) << DataDir(); }
 
+// The failed assertions of the running test so far.
+int FailedParts() {
+  const ::testing::TestResult* r =
+      ::testing::UnitTest::GetInstance()->current_test_info()->result();
+  int failed = 0;
+  for (int i = 0; i < r->total_part_count(); ++i) failed += r->GetTestPartResult(i).failed();
+  return failed;
+}
+
+// Runs every file (one failing fixture does not hide the others) and lists the failing ones.
+void RunFixtures(const std::vector<std::string>& files, bool via_loader) {
+  std::string failed;
+  int i = 0;
+  for (const std::string& f : files) {
+    const int before = FailedParts();
+    RunFixture(f, 1 + (i++ % 3), via_loader);
+    if (FailedParts() > before) failed += " " + f.substr(f.rfind('/') + 1);
+  }
+  EXPECT_TRUE(failed.empty()) << "failing fixtures:" << failed;
+}
+
 TEST(GoldenTest, AllFixturesMatchPyTorch) {
   const std::vector<std::string> files = GoldenFiles();
   ASSERT_FALSE(files.empty());
-  int i = 0;
-  for (const std::string& f : files) {
-    RunFixture(f, 1 + (i++ % 3));
-    if (HasFailure()) return;
+  RunFixtures(files, /*via_loader=*/false);
+}
+
+bool IsVariantFixture(const std::string& path) {
+  SafeTensorsFile file;
+  return SafeTensorsFile::Open(path, &file).ok() && file.metadata().count("variants") > 0;
+}
+
+// The variant fixtures (RoPE, ALiBi, window, softcap, sinks, QK-norm and two model-like
+// combinations) loaded from their files as a user would.
+TEST(GoldenTest, VariantFixturesThroughTheLoader) {
+  std::vector<std::string> files;
+  for (const std::string& f : GoldenFiles()) {
+    if (IsVariantFixture(f)) files.push_back(f);
   }
+  EXPECT_GE(files.size(), 15u);
+  RunFixtures(files, /*via_loader=*/true);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // Tests of KvCache (include/mha/kv_cache.hpp): token-by-token generation through the cache
 // equals the one-shot causal forward of the same layer, for MHA, GQA and MQA layers, f32 / bf16 /
 // f16 storage, ragged batches, prefill + decode, multi-token steps and contexts longer than a
-// chunk, on every SIMD target; results are bitwise identical for 1..4 threads; errors name their
-// argument and leave the cache and the outputs untouched.
+// chunk, on every SIMD target; the attention variants (RoPE, ALiBi, window, softcap, sinks,
+// QK-norm, alone and combined) and the ring cache of a windowed layer; results are bitwise
+// identical for 1..4 threads; errors name their argument and leave the cache and the outputs
+// untouched.
 //
 // Tolerances, per output element, |cache - forward| <= tol * (1 + |forward|):
 // - f32 cache: 1e-5. Both sides are f32 computations of the same math in different summation
@@ -42,12 +44,21 @@ double ToleranceOf(DType t) {
   return t == DType::kF32 ? 1e-5 : t == DType::kBF16 || t == DType::kI8 ? 2e-2 : 4e-3;
 }
 
+// The attention variants of a Problem's layer: `config`'s rope / alibi / window / softcap /
+// qk_norm fields are copied into the layer's configuration; sinks and QK-norm weights are drawn.
+struct Variants {
+  AttentionConfig config;
+  bool sinks = false;
+  bool qk_norm = false;  // weights [hd], or [E] / [kvE] with config.qk_norm_whole
+};
+
 // A random self-attention layer (separate q/k/v weights, biases) and a batch of sequences x
 // [N, S, E], plus the one-shot causal forward of the whole sequences.
 struct Problem {
   int64_t E = 128, H = 8, KVH = 8, N = 2, S = 64;
   bool batch_first = true;  // the layer's; the cache's tensors are batch-first either way
-  std::vector<float> wq, wk, wv, bias, wo, bo, x, reference;
+  Variants var;
+  std::vector<float> wq, wk, wv, bias, wo, bo, x, reference, sinks, q_norm, k_norm;
   std::unique_ptr<MultiheadAttention> layer;
 
   std::string Describe() const {
@@ -78,14 +89,38 @@ void MakeProblem(Problem* p, uint32_t seed) {
   c.num_heads = p->H;
   c.num_kv_heads = p->KVH;
   c.batch_first = p->batch_first;
+  const AttentionConfig& v = p->var.config;
+  c.rope = v.rope;
+  c.rope_theta = v.rope_theta;
+  c.rotary_dim = v.rotary_dim;
+  c.rope_scale = v.rope_scale;
+  c.alibi = v.alibi;
+  c.window = v.window;
+  c.softcap = v.softcap;
+  c.qk_norm_eps = v.qk_norm_eps;
+  c.qk_norm_whole = v.qk_norm_whole;
   AttentionWeights w;
+  if (p->var.sinks) {
+    // Logits of the order of the scores, so that the sink takes a visible share of each row.
+    std::uniform_real_distribution<float> u(-0.5f, 1.5f);
+    for (int64_t h = 0; h < p->H; ++h) p->sinks.push_back(u(rng));
+    w.sinks = p->sinks.data();
+  }
+  if (p->var.qk_norm) {
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    for (int64_t i = 0; i < (v.qk_norm_whole ? p->E : hd); ++i) p->q_norm.push_back(u(rng));
+    for (int64_t i = 0; i < (v.qk_norm_whole ? kvE : hd); ++i) p->k_norm.push_back(u(rng));
+    w.q_norm_weight = p->q_norm.data();
+    w.k_norm_weight = p->k_norm.data();
+  }
   w.q_proj_weight = p->wq.data();
   w.k_proj_weight = p->wk.data();
   w.v_proj_weight = p->wv.data();
   w.in_proj_bias = p->bias.data();
   w.out_proj_weight = p->wo.data();
   w.out_proj_bias = p->bo.data();
-  ASSERT_TRUE(MultiheadAttention::Create(c, w, WeightBinding::kView, &p->layer).ok());
+  const Status created = MultiheadAttention::Create(c, w, WeightBinding::kView, &p->layer);
+  ASSERT_TRUE(created.ok()) << created.ToString();
   ContextOptions o;
   o.num_threads = 1;
   std::unique_ptr<Context> ctx;
@@ -107,10 +142,15 @@ void MakeProblem(Problem* p, uint32_t seed) {
 
 // How the sequences are fed: a prefill of prefill[n] tokens for entry n (one Step over the
 // longest, with counts), then steps of up to `step_tokens` tokens per entry until every entry
-// has all S tokens.
+// has all S tokens. `rewind` > 0: then every entry is truncated by `rewind` positions and its
+// last `rewind` tokens are stepped again (their outputs replace the first ones). The cache has
+// `capacity` positions per entry (0: S), as a ring when `ring`.
 struct Schedule {
   std::vector<int64_t> prefill;  // empty: no prefill
   int64_t step_tokens = 1;
+  int64_t rewind = 0;
+  int64_t capacity = 0;
+  bool ring = false;
 };
 
 // Runs the schedule through a cache and returns the outputs [N, S, E].
@@ -121,7 +161,10 @@ void RunIncremental(const Problem& p, DType dtype, const Schedule& sched, size_t
   std::unique_ptr<Context> ctx;
   ASSERT_TRUE(Context::Create(o, &ctx).ok());
   std::unique_ptr<KvCache> cache;
-  ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*p.layer, p.N, p.S, dtype), &cache).ok());
+  KvCacheOptions options =
+      KvCacheOptions::ForLayer(*p.layer, p.N, sched.capacity > 0 ? sched.capacity : p.S, dtype);
+  options.ring = sched.ring;
+  ASSERT_TRUE(KvCache::Create(options, &cache).ok());
   out->assign(p.x.size(), std::nanf(""));
   const int64_t E = p.E;
   std::vector<int64_t> pos(p.N, 0), counts(p.N);
@@ -166,6 +209,18 @@ void RunIncremental(const Problem& p, DType dtype, const Schedule& sched, size_t
     if (!any) break;
     step(sched.step_tokens);
     if (::testing::Test::HasFatalFailure()) return;
+  }
+  if (sched.rewind > 0) {
+    for (int64_t n = 0; n < p.N; ++n) {
+      pos[n] -= sched.rewind;
+      const Status s = cache->Truncate(n, pos[n]);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      counts[n] = 1;
+    }
+    for (int64_t i = 0; i < sched.rewind; ++i) {
+      step(1);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
   }
 }
 
@@ -606,6 +661,289 @@ TEST_F(KvCacheApiTest, CallerBufferHoldsTheCache) {
   for (int i = 0; i < 16; ++i) written = written || k[i] != 0xEE;
   EXPECT_TRUE(written);
   for (int i = 16; i < 32; ++i) EXPECT_EQ(k[i], 0xEE) << "byte " << i;
+}
+
+// ---- Attention variants (issue 30): decode equals the one-shot causal forward of the layer.
+
+struct VariantCase {
+  const char* name;
+  int64_t KVH;  // of 4 heads (E 64, head_dim 16)
+  Variants var;
+};
+
+std::vector<VariantCase> VariantCases() {
+  std::vector<VariantCase> cases;
+  auto add = [&](const char* name, int64_t kvh, auto set) {
+    VariantCase c{name, kvh, {}};
+    set(&c.var);
+    cases.push_back(std::move(c));
+  };
+  add("neox", 4, [](Variants* v) { v->config.rope = RopeStyle::kNeox; });
+  add("gptj", 4, [](Variants* v) { v->config.rope = RopeStyle::kGptj; });
+  add("partial rotary 6 of 16, theta 500, scale 2", 4, [](Variants* v) {
+    v->config.rope = RopeStyle::kNeox;
+    v->config.rotary_dim = 6;
+    v->config.rope_theta = 500.0f;
+    v->config.rope_scale = 2.0f;
+  });
+  add("alibi", 4, [](Variants* v) { v->config.alibi = true; });
+  add("window 5", 4, [](Variants* v) { v->config.window = 5; });
+  add("window 17", 4, [](Variants* v) { v->config.window = 17; });
+  add("softcap 0.3", 4, [](Variants* v) { v->config.softcap = 0.3f; });
+  add("sinks", 4, [](Variants* v) { v->sinks = true; });
+  add("qk-norm per head", 4, [](Variants* v) { v->qk_norm = true; });
+  add("qk-norm whole, eps 1e-5", 2, [](Variants* v) {
+    v->qk_norm = true;
+    v->config.qk_norm_whole = true;
+    v->config.qk_norm_eps = 1e-5f;
+  });
+  add("gpt-oss-like: GQA + neox + window 7 + sinks", 2, [](Variants* v) {
+    v->config.rope = RopeStyle::kNeox;
+    v->config.window = 7;
+    v->sinks = true;
+  });
+  add("gemma2-like: neox + softcap 0.3 + window 6", 4, [](Variants* v) {
+    v->config.rope = RopeStyle::kNeox;
+    v->config.softcap = 0.3f;
+    v->config.window = 6;
+  });
+  return cases;
+}
+
+Problem VariantProblem(const VariantCase& c, int64_t N, int64_t S, uint32_t seed) {
+  Problem p;
+  p.E = 64;
+  p.H = 4;
+  p.KVH = c.KVH;
+  p.N = N;
+  p.S = S;
+  p.var = c.var;
+  MakeProblem(&p, seed);
+  return p;
+}
+
+// Every variant alone and the two combinations: token by token, a ragged prefill then decode,
+// steps of 3 tokens, and a rewind (Truncate by 7, re-append), all against the causal forward.
+TEST(KvCacheVariantsTest, DecodeMatchesCausalForward) {
+  for (const VariantCase& c : VariantCases()) {
+    SCOPED_TRACE(c.name);
+    const Problem p = VariantProblem(c, 2, 40, 300);
+    ASSERT_FALSE(HasFatalFailure());
+    CheckAgainstForward(p, DType::kF32, Schedule{}, "token by token");
+    CheckAgainstForward(p, DType::kF32, Schedule{{11, 5}, 1}, "ragged prefill 11/5 + decode");
+    CheckAgainstForward(p, DType::kF32, Schedule{{}, 3}, "steps of 3 tokens");
+    CheckAgainstForward(p, DType::kF32, Schedule{{}, 1, 7}, "decode, truncate by 7, re-append");
+  }
+  PrintWorst();
+}
+
+// The combinations on every target, with 16-bit and int8 caches at their bounds.
+TEST_P(KvCacheTargetTest, VariantCombinationsMatchCausalForward) {
+  for (const VariantCase& c : VariantCases()) {
+    if (std::strchr(c.name, ':') == nullptr) continue;  // the combinations
+    SCOPED_TRACE(c.name);
+    Problem p;
+    WithDefaultTarget([&] { p = VariantProblem(c, 2, 40, 310); });
+    ASSERT_FALSE(HasFatalFailure());
+    for (DType t : {DType::kF32, DType::kBF16, DType::kI8}) {
+      CheckAgainstForward(p, t, Schedule{}, "token by token");
+      CheckAgainstForward(p, t, Schedule{{9, 3}, 2}, "ragged prefill 9/3 + steps of 2");
+    }
+  }
+  PrintWorst();
+}
+
+// Longer than a span: the split schedule merges spans (from the sink's state) or skips the spans
+// below the window's band, the blocked schedule (a ragged prefill of 270 tokens) starts at the
+// band; the prompt path runs the forward.
+TEST(KvCacheVariantsTest, LongContextAcrossSpans) {
+  for (const VariantCase& c : VariantCases()) {
+    const Variants& v = c.var;
+    if (v.config.window == 0 && !v.sinks && !v.config.alibi && v.config.softcap == 0) continue;
+    SCOPED_TRACE(c.name);
+    const Problem p = VariantProblem(c, 2, 300, 320);
+    ASSERT_FALSE(HasFatalFailure());
+    CheckAgainstForward(p, DType::kF32, Schedule{{270, 20}, 1}, "ragged prefill 270/20 + decode");
+    CheckAgainstForward(p, DType::kF32, Schedule{{280, 280}, 1}, "prompt 280 + decode");
+  }
+  PrintWorst();
+}
+
+// A ring of `capacity` positions on windowed layers: sequences several times the capacity equal
+// the windowed causal forward over the whole sequence, with the storage of `capacity` positions.
+TEST(KvCacheVariantsTest, RingLongerThanCapacityMatchesWindowedForward) {
+  for (const VariantCase& c : VariantCases()) {
+    const int64_t W = c.var.config.window;
+    if (W == 0) continue;
+    SCOPED_TRACE(c.name);
+    const Problem p = VariantProblem(c, 2, 70, 330);
+    ASSERT_FALSE(HasFatalFailure());
+    const int64_t cap = W + 3;  // steps of up to 4 tokens, truncation by up to 3
+    Schedule s;
+    s.capacity = cap;
+    s.ring = true;
+    CheckAgainstForward(p, DType::kF32, s, "ring, token by token");
+    s.step_tokens = 4;
+    CheckAgainstForward(p, DType::kF32, s, "ring, steps of 4");
+    s.step_tokens = 1;
+    s.prefill = {4, 2};
+    s.rewind = 3;
+    CheckAgainstForward(p, DType::kF32, s, "ring, ragged prefill 4/2, decode, rewind 3");
+    s.prefill = {64, 64};
+    s.rewind = 0;
+    CheckAgainstForward(p, DType::kF32, s, "ring, prompt of 64 + decode");
+    {
+      testing_util::ScopedKeyChunking chunked(24);  // the prompt's keys reach the ring by chunks
+      CheckAgainstForward(p, DType::kF32, s, "ring, key-chunked prompt of 64 + decode");
+    }
+    for (DType t : {DType::kBF16, DType::kI8}) {
+      s.prefill.clear();
+      CheckAgainstForward(p, t, s, "ring, token by token");
+    }
+    // The storage is that of `cap` positions, and the lengths are logical.
+    KvCacheOptions o = KvCacheOptions::ForLayer(*p.layer, p.N, cap);
+    o.ring = true;
+    size_t bytes = 0;
+    ASSERT_TRUE(KvCache::RequiredBytes(o, &bytes).ok());
+    EXPECT_EQ(bytes, static_cast<size_t>(2 * p.N * p.KVH * cap * (p.E / p.H)) * sizeof(float));
+  }
+  // A ring larger than a span (spans and wrap-around at different places), W 200 of 260.
+  VariantCase big{"ring 260, window 200, sinks", 2, {}};
+  big.var.config.window = 200;
+  big.var.config.rope = RopeStyle::kNeox;
+  big.var.sinks = true;
+  const Problem p = VariantProblem(big, 2, 600, 340);
+  ASSERT_FALSE(HasFatalFailure());
+  Schedule s;
+  s.capacity = 260;
+  s.ring = true;
+  s.prefill = {61, 40};
+  CheckAgainstForward(p, DType::kF32, s, "ring 260 / window 200, prefill 61/40 + decode");
+  s.prefill.clear();
+  s.step_tokens = 3;
+  CheckAgainstForward(p, DType::kF32, s, "ring 260 / window 200, steps of 3");
+  PrintWorst();
+}
+
+// AppendProjected takes keys as given: Project's k, normalized and rotated at positions 0..S-1,
+// imported into an empty cache, then Forward over the same tokens equals the causal forward.
+TEST(KvCacheVariantsTest, AppendProjectedTakesRotatedKeys) {
+  VariantCase c{"neox + qk-norm", 2, {}};
+  c.var.config.rope = RopeStyle::kNeox;
+  c.var.qk_norm = true;
+  const Problem p = VariantProblem(c, 2, 12, 370);
+  ASSERT_FALSE(HasFatalFailure());
+  const int64_t hd = p.E / p.H;
+  std::vector<float> x = p.x, q(p.N * p.H * p.S * hd), k(p.N * p.KVH * p.S * hd), v(k.size());
+  std::vector<float> out(x.size(), std::nanf(""));
+  const int64_t xs[3] = {p.N, p.S, p.E}, qs[4] = {p.N, p.H, p.S, hd}, ks[4] = {p.N, p.KVH, p.S, hd};
+  AttentionInputs in;
+  ProjectionOutputs po;
+  TensorView ov;
+  ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, xs, &in.query).ok());
+  ASSERT_TRUE(TensorView::Dense(out.data(), DType::kF32, 3, xs, &ov).ok());
+  ASSERT_TRUE(TensorView::Dense(q.data(), DType::kF32, 4, qs, &po.q).ok());
+  ASSERT_TRUE(TensorView::Dense(k.data(), DType::kF32, 4, ks, &po.k).ok());
+  ASSERT_TRUE(TensorView::Dense(v.data(), DType::kF32, 4, ks, &po.v).ok());
+  ContextOptions co;
+  co.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(co, &ctx).ok());
+  ASSERT_TRUE(p.layer->Project(*ctx, in, po).ok());
+  std::unique_ptr<KvCache> cache;
+  ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*p.layer, p.N, p.S), &cache).ok());
+  ASSERT_TRUE(cache->AppendProjected(po.k, po.v).ok());
+  const Status s = cache->Forward(*ctx, *p.layer, in.query, ov);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_LE(MaxScaledError(out, p.reference), 1e-5);
+}
+
+TEST(KvCacheVariantsTest, BitwiseIdenticalForOneToThreeThreads) {
+  for (const bool ring : {false, true}) {
+    const VariantCase c = VariantCases()[10];  // gpt-oss-like
+    const Problem p = VariantProblem(c, 3, 300, 350);
+    ASSERT_FALSE(HasFatalFailure());
+    Schedule s{{270, 20, 3}, 1};
+    if (ring) {
+      s.prefill = {4, 2, 1};
+      s.capacity = 10;
+      s.ring = true;
+    }
+    std::vector<float> first, out;
+    for (size_t threads = 1; threads <= 3; ++threads) {
+      RunIncremental(p, DType::kF32, s, threads, &out);
+      ASSERT_FALSE(HasFatalFailure());
+      if (threads == 1) first = out;
+      ASSERT_EQ(std::memcmp(first.data(), out.data(), out.size() * sizeof(float)), 0)
+          << (ring ? "ring: " : "") << threads << " threads differ from 1 thread";
+    }
+  }
+}
+
+// Every ring error names its arguments and leaves the cache as it was.
+TEST(KvCacheVariantsTest, RingErrors) {
+  VariantCase plain{"plain", 2, {}};
+  VariantCase windowed{"window 5", 2, {}};
+  windowed.var.config.window = 5;
+  const Problem p0 = VariantProblem(plain, 1, 8, 360);
+  const Problem p5 = VariantProblem(windowed, 1, 8, 360);
+  ASSERT_FALSE(HasFatalFailure());
+  ContextOptions co;
+  co.num_threads = 2;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(co, &ctx).ok());
+  auto make = [&](int64_t cap) {
+    KvCacheOptions o = KvCacheOptions::ForLayer(*p5.layer, 1, cap);
+    o.ring = true;
+    std::unique_ptr<KvCache> c;
+    EXPECT_TRUE(KvCache::Create(o, &c).ok());
+    return c;
+  };
+  std::vector<float> xb, ob;
+  auto step = [&](KvCache& c, const Problem& p, int64_t T) {
+    xb.assign(T * p.E, 0.25f);
+    ob.assign(T * p.E, 7.0f);
+    const int64_t shape[3] = {1, T, p.E};
+    TensorView x, o;
+    EXPECT_TRUE(TensorView::Dense(xb.data(), DType::kF32, 3, shape, &x).ok());
+    EXPECT_TRUE(TensorView::Dense(ob.data(), DType::kF32, 3, shape, &o).ok());
+    return c.Step(*ctx, *p.layer, x, o);
+  };
+  auto expect_error = [&](const Status& s, std::initializer_list<const char*> parts) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    for (const char* part : parts) {
+      EXPECT_NE(s.message().find(part), std::string::npos) << s.message() << " lacks " << part;
+    }
+  };
+  std::unique_ptr<KvCache> ring8 = make(8);
+  // A layer without a window.
+  expect_error(step(*ring8, p0, 1),
+               {"ring", "window > 0", "capacity >= window", "window 0", "capacity 8"});
+  size_t bytes = 0;
+  expect_error(ring8->Plan(*p0.layer, 1, 1, &bytes), {"ring", "window 0"});
+  // capacity < window.
+  std::unique_ptr<KvCache> ring4 = make(4);
+  expect_error(step(*ring4, p5, 1), {"ring", "window 5", "capacity 4"});
+  EXPECT_EQ(ring4->length(0), 0);
+  // A step of more than capacity - window + 1 = 4 tokens.
+  expect_error(step(*ring8, p5, 5),
+               {"capacity - window + 1 = 4", "capacity 8", "window 5", "got 5"});
+  EXPECT_EQ(ring8->length(0), 0);
+  for (float v : ob) ASSERT_EQ(v, 7.0f) << "output written on error";
+  // Truncate drops at most capacity - window = 3 positions.
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(step(*ring8, p5, 4).ok());
+  EXPECT_EQ(ring8->length(0), 12);  // beyond the capacity: lengths are logical
+  expect_error(ring8->Truncate(0, 8), {"Truncate", "length", "expected 9..12", "got 8"});
+  EXPECT_EQ(ring8->length(0), 12);
+  EXPECT_TRUE(ring8->Truncate(0, 9).ok());
+  EXPECT_TRUE(step(*ring8, p5, 1).ok());
+  // At most `capacity` projected positions per call.
+  std::vector<float> kv(2 * 9 * 16, 0.5f);
+  const int64_t shape[4] = {1, 2, 9, 16};
+  TensorView k;
+  ASSERT_TRUE(TensorView::Dense(kv.data(), DType::kF32, 4, shape, &k).ok());
+  expect_error(ring8->AppendProjected(k, k), {"counts[0]", "capacity 8", "got 9"});
+  EXPECT_EQ(ring8->length(0), 10);
 }
 
 }  // namespace

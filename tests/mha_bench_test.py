@@ -129,7 +129,7 @@ class HelpAndVersion(unittest.TestCase):
                      "is_causal=True", "unidirectional", "ScaledDotProductAttention",
                      "INFERENCE_PRECISION_HINT", "openvino-bf16", "5e-2"]:
             self.assertIn(flag, p.stdout)
-        self.assertIn("2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)", p.stdout)
+        self.assertIn("2*N*(L*q_dim*E + S*kdim*kvE + S*vdim*kvE + L*E*E)", p.stdout)
         self.assertIn("4*N*L*S*E, halved when causal", p.stdout)
 
     def test_sgemm_probe(self):
@@ -889,6 +889,138 @@ class DecodeCompare(unittest.TestCase):
                 for name in ("ort", "sdpa"):
                     self.assertIsNone(r["peers"][name]["median_ms"])
                     self.assertNotEqual(r["peers"][name]["note"], "")
+
+
+# A stand-in peer script that logs its arguments and the data file's tensor shapes.
+LOGGING_PEER = r"""
+import json, os, struct, sys
+args = sys.argv[1:]
+with open(args[args.index("--data") + 1], "rb") as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(n))
+shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
+    f.write(json.dumps({"args": args, "shapes": shapes}) + "\n")
+peer = args[args.index("--peer") + 1]
+print(json.dumps({"peer": peer, "skipped": "logged only", "unavailable": False}))
+"""
+
+
+class Variants(unittest.TestCase):
+    """The attention-variant flags: errors, the case they run, its JSON/CSV fields, the suite's
+    variant cases, and what the peers are handed."""
+
+    TINY_VARIANTS = TINY + ["--threads", "1", "--embed", "32", "--heads", "4", "--seq", "12",
+                            "--causal"]
+
+    def test_argument_errors(self):
+        cases = [
+            (["--rope", "llama"], "--rope: expected neox or gptj, got 'llama'"),
+            (["--heads", "4", "--kv-heads", "3"], "--kv-heads: expected a divisor of heads (4), got 3"),
+            (["--heads", "8", "--embed", "64", "--rope", "neox", "--rotary-dim", "3"],
+             "--rotary-dim: expected an even number <= head_dim (8), got 3"),
+            (["--rope-theta", "500"], "expected --rope neox|gptj as well"),
+            (["--qk-norm-eps", "1e-5"], "--qk-norm-eps: expected --qk-norm as well"),
+            (["--window", "0"], "--window: expected an integer in [1,"),
+            (["--softcap", "-1"], "--softcap"),
+            (["--softcap", "0"], "--softcap: expected a number > 0, got 0"),
+            (["--alibi", "--decode"], "--decode: expected no"),
+            (["--sinks=1"], "--sinks: expected no value"),
+        ]
+        for args, needle in cases:
+            with self.subTest(args=args):
+                p = run(args, timeout=60)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                lines = p.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, p.stderr)
+                self.assertIn(needle, lines[0])
+
+    def test_help_documents_variants(self):
+        p = run(["--help"])
+        for text in ["--kv-heads K", "--rope S", "--rope-theta F", "--rotary-dim N",
+                     "--rope-scale F", "--alibi", "--window W", "--softcap F", "--sinks",
+                     "--qk-norm", "--qk-norm-eps F", "Llama-style (1,1024,4096,32)",
+                     "(1,4096,1024,16) with window 1024 and sinks"]:
+            self.assertIn(text, p.stdout)
+
+    def test_variant_case_runs_and_is_checked(self):
+        for flags, label in [
+                (["--kv-heads", "2", "--window", "5", "--sinks", "--softcap", "3", "--alibi"],
+                 "kv_heads=2 alibi window=5 softcap=3 sinks"),
+                (["--rope", "gptj", "--rope-theta", "500", "--rotary-dim", "4", "--rope-scale",
+                  "2", "--qk-norm", "--qk-norm-eps", "1e-05"],
+                 "rope=gptj theta=500 rotary_dim=4 rope_scale=2 qk_norm eps=1e-05")]:
+            with self.subTest(flags=flags), tempfile.TemporaryDirectory() as d:
+                jpath, cpath = os.path.join(d, "r.json"), os.path.join(d, "r.csv")
+                p = run(self.TINY_VARIANTS + flags + ["--json", jpath, "--csv", cpath])
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn(label, p.stdout)
+                with open(jpath) as f:
+                    (r,) = json.load(f)["results"]
+                self.assertEqual(r["variants"], label)
+                self.assertEqual(r["kv_heads"], 2 if "--kv-heads" in flags else 4)
+                self.assertTrue(r["rows_checked"] > 0)
+                self.assertLessEqual(r["max_abs_err"], 1e-3)
+                with open(cpath, newline="") as f:
+                    (row,) = list(csv.DictReader(f))
+                self.assertEqual(row["variants"], label)
+
+    def test_window_flops_count_the_band(self):
+        with tempfile.TemporaryDirectory() as d:
+            jpath = os.path.join(d, "r.json")
+            p = run(self.TINY_VARIANTS + ["--window", "3", "--json", jpath])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(jpath) as f:
+                (r,) = json.load(f)["results"]
+        # L = 12, W = 3, causal: 1 + 2 + 3 * 10 = 33 visible pairs; E = 32, N = 1.
+        flops = 2 * (12 * 32 * 32 * 4) + 4 * 32 * 33
+        self.assertAlmostEqual(r["gflops"], flops / (r["median_ms"] * 1e6), delta=r["gflops"] * 0.01)
+
+    def test_peers_get_the_variants_and_the_grouped_weights(self):
+        p, calls, doc, rows, leftovers = run_with_peers(
+            self.TINY_VARIANTS + ["--kv-heads", "2", "--sinks", "--qk-norm", "--compare", "ort"],
+            LOGGING_PEER)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(len(calls), 1, calls)
+        args, shapes = calls[0]["args"], calls[0]["shapes"]
+        self.assertEqual(args[args.index("--variants") + 1], "kv_heads=2 sinks qk_norm")
+        # E 32, kvE 2 * 8 = 16: q, k, v rows.
+        self.assertEqual(shapes["in_proj_weight"], [64, 32])
+        self.assertEqual(shapes["in_proj_bias"], [64])
+        self.assertEqual(shapes["sinks"], [4])
+        self.assertEqual(shapes["q_norm.weight"], [8])
+        self.assertEqual(shapes["k_norm.weight"], [8])
+
+    def test_peers_script_skips_variants_it_lacks(self):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools",
+                              "peers.py")
+        try:
+            import numpy as np
+        except ImportError:
+            self.skipTest("numpy is not importable")
+        sys.path.insert(0, os.path.dirname(script))
+        import safetensors_py
+        with tempfile.TemporaryDirectory() as d:
+            data = os.path.join(d, "case.safetensors")
+            safetensors_py.save_file({"query": np.zeros((1, 8, 16), np.float32),
+                                      "output": np.zeros((1, 8, 16), np.float32)}, data)
+            for peer, variants, reason in [
+                    ("torch", "window=4", "torch has no attention variants here (window=4)"),
+                    ("openvino", "rope=neox", "openvino has no attention variants here"),
+                    ("ort", "kv_heads=1 alibi sinks", "ort (GroupQueryAttention) has no alibi, "
+                                                      "sinks")]:
+                p = subprocess.run([sys.executable, script, "--peer", peer, "--case",
+                                    "1,8,8,16,2,1,0", "--variants", variants, "--data", data],
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                r = json.loads(p.stdout.strip().splitlines()[-1])
+                self.assertIn(reason, r.get("skipped", ""), r)
+                self.assertFalse(r["unavailable"], r)
+        p = subprocess.run([sys.executable, script, "--peer", "ort", "--case", "1,8,8,16,2,1,0",
+                            "--variants", "window=x", "--data", "/nonexistent"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("unknown item 'window=x'", p.stderr)
 
 
 if __name__ == "__main__":

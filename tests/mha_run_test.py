@@ -432,6 +432,211 @@ class Checker:
                           "--kv-dtype: expected self-attention")
 
 
+    # -- attention variants (numpy float64 reference of the README's formulas) ----------------
+
+    @staticmethod
+    def variant_reference(x, w, heads, kv_heads, causal=False, rope=None, theta=10000.0,
+                          rotary_dim=0, rope_scale=1.0, alibi=False, window=0, softcap=0.0,
+                          qk_eps=1e-6, positions=None):
+        """float64 self-attention of x [L, N, E] (seq-first) with the variants applied in the
+        README's order: QK-norm, RoPE, scale, softcap, ALiBi, masks (causal by index, window by
+        position), softmax with the sink logit. positions: [N, L] ints (default 0..L-1)."""
+        x = x.astype(np.float64)
+        L, N, E = x.shape
+        hd = E // heads
+        kvE = kv_heads * hd
+        b = w["in_proj_bias"].astype(np.float64)
+        q = (x @ w["q_proj_weight"].T.astype(np.float64) + b[:E]).reshape(L, N, heads, hd)
+        k = (x @ w["k_proj_weight"].T.astype(np.float64) + b[E:E + kvE]).reshape(L, N, kv_heads, hd)
+        v = (x @ w["v_proj_weight"].T.astype(np.float64) + b[E + kvE:]).reshape(L, N, kv_heads, hd)
+        if "q_norm.weight" in w:
+            def rms(t, g):
+                return t / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + qk_eps) * g
+            q = rms(q, w["q_norm.weight"].astype(np.float64))
+            k = rms(k, w["k_norm.weight"].astype(np.float64))
+        p = (np.broadcast_to(np.arange(L), (N, L)) if positions is None
+             else np.asarray(positions, dtype=np.int64).reshape(-1, L))
+        p = np.broadcast_to(p, (N, L)).astype(np.float64)  # [N, L]
+        if rope is not None:
+            rd = rotary_dim or hd
+            inv = theta ** (-2.0 * np.arange(rd // 2) / rd)
+            ang = (p.T / rope_scale)[:, :, None] * inv  # [L, N, rd/2]
+            c, sn = np.cos(ang)[:, :, None, :], np.sin(ang)[:, :, None, :]
+
+            def rotate(t):
+                t = t.copy()
+                i1 = np.arange(rd // 2) if rope == "neox" else np.arange(0, rd, 2)
+                i2 = i1 + rd // 2 if rope == "neox" else i1 + 1
+                x1, x2 = t[..., i1].copy(), t[..., i2].copy()
+                t[..., i1] = x1 * c - x2 * sn
+                t[..., i2] = x2 * c + x1 * sn
+                return t
+            q, k = rotate(q), rotate(k)
+        slopes = w.get("alibi_slopes")
+        if alibi and slopes is None:
+            slopes = 2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)  # H a power of two
+        sinks = w.get("sinks")
+        out = np.zeros((L, N, E))
+        for h in range(heads):
+            g = h // (heads // kv_heads)
+            s = np.einsum("lnd,snd->nls", q[:, :, h], k[:, :, g]) / np.sqrt(hd)
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            d = p[:, :, None] - p[:, None, :]  # p_i - p_j, [N, L, S]
+            if slopes is not None:
+                s = s - float(slopes[h]) * np.abs(d)
+            visible = np.ones_like(s, dtype=bool)
+            if causal:
+                visible &= np.tril(np.ones((L, L), dtype=bool))[None]
+            if window:
+                visible &= (d < window) & (d >= 0) if causal else np.abs(d) < window
+            s = np.where(visible, s, -np.inf)
+            m = s.max(axis=-1, keepdims=True)
+            if sinks is not None:
+                m = np.maximum(m, float(sinks[h]))
+            e = np.exp(s - m)
+            den = e.sum(axis=-1, keepdims=True)
+            if sinks is not None:
+                den = den + np.exp(float(sinks[h]) - m)
+            out[:, :, h * hd:(h + 1) * hd] = np.einsum("nls,snd->lnd", e / den, v[:, :, g])
+        return out @ w["out_proj.weight"].T.astype(np.float64) + w["out_proj.bias"]
+
+    def variants(self):
+        st = self.st
+        rng = np.random.default_rng(30)
+        E, H, KVH, L, N = 32, 4, 2, 7, 2
+        hd, kvE = E // H, E // H * KVH
+        f32 = np.float32
+        base_w = {"q_proj_weight": (rng.standard_normal((E, E)) * 0.3).astype(f32),
+                  "k_proj_weight": (rng.standard_normal((kvE, E)) * 0.3).astype(f32),
+                  "v_proj_weight": (rng.standard_normal((kvE, E)) * 0.3).astype(f32),
+                  "in_proj_bias": rng.standard_normal(E + 2 * kvE).astype(f32),
+                  "out_proj.weight": (rng.standard_normal((E, E)) * 0.3).astype(f32),
+                  "out_proj.bias": rng.standard_normal(E).astype(f32)}
+        extra = {"sinks": rng.standard_normal(H).astype(f32),
+                 "alibi_slopes": (rng.random(H) * 0.5).astype(f32),
+                 "q_norm.weight": (1 + 0.2 * rng.standard_normal(hd)).astype(f32),
+                 "k_norm.weight": (1 + 0.2 * rng.standard_normal(hd)).astype(f32)}
+        x = rng.standard_normal((L, N, E)).astype(f32)
+        pos = (np.arange(L)[None, :] * np.array([[1], [2]]) + np.array([[3], [40]]))  # [N, L]
+        prefix = "model.layers.0.self_attn."
+
+        def weights(label, names):
+            path = self.path(f"var_{label}_w.safetensors")
+            tensors = dict(base_w)
+            tensors.update({n: extra[n] for n in names})
+            st.save_file({prefix + n: t for n, t in tensors.items()}, path)
+            return path, tensors
+
+        def inputs(label, positions=None):
+            path = self.path(f"var_{label}_in.safetensors")
+            t = {"query": x}
+            if positions is not None:
+                t["positions"] = positions
+            st.save_file(t, path)
+            return path
+
+        # (label, extra weight tensors, positions tensor, mha-run flags, reference kwargs)
+        cases = [
+            ("rope_neox_partial_scaled", [], pos.astype(np.int32),
+             ["--rope", "neox", "--rope-theta", "500", "--rotary-dim", "4", "--rope-scale", "2",
+              "--causal"],
+             dict(rope="neox", theta=500.0, rotary_dim=4, rope_scale=2.0, causal=True)),
+            ("rope_gptj_i64_unbatched_positions", [], (np.arange(L) + 5).astype(np.int64),
+             ["--rope", "gptj"], dict(rope="gptj")),
+            ("alibi_standard", [], None, ["--alibi", "--causal"], dict(alibi=True, causal=True)),
+            ("alibi_slopes_file", ["alibi_slopes"], pos.astype(np.int32), [],
+             dict(alibi=True)),
+            ("window_causal", [], None, ["--window", "3", "--causal"],
+             dict(window=3, causal=True)),
+            ("window_bidirectional", [], None, ["--window", "2"], dict(window=2)),
+            ("softcap", [], None, ["--softcap", "0.7"], dict(softcap=0.7)),
+            ("sinks", ["sinks"], None, ["--causal"], dict(causal=True)),
+            ("qk_norm", ["q_norm.weight", "k_norm.weight"], None, ["--qk-norm-eps", "1e-5"],
+             dict(qk_eps=1e-5)),
+            ("combo_gptoss", ["sinks"], None,
+             ["--rope", "neox", "--rope-theta", "150000", "--window", "4", "--causal"],
+             dict(rope="neox", theta=150000.0, window=4, causal=True)),
+        ]
+        for label, names, positions, flags, kw in cases:
+            wfile, tensors = weights(label, names)
+            infile = inputs(label, positions)
+            ref_pos = None if positions is None else np.broadcast_to(positions, (N, L))
+            want = self.variant_reference(x, tensors, H, KVH, positions=ref_pos, **kw)
+            got = self.run_ok("variant_" + label,
+                              ["--weights", wfile, "--prefix", prefix, "--num-heads", str(H),
+                               "--inputs", infile] + flags,
+                              self.path(f"var_{label}_out.safetensors"))
+            if got is None:
+                continue
+            before = len(failures)
+            self.compare("variant_" + label, got, {"attn_output": want.astype(f32)})
+            if len(failures) == before:
+                print(f"ok: variant {label}")
+
+        # Gemma's (1 + w) norm weights: the file holds w - 1.
+        wfile, tensors = weights("qk_norm_add_one", [])
+        shifted = dict(tensors)
+        for n in ("q_norm.weight", "k_norm.weight"):
+            shifted[n] = extra[n] - np.float32(1)
+        st.save_file({prefix + n: t for n, t in shifted.items()}, wfile)
+        tensors.update({n: extra[n] for n in ("q_norm.weight", "k_norm.weight")})
+        want = self.variant_reference(x, tensors, H, KVH)
+        got = self.run_ok("variant_qk_norm_add_one",
+                          ["--weights", wfile, "--prefix", prefix, "--num-heads", str(H),
+                           "--inputs", inputs("plain"), "--qk-norm-add-one"],
+                          self.path("var_add_one_out.safetensors"))
+        before = len(failures)
+        if got is not None:
+            self.compare("variant_qk_norm_add_one", got, {"attn_output": want.astype(f32)})
+        if got is not None and len(failures) == before:
+            print("ok: variant qk_norm_add_one")
+
+        # Decoding through the KV cache (plain and as a ring of W positions) equals the forward.
+        wfile, _ = weights("decode", ["sinks", "q_norm.weight", "k_norm.weight"])
+        plain = inputs("plain")
+        common = ["--weights", wfile, "--prefix", prefix, "--num-heads", str(H), "--inputs", plain,
+                  "--rope", "neox", "--window", "3", "--softcap", "2"]
+        fwd = self.run_ok("variant_decode_forward", common + ["--causal"],
+                          self.path("var_dec_fwd.safetensors"))
+        for label, flags in (("kv", []), ("kv_ring", ["--kv-ring"])):
+            got = self.run_ok("variant_decode_" + label, common + ["--kv-dtype", "f32"] + flags,
+                              self.path(f"var_dec_{label}.safetensors"))
+            if got is None or fwd is None:
+                continue
+            a, want = got["attn_output"], fwd["attn_output"]
+            err = float(np.max(np.abs(a - want) / (1 + np.abs(want))))
+            if a.shape != want.shape or not err <= 1e-5:
+                fail(f"variant_decode_{label}: max scaled error {err:.3g} against the forward")
+            else:
+                print(f"ok: variant decode {label} (max scaled error {err:.3g})")
+
+        base = ["--weights", wfile, "--prefix", prefix, "--num-heads", str(H), "--inputs", plain]
+        self.expect_error("rope_bad", base + ["--rope", "llama"], 2,
+                          "--rope: expected 'neox' or 'gptj', got 'llama'")
+        self.expect_error("rope_theta_negative", base + ["--rope", "neox", "--rope-theta", "-1"],
+                          2, "--rope-theta: expected a finite number > 0, got '-1'")
+        self.expect_error("rope_theta_without_rope", base + ["--rope-theta", "500"], 2,
+                          "need --rope")
+        self.expect_error("window_zero", base + ["--window", "0"], 2, "--window: expected")
+        self.expect_error("kv_ring_without_window", base + ["--kv-dtype", "f32", "--kv-ring"], 2,
+                          "--kv-ring: needs --kv-dtype and --window")
+        self.expect_error("rotary_dim_odd", base + ["--rope", "neox", "--rotary-dim", "3"], 1,
+                          "--rotary-dim 3")
+        bad_pos = self.path("var_bad_pos_in.safetensors")
+        st.save_file({"query": x, "positions": pos.astype(np.float32)}, bad_pos)
+        self.expect_error("positions_float", base[:-1] + [bad_pos, "--rope", "neox"], 1,
+                          "tensor 'positions': expected dtype I32 or I64, got F32")
+        bad_norm = self.path("var_bad_norm_w.safetensors")
+        t = {prefix + n: a for n, a in base_w.items()}
+        t[prefix + "q_norm.weight"] = extra["q_norm.weight"][:hd - 1]
+        t[prefix + "k_norm.weight"] = extra["k_norm.weight"]
+        st.save_file(t, bad_norm)
+        self.expect_error("qk_norm_bad_shape", ["--weights", bad_norm, "--prefix", prefix,
+                                                "--num-heads", str(H), "--inputs", plain], 1,
+                          f"tensor '{prefix}q_norm.weight': expected shape [{hd}]")
+
+
 def main():
     if len(sys.argv) != 4:
         print(__doc__)
@@ -442,6 +647,7 @@ def main():
         c.errors()
         c.golden()
         c.grouped_query_and_16bit()
+        c.variants()
         try:
             import torch  # noqa: F401
         except ImportError:

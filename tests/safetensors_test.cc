@@ -487,9 +487,9 @@ TEST(SafeTensorsTest, ZeroCopyViewOfAlignedF32) {
 TEST(SafeTensorsTest, UnsupportedDTypesParseButAreNotReadable) {
   SafeTensorsWriter w;
   const double d[3] = {1.0, 2.0, 3.0};
-  const int64_t i64[1] = {-5};
+  const uint64_t u64[1] = {5};
   ASSERT_TRUE(w.AddRaw("d", "F64", {3}, d, sizeof(d)).ok());
-  ASSERT_TRUE(w.AddRaw("i", "I64", {1}, i64, sizeof(i64)).ok());
+  ASSERT_TRUE(w.AddRaw("i", "U64", {1}, u64, sizeof(u64)).ok());
   std::vector<uint8_t> bytes;
   ASSERT_TRUE(w.Serialize(&bytes).ok());
   SafeTensorsFile f;
@@ -506,6 +506,38 @@ TEST(SafeTensorsTest, UnsupportedDTypesParseButAreNotReadable) {
   EXPECT_EQ(f.ViewF32("i", &view).code(), StatusCode::kUnsupported);
   std::vector<uint8_t> b;
   EXPECT_EQ(f.GetBool("i", &b).code(), StatusCode::kUnsupported);
+}
+
+TEST(SafeTensorsTest, IntegerTensorsReadAsInt64) {
+  // Token positions: I32 and I64 widen to int64; I32 starts at an odd offset (after a 1-byte
+  // tensor) to exercise unaligned reads.
+  SafeTensorsWriter w;
+  const uint8_t pad[1] = {1};
+  const int32_t i32[3] = {0, -7, 2147483647};
+  const int64_t i64[2] = {int64_t{1} << 40, -3};
+  ASSERT_TRUE(w.Add("pad", DType::kU8, {1}, pad).ok());
+  ASSERT_TRUE(w.Add("p32", DType::kI32, {3}, i32).ok());
+  ASSERT_TRUE(w.Add("p64", DType::kI64, {1, 2}, i64).ok());
+  std::vector<uint8_t> bytes;
+  ASSERT_TRUE(w.Serialize(&bytes).ok());
+  SafeTensorsFile f;
+  ASSERT_TRUE(ParseBytes(bytes, &f).ok());
+  const TensorInfo* t = f.Find("p32");
+  ASSERT_NE(t, nullptr);
+  EXPECT_TRUE(t->supported);
+  EXPECT_EQ(t->dtype, DType::kI32);
+  EXPECT_EQ(f.Find("p64")->dtype, DType::kI64);
+  std::vector<int64_t> v;
+  ASSERT_TRUE(f.GetInt64("p32", &v).ok());
+  EXPECT_EQ(v, (std::vector<int64_t>{0, -7, 2147483647}));
+  ASSERT_TRUE(f.GetInt64("p64", &v).ok());
+  EXPECT_EQ(v, (std::vector<int64_t>{int64_t{1} << 40, -3}));
+  Status s = f.GetInt64("pad", &v);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported);
+  EXPECT_NE(s.message().find("expected I32 or I64"), std::string::npos) << s.message();
+  std::vector<float> fv;
+  EXPECT_EQ(f.GetF32("p32", &fv).code(), StatusCode::kUnsupported);
+  EXPECT_EQ(f.GetInt64("absent", &v).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(SafeTensorsTest, EmptyFileWithOnlyMetadataIsValid) {

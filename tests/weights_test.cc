@@ -658,5 +658,220 @@ TEST(WeightsTest, CreateGroupedQueryLayerFromSafeTensors) {
       << s.message();
 }
 
+// The base tensors of a grouped-query layer (E 8, H 4, hd 2, KVH 2) under `prefix`.
+void AddGroupedQueryLayer(ModelBuilder* m, const std::string& prefix) {
+  const int64_t E = 8, R = 4;
+  m->Add(prefix + "q_proj_weight", {E, E});
+  m->Add(prefix + "k_proj_weight", {R, E});
+  m->Add(prefix + "v_proj_weight", {R, E});
+  m->Add(prefix + "out_proj.weight", {E, E});
+}
+
+AttentionConfig GroupedQueryConfig() {
+  AttentionConfig c;
+  c.embed_dim = 8;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  return c;
+}
+
+// LoadVariants for the grouped-query layer, with the options `o` (num_heads 4 preset).
+struct VariantLoad {
+  LoadOptions o;
+  AttentionConfig c = GroupedQueryConfig();
+  AttentionWeights w;
+  VariantTensors t;
+
+  VariantLoad() { o.num_heads = 4; }
+  Status Load(const SafeTensorsFile& f, const std::string& prefix) {
+    return LoadVariants(f, prefix, o, &t, &c, &w);
+  }
+};
+
+TEST(WeightsTest, VariantTensorsPerHeadAndOptions) {
+  for (DType storage : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(storage));
+    ModelBuilder m(storage);
+    const std::string p = "model.layers.0.self_attn.";
+    AddGroupedQueryLayer(&m, p);
+    const std::vector<float> sinks = m.Add(p + "sinks", {4});
+    const std::vector<float> slopes = m.Add(p + "alibi_slopes", {4});
+    const std::vector<float> qn = m.Add(p + "q_norm.weight", {2});
+    const std::vector<float> kn = m.Add(p + "k_norm.weight", {2});
+    const SafeTensorsFile& f = m.Build();
+    VariantLoad v;
+    LoadOptions& o = v.o;
+    o.rope = RopeStyle::kNeox;
+    o.rope_theta = 1e6f;
+    o.rotary_dim = 2;
+    o.rope_scale = 4.0f;
+    o.window = 128;
+    o.softcap = 30.0f;
+    o.qk_norm_eps = 1e-5f;
+    o.qk_norm_add_one = true;
+    const Status s = v.Load(f, p);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    const AttentionConfig& c = v.c;
+    const AttentionWeights& w = v.w;
+    const VariantTensors& t = v.t;
+    EXPECT_EQ(c.rope, RopeStyle::kNeox);
+    EXPECT_EQ(c.rope_theta, 1e6f);
+    EXPECT_EQ(c.rotary_dim, 2);
+    EXPECT_EQ(c.rope_scale, 4.0f);
+    EXPECT_TRUE(c.alibi);  // the slopes tensor turns ALiBi on
+    EXPECT_EQ(c.window, 128);
+    EXPECT_EQ(c.softcap, 30.0f);
+    EXPECT_EQ(c.qk_norm_eps, 1e-5f);
+    EXPECT_FALSE(c.qk_norm_whole);
+    EXPECT_EQ(t.sinks, sinks);
+    EXPECT_EQ(t.alibi_slopes, slopes);
+    ASSERT_EQ(t.q_norm.size(), 2u);
+    ASSERT_EQ(t.k_norm.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(t.q_norm[i], qn[i] + 1.0f);  // Gemma's (1 + w)
+      EXPECT_EQ(t.k_norm[i], kn[i] + 1.0f);
+    }
+    EXPECT_EQ(w.sinks, t.sinks.data());
+    EXPECT_EQ(w.alibi_slopes, t.alibi_slopes.data());
+    EXPECT_EQ(w.q_norm_weight, t.q_norm.data());
+    EXPECT_EQ(w.k_norm_weight, t.k_norm.data());
+  }
+}
+
+TEST(WeightsTest, VariantTensorsAbsentLeaveTheLayerPlain) {
+  ModelBuilder m;
+  AddGroupedQueryLayer(&m, "");
+  const SafeTensorsFile& f = m.Build();
+  VariantLoad v;
+  ASSERT_TRUE(v.Load(f, "").ok());
+  EXPECT_EQ(v.c.rope, RopeStyle::kNone);
+  EXPECT_FALSE(v.c.alibi);
+  EXPECT_EQ(v.c.window, 0);
+  EXPECT_EQ(v.w.sinks, nullptr);
+  EXPECT_EQ(v.w.alibi_slopes, nullptr);
+  EXPECT_EQ(v.w.q_norm_weight, nullptr);
+  EXPECT_EQ(v.w.k_norm_weight, nullptr);
+  v.o.alibi = true;  // standard slopes: ALiBi on without a tensor
+  ASSERT_TRUE(v.Load(f, "").ok());
+  EXPECT_TRUE(v.c.alibi);
+  EXPECT_EQ(v.w.alibi_slopes, nullptr);
+}
+
+TEST(WeightsTest, VariantNormWeightsOverTheWholeProjection) {
+  ModelBuilder m;
+  AddGroupedQueryLayer(&m, "");
+  const std::vector<float> qn = m.Add("q_norm.weight", {8});  // [E]: OLMo 2
+  const std::vector<float> kn = m.Add("k_norm.weight", {4});  // [kvE]
+  const SafeTensorsFile& f = m.Build();
+  VariantLoad v;
+  const Status s = v.Load(f, "");
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(v.c.qk_norm_whole);
+  EXPECT_EQ(v.t.q_norm, qn);
+  EXPECT_EQ(v.t.k_norm, kn);
+}
+
+TEST(WeightsTest, RejectsBadVariantTensors) {
+  struct Case {
+    const char* label;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> tensors;
+    StatusCode code;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"sinks_shape",
+       {{"sinks", {3}}},
+       StatusCode::kFormatError,
+       "tensor 'p.sinks': expected shape [4] [H] with H = 4, got [3]"},
+      {"slopes_rank",
+       {{"alibi_slopes", {1, 4}}},
+       StatusCode::kFormatError,
+       "tensor 'p.alibi_slopes': expected shape [4] [H] with H = 4, got [1, 4]"},
+      {"q_norm_alone",
+       {{"q_norm.weight", {2}}},
+       StatusCode::kFormatError,
+       "'p.q_norm.weight' is present but 'p.k_norm.weight' is absent, expected both or neither"},
+      {"k_norm_alone",
+       {{"k_norm.weight", {2}}},
+       StatusCode::kFormatError,
+       "'p.q_norm.weight' is absent but 'p.k_norm.weight' is present"},
+      {"q_norm_size",
+       {{"q_norm.weight", {3}}, {"k_norm.weight", {2}}},
+       StatusCode::kFormatError,
+       "tensor 'p.q_norm.weight': expected shape [2] [head_dim] or [E] (head_dim = 2, E = 8, "
+       "kvE = 4), got [3]"},
+      {"k_norm_per_head_mismatch",
+       {{"q_norm.weight", {2}}, {"k_norm.weight", {4}}},
+       StatusCode::kFormatError,
+       "tensor 'p.k_norm.weight': expected shape [2] [head_dim] (q_norm.weight is [head_dim])"},
+      {"k_norm_whole_mismatch",
+       {{"q_norm.weight", {8}}, {"k_norm.weight", {2}}},
+       StatusCode::kFormatError,
+       "tensor 'p.k_norm.weight': expected shape [4] [kvE] (q_norm.weight is [E])"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.label);
+    ModelBuilder m;
+    AddGroupedQueryLayer(&m, "p.");
+    for (const auto& t : k.tensors) m.Add("p." + t.first, t.second);
+    const SafeTensorsFile& f = m.Build();
+    const Status s = VariantLoad().Load(f, "p.");
+    EXPECT_EQ(s.code(), k.code) << s.ToString();
+    EXPECT_NE(s.message().find(k.message), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
+  }
+  // A non-float dtype is Unsupported, naming the tensor.
+  ModelBuilder m;
+  AddGroupedQueryLayer(&m, "");
+  m.AddRaw("sinks", "I32", {4}, 4);
+  const SafeTensorsFile& f = m.Build();
+  const Status s = VariantLoad().Load(f, "");
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  EXPECT_NE(s.message().find("tensor 'sinks' has dtype I32"), std::string::npos) << s.message();
+}
+
+// The loaded variants reach the layer: a layer loaded with them equals one created from the
+// same arrays and settings, bitwise.
+TEST(WeightsTest, CreateLayerWithVariantsFromSafeTensors) {
+  const int64_t E = 8, R = 4;
+  ModelBuilder m;
+  AddGroupedQueryLayer(&m, "");
+  const std::vector<float> sinks = m.Add("sinks", {4});
+  const std::vector<float> qn = m.Add("q_norm.weight", {2});
+  const std::vector<float> kn = m.Add("k_norm.weight", {2});
+  const TempModelFile file(m, "variants");
+  LoadOptions options = BatchFirst(4);
+  options.rope = RopeStyle::kGptj;
+  options.window = 2;
+  std::unique_ptr<MultiheadAttention> layer;
+  Status s = MultiheadAttention::CreateFromSafeTensors(file.path, "", options, &layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(layer->config().rope, RopeStyle::kGptj);
+  EXPECT_EQ(layer->config().window, 2);
+
+  // ModelBuilder's values in insertion order (tags 1..): q, k, v, out, sinks, q_norm, k_norm.
+  AttentionConfig c = GroupedQueryConfig();
+  c.bias = false;
+  c.batch_first = true;
+  c.rope = RopeStyle::kGptj;
+  c.window = 2;
+  const std::vector<float> wq = Values(E * E, 1), wk = Values(R * E, 2), wv = Values(R * E, 3),
+                           wo = Values(E * E, 4);
+  AttentionWeights w;
+  w.q_proj_weight = wq.data();
+  w.k_proj_weight = wk.data();
+  w.v_proj_weight = wv.data();
+  w.out_proj_weight = wo.data();
+  w.sinks = sinks.data();
+  w.q_norm_weight = qn.data();
+  w.k_norm_weight = kn.data();
+  std::unique_ptr<MultiheadAttention> direct;
+  s = MultiheadAttention::Create(c, w, WeightBinding::kCopy, &direct);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const std::vector<float> a = RunLayer(*layer, E), b = RunLayer(*direct, E);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
 }  // namespace
 }  // namespace mha

@@ -192,6 +192,28 @@ bool ValidateShape(const Shape& s, std::string* error) {
              std::to_string(s.embed % s.heads) + ")";
     return false;
   }
+  const Variants& v = s.variants;
+  if (v.kv_heads > 0 && s.heads % v.kv_heads != 0) {
+    *error = "--kv-heads: expected a divisor of heads (" + std::to_string(s.heads) + "), got " +
+             std::to_string(v.kv_heads);
+    return false;
+  }
+  const int64_t hd = s.embed / s.heads;
+  if (v.rotary_dim > 0 && (v.rotary_dim % 2 != 0 || v.rotary_dim > hd)) {
+    *error = "--rotary-dim: expected an even number <= head_dim (" + std::to_string(hd) +
+             "), got " + std::to_string(v.rotary_dim);
+    return false;
+  }
+  if (v.rope == RopeStyle::kNone && (v.rope_theta > 0 || v.rotary_dim > 0 || v.rope_scale > 0)) {
+    *error =
+        "--rope-theta/--rotary-dim/--rope-scale: expected --rope neox|gptj as well, got no "
+        "--rope";
+    return false;
+  }
+  if (v.qk_norm_eps > 0 && !v.qk_norm) {
+    *error = "--qk-norm-eps: expected --qk-norm as well, got no --qk-norm";
+    return false;
+  }
   const double n = static_cast<double>(s.batch), l = static_cast<double>(s.seq),
                kv = static_cast<double>(s.kv_seq), e = static_cast<double>(s.embed);
   struct Tensor {
@@ -249,7 +271,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
         arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch" ||
-        arg == "--decode" || arg == "--no-prepack" || arg == "--strassen") {
+        arg == "--decode" || arg == "--no-prepack" || arg == "--strassen" || arg == "--alibi" ||
+        arg == "--sinks" || arg == "--qk-norm") {
       if (has_inline_value) {
         r.error = arg + ": expected no value, got " + Quoted(value);
         return r;
@@ -271,13 +294,19 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--decode") o->decode = true;
       if (arg == "--no-prepack") o->no_prepack = true;
       if (arg == "--strassen") o->strassen = true;
+      // The variant flags make a custom case, like the shape flags.
+      if (arg == "--alibi") o->shape.variants.alibi = o->custom_shape = true;
+      if (arg == "--sinks") o->shape.variants.sinks = o->custom_shape = true;
+      if (arg == "--qk-norm") o->shape.variants.qk_norm = o->custom_shape = true;
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",   "--seq",           "--kv-seq",   "--embed",      "--heads",
-        "--threads", "--min-time",      "--min-runs", "--sgemm-size", "--tolerance",
-        "--seed",    "--json",          "--csv",      "--trace",      "--contexts",
-        "--batches", "--weights-dtype", "--rounds",   "--compare",    "--prefill"};
+        "--batch",    "--seq",           "--kv-seq",     "--embed",      "--heads",
+        "--threads",  "--min-time",      "--min-runs",   "--sgemm-size", "--tolerance",
+        "--seed",     "--json",          "--csv",        "--trace",      "--contexts",
+        "--batches",  "--weights-dtype", "--rounds",     "--compare",    "--prefill",
+        "--kv-heads", "--rope",          "--rope-theta", "--rotary-dim", "--rope-scale",
+        "--window",   "--softcap",       "--qk-norm-eps"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -307,6 +336,36 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
       if (arg == "--embed") o->shape.embed = v;
       if (arg == "--heads") o->shape.heads = v;
+    } else if (arg == "--kv-heads" || arg == "--rotary-dim" || arg == "--window") {
+      if (!ParseInt(arg, value, 1, kMaxDim, &v, &e)) return r;
+      o->custom_shape = true;
+      Variants& var = o->shape.variants;
+      (arg == "--kv-heads" ? var.kv_heads : arg == "--window" ? var.window : var.rotary_dim) = v;
+    } else if (arg == "--rope") {
+      if (value == "neox") {
+        o->shape.variants.rope = RopeStyle::kNeox;
+      } else if (value == "gptj") {
+        o->shape.variants.rope = RopeStyle::kGptj;
+      } else {
+        e = "--rope: expected neox or gptj, got " + Quoted(value);
+        return r;
+      }
+      o->custom_shape = true;
+    } else if (arg == "--rope-theta" || arg == "--rope-scale" || arg == "--softcap" ||
+               arg == "--qk-norm-eps") {
+      double x = 0;
+      const bool eps = arg == "--qk-norm-eps";
+      if (!ParseDouble(arg, value, 0.0, 1e30, "", &x, &e)) return r;
+      if (!eps && x <= 0) {
+        e = arg + ": expected a number > 0, got " + value;
+        return r;
+      }
+      o->custom_shape = true;
+      Variants& var = o->shape.variants;
+      (arg == "--rope-theta"   ? var.rope_theta
+       : arg == "--rope-scale" ? var.rope_scale
+       : arg == "--softcap"    ? var.softcap
+                               : var.qk_norm_eps) = static_cast<float>(x);
     } else if (arg == "--contexts") {
       if (!ParseIntList(arg, value, 1, kMaxDecodeContext, "contexts", &o->decode_contexts, &e)) {
         return r;
@@ -366,7 +425,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     const struct {
       bool given;
       const char* flag;
-    } conflicts[] = {{o->custom_shape, "--batch/--seq/--kv-seq/--embed/--heads"},
+    } conflicts[] = {{o->custom_shape, "--batch/--seq/--kv-seq/--embed/--heads or a variant flag"},
                      {o->causal, "--causal"},
                      {o->need_weights, "--need-weights"},
                      {o->no_prepack, "--no-prepack"},
@@ -435,7 +494,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
 std::vector<Shape> CasesToRun(const BenchOptions& o) {
   if (o.custom_shape) return {o.shape};
   std::vector<Shape> cases;
-  for (Shape s : DefaultSuite()) {
+  std::vector<Shape> suite = DefaultSuite();
+  for (const Shape& s : VariantSuite()) suite.push_back(s);
+  for (Shape s : suite) {
     if (o.causal && !s.causal) continue;
     s.need_weights = o.need_weights;
     s.prepack = !o.no_prepack;
@@ -455,6 +516,8 @@ per-stage breakdown, a Chrome trace and a comparison with PyTorch, ONNX Runtime 
 Default suite (batch, seq, embed, heads), each without and with --causal; self-attention
 (kv_seq = seq), batch-first inputs, random weights (fixed seed), need_weights off:
   (1,16,256,4) (1,128,512,8) (32,64,512,8) (8,512,768,12) (1,2048,1024,16) (4,1024,512,8)
+and two causal variant cases: Llama-style (1,1024,4096,32) with 8 kv heads (head_dim 128) and
+RoPE neox (theta 500000); gpt-oss-style windowed (1,4096,1024,16) with window 1024 and sinks.
 
 Shape (any of --batch --seq --kv-seq --embed --heads runs that one shape instead of the suite;
 flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
@@ -471,6 +534,22 @@ flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
                      once at creation, kOn; suite too)
   --strassen         create the layers with AttentionConfig::prepack = kStrassen: prepacked
                      with the Strassen operands of the large matrices (opt-in; suite too)
+
+Attention variants (any of them runs one custom case, with the shape flags' defaults; README
+"Attention variants" gives each formula):
+  --kv-heads K       grouped-query attention: K key/value heads (a divisor of --heads)
+  --rope S           rotary embedding of q and k: neox (HF rotate_half) or gptj (interleaved)
+  --rope-theta F     RoPE base (default 10000)
+  --rotary-dim N     rotated components per head, even, <= head_dim (default head_dim)
+  --rope-scale F     linear position interpolation: angles use p / F (default 1)
+  --alibi            ALiBi with the paper's slopes
+  --window W         sliding window of W positions (with --causal: p_i - W < p_j <= p_i)
+  --softcap F        scores = F * tanh(scores / F)
+  --sinks            random per-head sink logits in U(-1, 1)
+  --qk-norm          QK-norm with random per-head weights in 1 + U(-0.25, 0.25)
+  --qk-norm-eps F    QK-norm epsilon (default 1e-6)
+Variant cases are checked against the double reference with the same variants. Peers run the
+variants they support (ort: RoPE, window, softcap through GroupQueryAttention) and skip the rest.
 
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)
@@ -584,8 +663,10 @@ Output (a table on stdout always; progress on stderr when it is a terminal):
 Columns:
   median_ms p10_ms p90_ms  latency of one forward, milliseconds (10th/50th/90th percentile)
   GFLOP/s      flops / median, with
-                 flops = 2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)   projections
+                 flops = 2*N*(L*q_dim*E + S*kdim*kvE + S*vdim*kvE + L*E*E)  projections
                        + 4*N*L*S*E, halved when causal                      attention core
+                 (kvE = kv heads * head_dim; with --window the core counts the visible
+                 query-key pairs instead of L*S)
                (q_dim = kdim = vdim = E here; softmax not counted; FlashAttention's convention)
   eff%         efficiency in percent: the median over the case's rounds of (the round's mha
                GFLOP/s, from the median of its runs) / (the sgemm measured at the round's

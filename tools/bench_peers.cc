@@ -133,23 +133,31 @@ void PeerComparison::Run(const Workload& w, size_t threads,
   if (data_ok) {
     const std::vector<int64_t> e = {s.embed}, ee = {s.embed, s.embed},
                                q = {s.batch, s.seq, s.embed}, kv = {s.batch, s.kv_seq, s.embed};
-    std::vector<Tensor> tensors = {
-        {"in_proj_weight", {3 * s.embed, s.embed}, w.in_proj_weight().data()},
-        {"in_proj_bias", {3 * s.embed}, w.in_proj_bias().data()},
-        {"out_proj.weight", ee, w.out_proj_weight().data()},
-        {"out_proj.bias", e, w.out_proj_bias().data()},
-        {"query", q, w.query().data()},
-        {"output", q, w.output().data()}};
+    const int64_t qkv = s.embed + 2 * s.kv_embed();  // 3E without grouped-query heads
+    std::vector<Tensor> tensors = {{"in_proj_weight", {qkv, s.embed}, w.in_proj_weight().data()},
+                                   {"in_proj_bias", {qkv}, w.in_proj_bias().data()},
+                                   {"out_proj.weight", ee, w.out_proj_weight().data()},
+                                   {"out_proj.bias", e, w.out_proj_bias().data()},
+                                   {"query", q, w.query().data()},
+                                   {"output", q, w.output().data()}};
     if (!s.self_attention()) {
       tensors.push_back({"key", kv, w.key().data()});
       tensors.push_back({"value", kv, w.value().data()});
     }
+    if (!w.sinks().empty()) tensors.push_back({"sinks", {s.heads}, w.sinks().data()});
+    const int64_t hd = s.embed / s.heads;
+    if (!w.q_norm().empty()) {
+      tensors.push_back({"q_norm.weight", {hd}, w.q_norm().data()});
+      tensors.push_back({"k_norm.weight", {hd}, w.k_norm().data()});
+    }
     data_ok = WriteData(tensors);
   }
-  const std::string args = " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) +
-                           "," + std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," +
-                           std::to_string(s.heads) + "," + (s.causal ? "1" : "0") + "," +
-                           (s.need_weights ? "1" : "0");
+  std::string args = " --case " + std::to_string(s.batch) + "," + std::to_string(s.seq) + "," +
+                     std::to_string(s.kv_seq) + "," + std::to_string(s.embed) + "," +
+                     std::to_string(s.heads) + "," + (s.causal ? "1" : "0") + "," +
+                     (s.need_weights ? "1" : "0");
+  // "kv_heads=8 rope=neox window=1024" as one argument: peers.py runs what it supports.
+  if (s.variants.any()) args += " --variants " + ShellQuote(VariantsLabel(s).substr(1));
   RunPeers(data_ok, ShapeLabel(s), args, threads, status, &result->peers);
 }
 

@@ -200,7 +200,7 @@ void PrintRow(std::FILE* out, const RunHeader& h, const CaseResult& r) {
     std::fprintf(out, " %*s %*s %*s", w, FormatMs(pr.median_ms).c_str(), w,
                  FormatFixed(PeerRatio(r, p), 2).c_str(), w, e);
   }
-  std::fprintf(out, "\n");
+  std::fprintf(out, "%s\n", VariantsLabel(s).c_str());
 }
 
 void PrintBreakdownTable(std::FILE* out, const std::vector<CaseResult>& results) {
@@ -226,7 +226,7 @@ void PrintBreakdownTable(std::FILE* out, const std::vector<CaseResult>& results)
       std::fprintf(out, "  (%llu events dropped: incomplete)",
                    static_cast<unsigned long long>(r.breakdown.dropped_events));
     }
-    std::fprintf(out, "\n");
+    std::fprintf(out, "%s\n", VariantsLabel(s).c_str());
   }
 }
 
@@ -276,6 +276,8 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
             {"heads", s.heads},
             {"causal", s.causal},
             {"need_weights", s.need_weights},
+            {"kv_heads", s.kv_heads()},
+            {"variants", VariantsLabel(s).empty() ? "" : VariantsLabel(s).substr(1)},
             {"threads", r.threads}};
   if (!r.error.empty()) {
     j["error"] = r.error;
@@ -336,12 +338,29 @@ void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<Case
     std::vector<std::string> path;
   };
   std::vector<Column> columns;
-  for (const char* name :
-       {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights", "threads",
-        "median_ms", "p10_ms", "p90_ms", "runs", "gflops", "efficiency", "sgemm_gflops",
-        "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err", "rows_checked"}) {
-    columns.push_back({name, {name}});
-  }
+  static const char* const kFields[] = {"batch",
+                                        "seq",
+                                        "kv_seq",
+                                        "embed",
+                                        "heads",
+                                        "causal",
+                                        "need_weights",
+                                        "kv_heads",
+                                        "variants",
+                                        "threads",
+                                        "median_ms",
+                                        "p10_ms",
+                                        "p90_ms",
+                                        "runs",
+                                        "gflops",
+                                        "efficiency",
+                                        "sgemm_gflops",
+                                        "workspace_bytes",
+                                        "arena_high_water",
+                                        "peak_rss_mib",
+                                        "max_abs_err",
+                                        "rows_checked"};
+  for (const char* name : kFields) columns.push_back({name, {name}});
   if (header.breakdown) {
     std::vector<std::string> keys;
     for (int st = 0; st < kNumStages; ++st) keys.push_back(StageKey(st));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,6 +18,28 @@
 
 namespace mha {
 namespace bench {
+
+// The attention variants of a case (AttentionConfig's fields of those names; zero = off) and
+// its key/value heads. The layer gets random sinks [H] and QK-norm weights [head_dim] when asked;
+// ALiBi uses the paper's slopes.
+struct Variants {
+  int64_t kv_heads = 0;  // grouped-query attention; 0 = heads
+  RopeStyle rope = RopeStyle::kNone;
+  float rope_theta = 0.0f;
+  int64_t rotary_dim = 0;
+  float rope_scale = 0.0f;
+  bool alibi = false;
+  int64_t window = 0;
+  float softcap = 0.0f;
+  bool sinks = false;
+  bool qk_norm = false;
+  float qk_norm_eps = 0.0f;
+
+  bool any() const {
+    return kv_heads != 0 || rope != RopeStyle::kNone || alibi || window != 0 || softcap != 0.0f ||
+           sinks || qk_norm;
+  }
+};
 
 // One benchmark case: batch-first self-attention (kv_seq == seq) or cross-attention with separate
 // key/value inputs (kv_seq != seq). q_dim = kdim = vdim = embed.
@@ -30,8 +53,11 @@ struct Shape {
   bool need_weights = false;
   bool prepack = true;   // AttentionConfig::prepack kOn or kPlain (false: kOff)
   bool strassen = false;  // with prepack: kStrassen (false: kOn)
+  Variants variants;
 
   bool self_attention() const { return kv_seq == seq; }
+  int64_t kv_heads() const { return variants.kv_heads > 0 ? variants.kv_heads : heads; }
+  int64_t kv_embed() const { return kv_heads() * (embed / heads); }  // kvE
 };
 
 // The default suite: (batch, seq, embed, heads), each without and with causal.
@@ -57,18 +83,88 @@ inline std::vector<Shape> DefaultSuite() {
   return shapes;
 }
 
+// The variant cases of the suite: a Llama-style layer (grouped-query 32/8 heads of head_dim 128,
+// RoPE neox, causal) and a gpt-oss-style windowed one (causal, window 1024, sinks).
+inline std::vector<Shape> VariantSuite() {
+  Shape llama;
+  llama.batch = 1;
+  llama.seq = llama.kv_seq = 1024;
+  llama.embed = 4096;
+  llama.heads = 32;
+  llama.causal = true;
+  llama.variants.kv_heads = 8;
+  llama.variants.rope = RopeStyle::kNeox;
+  llama.variants.rope_theta = 500000.0f;
+  Shape windowed;
+  windowed.batch = 1;
+  windowed.seq = windowed.kv_seq = 4096;
+  windowed.embed = 1024;
+  windowed.heads = 16;
+  windowed.causal = true;
+  windowed.variants.window = 1024;
+  windowed.variants.sinks = true;
+  return {llama, windowed};
+}
+
+// Query-key pairs a query row i of `seq` sees among `kv_seq` keys under the causal mask and the
+// window (index positions), summed over the rows.
+inline double VisiblePairs(const Shape& s) {
+  const int64_t W = s.variants.window;
+  double pairs = 0;
+  for (int64_t i = 0; i < s.seq; ++i) {
+    int64_t lo = 0, hi = s.kv_seq - 1;  // inclusive key range
+    if (s.causal) hi = std::min(hi, i);
+    if (W > 0) {
+      lo = std::max<int64_t>(lo, i - W + 1);
+      if (!s.causal) hi = std::min(hi, i + W - 1);
+    }
+    pairs += static_cast<double>(std::max<int64_t>(0, hi - lo + 1));
+  }
+  return pairs;
+}
+
 // Floating-point operations of one forward pass, a multiply and an add counting as two:
-//   projections  2*N*(L*q_dim*E + S*kdim*E + S*vdim*E + L*E*E)
-//   core         4*N*L*S*E  (Q*K^T and P*V), halved when causal
+//   projections  2*N*(L*q_dim*E + S*kdim*kvE + S*vdim*kvE + L*E*E)
+//   core         4*N*L*S*E  (Q*K^T and P*V), halved when causal; with a window 4*N*E times
+//                the visible query-key pairs
 // The causal halving is FlashAttention's convention: only about half of the score matrix is
-// needed. Softmax and weight averaging are not counted.
+// needed. Softmax, weight averaging, RoPE and QK-norm are not counted.
 inline double AttentionFlops(const Shape& s) {
   const double n = static_cast<double>(s.batch), l = static_cast<double>(s.seq),
-               kv = static_cast<double>(s.kv_seq), e = static_cast<double>(s.embed);
-  const double projections = 2.0 * n * (l * e * e + kv * e * e + kv * e * e + l * e * e);
+               kv = static_cast<double>(s.kv_seq), e = static_cast<double>(s.embed),
+               kve = static_cast<double>(s.kv_embed());
+  const double projections = 2.0 * n * (l * e * e + kv * e * kve + kv * e * kve + l * e * e);
   double core = 4.0 * n * l * kv * e;
   if (s.causal) core *= 0.5;
+  if (s.variants.window > 0) core = 4.0 * n * e * VisiblePairs(s);
   return projections + core;
+}
+
+// " kv_heads=8 rope=neox window=1024 sinks": the case's variants, "" without any.
+inline std::string VariantsLabel(const Shape& s) {
+  const Variants& v = s.variants;
+  auto number = [](double x) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "%g", x);
+    return std::string(b);
+  };
+  std::string label;
+  if (v.kv_heads > 0) label += " kv_heads=" + std::to_string(v.kv_heads);
+  if (v.rope != RopeStyle::kNone) {
+    label += v.rope == RopeStyle::kNeox ? " rope=neox" : " rope=gptj";
+    if (v.rope_theta > 0) label += " theta=" + number(v.rope_theta);
+    if (v.rotary_dim > 0) label += " rotary_dim=" + std::to_string(v.rotary_dim);
+    if (v.rope_scale > 0) label += " rope_scale=" + number(v.rope_scale);
+  }
+  if (v.alibi) label += " alibi";
+  if (v.window > 0) label += " window=" + std::to_string(v.window);
+  if (v.softcap > 0) label += " softcap=" + number(v.softcap);
+  if (v.sinks) label += " sinks";
+  if (v.qk_norm) {
+    label += " qk_norm";
+    if (v.qk_norm_eps > 0) label += " eps=" + number(v.qk_norm_eps);
+  }
+  return label;
 }
 
 // "(1,128,512,8)" plus " causal" / " weights" / " kv=64" qualifiers, for messages and progress.
@@ -78,7 +174,7 @@ inline std::string ShapeLabel(const Shape& s) {
   if (!s.self_attention()) label += " kv_seq=" + std::to_string(s.kv_seq);
   if (s.causal) label += " causal";
   if (s.need_weights) label += " weights";
-  return label;
+  return label + VariantsLabel(s);
 }
 
 // SplitMix64: a tiny, fast generator whose sequence is the same on every platform (unlike the
@@ -127,8 +223,9 @@ class Workload {
 
   // Dense f32 data, batch-first: query [N, L, E]; key/value [N, S, E] (for self-attention they
   // are the query); output [N, L, E]; weights [N, L, S] (empty unless need_weights).
-  const std::vector<float>& in_proj_weight() const { return in_proj_weight_; }    // [3E, E]
-  const std::vector<float>& in_proj_bias() const { return in_proj_bias_; }        // [3E]
+  // The projections' rows q | k | v: [E + 2 kvE, E] ([3E, E] without grouped-query heads).
+  const std::vector<float>& in_proj_weight() const { return in_proj_weight_; }
+  const std::vector<float>& in_proj_bias() const { return in_proj_bias_; }        // [E + 2 kvE]
   const std::vector<float>& out_proj_weight() const { return out_proj_weight_; }  // [E, E]
   const std::vector<float>& out_proj_bias() const { return out_proj_bias_; }      // [E]
   const std::vector<float>& query() const { return query_; }
@@ -136,6 +233,10 @@ class Workload {
   const std::vector<float>& value() const { return shape_.self_attention() ? query_ : value_; }
   const std::vector<float>& output() const { return output_; }
   const std::vector<float>& attn_weights() const { return attn_weights_; }
+  // The variants' random tensors (empty unless the case asks): sinks [H], QK-norm [head_dim].
+  const std::vector<float>& sinks() const { return sinks_; }
+  const std::vector<float>& q_norm() const { return q_norm_; }
+  const std::vector<float>& k_norm() const { return k_norm_; }
 
   // Zeroes the output buffers, so that a check after a forward never sees a previous run's
   // results.
@@ -150,11 +251,12 @@ class Workload {
   Status Init(uint64_t seed) {
     const Shape& s = shape_;
     const size_t n = static_cast<size_t>(s.batch), l = static_cast<size_t>(s.seq),
-                 kv = static_cast<size_t>(s.kv_seq), e = static_cast<size_t>(s.embed);
+                 kv = static_cast<size_t>(s.kv_seq), e = static_cast<size_t>(s.embed),
+                 kve = static_cast<size_t>(s.kv_embed()), hd = e / static_cast<size_t>(s.heads);
     Random rng(seed);
     const float weight_bound = 1.0f / std::sqrt(static_cast<float>(e));
-    in_proj_weight_.resize(3 * e * e);
-    in_proj_bias_.resize(3 * e);
+    in_proj_weight_.resize((e + 2 * kve) * e);
+    in_proj_bias_.resize(e + 2 * kve);
     out_proj_weight_.resize(e * e);
     out_proj_bias_.resize(e);
     rng.Fill(&in_proj_weight_, weight_bound);
@@ -171,6 +273,20 @@ class Workload {
     }
     output_.assign(n * l * e, 0.0f);
     if (s.need_weights) attn_weights_.assign(n * l * kv, 0.0f);
+    // Drawn last, so that a case without variants keeps the weights and inputs of its seed.
+    const Variants& v = s.variants;
+    if (v.sinks) {
+      sinks_.resize(static_cast<size_t>(s.heads));
+      rng.Fill(&sinks_, 1.0f);
+    }
+    if (v.qk_norm) {
+      q_norm_.resize(hd);
+      k_norm_.resize(hd);
+      rng.Fill(&q_norm_, 0.25f);
+      rng.Fill(&k_norm_, 0.25f);
+      for (float& x : q_norm_) x += 1.0f;
+      for (float& x : k_norm_) x += 1.0f;
+    }
 
     AttentionConfig config;
     config.embed_dim = s.embed;
@@ -179,9 +295,29 @@ class Workload {
     config.prepack = !s.prepack   ? WeightPrepack::kOff
                      : s.strassen ? WeightPrepack::kStrassen
                                   : WeightPrepack::kOn;
+    config.num_kv_heads = s.kv_heads();
+    config.rope = v.rope;
+    config.rope_theta = v.rope_theta;
+    config.rotary_dim = v.rotary_dim;
+    config.rope_scale = v.rope_scale;
+    config.alibi = v.alibi;
+    config.window = v.window;
+    config.softcap = v.softcap;
+    config.qk_norm_eps = v.qk_norm_eps;
     AttentionWeights weights;
-    weights.in_proj_weight = in_proj_weight_.data();
+    if (kve == e) {
+      weights.in_proj_weight = in_proj_weight_.data();
+    } else {
+      weights.q_proj_weight = in_proj_weight_.data();
+      weights.k_proj_weight = in_proj_weight_.data() + e * e;
+      weights.v_proj_weight = in_proj_weight_.data() + (e + kve) * e;
+    }
     weights.in_proj_bias = in_proj_bias_.data();
+    if (v.sinks) weights.sinks = sinks_.data();
+    if (v.qk_norm) {
+      weights.q_norm_weight = q_norm_.data();
+      weights.k_norm_weight = k_norm_.data();
+    }
     weights.out_proj_weight = out_proj_weight_.data();
     weights.out_proj_bias = out_proj_bias_.data();
     Status st = MultiheadAttention::Create(config, weights, WeightBinding::kView, &layer_);
@@ -216,6 +352,7 @@ class Workload {
   std::vector<float> in_proj_weight_, in_proj_bias_, out_proj_weight_, out_proj_bias_;
   std::vector<float> query_, key_, value_;
   std::vector<float> output_, attn_weights_;
+  std::vector<float> sinks_, q_norm_, k_norm_;
   std::unique_ptr<MultiheadAttention> layer_;
   AttentionInputs inputs_;
   AttentionOutputs outputs_;

@@ -3,14 +3,18 @@
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
-//           [--weights-dtype f32|bf16|f16] [--kv-dtype f32|bf16|f16|int8] [--threads N]
+//           [--weights-dtype f32|bf16|f16] [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
+//           [--rope neox|gptj] [--rope-theta F] [--rotary-dim N] [--rope-scale F] [--alibi]
+//           [--window W] [--softcap F] [--qk-norm-eps F] [--qk-norm-add-one] [--threads N]
 //           [--weights-png FILE] [--version] [--help]
 //
 // With --kv-dtype the query is decoded token by token through a KV cache of that storage type
 // (self-attention, causal), as an application generating text would run the layer.
 //
-// Weights are read by state_dict name (MultiheadAttention::CreateFromSafeTensors); inputs by
-// name: `query`, optional `key` and `value`, `attn_mask`, `key_padding_mask`. Other tensors in either file are ignored,
+// Weights are read by state_dict name (MultiheadAttention::CreateFromSafeTensors, with the
+// variants' `sinks`, `alibi_slopes`, `q_norm.weight`, `k_norm.weight`); inputs by name: `query`,
+// optional `key` and `value`, `attn_mask`, `key_padding_mask`, and the int32/int64 `positions`
+// and `key_positions`. Other tensors in either file are ignored,
 // so one file may hold weights, inputs and expected outputs (tests/data/golden/). The output
 // file holds `attn_output` and, with --need-weights, `attn_output_weights`.
 //
@@ -61,12 +65,18 @@ const char kHelp[] =
     "  --weights FILE        safetensors file with the module's state_dict tensors\n"
     "                        (in_proj_weight or q/k/v_proj_weight, in_proj_bias,\n"
     "                        out_proj.weight, out_proj.bias, bias_k, bias_v; F32/F16/BF16)\n"
+    "                        and, when present, the attention variants' sinks [H],\n"
+    "                        alibi_slopes [H] (turns ALiBi on), q_norm.weight and\n"
+    "                        k_norm.weight ([head_dim] per head, or [E] and [kvE])\n"
     "  --prefix P            name prefix of those tensors, e.g. 'encoder.layers.0.self_attn.'\n"
     "  --num-heads H         number of heads (must divide embed_dim)\n"
     "  --inputs FILE         safetensors file with 'query' and optional 'key', 'value'\n"
     "                        (absent: self-attention; 'value' absent: value = key),\n"
     "                        'attn_mask' [L, S] or [N*H, L, S] and 'key_padding_mask' [N, S]\n"
-    "                        (BOOL/U8: nonzero = masked; F32: added to the scores).\n"
+    "                        (BOOL/U8: nonzero = masked; F32: added to the scores),\n"
+    "                        'positions' [N, L] or [L] and 'key_positions' [N, S] or [S]\n"
+    "                        (I32/I64 token positions for RoPE, ALiBi and --window;\n"
+    "                        default 0..L-1, keys as the queries in self-attention)\n"
     "                        query [L, N, E] ([N, L, E] with --batch-first) or [L, E]\n"
     "  --output FILE         safetensors file to write: 'attn_output' (the query's layout)\n"
     "                        and, with --need-weights, 'attn_output_weights'\n"
@@ -87,6 +97,21 @@ const char kHelp[] =
     "                        stored as T: f32, bf16, f16 or int8 (per-row scaled codes).\n"
     "                        Self-attention, causal (implies --causal); no masks, key,\n"
     "                        value or --need-weights\n"
+    "  --kv-ring             with --kv-dtype and --window W: the cache keeps only the\n"
+    "                        last W positions (a ring, memory O(W))\n"
+    "\n"
+    "Attention variants (README \"Attention variants\" gives each formula):\n"
+    "  --rope S              rotary embedding of q and k: 'neox' (HF rotate_half: Llama,\n"
+    "                        Mistral, Qwen, Gemma) or 'gptj' (interleaved pairs)\n"
+    "  --rope-theta F        RoPE base (default 10000)\n"
+    "  --rotary-dim N        rotated components per head, even (default head_dim)\n"
+    "  --rope-scale F        linear position interpolation: angles use p / F (default 1)\n"
+    "  --alibi               ALiBi with the paper's slopes (or the file's alibi_slopes)\n"
+    "  --window W            sliding window: with --causal, key j visible to query i iff\n"
+    "                        p_i - W < p_j <= p_i (HF sliding_window = W)\n"
+    "  --softcap F           scores = F * tanh(scores / F), before masks\n"
+    "  --qk-norm-eps F       QK-norm RMSNorm epsilon (default 1e-6)\n"
+    "  --qk-norm-add-one     Gemma's norm weights: scale by (1 + w)\n"
     "  --threads N           worker threads including the caller; 0 = all (default)\n"
     "  --weights-png FILE    draw the attention weights as a PNG heatmap (needs\n"
     "                        --need-weights): one panel per batch item and head (one per\n"
@@ -111,7 +136,13 @@ struct RunOptions {
   DType weights_dtype = DType::kF32;
   bool decode = false;  // --kv-dtype given
   DType kv_dtype = DType::kF32;
+  bool kv_ring = false;
   size_t threads = 0;
+  // The attention variants' settings (LoadOptions' fields of those names).
+  RopeStyle rope = RopeStyle::kNone;
+  float rope_theta = 0.0f, rope_scale = 0.0f, softcap = 0.0f, qk_norm_eps = 0.0f;
+  int64_t rotary_dim = 0, window = 0;
+  bool alibi = false, qk_norm_add_one = false;
 };
 
 enum class Action { kRun, kHelp, kVersion };
@@ -122,6 +153,19 @@ bool ParseInt(const std::string& text, int64_t lo, int64_t hi, int64_t* out) {
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
   if (errno != 0 || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+// A finite float > 0 (or >= 0 when `allow_zero`).
+bool ParsePositiveFloat(const std::string& text, bool allow_zero, float* out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  const float v = std::strtof(text.c_str(), &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0.0f || (v == 0.0f && !allow_zero)) {
+    return false;
+  }
   *out = v;
   return true;
 }
@@ -223,6 +267,41 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
                                  text + "'");
         }
       }
+    } else if (arg == "--rope") {
+      s = take(&text);
+      if (s.ok()) {
+        if (text == "neox") {
+          o->rope = RopeStyle::kNeox;
+        } else if (text == "gptj") {
+          o->rope = RopeStyle::kGptj;
+        } else {
+          return InvalidArgument("--rope: expected 'neox' or 'gptj', got '" + text + "'");
+        }
+      }
+    } else if (arg == "--rope-theta" || arg == "--rope-scale" || arg == "--softcap" ||
+               arg == "--qk-norm-eps") {
+      s = take(&text);
+      const bool eps = arg == "--qk-norm-eps";
+      float* dst = arg == "--rope-theta"   ? &o->rope_theta
+                   : arg == "--rope-scale" ? &o->rope_scale
+                   : arg == "--softcap"    ? &o->softcap
+                                           : &o->qk_norm_eps;
+      if (s.ok() && !ParsePositiveFloat(text, /*allow_zero=*/eps, dst)) {
+        return InvalidArgument(arg + ": expected a finite number " + (eps ? ">= 0" : "> 0") +
+                               ", got '" + text + "'");
+      }
+    } else if (arg == "--rotary-dim" || arg == "--window") {
+      s = take(&text);
+      int64_t* dst = arg == "--window" ? &o->window : &o->rotary_dim;
+      if (s.ok() && !ParseInt(text, 1, int64_t{1} << 40, dst)) {
+        return InvalidArgument(arg + ": expected a positive integer, got '" + text + "'");
+      }
+    } else if (arg == "--alibi") {
+      s = flag(&o->alibi, true);
+    } else if (arg == "--qk-norm-add-one") {
+      s = flag(&o->qk_norm_add_one, true);
+    } else if (arg == "--kv-ring") {
+      s = flag(&o->kv_ring, true);
     } else if (arg == "--threads") {
       s = take(&text);
       int64_t t = 0;
@@ -266,6 +345,15 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
   if (!o->average_weights && !o->need_weights) {
     return InvalidArgument("--no-average-weights: needs --need-weights");
   }
+  if (o->kv_ring && (!o->decode || o->window == 0)) {
+    return InvalidArgument(
+        "--kv-ring: needs --kv-dtype and --window (the ring holds the last "
+        "W positions)");
+  }
+  if (o->rope == RopeStyle::kNone &&
+      (o->rope_theta != 0.0f || o->rotary_dim != 0 || o->rope_scale != 0.0f)) {
+    return InvalidArgument("--rope-theta, --rotary-dim, --rope-scale: need --rope neox|gptj");
+  }
   if (!o->weights_png.empty() && !o->need_weights) {
     return InvalidArgument("--weights-png: needs --need-weights (the heatmap draws the weights)");
   }
@@ -280,6 +368,7 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
 struct Loaded {
   std::vector<float> f32;
   std::vector<uint8_t> u8;
+  std::vector<int64_t> i64;
   TensorView view;
 };
 
@@ -319,6 +408,25 @@ Status LoadTensor(const SafeTensorsFile& file, const std::string& name, bool mas
   static uint8_t empty_placeholder[8];
   if (t->num_elements == 0) data = empty_placeholder;
   return TensorView::Dense(data, dtype, t->rank(), t->shape.data(), &out->view, name.c_str(),
+                           /*allow_empty=*/true);
+}
+
+// Reads the token positions `name` (absent: view stays absent), I32 or I64, as an int64 view.
+Status LoadPositions(const SafeTensorsFile& file, const std::string& name, Loaded* out) {
+  const TensorInfo* t = file.Find(name);
+  if (t == nullptr) return Status::Ok();
+  if (!t->supported || (t->dtype != DType::kI32 && t->dtype != DType::kI64)) {
+    return InvalidArgument(Where(file, name) + "expected dtype I32 or I64, got " + t->dtype_name);
+  }
+  if (t->rank() < 1 || t->rank() > 2) {
+    return InvalidArgument(Where(file, name) + "expected 1 or 2 dimensions, got " +
+                           t->ShapeString());
+  }
+  Status s = file.GetInt64(name, &out->i64);
+  if (!s.ok()) return s;
+  static int64_t empty_placeholder[1];
+  void* data = t->num_elements == 0 ? empty_placeholder : out->i64.data();
+  return TensorView::Dense(data, DType::kI64, t->rank(), t->shape.data(), &out->view, name.c_str(),
                            /*allow_empty=*/true);
 }
 
@@ -440,13 +548,14 @@ Status RenderHeatmap(const std::vector<float>& w, int64_t panel_rows, int64_t pa
 Status DecodeThroughCache(const MultiheadAttention& layer, Context& ctx, const RunOptions& o,
                           const AttentionInputs& in, const AttentionOutputs& out) {
   if (in.key.present() || in.attn_mask.present() || in.key_padding_mask.present() ||
-      in.need_weights) {
+      in.need_weights || in.positions.present() || in.key_positions.present()) {
     return InvalidArgument(
-        "--kv-dtype: expected self-attention without masks or --need-weights (a KV cache decodes "
-        "causally over its own keys), got " +
-        std::string(in.key.present() ? "a 'key' tensor"
-                    : in.need_weights ? "--need-weights"
-                                      : "a mask tensor"));
+        "--kv-dtype: expected self-attention without masks, positions or --need-weights (a KV "
+        "cache decodes causally over its own keys at positions 0, 1, ...), got " +
+        std::string(in.key.present()                                       ? "a 'key' tensor"
+                    : in.need_weights                                      ? "--need-weights"
+                    : in.positions.present() || in.key_positions.present() ? "a positions tensor"
+                                                                           : "a mask tensor"));
   }
   const TensorView& q = in.query;
   const TensorView& y = out.output;
@@ -455,7 +564,10 @@ Status DecodeThroughCache(const MultiheadAttention& layer, Context& ctx, const R
   const int64_t N = batched ? q.shape[bdim] : 1;
   const int64_t L = batched ? q.shape[tdim] : q.shape[0];
   std::unique_ptr<KvCache> cache;
-  Status s = KvCache::Create(KvCacheOptions::ForLayer(layer, N, L, o.kv_dtype), &cache);
+  // A ring needs only the window's positions, however long the query.
+  KvCacheOptions copts = KvCacheOptions::ForLayer(layer, N, o.kv_ring ? o.window : L, o.kv_dtype);
+  copts.ring = o.kv_ring;
+  Status s = KvCache::Create(copts, &cache);
   if (!s.ok()) return s;
   auto token = [&](const TensorView& t, int64_t i, TensorView* v) {
     const int64_t shape[3] = {N, 1, t.shape[t.rank - 1]};
@@ -474,6 +586,34 @@ Status DecodeThroughCache(const MultiheadAttention& layer, Context& ctx, const R
   return Status::Ok();
 }
 
+// The flag (with its value) behind an InvalidArgument from the layer's creation: the variant
+// setting or tensor the message names, --kv-heads, or else --num-heads.
+std::string FlagOf(const RunOptions& o, const std::string& message) {
+  auto f = [](float v) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "%g", v);
+    return std::string(b);
+  };
+  const std::pair<const char*, std::string> named[] = {
+      {"num_kv_heads", "--kv-heads " + std::to_string(o.kv_heads)},
+      {"rotary_dim", "--rotary-dim " + std::to_string(o.rotary_dim)},
+      {"rope_theta", "--rope-theta " + f(o.rope_theta)},
+      {"rope_scale", "--rope-scale " + f(o.rope_scale)},
+      {"window", "--window " + std::to_string(o.window)},
+      {"softcap", "--softcap " + f(o.softcap)},
+      {"qk_norm_eps", "--qk-norm-eps " + f(o.qk_norm_eps)},
+      {"sinks", "--weights " + o.weights},
+      {"alibi_slopes", "--weights " + o.weights},
+      {"norm_weight", "--weights " + o.weights},
+      {"rope", "--rope"},
+      {"alibi", "--alibi"},
+  };
+  for (const auto& n : named) {
+    if (message.find(n.first) != std::string::npos) return n.second;
+  }
+  return "--num-heads " + std::to_string(o.num_heads);
+}
+
 Status Run(const RunOptions& o) {
   LoadOptions load;
   load.num_heads = o.num_heads;
@@ -482,14 +622,19 @@ Status Run(const RunOptions& o) {
   load.qkv_layout = o.qkv_layout;
   load.num_kv_heads = o.kv_heads;
   load.weight_dtype = o.weights_dtype;
+  load.rope = o.rope;
+  load.rope_theta = o.rope_theta;
+  load.rotary_dim = o.rotary_dim;
+  load.rope_scale = o.rope_scale;
+  load.alibi = o.alibi;
+  load.window = o.window;
+  load.softcap = o.softcap;
+  load.qk_norm_eps = o.qk_norm_eps;
+  load.qk_norm_add_one = o.qk_norm_add_one;
   std::unique_ptr<MultiheadAttention> layer;
   Status s = MultiheadAttention::CreateFromSafeTensors(o.weights, o.prefix, load, &layer);
   if (s.code() == StatusCode::kInvalidArgument) {
-    // Name the flag behind the rejected option.
-    const bool kv = s.message().find("options.num_kv_heads") != std::string::npos;
-    return Status(s.code(), (kv ? "--kv-heads " + std::to_string(o.kv_heads)
-                                : "--num-heads " + std::to_string(o.num_heads)) +
-                                ": " + s.message());
+    return Status(s.code(), FlagOf(o, s.message()) + ": " + s.message());
   }
   if (!s.ok()) return s;
   const AttentionConfig& config = layer->config();
@@ -497,12 +642,14 @@ Status Run(const RunOptions& o) {
   SafeTensorsFile inputs_file;
   s = SafeTensorsFile::Open(o.inputs, &inputs_file);
   if (!s.ok()) return s;
-  Loaded query, key, value, attn_mask, kpm;
+  Loaded query, key, value, attn_mask, kpm, positions, key_positions;
   s = LoadTensor(inputs_file, "query", false, &query);
   if (s.ok()) s = LoadTensor(inputs_file, "key", false, &key);
   if (s.ok()) s = LoadTensor(inputs_file, "value", false, &value);
   if (s.ok()) s = LoadTensor(inputs_file, "attn_mask", true, &attn_mask);
   if (s.ok()) s = LoadTensor(inputs_file, "key_padding_mask", true, &kpm);
+  if (s.ok()) s = LoadPositions(inputs_file, "positions", &positions);
+  if (s.ok()) s = LoadPositions(inputs_file, "key_positions", &key_positions);
   if (!s.ok()) return s;
   if (!query.view.present()) {
     return InvalidArgument("inputs '" + o.inputs + "': missing tensor 'query'");
@@ -517,6 +664,8 @@ Status Run(const RunOptions& o) {
   in.value = value.view;
   in.attn_mask = attn_mask.view;
   in.key_padding_mask = kpm.view;
+  in.positions = positions.view;
+  in.key_positions = key_positions.view;
   in.causal = o.causal;
   in.need_weights = o.need_weights;
   in.average_attn_weights = o.average_weights;

@@ -30,6 +30,16 @@ meets another's):
 Torch peers run under torch.inference_mode() with torch.set_num_threads(threads). The first
 call's output is compared with mha's (max_abs_err).
 
+--variants "kv_heads=8 rope=neox theta=500000 window=1024 ..." (mha-bench's label of a variant
+case; README "Attention variants") adds attention variants; the data file then holds
+in_proj_weight [E + 2 kvE, E] and in_proj_bias [E + 2 kvE] (q, k, v rows) and, when the case
+has them, sinks [H], q_norm.weight and k_norm.weight [head_dim]. Only ort runs variants:
+com.microsoft GroupQueryAttention (always causal) with kv_num_heads, do_rotary (cos/sin caches
+of the angles p / rope_scale * theta^(-2i/rd), computed here in float64; rotary_interleaved=1
+for gptj), local_window_size = window - 1 and softcap. It and every other peer skip a case
+with a variant they lack (ALiBi, sinks other than ORT's smooth_softmax zeros, QK-norm,
+non-causal).
+
 --decode B,CONTEXT,EMBED,HEADS,KV_HEADS (mha-bench --decode --compare) times one decode step
 instead: B entries each add one token to a cache that holds CONTEXT - 1 positions and attend
 all CONTEXT of them. The data file holds the layer (q_proj_weight [E, E], k_proj_weight and
@@ -153,6 +163,37 @@ def import_or_skip(name):
                    "tools/dev peers installs it", unavailable=True)
 
 
+def parse_variants(text):
+    """{"kv_heads": 8, "rope": "neox", "window": 1024, "sinks": True, ...} from mha-bench's
+    label "kv_heads=8 rope=neox window=1024 sinks"."""
+    known_int = {"kv_heads", "rotary_dim", "window"}
+    known_float = {"theta", "rope_scale", "softcap", "eps"}
+    known_flag = {"alibi", "sinks", "qk_norm"}
+    out = {}
+    for item in text.split():
+        name, _, value = item.partition("=")
+        try:
+            if name in known_int and value:
+                out[name] = int(value)
+            elif name in known_float and value:
+                out[name] = float(value)
+            elif name == "rope" and value in ("neox", "gptj"):
+                out[name] = value
+            elif name in known_flag and not value:
+                out[name] = True
+            else:
+                raise ValueError
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--variants {text!r}: unknown item {item!r}")
+    return out
+
+
+def no_variants(case, peer):
+    """Peers without attention variants run only the plain cases."""
+    if case.get("variants"):
+        raise Skip(f"{peer} has no attention variants here ({case['variants_text']})")
+
+
 def self_attention_only(case, peer):
     if case["kv_seq"] != case["seq"]:
         raise Skip(f"{peer} runs self-attention only here, the case has kv_seq "
@@ -167,6 +208,7 @@ def no_weights(case, peer):
 # ---- peers: each returns (run, version, precision); run() returns the output as numpy ---------
 
 def torch_peer(case, data, threads, fused):
+    no_variants(case, "sdpa" if fused else "torch")
     torch = import_or_skip("torch")
     F = torch.nn.functional
     name = "sdpa" if fused else "torch"
@@ -236,7 +278,75 @@ def ort_session(ort, helper, graph, threads):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def ort_gqa_peer(case, data, threads):
+    """A variant case through com.microsoft GroupQueryAttention (prompt mode: no past)."""
+    v = case["variants"]
+    lacking = [name for name in ("alibi", "qk_norm") if v.get(name)]
+    if v.get("sinks"):
+        lacking.append("sinks (smooth_softmax is a sink of 0 only)")
+    if not case["causal"]:
+        lacking.append("non-causal attention (GroupQueryAttention is causal)")
+    if lacking:
+        raise Skip("ort (GroupQueryAttention) has no " + ", ".join(lacking))
+    no_weights(case, "ort")
+    self_attention_only(case, "ort (GroupQueryAttention)")
+    ort = import_or_skip("onnxruntime")
+    onnx = import_or_skip("onnx")
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    b, l, e, h = case["batch"], case["seq"], case["embed"], case["heads"]
+    d = e // h
+    kvh = v.get("kv_heads", h)
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(data["in_proj_weight"].T), "qkv_w"),
+        numpy_helper.from_array(data["in_proj_bias"], "qkv_b"),
+        numpy_helper.from_array(np.ascontiguousarray(data["out_proj.weight"].T), "out_w"),
+        numpy_helper.from_array(data["out_proj.bias"], "out_b"),
+    ]
+    attrs = {"num_heads": h, "kv_num_heads": kvh}
+    gqa_inputs = ["qkv", "", "", "", "", "seqlens_k", "total_sequence_length"]
+    if "rope" in v:
+        rd = v.get("rotary_dim", d)
+        inv = v.get("theta", 10000.0) ** (-2.0 * np.arange(rd // 2) / rd)
+        angles = (np.arange(l, dtype=np.float64) / v.get("rope_scale", 1.0))[:, None] * inv
+        inits += [numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos_cache"),
+                  numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin_cache")]
+        gqa_inputs += ["cos_cache", "sin_cache"]
+        attrs.update(do_rotary=1, rotary_interleaved=1 if v["rope"] == "gptj" else 0)
+    if "window" in v:
+        attrs["local_window_size"] = v["window"] - 1  # mha W = ORT local_window_size + 1
+    if "softcap" in v:
+        attrs["softcap"] = v["softcap"]
+    nodes = [
+        helper.make_node("MatMul", ["x", "qkv_w"], ["qkv_raw"]),
+        helper.make_node("Add", ["qkv_raw", "qkv_b"], ["qkv"]),
+        helper.make_node("GroupQueryAttention", gqa_inputs,
+                         ["attn", "present_key", "present_value"], domain="com.microsoft",
+                         **attrs),
+        helper.make_node("MatMul", ["attn", "out_w"], ["proj"]),
+        helper.make_node("Add", ["proj", "out_b"], ["y"]),
+    ]
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    graph = helper.make_graph(
+        nodes, "mha_gqa_peer",
+        [helper.make_tensor_value_info("x", f32, [b, l, e]),
+         helper.make_tensor_value_info("seqlens_k", i32, [b]),
+         helper.make_tensor_value_info("total_sequence_length", i32, [1])],
+        [helper.make_tensor_value_info("y", f32, [b, l, e])], initializer=inits)
+    session = ort_session(ort, helper, graph, threads)
+    # Prompt mode: seqlens_k = total length - 1 per entry.
+    feed = {"x": data["query"], "seqlens_k": np.full(b, l - 1, np.int32),
+            "total_sequence_length": np.array([l], np.int32)}
+
+    def run():
+        return session.run(["y"], feed)[0]
+
+    return run, run, f"{ort.__version__} (onnx {onnx.__version__})", "f32", None
+
+
 def ort_peer(case, data, threads):
+    if case.get("variants"):
+        return ort_gqa_peer(case, data, threads)
     no_weights(case, "ort")
     self_attention_only(case, "ort (com.microsoft Attention)")
     ort = import_or_skip("onnxruntime")
@@ -271,6 +381,7 @@ def ort_peer(case, data, threads):
 
 
 def openvino_peer(case, data, threads, precision):
+    no_variants(case, "openvino")
     name = "openvino" if precision == "f32" else "openvino-bf16"
     no_weights(case, name)
     ov = import_or_skip("openvino")
@@ -501,6 +612,8 @@ def main():
                        metavar="B,SEQ,KV_SEQ,EMBED,HEADS,CAUSAL,NEED_WEIGHTS")
     shape.add_argument("--decode", type=parse_decode, metavar="B,CONTEXT,EMBED,HEADS,KV_HEADS",
                        help="time one decode step over a cache (see the module doc)")
+    ap.add_argument("--variants", default="",
+                    help="attention variants of --case, e.g. 'kv_heads=8 rope=neox window=1024'")
     ap.add_argument("--data", required=True, help="safetensors file from mha-bench")
     ap.add_argument("--threads", type=int, default=1, help="threads the peer may use (default 1)")
     ap.add_argument("--min-time", type=float, default=1.0,
@@ -509,6 +622,10 @@ def main():
     args = ap.parse_args()
     if args.threads < 1 or args.min_runs < 1 or args.min_time < 0:
         ap.error("--threads and --min-runs must be >= 1, --min-time >= 0")
+    try:
+        variants = parse_variants(args.variants)
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
 
     steady_malloc()
     result = {"peer": args.peer}
@@ -519,8 +636,11 @@ def main():
         data = {k: np.ascontiguousarray(v, dtype=np.float32)
                 for k, v in load_file(args.data)[0].items()}
         make = make_decode_peer if args.decode else make_peer
+        case = args.decode or args.case
+        if args.case is not None:
+            case = dict(case, variants=variants, variants_text=args.variants)
         run, run_numpy, version, precision, context = make(
-            args.peer, args.decode or args.case, data, args.threads)
+            args.peer, case, data, args.threads)
         err, samples = time_peer(run, run_numpy, context, data["output"].astype(np.float64),
                                  args.min_time, args.min_runs)
         result.update({"version": version, "precision": precision,

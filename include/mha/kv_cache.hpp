@@ -23,11 +23,11 @@
 // scale = max_d |x_d| / 127, code_d = round_half_even(x_d * 127 / max_d |x_d|) in [-127, 127];
 // the scales follow V's codes, K's [batch, num_kv_heads, capacity] f32 then V's, at the first
 // 4-byte boundary (caller buffers must be 4-byte aligned). A row costs head_dim + 4 bytes: at
-// head_dim 64, 27% of f32's bytes. Its error: each element within scale / 2 of its f32 value. Error of a 16-bit cache: each stored
-// element has relative error <= 2^-9 (bf16) or 2^-11 (f16, inside its normal range
-// [6.1e-5, 65504]; larger magnitudes become inf). For layers with O(1) activations the outputs
-// differ from an f32 cache by about 1e-2 (bf16) and 1e-3 (f16) relative to the output scale;
-// tests/kv_cache_test.cc checks 2e-2 and 4e-3 against the full causal forward.
+// head_dim 64, 27% of f32's bytes. Its error: each element within scale / 2 of its f32 value. Error
+// of a 16-bit cache: each stored element has relative error <= 2^-9 (bf16) or 2^-11 (f16, inside
+// its normal range [6.1e-5, 65504]; larger magnitudes become inf). For layers with O(1) activations
+// the outputs differ from an f32 cache by about 1e-2 (bf16) and 1e-3 (f16) relative to the output
+// scale; tests/kv_cache_test.cc checks 2e-2 and 4e-3 against the full causal forward.
 //
 // Positions and causality: entry n of the batch has its own length len_n (ragged batches).
 // Inputs carry T tokens per entry; `counts` (optional, [batch]) says how many of them entry n
@@ -39,6 +39,30 @@
 // on the same input (self-attention): prefill is Step with T prompt tokens, decode is Step with
 // T = 1. The result equals MultiheadAttention::Forward with causal = true over the whole
 // sequence (the same layer, up to f32 rounding, for an f32 cache).
+//
+// Attention variants (AttentionConfig): a cache position is the token's position p (the
+// forward's default positions 0..L-1 of the whole sequence). QK-norm and RoPE are applied to the
+// new tokens' projected q and k before anything is stored: new key t of entry n at position
+// len_n + t, query token i at len_n - count_n + i, so the cache holds normalized, rotated keys
+// (values as projected). Truncate keeps positions consistent: tokens appended after it get the
+// positions of the ones dropped, and the rotated keys still cached sit at their own positions.
+// AppendProjected stores keys as given: pass them already normalized and rotated at their
+// positions (as MultiheadAttention::Project returns k for those positions). Softcap, ALiBi
+// (s -= m_h * |p_i - p_j|), the window (p_i - W < p_j <= p_i) and sinks apply in decode exactly
+// as in the causal forward; a window's decode reads only the W positions of each query's band.
+// Layers with RoPE, ALiBi or a window need every position below 2^31.
+//
+// Ring (KvCacheOptions::ring, for layers with a window W): position p lives in slot
+// p mod capacity, so the cache keeps the last `capacity` positions of each entry. Lengths stay
+// logical (they may exceed the capacity; Append's capacity limit becomes `capacity` tokens per
+// call) and memory is the capacity's, O(W) instead of O(sequence). Every call with a layer
+// checks window > 0 and capacity >= window (InvalidArgument naming both). A Step or Forward of
+// count_n tokens needs count_n <= capacity - W + 1, so that the first query's band (W positions)
+// is still in the ring after the append; the prompt Step (into an empty cache, every entry
+// T >= 64 tokens, no padding) runs the forward and may be longer, keeping its last `capacity`
+// positions. Truncate may drop at most capacity - W positions from the current length (W: the
+// last layer used). A ring whose slots no longer hold a query's band (after truncations, or with
+// a layer of a larger window) is reported as InvalidArgument, never read.
 //
 // Tensors: f32, batch-first [N, T, features] regardless of the layer's batch_first, each with
 // a contiguous last dimension (other strides free). key [N, T, kdim], value [N, T, vdim],
@@ -82,7 +106,8 @@ struct MHA_API KvCacheOptions {
   // For a layer with a sliding window W: the capacity holds the last `capacity` positions of
   // each entry as a ring (slot p mod capacity) instead of positions 0..capacity-1, so an entry's
   // length may grow without bound while memory stays O(capacity); capacity >= W, and a step of
-  // T tokens needs T <= capacity - W + 1. Truncate may drop at most capacity - W positions.
+  // T tokens needs T <= capacity - W + 1. Truncate may drop at most capacity - W positions. The
+  // layout of the file comment holds with slots in place of positions. See the file comment.
   bool ring = false;
 
   // Options matching `layer`'s num_kv_heads and head_dim.
@@ -122,8 +147,8 @@ class MHA_API KvCache {
               size_t* bytes) const;
   // Empties every entry (lengths 0); the storage is kept.
   void Reset();
-  // Shortens entry n to `length` positions (0 <= length <= length(n)); later appends overwrite
-  // the dropped positions.
+  // Shortens entry n to `length` positions (0 <= length <= length(n); a ring: length >= length(n)
+  // - (capacity - window)); later appends overwrite the dropped positions.
   Status Truncate(int64_t n, int64_t length);
 
   // Projects key [N, T, kdim] and value [N, T, vdim] with the layer's k/v weights and biases
@@ -135,7 +160,9 @@ class MHA_API KvCache {
   // head_dim] f32 (MultiheadAttention::Project's k/v layout, last dimension contiguous), count_n
   // positions per entry (counts null: T). For importing a cache computed elsewhere (a prompt
   // prefix shared by several requests, cross-attention memory) without a projection; same
-  // capacity errors as Append.
+  // capacity errors as Append. Keys are stored as given: with QK-norm or RoPE they must already
+  // be normalized and rotated at their positions length(n) + t (as MultiheadAttention::Project
+  // returns them for those positions).
   Status AppendProjected(const TensorView& k, const TensorView& v, const int64_t* counts = nullptr);
   // Attends query [N, T, q_dim] over the cache (see the file comment for positions), then the
   // output projection into output [N, T, E]. Rows i >= count_n of entry n are set to 0.

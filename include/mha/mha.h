@@ -106,7 +106,7 @@ typedef struct mha_tensor {
 
 /* ---- Library information ------------------------------------------------------------------ */
 
-/* "0.1.0". */
+/* "0.2.0". */
 MHA_API const char* mha_version(void);
 /* The Highway target the kernels dispatch to on this CPU, e.g. "AVX2", "AVX3_DL", "NEON". */
 MHA_API const char* mha_simd_target(void);
@@ -215,7 +215,10 @@ typedef enum mha_rope {
 /* Fields as mha::AttentionConfig; booleans are 0/1. A zero-initialized config is PyTorch's
  * defaults (with biases), as mha_layer_config_init gives; embed_dim and num_heads must be set.
  * ABI note: `no_bias` replaced `int32_t bias` (1 = biases) in 0.1.x so that 0 means the
- * default in every field; code that sets `bias` no longer compiles. */
+ * default in every field; code that sets `bias` no longer compiles. 0.2.0 appended the attention
+ * variants' fields to mha_layer_config, mha_layer_weights, mha_load_options,
+ * mha_attention_inputs and mha_kv_cache_options: the structs grew, so programs built against
+ * 0.1.x must be recompiled (zero-initialized new fields keep 0.1.x's results). */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */

@@ -342,7 +342,7 @@ class MHA_API MultiheadAttention {
   std::unique_ptr<Impl> impl_;
 };
 
-// Library version ("0.1.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
+// Library version ("0.2.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
 // and the BLIS architecture configuration in use ("skx").
 MHA_API const char* Version();
 MHA_API const char* SimdTarget();

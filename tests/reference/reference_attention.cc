@@ -1,6 +1,7 @@
 #include "tests/reference/reference_attention.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace mha {
@@ -23,7 +24,46 @@ std::vector<double> Linear(const std::vector<double>& x, int64_t rows, int64_t i
   return y;
 }
 
+// RMSNorm of x[0..n) in place: x / sqrt(mean(x^2) + eps) * w.
+void RmsNorm(double* x, int64_t n, const double* w, double eps) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] * inv * w[i];
+}
+
+// RoPE of one head's x[hd] at position p.
+void Rotate(const Config& c, int64_t hd, int64_t p, double* x) {
+  const int64_t rd = c.rotary_dim > 0 ? c.rotary_dim : hd;
+  const double theta = c.rope_theta > 0 ? c.rope_theta : 10000.0;
+  const double factor = c.rope_scale > 0 ? c.rope_scale : 1.0;
+  for (int64_t i = 0; i < rd / 2; ++i) {
+    const double angle = static_cast<double>(p) / factor *
+                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
+    const double cs = std::cos(angle), sn = std::sin(angle);
+    const int64_t ia = c.rope == Rope::kNeox ? i : 2 * i;
+    const int64_t ib = c.rope == Rope::kNeox ? i + rd / 2 : 2 * i + 1;
+    const double a = x[ia], b = x[ib];
+    x[ia] = a * cs - b * sn;
+    x[ib] = b * cs + a * sn;
+  }
+}
+
 }  // namespace
+
+std::vector<double> StandardAlibiSlopes(int64_t n) {
+  int64_t cp = 1;
+  while (cp * 2 <= n) cp *= 2;
+  std::vector<double> slopes;
+  for (int64_t h = 0; h < cp; ++h) {
+    slopes.push_back(std::pow(2.0, -8.0 * static_cast<double>(h + 1) / static_cast<double>(cp)));
+  }
+  if (cp < n) {
+    const std::vector<double> twice = StandardAlibiSlopes(2 * cp);
+    for (int64_t i = 0; i < n - cp; ++i) slopes.push_back(twice[2 * i]);
+  }
+  return slopes;
+}
 
 void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out) {
   const int64_t E = c.embed_dim, H = c.num_heads;
@@ -38,9 +78,52 @@ void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(hd));
   const double kNegInf = -std::numeric_limits<double>::infinity();
 
-  const std::vector<double> q = Linear(in.query, N * L, qd, w.wq, w.bq, E);
-  const std::vector<double> k = Linear(in.key, N * S, kd, w.wk, w.bk, kvE);
+  std::vector<double> q = Linear(in.query, N * L, qd, w.wq, w.bq, E);
+  std::vector<double> k = Linear(in.key, N * S, kd, w.wk, w.bk, kvE);
   const std::vector<double> v = Linear(in.value, N * S, vd, w.wv, w.bv, kvE);
+
+  // Positions [N, L] and [N, S].
+  std::vector<int64_t> qpos(N * L), kpos(N * S);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t l = 0; l < L; ++l) {
+      qpos[n * L + l] = in.positions.empty() ? l : in.positions[n * L + l];
+    }
+    for (int64_t s = 0; s < S; ++s) {
+      int64_t p = s;
+      if (!in.key_positions.empty()) {
+        p = in.key_positions[n * S + s];
+      } else if (in.self_attention) {
+        if (S != L) std::abort();  // self-attention keys are the queries
+        p = qpos[n * L + s];
+      }
+      kpos[n * S + s] = p;
+    }
+  }
+
+  // QK-norm, then RoPE, on the projected rows.
+  if (!c.q_norm.empty() || !c.k_norm.empty()) {
+    const double eps = c.qk_norm_eps > 0 ? c.qk_norm_eps : 1e-6;
+    const int64_t group = c.qk_norm_whole ? 0 : hd;  // 0: the whole row
+    for (int64_t r = 0; r < N * L; ++r) {
+      const int64_t g = group ? group : E;
+      for (int64_t h = 0; h < E / g; ++h) RmsNorm(&q[r * E + h * g], g, c.q_norm.data(), eps);
+    }
+    for (int64_t r = 0; r < N * S; ++r) {
+      const int64_t g = group ? group : kvE;
+      for (int64_t h = 0; h < kvE / g; ++h) RmsNorm(&k[r * kvE + h * g], g, c.k_norm.data(), eps);
+    }
+  }
+  if (c.rope != Rope::kNone) {
+    for (int64_t r = 0; r < N * L; ++r) {
+      for (int64_t h = 0; h < H; ++h) Rotate(c, hd, qpos[r], &q[r * E + h * hd]);
+    }
+    for (int64_t r = 0; r < N * S; ++r) {
+      for (int64_t h = 0; h < KVH; ++h) Rotate(c, hd, kpos[r], &k[r * kvE + h * hd]);
+    }
+  }
+  const std::vector<double> slopes = !c.alibi                 ? std::vector<double>()
+                                     : c.alibi_slopes.empty() ? StandardAlibiSlopes(H)
+                                                              : c.alibi_slopes;
 
   out->total_src_len = St;
   out->q.assign(N * H * L * hd, 0.0);
@@ -85,6 +168,7 @@ void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out
                    out->k[((n * KVH + kh) * St + s) * hd + d];
           }
           double y = dot * scale;
+          if (c.softcap > 0) y = c.softcap * std::tanh(y / c.softcap);
           // Masks cover the S real keys; appended columns (bias_kv, zero_attn) are padded with
           // "not masked", as PyTorch pads attn_mask and key_padding_mask with zeros.
           if (s < S) {
@@ -106,12 +190,22 @@ void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out
               }
             }
             if (c.causal && s > l) y = kNegInf;
+            const int64_t pi = qpos[n * L + l], pj = kpos[n * S + s];
+            if (c.alibi) y -= slopes[h] * static_cast<double>(std::llabs(pi - pj));
+            if (c.window > 0) {
+              const bool visible =
+                  c.causal ? (pi - c.window < pj && pj <= pi) : std::llabs(pi - pj) < c.window;
+              if (!visible) y = kNegInf;
+            }
           }
           row[s] = y;
           if (y > mx) mx = y;
         }
-        double sum = 0;
         const bool all_masked = (mx == kNegInf);
+        // The sink joins the row's max and denominator; its value vector is zero.
+        const double sink = c.sinks.empty() ? kNegInf : c.sinks[h];
+        if (sink > mx) mx = sink;
+        double sum = all_masked || sink == kNegInf ? 0.0 : std::exp(sink - mx);
         for (int64_t s = 0; s < St; ++s) {
           row[s] = all_masked ? 0.0 : std::exp(row[s] - mx);
           sum += row[s];

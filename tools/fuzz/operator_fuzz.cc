@@ -8,7 +8,10 @@
 // aliasing the query, strided, token-major or broadcast (stride 0) input views, attn_mask and
 // key_padding_mask of every dtype (bool, u8, f32), rank and stride, fully masked rows, causal,
 // attention weights averaged or per head, strided outputs, output in place over the query,
-// 1-3 threads, owned or caller arenas). The values come from a PRNG seeded by the input's tail.
+// 1-3 threads, owned or caller arenas), with the attention variants (RoPE neox/gptj with theta,
+// partial rotary and scale, ALiBi with the paper's or given slopes, a window, softcap, sinks,
+// QK-norm per head or whole, and int32/int64 positions [N, L] / [L] and key positions for the
+// layers that use them). The values come from a PRNG seeded by the input's tail.
 //
 // Checks, any of which aborts with the case's description:
 // - a valid case must succeed: output and weights within 2e-5 + 2e-4 |want| of the reference
@@ -129,9 +132,20 @@ struct Case {
   bool in_place = false;
   float input_scale = 1;
   int invalid = kValid;
+  // Attention variants (mha_layer_config's fields; 0 = off).
+  int32_t rope = MHA_ROPE_NONE;
+  float rope_theta = 0, rope_scale = 0, softcap = 0, qk_norm_eps = 0;
+  int64_t rotary_dim = 0, window = 0;
+  bool alibi = false, alibi_given = false, sinks = false, qk_norm = false, qk_norm_whole = false;
+  // Positions (layers that use them): 0 none, else I32 (1) or I64 (2); `pos_shared`: [L] / [S]
+  // instead of [N, L] / [N, S]; `pos_max`: values in [0, pos_max].
+  int positions = 0;
+  bool pos_shared = false;
+  int64_t pos_max = 0;
   uint32_t seed = 0;
 
   bool self() const { return self_mode <= 1; }
+  bool uses_positions() const { return rope != MHA_ROPE_NONE || alibi || window > 0; }
   int64_t St() const { return S + bias_kv + zero_attn; }
   int64_t kvE() const { return KVH * (E / H); }
 
@@ -158,6 +172,11 @@ struct Case {
        << " causal=" << causal << " weights=" << weights << " wpad=" << wpad
        << " threads=" << threads << " other_threads=" << other_threads << " arena=" << arena
        << " in_place=" << in_place << " input_scale=" << input_scale << " invalid=" << invalid
+       << " rope=" << rope << " theta=" << rope_theta << " rd=" << rotary_dim
+       << " rope_scale=" << rope_scale << " alibi=" << alibi << (alibi_given ? "(slopes)" : "")
+       << " window=" << window << " softcap=" << softcap << " sinks=" << sinks
+       << " qk_norm=" << qk_norm << (qk_norm_whole ? "(whole)" : "") << " eps=" << qk_norm_eps
+       << " positions=" << positions << (pos_shared ? "(shared)" : "") << " pos_max=" << pos_max
        << " seed=" << seed;
     return os.str();
   }
@@ -171,6 +190,42 @@ SeqStore DecodeStore(ByteReader* r) {
   s.broadcast = ((b >> 6) & 3) == 3;
   s.dense_strides = (b >> 4) & 1;
   return s;
+}
+
+// The attention variants, each off for a zero byte. Layers with add_bias_kv / add_zero_attn
+// (Unsupported with positions) get no positional variant.
+void DecodeVariants(ByteReader* r, Case* c) {
+  const int64_t hd = c->E / c->H;
+  const uint8_t a = r->Byte();
+  const bool positional = !c->bias_kv && !c->zero_attn;
+  if (positional && (a & 3) != 0 && (a & 3) != 3 && hd >= 2) {
+    c->rope = (a & 3) == 1 ? MHA_ROPE_NEOX : MHA_ROPE_GPTJ;
+    if ((a >> 2) & 1) c->rope_theta = 100.0f * static_cast<float>(1 + r->Byte());
+    // An odd head_dim needs a partial rotary_dim (the default, head_dim, must be even).
+    if (((a >> 3) & 1) || hd % 2 != 0) c->rotary_dim = 2 * r->Range(1, hd / 2);
+    if ((a >> 4) & 1) c->rope_scale = 0.5f + 0.25f * static_cast<float>(r->Byte() % 16);
+  }
+  const uint8_t b = r->Byte();
+  if (positional && (b & 3) == 1) {
+    c->alibi = true;
+    c->alibi_given = (b >> 2) & 1;
+  }
+  if (positional && ((b >> 3) & 3) == 1) c->window = r->Range(1, std::max<int64_t>(c->S, c->L) + 2);
+  if (((b >> 5) & 3) == 1) c->softcap = 0.25f + 0.25f * static_cast<float>(r->Byte() % 40);
+  c->sinks = (b >> 7) & 1;
+  const uint8_t q = r->Byte();
+  if ((q & 3) == 1) {
+    c->qk_norm = true;
+    c->qk_norm_whole = (q >> 2) & 1;
+    if ((q >> 3) & 1) c->qk_norm_eps = 1e-5f * static_cast<float>(1 + (q >> 4));
+  }
+  if (c->uses_positions() && ((q >> 4) & 3) != 0) {
+    c->positions = ((q >> 4) & 1) ? 1 : 2;
+    c->pos_shared = (q >> 6) & 1;
+    // Large positions only without ALiBi, whose f32 bias m * |d| would then carry an absolute
+    // rounding of about 2^-24 * m * |d| into the probabilities (kernels/softmax.h).
+    c->pos_max = !c->alibi && r->Chance(64) ? 100000 : 2 * std::max(c->L, c->S);
+  }
 }
 
 Case Decode(ByteReader* r) {
@@ -242,6 +297,7 @@ Case Decode(ByteReader* r) {
   c.in_place = c.qd == c.E && !c.q.broadcast && r->Chance(40);
   c.input_scale = r->Chance(40) ? 2.0f : 1.0f;
   c.invalid = r->Chance(48) ? static_cast<int>(r->Range(1, kCount - 1)) : kValid;
+  DecodeVariants(r, &c);
   c.seed = r->Seed();
   return c;
 }
@@ -350,6 +406,9 @@ struct Buffers {
   mha_attention_inputs in;
   mha_tensor out_t, w_t;
   bool has_weights = false;
+  // Positions as stored (int32 or int64 bytes) and expanded for the reference ([N, L], [N, S]).
+  std::vector<uint8_t> q_pos_store, k_pos_store;
+  std::vector<int64_t> q_pos, k_pos;
 };
 
 std::vector<uint8_t> Snapshot(const GuardedBuffer& b) {
@@ -449,6 +508,18 @@ class Runner {
       RandomFill(&bias_k_, static_cast<size_t>(kvE), 1.0f, &rng_);
       RandomFill(&bias_v_, static_cast<size_t>(kvE), 1.0f, &rng_);
     }
+    const int64_t hd = E / c_.H;
+    if (c_.sinks) RandomFill(&sinks_, static_cast<size_t>(c_.H), 2.0f, &rng_);
+    if (c_.alibi_given) {
+      RandomFill(&slopes_, static_cast<size_t>(c_.H), 0.5f, &rng_);
+      for (float& x : slopes_) x += 0.5f;  // (0, 1)
+    }
+    if (c_.qk_norm) {
+      RandomFill(&q_norm_, static_cast<size_t>(c_.qk_norm_whole ? E : hd), 0.5f, &rng_);
+      RandomFill(&k_norm_, static_cast<size_t>(c_.qk_norm_whole ? kvE : hd), 0.5f, &rng_);
+      for (float& x : q_norm_) x += 1.0f;
+      for (float& x : k_norm_) x += 1.0f;
+    }
   }
   static float WBound(int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); }
 
@@ -470,6 +541,15 @@ class Runner {
     config.scale = c_.scale;
     config.weight_dtype = c_.wdtype;
     config.prepack = c_.prepack;
+    config.rope = c_.rope;
+    config.rope_theta = c_.rope_theta;
+    config.rotary_dim = c_.rotary_dim;
+    config.rope_scale = c_.rope_scale;
+    config.alibi = c_.alibi;
+    config.window = c_.window;
+    config.softcap = c_.softcap;
+    config.qk_norm_eps = c_.qk_norm_eps;
+    config.qk_norm_whole = c_.qk_norm_whole;
     return config;
   }
 
@@ -498,6 +578,12 @@ class Runner {
       w.bias_k = bias_k_.data();
       w.bias_v = bias_v_.data();
     }
+    if (c_.sinks) w.sinks = sinks_.data();
+    if (c_.alibi_given) w.alibi_slopes = slopes_.data();
+    if (c_.qk_norm) {
+      w.q_norm_weight = q_norm_.data();
+      w.k_norm_weight = k_norm_.data();
+    }
     return w;
   }
 
@@ -522,6 +608,8 @@ class Runner {
       case kViewDtypeMismatch:
         binding = MHA_WEIGHTS_VIEW;
         w.dtype = c_.wdtype == MHA_DTYPE_F32 ? MHA_DTYPE_BF16 : MHA_DTYPE_F32;
+        // The per-head packed layout is always copied (reordered), so it converts any dtype.
+        w.qkv_layout = MHA_QKV_LAYOUT_PYTORCH;
         break;
       case kNegativeQDim: config.q_dim = -1; break;
       case kMissingBiasKv:
@@ -575,6 +663,7 @@ class Runner {
       }
     }
     MakeMasks();
+    MakePositions();
     // Output: the query's layout with E features, or the query's own memory (in place).
     b_.ol = LayoutOf(c_, c_.in_place ? c_.q : c_.out, c_.L, c_.E);
     if (!c_.in_place) b_.output.Reset(b_.ol.floats, 4);
@@ -598,6 +687,44 @@ class Runner {
     b_.value_copy = Snapshot(b_.value);
     b_.attn_copy = Snapshot(b_.attn.buf);
     b_.kpm_copy = Snapshot(b_.kpm.buf);
+  }
+
+  // Random positions (any order: non-monotone ones are valid) for the queries and, in
+  // cross-attention, for the keys; the reference gets them expanded to [N, L] / [N, S].
+  void MakePositions() {
+    b_.q_pos.clear();
+    b_.k_pos.clear();
+    if (c_.positions == 0) return;
+    auto make = [&](int64_t T, std::vector<int64_t>* ref, std::vector<uint8_t>* store,
+                    mha_tensor* t) {
+      const bool shared = c_.pos_shared || !c_.batched;
+      const int64_t stored = shared ? T : c_.N * T;
+      std::uniform_int_distribution<int64_t> u(0, c_.pos_max);
+      const size_t esize = c_.positions == 1 ? 4 : 8;
+      store->assign(static_cast<size_t>(stored) * esize, 0);
+      std::vector<int64_t> values(static_cast<size_t>(stored));
+      for (int64_t i = 0; i < stored; ++i) {
+        values[i] = u(rng_);
+        if (esize == 4) {
+          const int32_t v = static_cast<int32_t>(values[i]);
+          std::memcpy(store->data() + 4 * i, &v, 4);
+        } else {
+          std::memcpy(store->data() + 8 * i, &values[i], 8);
+        }
+      }
+      ref->resize(static_cast<size_t>(c_.N * T));
+      for (int64_t n = 0; n < c_.N; ++n)
+        for (int64_t i = 0; i < T; ++i) (*ref)[n * T + i] = values[shared ? i : n * T + i];
+      const int64_t shape[2] = {c_.N, T};
+      *t = shared ? Tensor(store->data(), c_.positions == 1 ? MHA_DTYPE_I32 : MHA_DTYPE_I64, 1,
+                           shape + 1, nullptr)
+                  : Tensor(store->data(), c_.positions == 1 ? MHA_DTYPE_I32 : MHA_DTYPE_I64, 2,
+                           shape, nullptr);
+    };
+    make(c_.L, &b_.q_pos, &b_.q_pos_store, &b_.in.positions);
+    // Key/value views equal to the query's (self_mode 1) are self-attention too: the keys share
+    // the query positions and take no key_positions.
+    if (c_.self_mode >= 2) make(c_.S, &b_.k_pos, &b_.k_pos_store, &b_.in.key_positions);
   }
 
   void MakeMasks() {
@@ -901,6 +1028,21 @@ class Runner {
     rc.add_zero_attn = c_.zero_attn;
     rc.causal = c_.causal;
     rc.scale = c_.scale;
+    rc.rope = c_.rope == MHA_ROPE_NEOX   ? reference::Rope::kNeox
+              : c_.rope == MHA_ROPE_GPTJ ? reference::Rope::kGptj
+                                         : reference::Rope::kNone;
+    rc.rope_theta = c_.rope_theta;
+    rc.rotary_dim = c_.rotary_dim;
+    rc.rope_scale = c_.rope_scale;
+    rc.alibi = c_.alibi;
+    rc.alibi_slopes.assign(slopes_.begin(), slopes_.end());
+    rc.window = c_.window;
+    rc.softcap = c_.softcap;
+    rc.sinks.assign(sinks_.begin(), sinks_.end());
+    rc.q_norm.assign(q_norm_.begin(), q_norm_.end());
+    rc.k_norm.assign(k_norm_.begin(), k_norm_.end());
+    rc.qk_norm_whole = c_.qk_norm_whole;
+    rc.qk_norm_eps = c_.qk_norm_eps;
     reference::Weights w;
     std::vector<double> bias(in_bias_.begin(), in_bias_.end());
     if (c_.packed) {
@@ -941,6 +1083,9 @@ class Runner {
     in.batch = c_.N;
     in.tgt_len = c_.L;
     in.src_len = c_.S;
+    in.self_attention = c_.self();  // keys take the query positions
+    in.positions = b_.q_pos;
+    in.key_positions = b_.k_pos;
     // The query's values before an in-place forward overwrote them.
     in.query = BatchFirst(c_, b_.ql, reinterpret_cast<const float*>(b_.query_copy.data()), c_.L,
                           c_.qd);
@@ -1001,6 +1146,7 @@ class Runner {
   std::mt19937 rng_;
   std::string desc_;
   std::vector<float> in_proj_, wq_, wk_, wv_, wo_, in_bias_, bo_, bias_k_, bias_v_;
+  std::vector<float> sinks_, slopes_, q_norm_, k_norm_;  // the variants' tensors (empty: off)
   std::vector<uint16_t> in_proj16_, wq16_, wk16_, wv16_, wo16_;
   Buffers b_;
 };
