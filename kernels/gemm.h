@@ -138,7 +138,8 @@ void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, f
 // leading rows [0, k) of a packing packed_k rows deep (LeadingRows): the blocks keep the
 // packing's depths (each KC block's micro-panels are min(KC, packed_k - pc) steps long) and the
 // products read the first k steps. Attention's causal strips multiply their probabilities by
-// the leading rows of a key block's packed V (the keys before their causal limit).
+// the leading rows of a key block's packed V (the keys before their causal limit), and windowed
+// strips by rows from their band's start (Rows).
 struct PackedB {
   const float* data = nullptr;
   size_t k = 0;
@@ -153,6 +154,12 @@ struct PackedB {
   }
   // Rows [0, kk) of this operand, kk <= k.
   PackedB LeadingRows(size_t kk) const { return {data, kk, n, packed_n, col0, packed_k}; }
+  // Rows [r0, r0 + kk) of an operand whose packing is one KC block deep (packed_k <=
+  // GemmBlocking().kc, asserted by the products): each micro-panel's k steps are packnr floats
+  // apart, so the rows start r0 steps in, and packed_k keeps the panels' length.
+  PackedB Rows(size_t r0, size_t kk, size_t packnr) const {
+    return {data + r0 * packnr, kk, n, packed_n, col0, packed_k};
+  }
 };
 
 // The register and cache blocks of the BLIS configuration selected at run time: callers that

@@ -24,11 +24,12 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Keys per key block of the online path with a window over index positions (see
-// OnlineTask::Run), at most the plan's key_block: a strip's band starts inside its first key
-// block, whose columns before it cost the P V product zeros (the scores product and the softmax
-// start at the band), so smaller blocks waste less there, at the cost of more, smaller products.
-// Belongs with forward_plan.h's tuning constants.
-constexpr int64_t kWindowKeyBlock = 128;
+// OnlineTask::Run): at most one KC block of the GEMM configuration, so that a strip's P V can
+// start at its band (PackedB::Rows), as its scores and softmax do; blocks as deep as that keep
+// the softmax's per-row work per call (max, sum, rescale) small against the keys it covers.
+int64_t WindowKeyBlock(int64_t key_block) {
+  return std::min<int64_t>(key_block, static_cast<int64_t>(kernels::GemmBlocking().kc));
+}
 
 // What every task of one RunAttentionTasks call reads: the layer, the bound workspace, the keys
 // covered, the masks and the trace; and views of one head's rows of the buffers.
@@ -261,11 +262,11 @@ void OnlineTask::Run() {
                                 static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
   LoadQueryRows(one_block);
   LoadState();
-  // A window over index positions (masks.banded()): key blocks of at most kWindowKeyBlock keys
+  // A window over index positions (masks.banded()): key blocks of at most WindowKeyBlock keys
   // from the one holding the band's start; the blocks before it are never packed or multiplied.
   // The block grid starts at keys.begin whatever the task's rows (which follow the thread
   // count), so a row's blocks, and its results, do not depend on them.
-  const int64_t bk = t_.masks.banded() ? std::min(kb, kWindowKeyBlock) : kb;
+  const int64_t bk = t_.masks.banded() ? WindowKeyBlock(kb) : kb;
   for (int64_t k0 = keys.begin + (kbegin - keys.begin) / bk * bk; k0 < kend; k0 += bk) {
     UpdateKeyBlock(k0, std::min(bk, kend - k0), true);
   }
@@ -346,7 +347,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     const int64_t visible = masked ? std::min<int64_t>(kc, t_.KeyLimit(q, sr) - k0) : int64_t(kc);
     // A window's band: the strip's first row sees keys from KeyStart(q) on, so the scores
     // product and the softmax start at the micro-panel holding it (c0, a multiple of NR), and
-    // P's columns before c0 are zero. A block wholly before the strip's band is skipped.
+    // P V starts at c0 too. A block wholly before the strip's band is skipped.
     const int64_t first = masked ? t_.KeyStart(q) - k0 : 0;
     if (visible <= 0 || first >= visible) continue;
     const size_t cols = static_cast<size_t>(visible);
@@ -355,7 +356,10 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     const MatrixView s_band = s_view.Block(0, c0, sr, cols - c0);
     const MatrixView a_view = acc_.Block(r0, 0, sr, hd);
     const kernels::PackedB k_cols = kp.Columns(c0, cols - c0);
-    const kernels::PackedB v_rows = vp.LeadingRows(cols);
+    // P V reads P's columns and V's rows from c0 on (the band), as the scores did; c0 > 0 only
+    // with a window, whose blocks are one KC block deep (WindowKeyBlock), as Rows needs.
+    assert(c0 == 0 || kc <= kernels::GemmBlocking().kc);
+    const kernels::PackedB v_rows = vp.Rows(c0, cols - c0, kernels::GemmBlocking().packnr);
     t0 = t_.Now();
     // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
     // without masks the softmax's first pass only reads the scores.
@@ -374,19 +378,16 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
                                      ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
                                      : AppendedKeyTerms(t_.masks),
                                  row_max_ + r0, row_sum_ + r0, a_view.data, hd, a_view.row_stride);
-    for (size_t r = 0; c0 > 0 && r < sr; ++r) {
-      std::memset(scores_ + r * key_block, 0, c0 * sizeof(float));
-    }
     Record(t0, Stage::kSoftmax);
     t0 = t_.Now();
     // P is read in place where the direct micro-kernel runs: no packing of the strip's
     // probabilities (GemmBlisPackedB's PackPanel).
     if (direct_) {
-      const bool ran = kernels::GemmDirectPackedB(1.0f, s_view, v_rows, 1.0f, a_view);
+      const bool ran = kernels::GemmDirectPackedB(1.0f, s_band, v_rows, 1.0f, a_view);
       assert(ran && "the direct kernel runs where it was chosen");
       (void)ran;
     } else {
-      kernels::GemmBlisPackedB(1.0f, s_view, v_rows, 1.0f, a_view, gs);
+      kernels::GemmBlisPackedB(1.0f, s_band, v_rows, 1.0f, a_view, gs);
     }
     Record(t0, Stage::kWeightedSum);
   }
