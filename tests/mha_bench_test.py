@@ -976,6 +976,19 @@ class Variants(unittest.TestCase):
         flops = 2 * (12 * 32 * 32 * 4) + 4 * 32 * 33
         self.assertAlmostEqual(r["gflops"], flops / (r["median_ms"] * 1e6), delta=r["gflops"] * 0.01)
 
+    def test_breakdown_columns_match_their_header(self):
+        p = run(self.TINY_VARIANTS + ["--window", "4", "--breakdown"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.splitlines()
+        i = next(i for i, line in enumerate(lines) if line.startswith("Breakdown"))
+        header, row = lines[i + 1].split(), lines[i + 2].split()
+        self.assertEqual(header[-2:], ["overhead", "wall"])
+        self.assertIn("cache_att", header)
+        # The row: the header's columns, then the variants' label.
+        self.assertEqual(row[len(header):], ["window=4"])
+        for name in ("scores", "softmax", "pv", "qkv_proj", "out_proj"):
+            float(row[header.index(name)])
+
     def test_peers_get_the_variants_and_the_grouped_weights(self):
         p, calls, doc, rows, leftovers = run_with_peers(
             self.TINY_VARIANTS + ["--kv-heads", "2", "--sinks", "--qk-norm", "--compare", "ort"],
