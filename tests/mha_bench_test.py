@@ -1020,8 +1020,9 @@ class Variants(unittest.TestCase):
             for peer, variants, reason in [
                     ("torch", "window=4", "torch has no attention variants here (window=4)"),
                     ("openvino", "rope=neox", "openvino has no attention variants here"),
-                    ("ort", "kv_heads=1 alibi sinks", "ort (GroupQueryAttention) has no alibi, "
-                                                      "sinks")]:
+                    ("ort", "kv_heads=1 alibi qk_norm", "ort (GroupQueryAttention) has no "
+                                                        "alibi, qk_norm"),
+                    ("ort", "rope=neox rotary_dim=8", "rotary_dim / 2 not a multiple of 8")]:
                 p = subprocess.run([sys.executable, script, "--peer", peer, "--case",
                                     "1,8,8,16,2,1,0", "--variants", variants, "--data", data],
                                    capture_output=True, text=True, timeout=60)
