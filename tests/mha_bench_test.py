@@ -1004,6 +1004,28 @@ class Variants(unittest.TestCase):
         self.assertEqual(shapes["q_norm.weight"], [8])
         self.assertEqual(shapes["k_norm.weight"], [8])
 
+    def test_real_ort_agrees_on_variants_or_notes(self):
+        # With the peers venv (tools/dev peers), ONNX Runtime's GroupQueryAttention must agree
+        # with mha on grouped-query heads, RoPE, a window, softcap and sinks; without it, a note.
+        build = os.path.dirname(os.path.dirname(BENCH))
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        venv = any(os.access(os.path.join(d, "peers-venv", "bin", "python"), os.X_OK)
+                   for d in (build, os.path.join(source, "build")))
+        env = {k: "" for k in ("MHA_BENCH_PEER_PYTHON", "MHA_BENCH_PEER_SCRIPT")}
+        p, _, doc, _, _ = run_with_peers(
+            self.TINY_VARIANTS + ["--embed", "64", "--kv-heads", "2", "--rope", "neox",
+                                  "--window", "5", "--softcap", "3", "--sinks",
+                                  "--compare", "ort"], None, env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        (r,) = doc["results"]
+        peer = r["peers"]["ort"]
+        if venv:
+            self.assertIs(peer["agrees"], True, peer)
+            self.assertLess(peer["max_abs_err"], 1e-4)
+        else:
+            self.assertIsNone(peer["median_ms"])
+            self.assertNotEqual(peer["note"], "")
+
     def test_peers_script_skips_variants_it_lacks(self):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools",
                               "peers.py")
