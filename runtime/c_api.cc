@@ -215,8 +215,10 @@ Status CheckWeightDtype(int32_t v, const char* name) {
 
 Status CheckRope(int32_t v, const char* name) {
   if (v != MHA_ROPE_NONE && v != MHA_ROPE_NEOX && v != MHA_ROPE_GPTJ) {
-    return InvalidArgument(std::string(name) + ": expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) "
-                           "or MHA_ROPE_GPTJ (2), got " + std::to_string(v));
+    return InvalidArgument(std::string(name) +
+                           ": expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) "
+                           "or MHA_ROPE_GPTJ (2), got " +
+                           std::to_string(v));
   }
   return Status::Ok();
 }

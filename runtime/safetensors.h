@@ -55,8 +55,8 @@ struct TensorInfo {
   std::string name;
   // The dtype string as written in the file ("F32", "I64", ...).
   std::string dtype_name;
-  // True when dtype_name maps to an mha::DType (F32, F16, BF16, BOOL, U8, I32, I64); other dtypes are
-  // validated for size but every accessor reports Unsupported for them.
+  // True when dtype_name maps to an mha::DType (F32, F16, BF16, BOOL, U8, I32, I64); other dtypes
+  // are validated for size but every accessor reports Unsupported for them.
   bool supported = false;
   DType dtype = DType::kF32;  // meaningful only when supported
   size_t element_size = 0;    // bytes per element of dtype_name

@@ -255,8 +255,9 @@ Status LoadVariants(const SafeTensorsFile& file, const std::string& prefix,
                              ", kvE = " + std::to_string(KVH * hd) + ")";
     s = t.qk_norm_whole ? Status::Ok() : loader.CheckShape(qn, {hd}, "[head_dim] or [E] " + dims);
     if (s.ok()) {
-      s = t.qk_norm_whole ? loader.CheckShape(kn, {KVH * hd}, "[kvE] (q_norm.weight is [E]) " + dims)
-                          : loader.CheckShape(kn, {hd}, "[head_dim] (q_norm.weight is [head_dim]) " + dims);
+      s = t.qk_norm_whole
+              ? loader.CheckShape(kn, {KVH * hd}, "[kvE] (q_norm.weight is [E]) " + dims)
+              : loader.CheckShape(kn, {hd}, "[head_dim] (q_norm.weight is [head_dim]) " + dims);
     }
     if (s.ok()) s = loader.Read(qn, &t.q_norm);
     if (s.ok()) s = loader.Read(kn, &t.k_norm);

@@ -1,5 +1,7 @@
 #include "tests/attention_test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <sstream>
 
 namespace mha {
@@ -420,6 +422,68 @@ void MakeViews(const Problem& p, Views* v) {
     shape[rank++] = St;
     v->weights.assign(p.N * (p.average ? 1 : H) * p.L * St, std::numeric_limits<float>::quiet_NaN());
     TensorView::Dense(v->weights.data(), DType::kF32, rank, shape, &v->out.attn_weights);
+  }
+}
+
+bool Close(double got, double want) {
+  if (std::isnan(want)) return std::isnan(got);
+  return std::abs(got - want) <= kAtol + kRtol * std::abs(want);
+}
+
+void RunForward(const Problem& p, size_t threads, Views* v) {
+  std::unique_ptr<MultiheadAttention> mha;
+  Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  ContextOptions opts;
+  opts.num_threads = threads;
+  std::unique_ptr<Context> ctx;
+  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  MakeViews(p, v);
+  size_t bytes = 0;
+  s = mha->Plan(v->in, v->out, threads, &bytes);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  s = mha->Forward(*ctx, v->in, v->out);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  EXPECT_LE(ctx->arena_high_water(), bytes + 64) << p.Describe();
+}
+
+void ExpectMatchesReference(const Problem& p, const Views& v) {
+  reference::Outputs ref;
+  RunReference(p, &ref);
+  const int64_t E = p.config.embed_dim;
+  int bad = 0;
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t l = 0; l < p.L; ++l)
+      for (int64_t e = 0; e < E; ++e) {
+        const double want = ref.output[(n * p.L + l) * E + e];
+        const double got = OutputAt(p, v.output, n, l, e);
+        if (!Close(got, want) && bad++ < 5) {
+          ADD_FAILURE() << "output[n=" << n << ", l=" << l << ", e=" << e << "] = " << got
+                        << ", want " << want << "\n"
+                        << p.Describe();
+        }
+      }
+  if (!p.need_weights) return;
+  const int64_t St = ref.total_src_len;
+  const std::vector<double>& want_w = p.average ? ref.mean_weights : ref.head_weights;
+  ASSERT_EQ(v.weights.size(), want_w.size()) << p.Describe();
+  for (size_t i = 0; i < want_w.size(); ++i) {
+    if (!Close(v.weights[i], want_w[i]) && bad++ < 5) {
+      ADD_FAILURE() << "weights[" << i << "] (row " << i / St << ", col " << i % St
+                    << ") = " << v.weights[i] << ", want " << want_w[i] << "\n"
+                    << p.Describe();
+    }
+  }
+  for (size_t row = 0; row * St < want_w.size(); ++row) {
+    double got = 0, want = 0;
+    for (int64_t j = 0; j < St; ++j) {
+      got += v.weights[row * St + j];
+      want += want_w[row * St + j];
+    }
+    if (std::abs(got - want) > 1e-5 && bad++ < 5) {
+      ADD_FAILURE() << "weights row " << row << " sums to " << got << ", want " << want << "\n"
+                    << p.Describe();
+    }
   }
 }
 

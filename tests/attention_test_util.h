@@ -81,6 +81,21 @@ void MakeViews(const Problem& p, Views* v);
 // Element (n, l, e) of an output stored in the problem's query layout.
 float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64_t l, int64_t e);
 
+// The operator against the double reference: f32 arithmetic on O(1) values (products summed
+// over <= 64 terms, softmax, two more products) is within 2e-5 absolute + 2e-4 relative, while
+// an indexing or masking error is O(0.1).
+constexpr double kAtol = 2e-5;
+constexpr double kRtol = 2e-4;
+bool Close(double got, double want);
+
+// Creates the layer of `p`, plans and runs its forward on `threads` threads into `v` (gtest
+// assertions: every step succeeds, the workspace stays within the plan).
+void RunForward(const Problem& p, size_t threads, Views* v);
+
+// The forward's output and (when requested) attention weights against the reference, within
+// Close; each weights row's sum too (1 - p_sink with sinks). gtest failures name the problem.
+void ExpectMatchesReference(const Problem& p, const Views& v);
+
 // Sets the operator's key chunking (runtime/attention_impl.h) for one scope: chunks of
 // `chunk_keys` keys for K/V of any size, so small shapes take the chunked path; or, with
 // chunk_keys 0, never chunked.

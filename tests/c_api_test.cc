@@ -414,8 +414,9 @@ TEST(CApiTest, InvalidConfigs) {
   // The variants' C-only checks: the enum and the booleans.
   w.out_proj_weight = s.w_out.data();
   c.rope = 3;
-  EXPECT_INVALID(create(c), "config->rope: expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) or "
-                            "MHA_ROPE_GPTJ (2), got 3");
+  EXPECT_INVALID(create(c),
+                 "config->rope: expected MHA_ROPE_NONE (0), MHA_ROPE_NEOX (1) or "
+                 "MHA_ROPE_GPTJ (2), got 3");
   c.rope = -1;
   EXPECT_INVALID(create(c), "config->rope: expected MHA_ROPE_NONE (0)");
   c.rope = MHA_ROPE_NONE;
@@ -810,8 +811,9 @@ std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionCon
   const int64_t q_shape[3] = {VP::L, VP::N, VP::E}, pos_shape[2] = {VP::N, VP::L};
   TensorView::Dense(const_cast<float*>(p.query.data()), DType::kF32, 3, q_shape, &in.query);
   if (positions != DType::kF32) {
-    void* data = positions == DType::kI32 ? static_cast<void*>(const_cast<int32_t*>(p.pos32.data()))
-                                          : static_cast<void*>(const_cast<int64_t*>(p.pos64.data()));
+    void* data = positions == DType::kI32
+                     ? static_cast<void*>(const_cast<int32_t*>(p.pos32.data()))
+                     : static_cast<void*>(const_cast<int64_t*>(p.pos64.data()));
     TensorView::Dense(data, positions, 2, pos_shape, &in.positions);
   }
   in.causal = causal;
@@ -893,7 +895,8 @@ TEST(CApiTest, VariantsMatchCppApiBitwise) {
          w->alibi_slopes = p.slopes.data();
        },
        DType::kI32},
-      {"window", [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->window = 2; },
+      {"window",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->window = 2; },
        DType::kF32},
       {"window_positions",
        [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->window = 3; },
@@ -948,8 +951,7 @@ TEST(CApiTest, PositionsTensorsAndTheirErrors) {
                  "inputs->positions.dtype: expected MHA_DTYPE_I32 (6) or MHA_DTYPE_I64 (7), got 0");
   in.positions = mha_tensor{};
   in.key_positions = Dense(pos.data(), 9, {Small::N, Small::L});
-  EXPECT_INVALID(mha_layer_plan(s.layer, &in, &s.out, nullptr, 0, 1, nullptr),
-                 "workspace_bytes");
+  EXPECT_INVALID(mha_layer_plan(s.layer, &in, &s.out, nullptr, 0, 1, nullptr), "workspace_bytes");
   size_t bytes = 0;
   EXPECT_INVALID(mha_layer_plan(s.layer, &in, &s.out, nullptr, 0, 1, &bytes),
                  "inputs->key_positions.dtype: expected MHA_DTYPE_I32 (6) or MHA_DTYPE_I64 (7), "
@@ -1055,8 +1057,8 @@ TEST(CApiTest, CreateFromSafetensors) {
 TEST(CApiTest, CreateFromSafetensorsWithVariants) {
   using VP = VariantProblem;
   const VariantProblem p;
-  const std::string path = ::testing::TempDir() + "c_api_variants_" + std::to_string(getpid()) +
-                           ".safetensors";
+  const std::string path =
+      ::testing::TempDir() + "c_api_variants_" + std::to_string(getpid()) + ".safetensors";
   std::vector<float> q_minus_one = p.q_norm_whole, k_minus_one = p.k_norm_whole;
   for (float& v : q_minus_one) v -= 1.0f;
   for (float& v : k_minus_one) v -= 1.0f;

@@ -50,7 +50,7 @@ struct Loaded {
   TensorView View() {
     TensorView v;
     if (!present) return v;
-    void* data = dtype == DType::kF32    ? static_cast<void*>(f.data())
+    void* data = dtype == DType::kF32   ? static_cast<void*>(f.data())
                  : dtype == DType::kI64 ? static_cast<void*>(i.data())
                                         : static_cast<void*>(b.data());
     EXPECT_TRUE(TensorView::Dense(data, dtype, static_cast<int>(shape.size()), shape.data(), &v).ok());
@@ -96,7 +96,9 @@ void ReadVariants(const std::map<std::string, std::string>& meta, AttentionConfi
   c->scale = static_cast<float>(MetaDouble(meta, "scale", 0.0));
   const std::string rope = meta.at("rope");
   ASSERT_TRUE(rope == "none" || rope == "neox" || rope == "gptj") << rope;
-  c->rope = rope == "neox" ? RopeStyle::kNeox : rope == "gptj" ? RopeStyle::kGptj : RopeStyle::kNone;
+  c->rope = rope == "neox"   ? RopeStyle::kNeox
+            : rope == "gptj" ? RopeStyle::kGptj
+                             : RopeStyle::kNone;
   c->rope_theta = static_cast<float>(MetaDouble(meta, "rope_theta", 0.0));
   c->rotary_dim = MetaInt(meta, "rotary_dim");
   c->rope_scale = static_cast<float>(MetaDouble(meta, "rope_scale", 0.0));

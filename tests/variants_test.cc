@@ -18,26 +18,21 @@
 #include "kernels/elementwise.h"
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
+#include "tests/kernel_test_util.h"
 
 namespace mha {
 namespace {
 
+using testing_util::Close;
+using testing_util::ExpectMatchesReference;
 using testing_util::MakeViews;
 using testing_util::MaskChoice;
 using testing_util::OutputAt;
 using testing_util::Problem;
+using testing_util::RunForward;
 using testing_util::ScopedKeyChunking;
 using testing_util::Views;
 using testing_util::WeightsOf;
-
-// The tolerances of attention_random_test.cc: f32 against double, O(1) values.
-constexpr double kAtol = 2e-5;
-constexpr double kRtol = 2e-4;
-
-bool Close(double got, double want) {
-  if (std::isnan(want)) return std::isnan(got);
-  return std::abs(got - want) <= kAtol + kRtol * std::abs(want);
-}
 
 int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
@@ -186,10 +181,14 @@ Problem RandomVariantProblem(std::mt19937* rng, int64_t max_len, int only = -1) 
   }
   p.S = p.self_attention ? p.L : Pick(rng, 1, max_len);
   const int mask_pick = static_cast<int>(Pick(rng, 0, 4));
-  p.attn = mask_pick == 1 ? MaskChoice::kBool : mask_pick == 2 ? MaskChoice::kFloat : MaskChoice::kNone;
+  p.attn = mask_pick == 1   ? MaskChoice::kBool
+           : mask_pick == 2 ? MaskChoice::kFloat
+                            : MaskChoice::kNone;
   p.attn_3d = p.attn != MaskChoice::kNone && Coin(rng, 0.3);
   const int kpm_pick = static_cast<int>(Pick(rng, 0, 3));
-  p.kpm = kpm_pick == 1 ? MaskChoice::kBool : kpm_pick == 2 ? MaskChoice::kFloat : MaskChoice::kNone;
+  p.kpm = kpm_pick == 1   ? MaskChoice::kBool
+          : kpm_pick == 2 ? MaskChoice::kFloat
+                          : MaskChoice::kNone;
   p.causal = Coin(rng, 0.4);
   p.need_weights = Coin(rng, 0.5);
   p.average = Coin(rng);
@@ -201,65 +200,6 @@ Problem RandomVariantProblem(std::mt19937* rng, int64_t max_len, int only = -1) 
   return p;
 }
 
-void RunMha(const Problem& p, size_t threads, Views* v) {
-  std::unique_ptr<MultiheadAttention> mha;
-  Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  ContextOptions opts;
-  opts.num_threads = threads;
-  std::unique_ptr<Context> ctx;
-  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
-  MakeViews(p, v);
-  size_t bytes = 0;
-  s = mha->Plan(v->in, v->out, threads, &bytes);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  s = mha->Forward(*ctx, v->in, v->out);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  EXPECT_LE(ctx->arena_high_water(), bytes + 64) << p.Describe();
-}
-
-// Output and weights against the reference; with sinks, every row of per-head weights sums to
-// 1 - p_sink (< 1 wherever a key is visible).
-void CheckAgainstReference(const Problem& p, const Views& v) {
-  reference::Outputs ref;
-  testing_util::RunReference(p, &ref);
-  const int64_t E = p.config.embed_dim;
-  int bad = 0;
-  for (int64_t n = 0; n < p.N; ++n)
-    for (int64_t l = 0; l < p.L; ++l)
-      for (int64_t e = 0; e < E; ++e) {
-        const double want = ref.output[(n * p.L + l) * E + e];
-        const double got = OutputAt(p, v.output, n, l, e);
-        if (!Close(got, want) && bad++ < 5) {
-          ADD_FAILURE() << "output[n=" << n << ", l=" << l << ", e=" << e << "] = " << got
-                        << ", want " << want << "\n"
-                        << p.Describe();
-        }
-      }
-  if (!p.need_weights) return;
-  const int64_t St = ref.total_src_len;
-  const std::vector<double>& want_w = p.average ? ref.mean_weights : ref.head_weights;
-  ASSERT_EQ(v.weights.size(), want_w.size()) << p.Describe();
-  for (size_t i = 0; i < want_w.size(); ++i) {
-    if (!Close(v.weights[i], want_w[i]) && bad++ < 5) {
-      ADD_FAILURE() << "weights[" << i << "] (row " << i / St << ", col " << i % St
-                    << ") = " << v.weights[i] << ", want " << want_w[i] << "\n"
-                    << p.Describe();
-    }
-  }
-  for (size_t row = 0; row * St < want_w.size(); ++row) {
-    double got = 0, want = 0;
-    for (int64_t j = 0; j < St; ++j) {
-      got += v.weights[row * St + j];
-      want += want_w[row * St + j];
-    }
-    if (std::abs(got - want) > 1e-5 && bad++ < 5) {
-      ADD_FAILURE() << "weights row " << row << " sums to " << got << ", want " << want << "\n"
-                    << p.Describe();
-    }
-  }
-}
-
 void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, const Problem& p,
                     const char* what, size_t threads) {
   ASSERT_EQ(a.size(), b.size());
@@ -269,8 +209,8 @@ void ExpectSameBits(const std::vector<float>& a, const std::vector<float>& b, co
       << p.Describe();
 }
 
-const char* const kVariantNames[7] = {"rope", "alibi", "window", "softcap", "sinks", "qk_norm",
-                                      "positions"};
+const char* const kVariantNames[7] = {"rope",  "alibi",   "window",   "softcap",
+                                      "sinks", "qk_norm", "positions"};
 
 TEST(VariantsTest, EachVariantAloneMatchesReference) {
   std::mt19937 rng(3030);
@@ -279,9 +219,9 @@ TEST(VariantsTest, EachVariantAloneMatchesReference) {
     for (int i = 0; i < 30; ++i) {
       const Problem p = RandomVariantProblem(&rng, 12, only);
       Views v;
-      RunMha(p, 1 + i % 3, &v);
+      RunForward(p, 1 + i % 3, &v);
       if (HasFatalFailure()) return;
-      CheckAgainstReference(p, v);
+      ExpectMatchesReference(p, v);
       if (HasFailure()) {
         ADD_FAILURE() << kVariantNames[only] << " alone, problem #" << i;
         return;
@@ -294,12 +234,12 @@ TEST(VariantsTest, EachVariantAloneMatchesReference) {
 
 TEST(VariantsTest, RandomCombinationsMatchReference) {
   std::mt19937 rng(30);
-  for (int i = 0; i < 250; ++i) {
+  for (int i = 0; i < 600; ++i) {
     const Problem p = RandomVariantProblem(&rng, i % 10 == 0 ? 40 : 10);
     Views v;
-    RunMha(p, 1 + i % 3, &v);
+    RunForward(p, 1 + i % 3, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i;
       return;
@@ -309,15 +249,15 @@ TEST(VariantsTest, RandomCombinationsMatchReference) {
 
 TEST(VariantsTest, KeyChunkedPathMatchesReference) {
   std::mt19937 rng(3031);
-  for (int i = 0; i < 150; ++i) {
+  for (int i = 0; i < 400; ++i) {
     Problem p = RandomVariantProblem(&rng, 40);
     p.need_weights = false;
     const int64_t chunk_keys = 1 + i % 9;
     ScopedKeyChunking forced(chunk_keys);
     Views v;
-    RunMha(p, 1 + i % 3, &v);
+    RunForward(p, 1 + i % 3, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i << ", chunks of " << chunk_keys << " keys";
       return;
@@ -327,15 +267,15 @@ TEST(VariantsTest, KeyChunkedPathMatchesReference) {
 
 TEST(VariantsTest, BitwiseIdenticalForOneTwoThreeThreads) {
   std::mt19937 rng(3032);
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 100; ++i) {
     Problem p = RandomVariantProblem(&rng, 60);
     const int64_t chunk_keys = i % 2 ? 3 + i % 13 : 0;
     if (chunk_keys) p.need_weights = false;
     ScopedKeyChunking chunking(chunk_keys);
     Views v1, v2, v3;
-    RunMha(p, 1, &v1);
-    RunMha(p, 2, &v2);
-    RunMha(p, 3, &v3);
+    RunForward(p, 1, &v1);
+    RunForward(p, 2, &v2);
+    RunForward(p, 3, &v3);
     if (HasFatalFailure()) return;
     ExpectSameBits(v1.output, v2.output, p, "outputs", 2);
     ExpectSameBits(v1.output, v3.output, p, "outputs", 3);
@@ -371,9 +311,9 @@ TEST(VariantsTest, WindowsAroundBlockSizes) {
       const int64_t chunk_keys = mode == 2 ? 100 : 0;
       ScopedKeyChunking chunking(chunk_keys);
       Views v;
-      RunMha(p, 2, &v);
+      RunForward(p, 2, &v);
       if (HasFatalFailure()) return;
-      CheckAgainstReference(p, v);
+      ExpectMatchesReference(p, v);
       if (HasFailure()) {
         ADD_FAILURE() << "window " << windows[i] << " mode " << mode;
         return;
@@ -412,13 +352,62 @@ TEST(VariantsTest, LongCrossAttentionWithKeyPositions) {
     p.pos_dtype = variant % 2 ? DType::kI64 : DType::kI32;
     ScopedKeyChunking chunking(variant >= 2 ? 1024 : 0);
     Views v1, v2;
-    RunMha(p, 2, &v2);
-    RunMha(p, 1, &v1);
+    RunForward(p, 2, &v2);
+    RunForward(p, 1, &v1);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v2);
+    ExpectMatchesReference(p, v2);
     ExpectSameBits(v1.output, v2.output, p, "outputs", 2);
     if (HasFailure()) return;
   }
+}
+
+// BLOOM-style left padding: the padded keys masked by a bool key_padding_mask, positions
+// cumsum(mask) - 1 (0 on the padding), ALiBi and RoPE, causal; and the same sequence unpadded
+// gives the same outputs on its real rows.
+TEST(VariantsTest, LeftPaddedBatchWithCumsumPositions) {
+  std::mt19937 rng(3039);
+  Problem p;
+  p.config.embed_dim = 16;
+  p.config.num_heads = 4;
+  p.config.batch_first = true;
+  p.self_attention = true;
+  p.N = 2;
+  p.L = p.S = 9;
+  p.causal = true;
+  testing_util::FillProblem(&p, &rng);
+  p.config.alibi = true;
+  p.config.rope = RopeStyle::kNeox;
+  const int64_t pad[2] = {0, 4};
+  p.kpm = MaskChoice::kBool;
+  p.kpm_b.assign(p.N * p.S, 0);
+  for (int64_t n = 0; n < p.N; ++n) {
+    for (int64_t l = 0; l < p.L; ++l) {
+      p.positions.push_back(std::max<int64_t>(0, l - pad[n]));
+      if (l < pad[n]) p.kpm_b[n * p.S + l] = 1;
+    }
+  }
+  p.pos_dtype = DType::kI64;
+  Views v;
+  RunForward(p, 2, &v);
+  if (HasFatalFailure()) return;
+  ExpectMatchesReference(p, v);
+  // Batch entry 1 unpadded: its 5 real tokens alone, positions 0..4.
+  Problem alone = p;
+  alone.N = 1;
+  alone.L = alone.S = p.L - pad[1];
+  alone.query.assign(p.query.begin() + (p.L + pad[1]) * 16, p.query.begin() + 2 * p.L * 16);
+  alone.kpm = MaskChoice::kNone;
+  alone.kpm_b.clear();
+  alone.positions.clear();
+  for (int64_t l = 0; l < alone.L; ++l) alone.positions.push_back(l);
+  Views w;
+  RunForward(alone, 2, &w);
+  if (HasFatalFailure()) return;
+  for (int64_t l = 0; l < alone.L; ++l)
+    for (int64_t e = 0; e < 16; ++e) {
+      EXPECT_NEAR(OutputAt(p, v.output, 1, pad[1] + l, e), OutputAt(alone, w.output, 0, l, e), 1e-5)
+          << l << " " << e;
+    }
 }
 
 // Project returns q and k as attention uses them: QK-norm, then RoPE at the given positions.
@@ -453,12 +442,14 @@ TEST(VariantsTest, ProjectReturnsNormalizedRotatedQk) {
     int bad = 0;
     for (size_t j = 0; j < q.size(); ++j) {
       if (!Close(q[j], ref.q[j]) && bad++ < 5) {
-        ADD_FAILURE() << "q[" << j << "] = " << q[j] << ", want " << ref.q[j] << "\n" << p.Describe();
+        ADD_FAILURE() << "q[" << j << "] = " << q[j] << ", want " << ref.q[j] << "\n"
+                      << p.Describe();
       }
     }
     for (size_t j = 0; j < k.size(); ++j) {
       if (!Close(k[j], ref.k[j]) && bad++ < 5) {
-        ADD_FAILURE() << "k[" << j << "] = " << k[j] << ", want " << ref.k[j] << "\n" << p.Describe();
+        ADD_FAILURE() << "k[" << j << "] = " << k[j] << ", want " << ref.k[j] << "\n"
+                      << p.Describe();
       }
     }
     if (HasFailure()) return;
@@ -474,7 +465,7 @@ TEST(VariantsTest, NeutralSettingsMatchThePlainLayer) {
     Problem plain = testing_util::RandomProblem(&rng, 12);
     plain.config.add_bias_kv = plain.config.add_zero_attn = false;
     Views want;
-    RunMha(plain, 2, &want);
+    RunForward(plain, 2, &want);
     if (HasFatalFailure()) return;
     Problem p = plain;
     const int64_t H = p.config.num_heads;
@@ -492,12 +483,13 @@ TEST(VariantsTest, NeutralSettingsMatchThePlainLayer) {
       default:
         if (p.config.embed_dim / H < 2) continue;
         p.config.rope = RopeStyle::kNeox;
+        p.config.rotary_dim = p.config.embed_dim / H / 2 * 2;
         p.positions.assign(p.N * p.L, 0);
         if (!p.self_attention) p.key_positions.assign(p.N * p.S, 0);
         break;
     }
     Views got;
-    RunMha(p, 2, &got);
+    RunForward(p, 2, &got);
     if (HasFatalFailure()) return;
     int bad = 0;
     for (size_t j = 0; j < want.output.size(); ++j) {
@@ -530,9 +522,9 @@ TEST(VariantsTest, SoftcapCoversAppendedKeys) {
     const bool chunked = mode >= 2;
     ScopedKeyChunking chunking(chunked ? 2 : 0);
     Views v;
-    RunMha(p, 1, &v);
+    RunForward(p, 1, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << (chunked ? "key-chunked" : "unchunked") << ", causal " << p.causal;
       return;
@@ -549,7 +541,8 @@ TEST(VariantsTest, PositionalVariantsRefuseAppendedKeys) {
   p.config.add_bias_kv = true;
   testing_util::FillProblem(&p, &rng);
   for (int v = 0; v < 3; ++v) {
-    AttentionConfig c = p.config;
+    Problem q = p;
+    AttentionConfig& c = q.config;
     c.rope = v == 0 ? RopeStyle::kNeox : RopeStyle::kNone;
     c.alibi = v == 1;
     c.window = v == 2 ? 4 : 0;
@@ -557,11 +550,35 @@ TEST(VariantsTest, PositionalVariantsRefuseAppendedKeys) {
       c.add_bias_kv = !zero_attn;
       c.add_zero_attn = zero_attn;
       std::unique_ptr<MultiheadAttention> mha;
-      const Status s = MultiheadAttention::Create(c, WeightsOf(p), WeightBinding::kCopy, &mha);
+      const Status s = MultiheadAttention::Create(c, WeightsOf(q), WeightBinding::kCopy, &mha);
       EXPECT_EQ(s.code(), StatusCode::kUnsupported) << v << " " << zero_attn << " " << s.ToString();
     }
   }
 }
+
+// Random combinations, unchunked and key-chunked, on each SIMD target compiled in and supported
+// here (the kernels' dispatch forced to the test's target).
+class VariantsTargetTest : public test::PerTargetTest {};
+
+TEST_P(VariantsTargetTest, RandomCombinationsMatchReference) {
+  std::mt19937 rng(3040);
+  for (int i = 0; i < 60; ++i) {
+    Problem p = RandomVariantProblem(&rng, i % 5 == 0 ? 40 : 10);
+    const int64_t chunk_keys = i % 2 ? 1 + i % 7 : 0;
+    if (chunk_keys) p.need_weights = false;
+    ScopedKeyChunking chunking(chunk_keys);
+    Views v;
+    RunForward(p, 1 + i % 3, &v);
+    if (HasFatalFailure()) return;
+    ExpectMatchesReference(p, v);
+    if (HasFailure()) {
+      ADD_FAILURE() << "target " << target_name() << ", random problem #" << i;
+      return;
+    }
+  }
+}
+
+MHA_INSTANTIATE_PER_TARGET(VariantsTargetTest);
 
 }  // namespace
 }  // namespace mha

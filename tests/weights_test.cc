@@ -675,6 +675,19 @@ AttentionConfig GroupedQueryConfig() {
   return c;
 }
 
+// LoadVariants for the grouped-query layer, with the options `o` (num_heads 4 preset).
+struct VariantLoad {
+  LoadOptions o;
+  AttentionConfig c = GroupedQueryConfig();
+  AttentionWeights w;
+  VariantTensors t;
+
+  VariantLoad() { o.num_heads = 4; }
+  Status Load(const SafeTensorsFile& f, const std::string& prefix) {
+    return LoadVariants(f, prefix, o, &t, &c, &w);
+  }
+};
+
 TEST(WeightsTest, VariantTensorsPerHeadAndOptions) {
   for (DType storage : {DType::kF32, DType::kBF16, DType::kF16}) {
     SCOPED_TRACE(DTypeName(storage));
@@ -686,8 +699,8 @@ TEST(WeightsTest, VariantTensorsPerHeadAndOptions) {
     const std::vector<float> qn = m.Add(p + "q_norm.weight", {2});
     const std::vector<float> kn = m.Add(p + "k_norm.weight", {2});
     const SafeTensorsFile& f = m.Build();
-    LoadOptions o;
-    o.num_heads = 4;
+    VariantLoad v;
+    LoadOptions& o = v.o;
     o.rope = RopeStyle::kNeox;
     o.rope_theta = 1e6f;
     o.rotary_dim = 2;
@@ -696,11 +709,11 @@ TEST(WeightsTest, VariantTensorsPerHeadAndOptions) {
     o.softcap = 30.0f;
     o.qk_norm_eps = 1e-5f;
     o.qk_norm_add_one = true;
-    AttentionConfig c = GroupedQueryConfig();
-    AttentionWeights w;
-    VariantTensors t;
-    Status s = LoadVariants(f, p, o, &t, &c, &w);
+    const Status s = v.Load(f, p);
     ASSERT_TRUE(s.ok()) << s.ToString();
+    const AttentionConfig& c = v.c;
+    const AttentionWeights& w = v.w;
+    const VariantTensors& t = v.t;
     EXPECT_EQ(c.rope, RopeStyle::kNeox);
     EXPECT_EQ(c.rope_theta, 1e6f);
     EXPECT_EQ(c.rotary_dim, 2);
@@ -729,23 +742,19 @@ TEST(WeightsTest, VariantTensorsAbsentLeaveTheLayerPlain) {
   ModelBuilder m;
   AddGroupedQueryLayer(&m, "");
   const SafeTensorsFile& f = m.Build();
-  LoadOptions o;
-  o.num_heads = 4;
-  AttentionConfig c = GroupedQueryConfig();
-  AttentionWeights w;
-  VariantTensors t;
-  ASSERT_TRUE(LoadVariants(f, "", o, &t, &c, &w).ok());
-  EXPECT_EQ(c.rope, RopeStyle::kNone);
-  EXPECT_FALSE(c.alibi);
-  EXPECT_EQ(c.window, 0);
-  EXPECT_EQ(w.sinks, nullptr);
-  EXPECT_EQ(w.alibi_slopes, nullptr);
-  EXPECT_EQ(w.q_norm_weight, nullptr);
-  EXPECT_EQ(w.k_norm_weight, nullptr);
-  o.alibi = true;  // standard slopes: ALiBi on without a tensor
-  ASSERT_TRUE(LoadVariants(f, "", o, &t, &c, &w).ok());
-  EXPECT_TRUE(c.alibi);
-  EXPECT_EQ(w.alibi_slopes, nullptr);
+  VariantLoad v;
+  ASSERT_TRUE(v.Load(f, "").ok());
+  EXPECT_EQ(v.c.rope, RopeStyle::kNone);
+  EXPECT_FALSE(v.c.alibi);
+  EXPECT_EQ(v.c.window, 0);
+  EXPECT_EQ(v.w.sinks, nullptr);
+  EXPECT_EQ(v.w.alibi_slopes, nullptr);
+  EXPECT_EQ(v.w.q_norm_weight, nullptr);
+  EXPECT_EQ(v.w.k_norm_weight, nullptr);
+  v.o.alibi = true;  // standard slopes: ALiBi on without a tensor
+  ASSERT_TRUE(v.Load(f, "").ok());
+  EXPECT_TRUE(v.c.alibi);
+  EXPECT_EQ(v.w.alibi_slopes, nullptr);
 }
 
 TEST(WeightsTest, VariantNormWeightsOverTheWholeProjection) {
@@ -754,16 +763,12 @@ TEST(WeightsTest, VariantNormWeightsOverTheWholeProjection) {
   const std::vector<float> qn = m.Add("q_norm.weight", {8});  // [E]: OLMo 2
   const std::vector<float> kn = m.Add("k_norm.weight", {4});  // [kvE]
   const SafeTensorsFile& f = m.Build();
-  LoadOptions o;
-  o.num_heads = 4;
-  AttentionConfig c = GroupedQueryConfig();
-  AttentionWeights w;
-  VariantTensors t;
-  Status s = LoadVariants(f, "", o, &t, &c, &w);
+  VariantLoad v;
+  const Status s = v.Load(f, "");
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_TRUE(c.qk_norm_whole);
-  EXPECT_EQ(t.q_norm, qn);
-  EXPECT_EQ(t.k_norm, kn);
+  EXPECT_TRUE(v.c.qk_norm_whole);
+  EXPECT_EQ(v.t.q_norm, qn);
+  EXPECT_EQ(v.t.k_norm, kn);
 }
 
 TEST(WeightsTest, RejectsBadVariantTensors) {
@@ -774,21 +779,33 @@ TEST(WeightsTest, RejectsBadVariantTensors) {
     const char* message;
   };
   const Case cases[] = {
-      {"sinks_shape", {{"sinks", {3}}}, StatusCode::kFormatError,
+      {"sinks_shape",
+       {{"sinks", {3}}},
+       StatusCode::kFormatError,
        "tensor 'p.sinks': expected shape [4] [H] with H = 4, got [3]"},
-      {"slopes_rank", {{"alibi_slopes", {1, 4}}}, StatusCode::kFormatError,
+      {"slopes_rank",
+       {{"alibi_slopes", {1, 4}}},
+       StatusCode::kFormatError,
        "tensor 'p.alibi_slopes': expected shape [4] [H] with H = 4, got [1, 4]"},
-      {"q_norm_alone", {{"q_norm.weight", {2}}}, StatusCode::kFormatError,
+      {"q_norm_alone",
+       {{"q_norm.weight", {2}}},
+       StatusCode::kFormatError,
        "'p.q_norm.weight' is present but 'p.k_norm.weight' is absent, expected both or neither"},
-      {"k_norm_alone", {{"k_norm.weight", {2}}}, StatusCode::kFormatError,
+      {"k_norm_alone",
+       {{"k_norm.weight", {2}}},
+       StatusCode::kFormatError,
        "'p.q_norm.weight' is absent but 'p.k_norm.weight' is present"},
-      {"q_norm_size", {{"q_norm.weight", {3}}, {"k_norm.weight", {2}}}, StatusCode::kFormatError,
+      {"q_norm_size",
+       {{"q_norm.weight", {3}}, {"k_norm.weight", {2}}},
+       StatusCode::kFormatError,
        "tensor 'p.q_norm.weight': expected shape [2] [head_dim] or [E] (head_dim = 2, E = 8, "
        "kvE = 4), got [3]"},
-      {"k_norm_per_head_mismatch", {{"q_norm.weight", {2}}, {"k_norm.weight", {4}}},
+      {"k_norm_per_head_mismatch",
+       {{"q_norm.weight", {2}}, {"k_norm.weight", {4}}},
        StatusCode::kFormatError,
        "tensor 'p.k_norm.weight': expected shape [2] [head_dim] (q_norm.weight is [head_dim])"},
-      {"k_norm_whole_mismatch", {{"q_norm.weight", {8}}, {"k_norm.weight", {2}}},
+      {"k_norm_whole_mismatch",
+       {{"q_norm.weight", {8}}, {"k_norm.weight", {2}}},
        StatusCode::kFormatError,
        "tensor 'p.k_norm.weight': expected shape [4] [kvE] (q_norm.weight is [E])"},
   };
@@ -798,12 +815,7 @@ TEST(WeightsTest, RejectsBadVariantTensors) {
     AddGroupedQueryLayer(&m, "p.");
     for (const auto& t : k.tensors) m.Add("p." + t.first, t.second);
     const SafeTensorsFile& f = m.Build();
-    LoadOptions o;
-    o.num_heads = 4;
-    AttentionConfig c = GroupedQueryConfig();
-    AttentionWeights w;
-    VariantTensors vt;
-    Status s = LoadVariants(f, "p.", o, &vt, &c, &w);
+    const Status s = VariantLoad().Load(f, "p.");
     EXPECT_EQ(s.code(), k.code) << s.ToString();
     EXPECT_NE(s.message().find(k.message), std::string::npos) << s.message();
     EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
@@ -813,12 +825,7 @@ TEST(WeightsTest, RejectsBadVariantTensors) {
   AddGroupedQueryLayer(&m, "");
   m.AddRaw("sinks", "I32", {4}, 4);
   const SafeTensorsFile& f = m.Build();
-  LoadOptions o;
-  o.num_heads = 4;
-  AttentionConfig c = GroupedQueryConfig();
-  AttentionWeights w;
-  VariantTensors vt;
-  Status s = LoadVariants(f, "", o, &vt, &c, &w);
+  const Status s = VariantLoad().Load(f, "");
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
   EXPECT_NE(s.message().find("tensor 'sinks' has dtype I32"), std::string::npos) << s.message();
 }

@@ -205,8 +205,9 @@ bool ValidateShape(const Shape& s, std::string* error) {
     return false;
   }
   if (v.rope == RopeStyle::kNone && (v.rope_theta > 0 || v.rotary_dim > 0 || v.rope_scale > 0)) {
-    *error = "--rope-theta/--rotary-dim/--rope-scale: expected --rope neox|gptj as well, got no "
-             "--rope";
+    *error =
+        "--rope-theta/--rotary-dim/--rope-scale: expected --rope neox|gptj as well, got no "
+        "--rope";
     return false;
   }
   if (v.qk_norm_eps > 0 && !v.qk_norm) {
@@ -300,12 +301,12 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",   "--seq",           "--kv-seq",   "--embed",      "--heads",
-        "--threads", "--min-time",      "--min-runs", "--sgemm-size", "--tolerance",
-        "--seed",    "--json",          "--csv",      "--trace",      "--contexts",
-        "--batches", "--weights-dtype", "--rounds",   "--compare",    "--prefill",
-        "--kv-heads", "--rope",         "--rope-theta", "--rotary-dim", "--rope-scale",
-        "--window",   "--softcap",      "--qk-norm-eps"};
+        "--batch",    "--seq",           "--kv-seq",     "--embed",      "--heads",
+        "--threads",  "--min-time",      "--min-runs",   "--sgemm-size", "--tolerance",
+        "--seed",     "--json",          "--csv",        "--trace",      "--contexts",
+        "--batches",  "--weights-dtype", "--rounds",     "--compare",    "--prefill",
+        "--kv-heads", "--rope",          "--rope-theta", "--rotary-dim", "--rope-scale",
+        "--window",   "--softcap",       "--qk-norm-eps"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -547,8 +548,10 @@ Attention variants (any of them runs one custom case, with the shape flags' defa
   --sinks            random per-head sink logits in U(-1, 1)
   --qk-norm          QK-norm with random per-head weights in 1 + U(-0.25, 0.25)
   --qk-norm-eps F    QK-norm epsilon (default 1e-6)
-Variant cases are checked against the double reference with the same variants. Peers run the
-variants they support (ort: RoPE, window, softcap through GroupQueryAttention) and skip the rest.
+Variant cases are checked against the double reference with the same variants. With --compare,
+ort runs causal variant cases through com.microsoft GroupQueryAttention (grouped-query heads,
+RoPE, window, softcap, sinks as head_sink); the other peers, and ort for ALiBi, QK-norm or
+non-causal cases, skip them with a note.
 
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)

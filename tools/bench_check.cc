@@ -131,8 +131,9 @@ void TransformRows(const Shape& s, const std::vector<float>& norm, std::vector<d
       }
       if (v.rope == RopeStyle::kNone) continue;
       for (size_t i = 0; i < rd / 2; ++i) {
-        const double angle = static_cast<double>(first + r) / factor *
-                             std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
+        const double angle =
+            static_cast<double>(first + r) / factor *
+            std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
         const size_t a = v.rope == RopeStyle::kNeox ? i : 2 * i;
         const size_t b = v.rope == RopeStyle::kNeox ? i + rd / 2 : 2 * i + 1;
         const double c = std::cos(angle), sn = std::sin(angle), x1 = y[a], x2 = y[b];
@@ -201,7 +202,8 @@ CheckResult RowSubset(const Workload& w, size_t threads) {
           for (size_t d = 0; d < hd; ++d) dot += q[h * hd + d] * k[j * kve + g * hd + d];
           double y = dot * scale;
           if (var.softcap > 0) y = var.softcap * std::tanh(y / var.softcap);
-          if (var.alibi) y -= slopes[h] * std::fabs(static_cast<double>(i) - static_cast<double>(j));
+          if (var.alibi)
+            y -= slopes[h] * std::fabs(static_cast<double>(i) - static_cast<double>(j));
           probs[j] = y;
           max_score = std::max(max_score, probs[j]);
         }

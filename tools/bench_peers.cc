@@ -134,13 +134,12 @@ void PeerComparison::Run(const Workload& w, size_t threads,
     const std::vector<int64_t> e = {s.embed}, ee = {s.embed, s.embed},
                                q = {s.batch, s.seq, s.embed}, kv = {s.batch, s.kv_seq, s.embed};
     const int64_t qkv = s.embed + 2 * s.kv_embed();  // 3E without grouped-query heads
-    std::vector<Tensor> tensors = {
-        {"in_proj_weight", {qkv, s.embed}, w.in_proj_weight().data()},
-        {"in_proj_bias", {qkv}, w.in_proj_bias().data()},
-        {"out_proj.weight", ee, w.out_proj_weight().data()},
-        {"out_proj.bias", e, w.out_proj_bias().data()},
-        {"query", q, w.query().data()},
-        {"output", q, w.output().data()}};
+    std::vector<Tensor> tensors = {{"in_proj_weight", {qkv, s.embed}, w.in_proj_weight().data()},
+                                   {"in_proj_bias", {qkv}, w.in_proj_bias().data()},
+                                   {"out_proj.weight", ee, w.out_proj_weight().data()},
+                                   {"out_proj.bias", e, w.out_proj_bias().data()},
+                                   {"query", q, w.query().data()},
+                                   {"output", q, w.output().data()}};
     if (!s.self_attention()) {
       tensors.push_back({"key", kv, w.key().data()});
       tensors.push_back({"value", kv, w.value().data()});

@@ -225,7 +225,7 @@ class Workload {
   // are the query); output [N, L, E]; weights [N, L, S] (empty unless need_weights).
   // The projections' rows q | k | v: [E + 2 kvE, E] ([3E, E] without grouped-query heads).
   const std::vector<float>& in_proj_weight() const { return in_proj_weight_; }
-  const std::vector<float>& in_proj_bias() const { return in_proj_bias_; }  // [E + 2 kvE]
+  const std::vector<float>& in_proj_bias() const { return in_proj_bias_; }        // [E + 2 kvE]
   const std::vector<float>& out_proj_weight() const { return out_proj_weight_; }  // [E, E]
   const std::vector<float>& out_proj_bias() const { return out_proj_bias_; }      // [E]
   const std::vector<float>& query() const { return query_; }

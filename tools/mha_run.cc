@@ -346,11 +346,12 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
     return InvalidArgument("--no-average-weights: needs --need-weights");
   }
   if (o->kv_ring && (!o->decode || o->window == 0)) {
-    return InvalidArgument("--kv-ring: needs --kv-dtype and --window (the ring holds the last "
-                           "W positions)");
+    return InvalidArgument(
+        "--kv-ring: needs --kv-dtype and --window (the ring holds the last "
+        "W positions)");
   }
-  if (o->rope == RopeStyle::kNone && (o->rope_theta != 0.0f || o->rotary_dim != 0 ||
-                                      o->rope_scale != 0.0f)) {
+  if (o->rope == RopeStyle::kNone &&
+      (o->rope_theta != 0.0f || o->rotary_dim != 0 || o->rope_scale != 0.0f)) {
     return InvalidArgument("--rope-theta, --rotary-dim, --rope-scale: need --rope neox|gptj");
   }
   if (!o->weights_png.empty() && !o->need_weights) {
@@ -425,8 +426,8 @@ Status LoadPositions(const SafeTensorsFile& file, const std::string& name, Loade
   if (!s.ok()) return s;
   static int64_t empty_placeholder[1];
   void* data = t->num_elements == 0 ? empty_placeholder : out->i64.data();
-  return TensorView::Dense(data, DType::kI64, t->rank(), t->shape.data(), &out->view,
-                           name.c_str(), /*allow_empty=*/true);
+  return TensorView::Dense(data, DType::kI64, t->rank(), t->shape.data(), &out->view, name.c_str(),
+                           /*allow_empty=*/true);
 }
 
 std::vector<int64_t> ShapeOf(const TensorView& v) {

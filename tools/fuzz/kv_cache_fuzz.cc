@@ -5,7 +5,8 @@
 // Each input decodes (ByteReader, fuzz_util.h) into a self-attention layer (E = H * hd <= 128,
 // GQA / MQA, input width d = q_dim = kdim = vdim, bias, f32/bf16/f16 weights, prepack mode), a
 // cache (batch N <= 3, capacity <= 96, f32/bf16/f16/int8 storage, owned or in a caller buffer with
-// canary bytes around it), a context (1-3 threads, owned or caller arena) and up to 24
+// canary bytes around it; attention variants: RoPE, ALiBi, window, softcap, sinks, QK-norm per
+// head or whole), a context (1-3 threads, owned or caller arena) and up to 24
 // operations: steps and appends of T tokens with ragged or absent `counts`, appends of keys and
 // values projected by mha_layer_project, forwards re-querying the last tokens of each entry,
 // truncations, resets, and calls that must fail (capacity exceeded, counts out of range, a
@@ -79,6 +80,11 @@ struct Case {
   bool caller_buffer = false;
   size_t threads = 1;
   int arena = 0;  // 0 owned, 1 caller 1 MiB, 2 caller 64 KiB (either may be too small)
+  // Attention variants (mha_layer_config's fields; 0 = off).
+  int32_t rope = MHA_ROPE_NONE;
+  float rope_theta = 0, softcap = 0;
+  int64_t rotary_dim = 0, window = 0;
+  bool alibi = false, sinks = false, qk_norm = false, qk_norm_whole = false;
   uint32_t seed = 0;
   std::vector<Op> ops;
 
@@ -88,7 +94,10 @@ struct Case {
        << " wdtype=" << wdtype << " prepack=" << prepack << " batch_first=" << batch_first
        << " N=" << N << " capacity=" << capacity << " cache_dtype=" << cdtype
        << " caller_buffer=" << caller_buffer << " threads=" << threads << " arena=" << arena
-       << " seed=" << seed << " ops=[";
+       << " rope=" << rope << " theta=" << rope_theta << " rd=" << rotary_dim << " alibi=" << alibi
+       << " window=" << window << " softcap=" << softcap << " sinks=" << sinks
+       << " qk_norm=" << qk_norm << (qk_norm_whole ? "(whole)" : "") << " seed=" << seed
+       << " ops=[";
     for (const Op& op : ops) {
       os << "{kind=" << op.kind << " T=" << op.T;
       if (op.with_counts) {
@@ -140,6 +149,26 @@ Case Decode(ByteReader* r) {
     op.query_back = 1 + (layout >> 5) % 4;
     c.ops.push_back(op);
   }
+  // The attention variants, each off for a zero byte.
+  const int64_t hd = c.E / c.H;
+  const uint8_t v = r->Byte();
+  if ((v & 3) == 1 || ((v & 3) == 2 && hd >= 2)) {
+    c.rope = hd >= 2 && ((v >> 2) & 1) ? MHA_ROPE_GPTJ : MHA_ROPE_NEOX;
+    if (hd < 2) c.rope = MHA_ROPE_NONE;
+    if (c.rope != MHA_ROPE_NONE) {
+      if ((v >> 3) & 1) c.rope_theta = 100.0f * static_cast<float>(1 + r->Byte());
+      // An odd head_dim needs a partial rotary_dim (the default, head_dim, must be even).
+      if (((v >> 4) & 1) || hd % 2 != 0) c.rotary_dim = 2 * r->Range(1, hd / 2);
+    }
+  }
+  const uint8_t w = r->Byte();
+  c.alibi = (w & 3) == 1;
+  if (((w >> 2) & 3) == 1) c.window = r->Range(1, c.capacity + 2);
+  if (((w >> 4) & 3) == 1) c.softcap = 0.25f + 0.25f * static_cast<float>(r->Byte() % 40);
+  c.sinks = (w >> 6) & 1;
+  const uint8_t q = r->Byte();
+  c.qk_norm = (q & 3) == 1;
+  c.qk_norm_whole = c.qk_norm && ((q >> 2) & 1);
   c.seed = r->Seed();
   return c;
 }
@@ -251,6 +280,18 @@ class Runner {
     RoundWeights(c_.wdtype, &wk_);
     RoundWeights(c_.wdtype, &wv_);
     RoundWeights(c_.wdtype, &wo_);
+    // The variants' tensors, drawn for the main layer only (the add_zero_attn layer, which the
+    // cache must reject, has no positional variant).
+    if (!zero_attn) {
+      if (c_.sinks) RandomFill(&sinks_, static_cast<size_t>(c_.H), 2.0f, &rng_);
+      if (c_.qk_norm) {
+        const int64_t hd = E / c_.H;
+        RandomFill(&q_norm_, static_cast<size_t>(c_.qk_norm_whole ? E : hd), 0.5f, &rng_);
+        RandomFill(&k_norm_, static_cast<size_t>(c_.qk_norm_whole ? kvE : hd), 0.5f, &rng_);
+        for (float& x : q_norm_) x += 1.0f;
+        for (float& x : k_norm_) x += 1.0f;
+      }
+    }
     mha_layer_config config;
     mha_layer_config_init(&config);
     config.embed_dim = E;
@@ -271,6 +312,20 @@ class Runner {
     w.in_proj_bias = c_.bias ? bias_.data() : nullptr;
     w.out_proj_bias = c_.bias ? bo_.data() : nullptr;
     w.dtype = MHA_DTYPE_F32;
+    if (!zero_attn) {
+      config.rope = c_.rope;
+      config.rope_theta = c_.rope_theta;
+      config.rotary_dim = c_.rotary_dim;
+      config.alibi = c_.alibi;
+      config.window = c_.window;
+      config.softcap = c_.softcap;
+      config.qk_norm_whole = c_.qk_norm_whole;
+      if (c_.sinks) w.sinks = sinks_.data();
+      if (c_.qk_norm) {
+        w.q_norm_weight = q_norm_.data();
+        w.k_norm_weight = k_norm_.data();
+      }
+    }
     if (mha_layer_create(&config, &w, MHA_WEIGHTS_COPY, out) != MHA_STATUS_OK) *out = nullptr;
   }
 
@@ -606,6 +661,18 @@ class Runner {
     const mha_tensor q_t = Tensor(q.data(), MHA_DTYPE_F32, 4, qs, nullptr);
     const mha_tensor k_t = Tensor(k.data(), MHA_DTYPE_F32, 4, ks, nullptr);
     const mha_tensor v_t = Tensor(v.data(), MHA_DTYPE_F32, 4, ks, nullptr);
+    // The cache stores keys as given: with RoPE, Project rotates them at the positions they
+    // take, len_n + t (the entry's length before the append).
+    std::vector<int64_t> positions;
+    if (c_.rope != MHA_ROPE_NONE || c_.alibi || c_.window > 0) {
+      for (int64_t n = 0; n < c_.N; ++n) {
+        for (int64_t t = 0; t < op.T; ++t) {
+          positions.push_back(static_cast<int64_t>(seqs_[n].size()) + t);
+        }
+      }
+      const int64_t shape[2] = {c_.N, op.T};
+      in.positions = Tensor(positions.data(), MHA_DTYPE_I64, 2, shape, nullptr);
+    }
     const mha_status p = mha_layer_project(layer_, ctx_, &in, &q_t, &k_t, &v_t);
     if (p != MHA_STATUS_OK) {
       if (p == MHA_STATUS_OUT_OF_MEMORY && c_.arena != 0) return MHA_STATUS_INTERNAL;
@@ -652,6 +719,7 @@ class Runner {
   std::mt19937 rng_;
   std::string desc_, op_desc_;
   std::vector<float> wq_, wk_, wv_, wo_, bias_, bo_;
+  std::vector<float> sinks_, q_norm_, k_norm_;  // the variants' tensors (empty: off)
   mha_layer* layer_ = nullptr;
   mha_layer* zero_attn_layer_ = nullptr;
   mha_context* ctx_ = nullptr;

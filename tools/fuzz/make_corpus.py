@@ -92,6 +92,16 @@ def main():
         "valid_mha_prefix_bias_kv": build(mha("m.", 2, bias_kv=True)),
         "valid_mha_prefix_f16": build(mha("m.", 2, conv=f16, dtype="F16")),
         "valid_mha_bf16": build(mha("", 2, conv=bf16, dtype="BF16", bias_kv=True)),
+        # The attention variants' tensors (E 2: one head of 2, or 2 heads of 1) and positions.
+        "valid_mha_variants": build(mha("m.", 2) + [
+            ("m.sinks", "F32", [2], f32([0.5, -1.0])),
+            ("m.alibi_slopes", "F16", [2], f16([0.5, 0.25])),
+            ("m.q_norm.weight", "BF16", [2], bf16([1.0, 2.0])),
+            ("m.k_norm.weight", "F32", [2], f32([1.0, 0.5])),
+            ("positions", "I32", [1, 2], struct.pack("<2i", 0, 1)),
+            ("key_positions", "I64", [2], struct.pack("<2q", 3, 4))]),
+        "bad_mha_variants_one_norm": build(mha("", 2) + [
+            ("q_norm.weight", "F32", [1], f32([1.0]))]),
         "valid_unpadded_misaligned": pack({"a": {"dtype": "F32", "shape": [1],
                                                  "data_offsets": [0, 4]}}, f32([1]), pad=False),
         # Invalid: one per validation rule.

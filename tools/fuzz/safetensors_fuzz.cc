@@ -59,6 +59,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       CheckOrAbort(b.size() == t.num_elements, "GetBool element count");
       for (uint8_t x : b) sink = sink + x;
     }
+    std::vector<int64_t> ints;
+    if (file.GetInt64(t.name, &ints).ok()) {
+      CheckOrAbort(ints.size() == t.num_elements, "GetInt64 element count");
+      for (int64_t x : ints) sink = sink + static_cast<uint64_t>(x);
+    }
     mha::TensorView view;
     if (file.ViewF32(t.name, &view).ok()) {
       const int64_t n = view.NumElements();
@@ -90,6 +95,29 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (const mha::WeightTensor* t : {&w.w_q, &w.w_out}) {
           CheckOrAbort(t->dtype == mha::DType::kF32 || t->dtype == keep, "weight dtype");
           sink = sink + (t->dtype == mha::DType::kF32 ? Checksum(t->f32) : t->bits.size());
+        }
+        // The variant tensors for a few head counts (those dividing E and not): sizes as the
+        // loader promises, pointers into its vectors.
+        for (const int64_t heads : {int64_t{1}, int64_t{2}, int64_t{3}}) {
+          mha::AttentionConfig c;
+          c.embed_dim = w.embed_dim;
+          c.num_heads = heads;
+          c.num_kv_heads = w.embed_dim % heads == 0 && w.kv_rows % (w.embed_dim / heads) == 0
+                               ? w.kv_rows / (w.embed_dim / heads)
+                               : 0;
+          mha::LoadOptions o;
+          o.num_heads = heads;
+          o.qk_norm_add_one = heads == 2;
+          mha::VariantTensors vt;
+          mha::AttentionWeights aw;
+          if (!mha::LoadVariants(file, prefix, o, &vt, &c, &aw).ok()) continue;
+          const size_t h = static_cast<size_t>(heads);
+          CheckOrAbort(vt.sinks.empty() || vt.sinks.size() == h, "sinks size");
+          CheckOrAbort(vt.alibi_slopes.empty() || vt.alibi_slopes.size() == h, "slopes size");
+          CheckOrAbort(vt.q_norm.empty() == vt.k_norm.empty(), "norm weights both or neither");
+          CheckOrAbort(c.alibi == !vt.alibi_slopes.empty(), "alibi from the slopes");
+          CheckOrAbort((aw.sinks != nullptr) == !vt.sinks.empty(), "sinks pointer");
+          sink = sink + Checksum(vt.sinks) + Checksum(vt.q_norm) + Checksum(vt.k_norm);
         }
       }
     }
