@@ -976,6 +976,19 @@ class Variants(unittest.TestCase):
         flops = 2 * (12 * 32 * 32 * 4) + 4 * 32 * 33
         self.assertAlmostEqual(r["gflops"], flops / (r["median_ms"] * 1e6), delta=r["gflops"] * 0.01)
 
+    def test_breakdown_columns_match_their_header(self):
+        p = run(self.TINY_VARIANTS + ["--window", "4", "--breakdown"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.splitlines()
+        i = next(i for i, line in enumerate(lines) if line.startswith("Breakdown"))
+        header, row = lines[i + 1].split(), lines[i + 2].split()
+        self.assertEqual(header[-2:], ["overhead", "wall"])
+        self.assertIn("cache_att", header)
+        # The row: the header's columns, then the variants' label.
+        self.assertEqual(row[len(header):], ["window=4"])
+        for name in ("scores", "softmax", "pv", "qkv_proj", "out_proj"):
+            float(row[header.index(name)])
+
     def test_peers_get_the_variants_and_the_grouped_weights(self):
         p, calls, doc, rows, leftovers = run_with_peers(
             self.TINY_VARIANTS + ["--kv-heads", "2", "--sinks", "--qk-norm", "--compare", "ort"],
@@ -990,6 +1003,28 @@ class Variants(unittest.TestCase):
         self.assertEqual(shapes["sinks"], [4])
         self.assertEqual(shapes["q_norm.weight"], [8])
         self.assertEqual(shapes["k_norm.weight"], [8])
+
+    def test_real_ort_agrees_on_variants_or_notes(self):
+        # With the peers venv (tools/dev peers), ONNX Runtime's GroupQueryAttention must agree
+        # with mha on grouped-query heads, RoPE, a window, softcap and sinks; without it, a note.
+        build = os.path.dirname(os.path.dirname(BENCH))
+        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        venv = any(os.access(os.path.join(d, "peers-venv", "bin", "python"), os.X_OK)
+                   for d in (build, os.path.join(source, "build")))
+        env = {k: "" for k in ("MHA_BENCH_PEER_PYTHON", "MHA_BENCH_PEER_SCRIPT")}
+        p, _, doc, _, _ = run_with_peers(
+            self.TINY_VARIANTS + ["--embed", "64", "--kv-heads", "2", "--rope", "neox",
+                                  "--window", "5", "--softcap", "3", "--sinks",
+                                  "--compare", "ort"], None, env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        (r,) = doc["results"]
+        peer = r["peers"]["ort"]
+        if venv:
+            self.assertIs(peer["agrees"], True, peer)
+            self.assertLess(peer["max_abs_err"], 1e-4)
+        else:
+            self.assertIsNone(peer["median_ms"])
+            self.assertNotEqual(peer["note"], "")
 
     def test_peers_script_skips_variants_it_lacks(self):
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools",
@@ -1007,8 +1042,9 @@ class Variants(unittest.TestCase):
             for peer, variants, reason in [
                     ("torch", "window=4", "torch has no attention variants here (window=4)"),
                     ("openvino", "rope=neox", "openvino has no attention variants here"),
-                    ("ort", "kv_heads=1 alibi sinks", "ort (GroupQueryAttention) has no alibi, "
-                                                      "sinks")]:
+                    ("ort", "kv_heads=1 alibi qk_norm", "ort (GroupQueryAttention) has no "
+                                                        "alibi, qk_norm"),
+                    ("ort", "rope=neox rotary_dim=8", "rotary_dim / 2 not a multiple of 8")]:
                 p = subprocess.run([sys.executable, script, "--peer", peer, "--case",
                                     "1,8,8,16,2,1,0", "--variants", variants, "--data", data],
                                    capture_output=True, text=True, timeout=60)

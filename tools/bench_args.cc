@@ -548,8 +548,10 @@ Attention variants (any of them runs one custom case, with the shape flags' defa
   --sinks            random per-head sink logits in U(-1, 1)
   --qk-norm          QK-norm with random per-head weights in 1 + U(-0.25, 0.25)
   --qk-norm-eps F    QK-norm epsilon (default 1e-6)
-Variant cases are checked against the double reference with the same variants. Peers run the
-variants they support (ort: RoPE, window, softcap through GroupQueryAttention) and skip the rest.
+Variant cases are checked against the double reference with the same variants. With --compare,
+ort runs causal variant cases through com.microsoft GroupQueryAttention (grouped-query heads,
+RoPE, window, softcap, sinks as head_sink); the other peers, and ort for ALiBi, QK-norm or
+non-causal cases, skip them with a note.
 
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)

@@ -207,9 +207,16 @@ void PrintBreakdownTable(std::FILE* out, const std::vector<CaseResult>& results)
   std::fprintf(out,
                "\nBreakdown, ms per forward (task time per stage / threads; overhead = wall - "
                "stages):\n");
-  std::fprintf(out, "%5s %6s %6s %5s %5s %6s %4s %9s %9s %9s %9s %9s %9s %9s %9s\n", "batch", "seq",
-               "kv_seq", "embed", "heads", "causal", "thr", "qkv_proj", "scores", "softmax", "pv",
-               "out_proj", "avg_wts", "overhead", "wall");
+  // One column per Stage, in its order (the attention stages scores, softmax and pv apart from
+  // the projections), then overhead and wall.
+  static const char* const kStageColumns[] = {"qkv_proj", "scores",  "softmax",  "pv",
+                                              "out_proj", "avg_wts", "cache_att"};
+  static_assert(sizeof(kStageColumns) / sizeof(kStageColumns[0]) == kNumStages,
+                "one breakdown column label per Stage");
+  std::fprintf(out, "%5s %6s %6s %5s %5s %6s %4s", "batch", "seq", "kv_seq", "embed", "heads",
+               "causal", "thr");
+  for (const char* name : kStageColumns) std::fprintf(out, " %9s", name);
+  std::fprintf(out, " %9s %9s\n", "overhead", "wall");
   for (const CaseResult& r : results) {
     if (!r.has_breakdown) continue;
     const Shape& s = r.shape;

@@ -36,9 +36,11 @@ in_proj_weight [E + 2 kvE, E] and in_proj_bias [E + 2 kvE] (q, k, v rows) and, w
 has them, sinks [H], q_norm.weight and k_norm.weight [head_dim]. Only ort runs variants:
 com.microsoft GroupQueryAttention (always causal) with kv_num_heads, do_rotary (cos/sin caches
 of the angles p / rope_scale * theta^(-2i/rd), computed here in float64; rotary_interleaved=1
-for gptj), local_window_size = window - 1 and softcap. It and every other peer skip a case
-with a variant they lack (ALiBi, sinks other than ORT's smooth_softmax zeros, QK-norm,
-non-causal).
+for gptj), local_window_size, softcap and head_sink. It and every other peer skip a case
+with a variant they lack (ALiBi, QK-norm, non-causal; ort: rotary_dim / 2 not a multiple of 8).
+ORT's local_window_size is W - 1 in older CPU kernels (i - lws <= j <= i) and W in newer ones
+(i - lws < j <= i): probed once per case on a 2-token prompt. Sinks go to GroupQueryAttention's
+head_sink input, which older versions lack (the peer then reports its failure).
 
 --decode B,CONTEXT,EMBED,HEADS,KV_HEADS (mha-bench --decode --compare) times one decode step
 instead: B entries each add one token to a cache that holds CONTEXT - 1 positions and attend
@@ -278,14 +280,40 @@ def ort_session(ort, helper, graph, threads):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+def ort_window_offset(ort, helper, TensorProto, np):
+    """W - local_window_size for this ONNX Runtime's GroupQueryAttention: 1 where it keeps
+    local_window_size + 1 keys (i - lws <= j <= i, older CPU kernels), 0 where it keeps
+    local_window_size (i - lws < j <= i, newer ones). Probed on a 2-token prompt with lws = 1
+    and equal scores: the second query averages both values (0.5) or sees only its own (0)."""
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "", "", "seqlens_k", "total"],
+                            ["o", "pk", "pv"], domain="com.microsoft", num_heads=1,
+                            kv_num_heads=1, local_window_size=1)
+    graph = helper.make_graph(
+        [node], "window_probe",
+        [helper.make_tensor_value_info(n, f32, [1, 2, 8]) for n in ("q", "k", "v")] +
+        [helper.make_tensor_value_info("seqlens_k", i32, [1]),
+         helper.make_tensor_value_info("total", i32, [1])],
+        [helper.make_tensor_value_info("o", f32, [1, 2, 8])])
+    session = ort_session(ort, helper, graph, 1)
+    zeros = np.zeros((1, 2, 8), np.float32)  # head_size 8: the op needs a multiple of 8
+    values = np.zeros((1, 2, 8), np.float32)
+    values[0, 0] = 1.0  # key 0 carries 1, key 1 carries 0
+    out = session.run(["o"], {"q": zeros, "k": zeros, "v": values,
+                              "seqlens_k": np.array([1], np.int32),
+                              "total": np.array([2], np.int32)})[0]
+    return 1 if out[0, 1, 0] > 0.25 else 0  # equal weights over both keys: 0.5
+
+
 def ort_gqa_peer(case, data, threads):
     """A variant case through com.microsoft GroupQueryAttention (prompt mode: no past)."""
     v = case["variants"]
     lacking = [name for name in ("alibi", "qk_norm") if v.get(name)]
-    if v.get("sinks"):
-        lacking.append("sinks (smooth_softmax is a sink of 0 only)")
     if not case["causal"]:
         lacking.append("non-causal attention (GroupQueryAttention is causal)")
+    d = case["embed"] // case["heads"]
+    if "rope" in v and (v.get("rotary_dim", d) // 2) % 8 != 0:
+        lacking.append("rotary_dim / 2 not a multiple of 8 (its cos/sin cache rule)")
     if lacking:
         raise Skip("ort (GroupQueryAttention) has no " + ", ".join(lacking))
     no_weights(case, "ort")
@@ -295,7 +323,6 @@ def ort_gqa_peer(case, data, threads):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
     b, l, e, h = case["batch"], case["seq"], case["embed"], case["heads"]
-    d = e // h
     kvh = v.get("kv_heads", h)
     inits = [
         numpy_helper.from_array(np.ascontiguousarray(data["in_proj_weight"].T), "qkv_w"),
@@ -314,9 +341,15 @@ def ort_gqa_peer(case, data, threads):
         gqa_inputs += ["cos_cache", "sin_cache"]
         attrs.update(do_rotary=1, rotary_interleaved=1 if v["rope"] == "gptj" else 0)
     if "window" in v:
-        attrs["local_window_size"] = v["window"] - 1  # mha W = ORT local_window_size + 1
+        attrs["local_window_size"] = v["window"] - ort_window_offset(ort, helper, TensorProto, np)
     if "softcap" in v:
         attrs["softcap"] = v["softcap"]
+    if v.get("sinks"):
+        # head_sink [H], GroupQueryAttention's 12th input (gpt-oss sinks; newer ONNX Runtime).
+        while len(gqa_inputs) < 11:
+            gqa_inputs.append("")
+        gqa_inputs.append("head_sink")
+        inits.append(numpy_helper.from_array(data["sinks"], "head_sink"))
     nodes = [
         helper.make_node("MatMul", ["x", "qkv_w"], ["qkv_raw"]),
         helper.make_node("Add", ["qkv_raw", "qkv_b"], ["qkv"]),

@@ -169,8 +169,9 @@ struct AttentionConfig {
   // power of two), or AttentionWeights::alibi_slopes when given.
   bool alibi = false;
   // Sliding window of W positions: with causal, key j is visible to query i iff
-  // p_i - W < p_j <= p_i (W keys, itself included: HF's sliding_window = W, ONNX Runtime's
-  // local_window_size = W - 1); without causal iff |p_i - p_j| < W. 0 = no window.
+  // p_i - W < p_j <= p_i (W keys, itself included: HF's sliding_window = W; README "Sliding
+  // window" relates it to ONNX Runtime's local_window_size); without causal iff
+  // |p_i - p_j| < W. 0 = no window.
   int64_t window = 0;
   float softcap = 0.0f;     // > 0: s = softcap * tanh(s / softcap), before ALiBi and masks
   float qk_norm_eps = 0.0f;  // QK-norm's RMSNorm epsilon; 0 = 1e-6 (OLMo 2 uses 1e-5)
