@@ -1253,6 +1253,51 @@ TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
   }
 }
 
+// PackedB::Rows (gemm.h): rows [r0, r0 + kk) of a packing one KC block deep multiply as the
+// packing of those rows alone would, bitwise, through GemmBlisPackedB, GemmBlisPackedAB and
+// GemmDirectPackedB, for any r0 (odd ones too) and with a column range. Windowed attention
+// strips multiply their probabilities by the rows of V from their band's start.
+TEST_P(PackedBTargetTest, RowsOfAOneBlockPackingGiveTheProductOfThoseRows) {
+  const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc, packnr = GemmBlocking().packnr;
+  const size_t m = 13, n = 2 * nr + 3;
+  const size_t cases[][3] = {{70, 0, 70}, {70, 1, 69}, {70, 33, 20}, {kc, 17, kc - 17},
+                             {kc, kc - 1, 1}};
+  std::mt19937 rng(44);
+  Scratch scratch;
+  for (const auto& d : cases) {
+    const size_t packed_k = d[0], r0 = d[1], kk = d[2];
+    const Buffer b = RandomBuffer(packed_k, n, Layout::kRowMajor, 1, 2, rng);
+    const Buffer a = RandomBuffer(m, kk, Layout::kRowMajor, 0, 3, rng);
+    const Buffer c = RandomBuffer(m, n - nr, Layout::kRowMajor, 0, 1, rng);
+    PackedBuffer whole(PackedBFloats(packed_k, n)), own_buf(PackedBFloats(kk, n));
+    const PackedB rows = PackB(b.view, whole.data).Rows(r0, kk, packnr).Columns(nr, n - nr);
+    const PackedB own = PackB(b.view.Block(r0, 0, kk, n), own_buf.data).Columns(nr, n - nr);
+    const std::string what = target_name() + std::string(" packed_k ") + std::to_string(packed_k) +
+                             " r0 " + std::to_string(r0) + " k " + std::to_string(kk);
+    auto expect_same = [&](const char* call, const Buffer& x, const Buffer& y) {
+      EXPECT_EQ(0,
+                std::memcmp(x.storage.data(), y.storage.data(), x.storage.size() * sizeof(float)))
+          << call << ", " << what;
+    };
+    for (const float beta : {0.0f, 1.0f}) {
+      Buffer x = c, y = c;
+      GemmBlisPackedB(0.5f, a.view, rows, beta, x.view, scratch.get());
+      GemmBlisPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
+      expect_same("GemmBlisPackedB", x, y);
+      PackedBuffer pa_buf(PackedAFloats(m, kk));
+      Buffer z = c;
+      GemmBlisPackedAB(0.5f, PackA(a.view, pa_buf.data), rows, beta, z.view);
+      expect_same("GemmBlisPackedAB", z, y);
+      if (GemmDirectSupported()) {
+        Buffer u = c, v = c;
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, rows, beta, u.view));
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, own, beta, v.view));
+        expect_same("GemmDirectPackedB", u, v);
+      }
+    }
+  }
+}
+
 MHA_INSTANTIATE_PER_TARGET(GemmDirectPackedBTargetTest);
 MHA_INSTANTIATE_PER_TARGET(PackedBTargetTest);
 
