@@ -8,6 +8,7 @@
 #include "runtime/context_internal.h"
 #include "runtime/forward_plan.h"
 #include "runtime/thread_pool.h"
+#include "runtime/trace.h"
 
 namespace mha {
 
@@ -70,7 +71,10 @@ void RunQkTransform(Context& ctx, const LayerWeights& m, const QkRows* sets, siz
   if (tasks == 0) return;
   const size_t table = TableBytes(m);
   const size_t per_worker = table + (strided ? GatherBytes(m) : 0);
+  TraceRecorder* trace = TraceOf(ctx);
   PoolOf(ctx).ParallelFor(tasks, [&](uint64_t task, size_t worker) {
+    // Traced as part of the projections: it finishes producing q and k.
+    const TraceSpan span(trace, worker, Stage::kQkvProjection, -1, -1, static_cast<int64_t>(task));
     // Task -> (set, batch entry, token block), sets in order.
     size_t i = 0;
     uint64_t blocks = 0;

@@ -464,7 +464,7 @@ TEST(WindowTest, SinksMatchDouble) {
 // The windowed online path packs and multiplies only the key blocks that meet the band: with
 // W = 64 over 2048 causal keys, a strip runs one or two key blocks; with W >= S (the same
 // block size) every block up to its diagonal, 8.5 on average. Counts the scores events (one
-// per packed key block, one per strip product) on one thread.
+// per packed key block, one per strip product) on one thread, unchunked and key-chunked.
 TEST(WindowTest, SkipsBlocksBeforeTheBand) {
   std::mt19937 rng(9);
   const Layer layer(&rng, 16, 1, 1);
@@ -472,23 +472,26 @@ TEST(WindowTest, SkipsBlocksBeforeTheBand) {
   r.L = r.S = 2048;
   r.causal = true;
   const std::vector<float> x = RandomVector(r.L * 16, &rng);
-  const ScopedKeyChunking chunking(0);
-  auto count_scores = [&](int64_t window) {
-    TraceRecorder trace(1 << 16);
-    Problem run = r;
-    run.window = window;
-    Result res;
-    EXPECT_TRUE(Forward(layer, x, {}, run, &res, &trace).ok());
-    EXPECT_EQ(trace.dropped.load(), 0u);
-    size_t scores = 0;
-    for (size_t i = 0; i < trace.size(); ++i) {
-      if (trace.events[i].stage == Stage::kScores) ++scores;
-    }
-    return scores;
-  };
-  const size_t whole = count_scores(4096);
-  const size_t banded = count_scores(64);
-  EXPECT_LT(banded * 3, whole) << "W = 64: " << banded << ", W >= S: " << whole;
+  for (int64_t chunk : {0, 256}) {
+    const ScopedKeyChunking chunking(chunk);
+    auto count_scores = [&](int64_t window) {
+      TraceRecorder trace(1 << 16);
+      Problem run = r;
+      run.window = window;
+      Result res;
+      EXPECT_TRUE(Forward(layer, x, {}, run, &res, &trace).ok());
+      EXPECT_EQ(trace.dropped.load(), 0u);
+      size_t scores = 0;
+      for (size_t i = 0; i < trace.size(); ++i) {
+        if (trace.events[i].stage == Stage::kScores) ++scores;
+      }
+      return scores;
+    };
+    const size_t whole = count_scores(4096);
+    const size_t banded = count_scores(64);
+    EXPECT_LT(banded * 3, whole) << "chunk " << chunk << ", W = 64: " << banded
+                                 << ", W >= S: " << whole;
+  }
 }
 
 }  // namespace
