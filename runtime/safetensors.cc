@@ -192,12 +192,19 @@ const TensorInfo* SafeTensorsFile::Find(const std::string& name) const {
   return it == index_.end() ? nullptr : &tensors_[it->second];
 }
 
-Status SafeTensorsFile::GetF32(const std::string& name, std::vector<float>* out) const {
-  if (out == nullptr) return InvalidArgument("GetF32: out is null");
-  const TensorInfo* t = Find(name);
-  if (t == nullptr) {
+Status SafeTensorsFile::FindOrError(const std::string& name, const TensorInfo** out) const {
+  *out = Find(name);
+  if (*out == nullptr) {
     return InvalidArgument("safetensors '" + path_ + "': no tensor named '" + name + "'");
   }
+  return Status::Ok();
+}
+
+Status SafeTensorsFile::GetF32(const std::string& name, std::vector<float>* out) const {
+  if (out == nullptr) return InvalidArgument("GetF32: out is null");
+  const TensorInfo* t = nullptr;
+  Status found = FindOrError(name, &t);
+  if (!found.ok()) return found;
   if (!t->supported ||
       (t->dtype != DType::kF32 && t->dtype != DType::kF16 && t->dtype != DType::kBF16)) {
     return Unsupported("safetensors '" + path_ + "': tensor '" + name + "' has dtype " +
@@ -222,10 +229,9 @@ Status SafeTensorsFile::GetF32(const std::string& name, std::vector<float>* out)
 
 Status SafeTensorsFile::ViewF32(const std::string& name, TensorView* out) const {
   if (out == nullptr) return InvalidArgument("ViewF32: out is null");
-  const TensorInfo* t = Find(name);
-  if (t == nullptr) {
-    return InvalidArgument("safetensors '" + path_ + "': no tensor named '" + name + "'");
-  }
+  const TensorInfo* t = nullptr;
+  Status found = FindOrError(name, &t);
+  if (!found.ok()) return found;
   const std::string id = "safetensors '" + path_ + "': tensor '" + name + "' ";
   if (!t->supported || t->dtype != DType::kF32) {
     return Unsupported(id + "has dtype " + t->dtype_name +
@@ -249,10 +255,9 @@ Status SafeTensorsFile::ViewF32(const std::string& name, TensorView* out) const 
 
 Status SafeTensorsFile::GetBool(const std::string& name, std::vector<uint8_t>* out) const {
   if (out == nullptr) return InvalidArgument("GetBool: out is null");
-  const TensorInfo* t = Find(name);
-  if (t == nullptr) {
-    return InvalidArgument("safetensors '" + path_ + "': no tensor named '" + name + "'");
-  }
+  const TensorInfo* t = nullptr;
+  Status found = FindOrError(name, &t);
+  if (!found.ok()) return found;
   if (!t->supported || (t->dtype != DType::kBool && t->dtype != DType::kU8)) {
     return Unsupported("safetensors '" + path_ + "': tensor '" + name + "' has dtype " +
                        t->dtype_name + ", expected BOOL or U8 for GetBool");
@@ -267,10 +272,9 @@ Status SafeTensorsFile::GetBool(const std::string& name, std::vector<uint8_t>* o
 
 Status SafeTensorsFile::GetInt64(const std::string& name, std::vector<int64_t>* out) const {
   if (out == nullptr) return InvalidArgument("GetInt64: out is null");
-  const TensorInfo* t = Find(name);
-  if (t == nullptr) {
-    return InvalidArgument("safetensors '" + path_ + "': no tensor named '" + name + "'");
-  }
+  const TensorInfo* t = nullptr;
+  Status found = FindOrError(name, &t);
+  if (!found.ok()) return found;
   if (!t->supported || (t->dtype != DType::kI32 && t->dtype != DType::kI64)) {
     return Unsupported("safetensors '" + path_ + "': tensor '" + name + "' has dtype " +
                        t->dtype_name + ", expected I32 or I64 for GetInt64");

@@ -119,6 +119,8 @@ class SafeTensorsFile {
   Status GetInt64(const std::string& name, std::vector<int64_t>* out) const;
 
  private:
+  // *out = the tensor `name`, or InvalidArgument naming the file and the absent name.
+  Status FindOrError(const std::string& name, const TensorInfo** out) const;
   Status Parse(const uint8_t* data, size_t size);
   void Unmap();
 

@@ -45,6 +45,15 @@ ROUND_FIELDS = {"sgemm_gflops", "runs", "median_ms", "gflops", "efficiency"}
 RATIO_ROUNDING = 5e-5
 
 
+def peers_venv_exists():
+    """Whether mha-bench finds the peers' venv (tools/dev peers) beside its build or the
+    source tree's build/."""
+    build = os.path.dirname(os.path.dirname(BENCH))
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    return any(os.access(os.path.join(d, "peers-venv", "bin", "python"), os.X_OK)
+               for d in (build, os.path.join(source, "build")))
+
+
 def run(args, timeout=240):
     return subprocess.run(WRAPPER + [BENCH] + args, capture_output=True, text=True, timeout=timeout)
 
@@ -863,10 +872,7 @@ class DecodeCompare(unittest.TestCase):
         # No stand-in: the interpreter mha-bench finds itself. With the peers venv (tools/dev
         # peers) ONNX Runtime and PyTorch run and must agree with mha; without it each peer is
         # a note and the run goes on.
-        build = os.path.dirname(os.path.dirname(BENCH))
-        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        venv = any(os.access(os.path.join(d, "peers-venv", "bin", "python"), os.X_OK)
-                   for d in (build, os.path.join(source, "build")))
+        venv = peers_venv_exists()
         env = {k: "" for k in ("MHA_BENCH_PEER_PYTHON", "MHA_BENCH_PEER_SCRIPT")}
         p, _, doc, _, _ = self.run_decode(["--compare", "ort,sdpa", "--batches", "1"], env=env,
                                           script=None)
@@ -1007,10 +1013,7 @@ class Variants(unittest.TestCase):
     def test_real_ort_agrees_on_variants_or_notes(self):
         # With the peers venv (tools/dev peers), ONNX Runtime's GroupQueryAttention must agree
         # with mha on grouped-query heads, RoPE, a window, softcap and sinks; without it, a note.
-        build = os.path.dirname(os.path.dirname(BENCH))
-        source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-        venv = any(os.access(os.path.join(d, "peers-venv", "bin", "python"), os.X_OK)
-                   for d in (build, os.path.join(source, "build")))
+        venv = peers_venv_exists()
         env = {k: "" for k in ("MHA_BENCH_PEER_PYTHON", "MHA_BENCH_PEER_SCRIPT")}
         p, _, doc, _, _ = run_with_peers(
             self.TINY_VARIANTS + ["--embed", "64", "--kv-heads", "2", "--rope", "neox",
