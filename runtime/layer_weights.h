@@ -18,17 +18,19 @@ namespace mha {
 // and AttentionWeights' variant tensors copied). Every member empty/zero = off.
 struct LayerVariants {
   RopeStyle rope = RopeStyle::kNone;
-  int64_t rotary_dim = 0;         // resolved (head_dim when 0 was given); 0 without RoPE
-  std::vector<double> inv_freq;   // [rotary_dim / 2]: theta^(-2i / rotary_dim) / rope_scale
-  std::vector<float> alibi_slopes;  // [H], given or the ALiBi paper's; empty without ALiBi
-  std::vector<float> sinks;         // [H] or empty
+  int64_t rotary_dim = 0;             // resolved (head_dim when 0 was given); 0 without RoPE
+  std::vector<double> inv_freq;       // [rotary_dim / 2]: theta^(-2i / rotary_dim) / rope_scale
+  std::vector<float> alibi_slopes;    // [H], given or the ALiBi paper's; empty without ALiBi
+  std::vector<float> sinks;           // [H] or empty
   std::vector<float> q_norm, k_norm;  // [hd] ([E] / [kvE] when qk_norm_whole) or empty
   float qk_norm_eps = 1e-6f;
   bool qk_norm_whole = false;
   int64_t window = 0;
   float softcap = 0.0f;
 
-  bool any_position() const { return rope != RopeStyle::kNone || !alibi_slopes.empty() || window > 0; }
+  bool any_position() const {
+    return rope != RopeStyle::kNone || !alibi_slopes.empty() || window > 0;
+  }
   bool qk_transform() const { return rope != RopeStyle::kNone || !q_norm.empty(); }
 };
 

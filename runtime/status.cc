@@ -39,8 +39,10 @@ size_t DTypeSize(DType dtype) {
     case DType::kBool:
     case DType::kU8:
     case DType::kI8: return 1;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
@@ -53,8 +55,10 @@ const char* DTypeName(DType dtype) {
     case DType::kBool: return "bool";
     case DType::kU8: return "u8";
     case DType::kI8: return "i8";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
   }
   return "invalid";
 }

@@ -24,17 +24,6 @@ using testing_util::RandomProblem;
 using testing_util::Views;
 using testing_util::WeightsOf;
 
-// f32 computation against the double reference: products of O(1) values summed over <= 64
-// terms, then softmax and two more products. 2e-5 absolute + 2e-4 relative covers f32 rounding
-// with a wide margin while still catching any indexing or masking error (those are O(0.1)).
-constexpr double kAtol = 2e-5;
-constexpr double kRtol = 2e-4;
-
-bool Close(double got, double want) {
-  if (std::isnan(want)) return std::isnan(got);
-  return std::abs(got - want) <= kAtol + kRtol * std::abs(want);
-}
-
 // Runs `p` on `threads` threads; returns the views with outputs filled. in_place: the query is
 // read from the output's storage (dense, q_dim == E), which the forward then overwrites.
 void RunMha(const Problem& p, size_t threads, Views* v, bool in_place = false) {
@@ -59,43 +48,13 @@ void RunMha(const Problem& p, size_t threads, Views* v, bool in_place = false) {
   EXPECT_LE(ctx->arena_high_water(), bytes + 64);
 }
 
-void CheckAgainstReference(const Problem& p, const Views& v) {
-  reference::Outputs ref;
-  testing_util::RunReference(p, &ref);
-  const int64_t E = p.config.embed_dim;
-  int bad = 0;
-  for (int64_t n = 0; n < p.N; ++n) {
-    for (int64_t l = 0; l < p.L; ++l) {
-      for (int64_t e = 0; e < E; ++e) {
-        const double want = ref.output[(n * p.L + l) * E + e];
-        const double got = OutputAt(p, v.output, n, l, e);
-        if (!Close(got, want) && bad++ < 5) {
-          ADD_FAILURE() << "output[n=" << n << ", l=" << l << ", e=" << e << "] = " << got
-                        << ", want " << want << "\n" << p.Describe();
-        }
-      }
-    }
-  }
-  if (!p.need_weights) return;
-  const int64_t St = ref.total_src_len;
-  const std::vector<double>& want_w = p.average ? ref.mean_weights : ref.head_weights;
-  ASSERT_EQ(v.weights.size(), want_w.size()) << p.Describe();
-  for (size_t i = 0; i < want_w.size(); ++i) {
-    if (!Close(v.weights[i], want_w[i]) && bad++ < 5) {
-      ADD_FAILURE() << "weights[" << i << "] (row " << i / St << ", col " << i % St
-                    << ") = " << v.weights[i] << ", want " << want_w[i] << "\n"
-                    << p.Describe();
-    }
-  }
-}
-
 // Runs `p` on 2 threads against the reference, and on 1 thread for the same bits.
 void CheckTwoThreadsAndOne(const Problem& p) {
   Views v1, v2;
   RunMha(p, 2, &v2);
   RunMha(p, 1, &v1);
   if (::testing::Test::HasFatalFailure()) return;
-  CheckAgainstReference(p, v2);
+  testing_util::ExpectMatchesReference(p, v2);
   ASSERT_EQ(0, std::memcmp(v1.output.data(), v2.output.data(), v1.output.size() * 4))
       << p.Describe();
 }
@@ -107,7 +66,7 @@ TEST(AttentionRandomTest, MatchesDoubleReference) {
     Views v;
     RunMha(p, 1 + i % 4, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    testing_util::ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i << " failed";
       return;
@@ -223,7 +182,7 @@ TEST(AttentionRandomTest, LongSequencesWithWeights) {
     Views v;
     RunMha(p, 2, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    testing_util::ExpectMatchesReference(p, v);
   }
 }
 
@@ -274,7 +233,7 @@ TEST(AttentionChunkedTest, RandomConfigsMatchDoubleReference) {
     Views v;
     RunMha(p, 1 + i % 4, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    testing_util::ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i << ", chunks of " << chunk_keys << " keys";
       return;
@@ -413,7 +372,7 @@ TEST_P(AttentionRandomTargetTest, MatchesDoubleReference) {
     Views v;
     RunMha(p, 1 + i % 3, &v);
     if (HasFatalFailure()) return;
-    CheckAgainstReference(p, v);
+    testing_util::ExpectMatchesReference(p, v);
     if (HasFailure()) {
       ADD_FAILURE() << "target " << target << ", random problem #" << i;
       return;

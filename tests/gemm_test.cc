@@ -1260,8 +1260,8 @@ TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
 TEST_P(PackedBTargetTest, RowsOfAOneBlockPackingGiveTheProductOfThoseRows) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc, packnr = GemmBlocking().packnr;
   const size_t m = 13, n = 2 * nr + 3;
-  const size_t cases[][3] = {{70, 0, 70}, {70, 1, 69}, {70, 33, 20}, {kc, 17, kc - 17},
-                             {kc, kc - 1, 1}};
+  const size_t cases[][3] = {
+      {70, 0, 70}, {70, 1, 69}, {70, 33, 20}, {kc, 17, kc - 17}, {kc, kc - 1, 1}};
   std::mt19937 rng(44);
   Scratch scratch;
   for (const auto& d : cases) {

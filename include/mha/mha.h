@@ -81,7 +81,7 @@ typedef enum mha_dtype {
   MHA_DTYPE_F16 = 2,
   MHA_DTYPE_BOOL = 3,
   MHA_DTYPE_U8 = 4,
-  MHA_DTYPE_I8 = 5, /* KV-cache storage only (mha_kv_cache_options.dtype) */
+  MHA_DTYPE_I8 = 5,  /* KV-cache storage only (mha_kv_cache_options.dtype) */
   MHA_DTYPE_I32 = 6, /* token positions (mha_attention_inputs.positions) */
   MHA_DTYPE_I64 = 7
 } mha_dtype;
@@ -273,10 +273,10 @@ typedef struct mha_layer_weights {
   const float* out_proj_bias;   /* [E] (bias) */
   int32_t dtype;                /* an mha_dtype: F32 (0, the default), BF16 or F16 */
   /* Attention variants (f32, copied at creation; NULL = absent). */
-  const float* sinks;           /* [H] */
-  const float* alibi_slopes;    /* [H] (needs config alibi) */
-  const float* q_norm_weight;   /* [head_dim], or [E] with qk_norm_whole */
-  const float* k_norm_weight;   /* [head_dim], or [kvE] with qk_norm_whole */
+  const float* sinks;         /* [H] */
+  const float* alibi_slopes;  /* [H] (needs config alibi) */
+  const float* q_norm_weight; /* [head_dim], or [E] with qk_norm_whole */
+  const float* k_norm_weight; /* [head_dim], or [kvE] with qk_norm_whole */
 } mha_layer_weights;
 
 /* Options for mha_layer_create_from_safetensors: what the file cannot tell. Zero-initialized =

@@ -173,7 +173,7 @@ struct AttentionConfig {
   // window" relates it to ONNX Runtime's local_window_size); without causal iff
   // |p_i - p_j| < W. 0 = no window.
   int64_t window = 0;
-  float softcap = 0.0f;     // > 0: s = softcap * tanh(s / softcap), before ALiBi and masks
+  float softcap = 0.0f;      // > 0: s = softcap * tanh(s / softcap), before ALiBi and masks
   float qk_norm_eps = 0.0f;  // QK-norm's RMSNorm epsilon; 0 = 1e-6 (OLMo 2 uses 1e-5)
   // QK-norm weights span the whole projection ([E] for q, [kvE] for k, one RMS per token: OLMo
   // 2) instead of one head ([head_dim], one RMS per token and head: Qwen3, Gemma 3).

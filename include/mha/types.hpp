@@ -59,7 +59,16 @@ MHA_API const char* StatusCodeName(StatusCode code);
 // bool (1 byte, nonzero = true) and u8 are for masks.
 // kI8 (signed 8-bit) is a KV-cache storage type only (KvCacheOptions::dtype); kI32 and kI64 are
 // for token positions (AttentionInputs::positions).
-enum class DType : int { kF32 = 0, kBF16 = 1, kF16 = 2, kBool = 3, kU8 = 4, kI8 = 5, kI32 = 6, kI64 = 7 };
+enum class DType : int {
+  kF32 = 0,
+  kBF16 = 1,
+  kF16 = 2,
+  kBool = 3,
+  kU8 = 4,
+  kI8 = 5,
+  kI32 = 6,
+  kI64 = 7
+};
 MHA_API size_t DTypeSize(DType dtype);
 MHA_API const char* DTypeName(DType dtype);
 
