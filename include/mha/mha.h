@@ -218,7 +218,8 @@ typedef enum mha_rope {
  * default in every field; code that sets `bias` no longer compiles. 0.2.0 appended the attention
  * variants' fields to mha_layer_config, mha_layer_weights, mha_load_options,
  * mha_attention_inputs and mha_kv_cache_options: the structs grew, so programs built against
- * 0.1.x must be recompiled (zero-initialized new fields keep 0.1.x's results). */
+ * 0.1.x must be recompiled (zero-initialized new fields keep 0.1.x's results); the library's
+ * soname carries the minor version (libmha.so.0.2) so that such a program cannot load it. */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */
