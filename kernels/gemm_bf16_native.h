@@ -1,0 +1,52 @@
+// The per-ISA bf16 block kernels behind kernels::GemmBf16PackedB (gemm_bf16.h), one
+// translation unit each, compiled with the instruction set's target attribute and called only
+// after Bf16KernelAvailable says the CPU runs it. Internal to kernels/.
+#ifndef MHA_KERNELS_GEMM_BF16_NATIVE_H_
+#define MHA_KERNELS_GEMM_BF16_NATIVE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mha {
+namespace kernels {
+
+// One KC block of one GemmBf16PackedB call: c [m, n] (+)= alpha * a_block * b_block.
+//   a: [m, depth] bf16, row i at a + i * lda, depth a multiple of kBf16DepthAlign (the rows'
+//      padding past the product's k is zero).
+//   b: the block's first panel holding column 0 of c (a PackedBf16B's col0 resolved), panels
+//      panel_stride elements apart, each depth / 2 pair rows of kBf16PanelCols x 2 bf16 (a
+//      Rows view's pair rows already skipped).
+//   c: element (i, j) at c + i * c_rs + j * c_cs.
+// Epilogue per element, each operation rounded (no FMA): first block: c = alpha * acc (beta
+// 0, c not read) or alpha * acc + beta * c; later blocks: c = c + alpha * acc; then, with
+// bias (the last block only), c = c + bias[j].
+struct Bf16Block {
+  const uint16_t* a = nullptr;
+  size_t lda = 0;
+  size_t m = 0;
+  size_t depth = 0;
+  const uint16_t* b = nullptr;
+  size_t panel_stride = 0;
+  size_t n = 0;
+  float* c = nullptr;
+  ptrdiff_t c_rs = 0, c_cs = 1;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  bool first = true;
+  const float* bias = nullptr;
+  void* scratch = nullptr;  // kBf16BlockScratchBytes, 64-byte aligned (AMX's tile stores)
+};
+
+inline constexpr size_t kBf16BlockScratchBytes = 16 * 1024;
+
+// Defined only where compiled (x86-64: AVX512_BF16 and AMX; aarch64: BFDOT).
+void Bf16BlockAvx512(const Bf16Block& blk);
+void Bf16BlockAmx(const Bf16Block& blk);
+// Linux: asks for the AMX tile data permission once; true if granted.
+bool AmxPermitted();
+void Bf16BlockNeon(const Bf16Block& blk);
+
+}  // namespace kernels
+}  // namespace mha
+
+#endif  // MHA_KERNELS_GEMM_BF16_NATIVE_H_
