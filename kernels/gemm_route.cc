@@ -46,6 +46,8 @@ bool StrassenPacks(size_t in, size_t out) {
 
 GemmRoute ChooseGemmRoute(const GemmShape& s) {
   switch (s.b_packing) {
+    case BPacking::kBf16:
+      return GemmRoute::kBf16PackedB;  // the layer's arithmetic, not a speed choice
     case BPacking::kStrassen:
       if (s.rows >= kStrassenMinRows && DirectKernelRuns()) return GemmRoute::kStrassenPackedB;
       [[fallthrough]];

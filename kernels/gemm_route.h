@@ -26,6 +26,7 @@ enum class GemmRoute : uint8_t {
   kBlisPackedB,      // GemmBlisPackedB: b packed beforehand, a packed per call, BLIS's kernel
   kDirectPackedB,    // GemmDirectPackedB: b packed beforehand, a in place, direct kernel
   kStrassenPackedB,  // GemmStrassenPackedB: b's seven Strassen operands packed beforehand
+  kBf16PackedB,      // GemmBf16PackedB: b packed as bf16 (Compute::kBF16), a rounded per call
 };
 
 // How the b operand (the weights) of a product is stored when the product starts.
@@ -34,6 +35,7 @@ enum class BPacking : uint8_t {
   kOncePerCall,  // f32, packed once by ParallelGemm for all of its row panels
   kPrepacked,    // f32, packed at layer creation (WeightPrepack::kOn)
   kStrassen,     // kPrepacked, plus its Strassen operands (WeightPrepack::kStrassen)
+  kBf16,         // packed as bf16 at layer creation (Compute::kBF16): every product takes it
 };
 
 // A product c [rows, cols] = a [rows, depth] * b [depth, cols].

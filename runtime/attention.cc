@@ -209,6 +209,7 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path, const 
   c.scale = options.scale;
   c.weight_dtype = st;
   c.prepack = options.prepack;
+  c.compute = options.compute;
 
   // Every weight matrix in the storage dtype: those the loader kept 16-bit are used as they
   // are; the others (f32, or the other 16-bit type) are converted here.

@@ -8,6 +8,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/softmax.h"
 #include "runtime/context_internal.h"
@@ -44,6 +45,7 @@ struct TaskContext {
   int64_t St;
   int64_t group;  // query heads per key/value head
   bool direct;    // OnlineUsesDirectKernel()
+  bool bf16;      // Compute::kBF16: the online path's products run kernels::GemmBf16PackedB
 
   // Q rows [q0, q0 + rows) of head h: [rows, hd].
   MatrixView QView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
@@ -206,14 +208,15 @@ class OnlineTask {
   const int64_t n_, h_, g_, blk_;
   const size_t worker_;
   const bool direct_ = t_.direct;
+  const bool bf16_ = t_.bf16;
   int64_t q0_ = 0;
   size_t rows_ = 0;
   bool init_ = true;  // this pass starts the softmax state
   float* scores_ = nullptr;
   float* row_max_ = nullptr;
   float* row_sum_ = nullptr;
-  float* packed_k_ = nullptr;
-  float* packed_v_ = nullptr;
+  uint8_t* packed_k_ = nullptr;  // K^T of a key block packed as f32 or bf16
+  uint8_t* packed_v_ = nullptr;  // V of a key block likewise
   kernels::PackedA qp_{};
   MatrixView q_;
   MatrixView out_;
@@ -231,8 +234,8 @@ void OnlineTask::Run() {
   scores_ = reinterpret_cast<float*>(scratch);
   row_max_ = reinterpret_cast<float*>(scratch + os.row_max);
   row_sum_ = reinterpret_cast<float*>(scratch + os.row_sum);
-  packed_k_ = reinterpret_cast<float*>(scratch + os.packed_k);
-  packed_v_ = reinterpret_cast<float*>(scratch + os.packed_v);
+  packed_k_ = scratch + os.packed_k;
+  packed_v_ = scratch + os.packed_v;
   q_ = MatrixView{reinterpret_cast<float*>(scratch + os.q_rows), rows_, static_cast<size_t>(hd),
                   static_cast<ptrdiff_t>(hd), 1};
   if (plan.chunked()) {
@@ -287,9 +290,10 @@ void OnlineTask::Run() {
 void OnlineTask::LoadQueryRows(bool one_block) {
   const int64_t hd = t_.m.hd;
   const int64_t t0 = t_.Now();
-  if (direct_ && one_block) {
+  // The bf16 kernel reads f32 rows where they lie (rounding them per call), as the direct one.
+  if ((direct_ || bf16_) && one_block) {
     q_ = t_.QView(n_, h_, q0_, rows_);
-  } else if (direct_) {
+  } else if (direct_ || bf16_) {
     const MatrixView src = t_.QView(n_, h_, q0_, rows_);
     for (size_t r = 0; r < rows_; ++r) {
       std::memcpy(q_.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
@@ -329,13 +333,25 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
   const size_t key_block = t_.plan.key_block;
   // The trace counts packing K^T as scores time and packing V as weighted-sum time.
   int64_t t0 = t_.Now();
-  const kernels::PackedB kp = kernels::PackB(t_.KtView(n_, g_, k0, kc), packed_k_);
+  kernels::PackedB kp{}, vp{};
+  kernels::PackedBf16B kp16{}, vp16{};
+  if (bf16_) {
+    kp16 = kernels::PackBf16B(t_.KtView(n_, g_, k0, kc), reinterpret_cast<uint16_t*>(packed_k_));
+  } else {
+    kp = kernels::PackB(t_.KtView(n_, g_, k0, kc), reinterpret_cast<float*>(packed_k_));
+  }
   Record(t0, Stage::kScores);
   t0 = t_.Now();
-  const kernels::PackedB vp = kernels::PackB(t_.VView(n_, g_, k0, kc), packed_v_);
+  if (bf16_) {
+    vp16 = kernels::PackBf16B(t_.VView(n_, g_, k0, kc), reinterpret_cast<uint16_t*>(packed_v_));
+  } else {
+    vp = kernels::PackB(t_.VView(n_, g_, k0, kc), reinterpret_cast<float*>(packed_v_));
+  }
   Record(t0, Stage::kWeightedSum);
-  const size_t strip_rows = OnlineStripRows();
-  const size_t nr = kernels::GemmBlocking().nr;
+  const size_t strip_rows = OnlineStripRows(t_.m.config.compute);
+  // A window's band starts the products at a whole panel of the packing (f32: NR columns; bf16:
+  // kBf16PanelCols, also the row alignment PackedBf16B::Rows needs).
+  const size_t nr = bf16_ ? kernels::kBf16PanelCols : kernels::GemmBlocking().nr;
   void* const gs = t_.GemmScratch(worker_);
   for (size_t r0 = 0; r0 < rows_; r0 += strip_rows) {
     const size_t sr = std::min(strip_rows, rows_ - r0);
@@ -355,15 +371,21 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     const MatrixView s_view{scores_, sr, cols, static_cast<ptrdiff_t>(key_block), 1};
     const MatrixView s_band = s_view.Block(0, c0, sr, cols - c0);
     const MatrixView a_view = acc_.Block(r0, 0, sr, hd);
-    const kernels::PackedB k_cols = kp.Columns(c0, cols - c0);
     // P V reads P's columns and V's rows from c0 on (the band), as the scores did; c0 > 0 only
     // with a window, whose blocks are one KC block deep (WindowKeyBlock), as Rows needs.
-    assert(c0 == 0 || kc <= kernels::GemmBlocking().kc);
-    const kernels::PackedB v_rows = vp.Rows(c0, cols - c0, kernels::GemmBlocking().packnr);
+    assert(c0 == 0 || kc <= (bf16_ ? kernels::kBf16BlockDepth : kernels::GemmBlocking().kc));
+    kernels::PackedB k_cols{}, v_rows{};
+    if (!bf16_) {
+      k_cols = kp.Columns(c0, cols - c0);
+      v_rows = vp.Rows(c0, cols - c0, kernels::GemmBlocking().packnr);
+    }
     t0 = t_.Now();
     // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
     // without masks the softmax's first pass only reads the scores.
-    if (direct_) {
+    if (bf16_) {
+      kernels::GemmBf16PackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), kp16.Columns(c0, cols - c0),
+                               0.0f, nullptr, s_band, gs);
+    } else if (direct_) {
       const bool ran =
           kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
       assert(ran && "the direct kernel runs where it was chosen");
@@ -381,8 +403,10 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     Record(t0, Stage::kSoftmax);
     t0 = t_.Now();
     // P is read in place where the direct micro-kernel runs: no packing of the strip's
-    // probabilities (GemmBlisPackedB's PackPanel).
-    if (direct_) {
+    // probabilities (GemmBlisPackedB's PackPanel). The bf16 kernel rounds P to bf16 as it reads it.
+    if (bf16_) {
+      kernels::GemmBf16PackedB(1.0f, s_band, vp16.Rows(c0, cols - c0), 1.0f, nullptr, a_view, gs);
+    } else if (direct_) {
       const bool ran = kernels::GemmDirectPackedB(1.0f, s_band, v_rows, 1.0f, a_view);
       assert(ran && "the direct kernel runs where it was chosen");
       (void)ran;
@@ -402,8 +426,19 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
   const size_t qb = plan.query_block;
   const int64_t q_blocks = (L + qb - 1) / qb;
   const AttentionMasks masks = PrepareMasks(m, args, plan, buf);
-  const TaskContext t{m,     args,         plan,  buf,       keys,
-                      masks, TraceOf(ctx), sh.St, H / m.KVH, OnlineUsesDirectKernel()};
+  // need_weights runs the full-row path in f32 whatever the compute: its weights are the
+  // product's f32 probabilities.
+  const TaskContext t{m,
+                      args,
+                      plan,
+                      buf,
+                      keys,
+                      masks,
+                      TraceOf(ctx),
+                      sh.St,
+                      H / m.KVH,
+                      OnlineUsesDirectKernel(),
+                      m.config.compute == Compute::kBF16};
 
   if (sh.need_weights && sh.average) {
     PoolOf(ctx).ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {

@@ -205,6 +205,15 @@ Status CheckPrepack(int32_t v, const char* name) {
   return Status::Ok();
 }
 
+Status CheckCompute(int32_t v, const char* name) {
+  if (v != MHA_COMPUTE_F32 && v != MHA_COMPUTE_BF16) {
+    return InvalidArgument(std::string(name) +
+                           ": expected MHA_COMPUTE_F32 (0) or MHA_COMPUTE_BF16 (1), got " +
+                           std::to_string(v));
+  }
+  return Status::Ok();
+}
+
 Status CheckWeightDtype(int32_t v, const char* name) {
   if (v != MHA_DTYPE_F32 && v != MHA_DTYPE_BF16 && v != MHA_DTYPE_F16) {
     return InvalidArgument(std::string(name) + ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) "
@@ -281,6 +290,9 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   s = CheckPrepack(c.prepack, "config->prepack");
   if (!s.ok()) return s;
   out->prepack = static_cast<WeightPrepack>(c.prepack);
+  s = CheckCompute(c.compute, "config->compute");
+  if (!s.ok()) return s;
+  out->compute = static_cast<Compute>(c.compute);
   out->qk_norm_whole = c.qk_norm_whole != 0;
   return ToVariants(c, "config", out);
 }
@@ -305,6 +317,7 @@ extern "C" {
 const char* mha_version(void) { return mha::Version(); }
 const char* mha_simd_target(void) { return mha::SimdTarget(); }
 const char* mha_blas_arch(void) { return mha::BlasArch(); }
+const char* mha_bf16_kernel(void) { return mha::Bf16Kernel(); }
 
 const char* mha_status_name(int32_t status) {
   if (status < MHA_STATUS_OK || status > MHA_STATUS_INTERNAL) return "Unknown";
@@ -430,6 +443,7 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     if (s.ok()) s = mha::CheckWeightDtype(options->weight_dtype, "options->weight_dtype");
     if (s.ok()) s = mha::CheckPrepack(options->prepack, "options->prepack");
     if (s.ok()) s = mha::CheckBool(options->qk_norm_add_one, "options->qk_norm_add_one");
+    if (s.ok()) s = mha::CheckCompute(options->compute, "options->compute");
     if (s.ok() && options->num_kv_heads < 0) {
       s = mha::InvalidArgument("options->num_kv_heads: expected >= 0 (0 = from the file), got " +
                                std::to_string(options->num_kv_heads));
@@ -444,6 +458,7 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     lo.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
     lo.num_kv_heads = options->num_kv_heads;
     lo.prepack = static_cast<mha::WeightPrepack>(options->prepack);
+    lo.compute = static_cast<mha::Compute>(options->compute);
     s = mha::ToVariants(*options, "options", &lo);
     if (!s.ok()) return s;
     lo.qk_norm_add_one = options->qk_norm_add_one != 0;
@@ -487,6 +502,7 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.softcap = c.softcap;
     r.qk_norm_eps = c.qk_norm_eps;
     r.qk_norm_whole = c.qk_norm_whole ? 1 : 0;
+    r.compute = static_cast<int32_t>(c.compute);
     *config = r;
     return Status::Ok();
   });

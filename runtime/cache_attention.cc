@@ -70,7 +70,7 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
     attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kSpan))
                          : FloatBytes(kQueryBlock * kSpan) + 2 * FloatBytes(kQueryBlock);
   }
-  RoundUpToAlignment(std::max(kernels::GemmScratchBytes(), attn_scratch), &ws.per_worker);
+  RoundUpToAlignment(std::max(WorkerGemmScratchBytes(), attn_scratch), &ws.per_worker);
   ws.scratch = off;
   off += ws.per_worker * threads;
   ws.total = off;

@@ -81,6 +81,7 @@ Status ReserveArena(Context& context, size_t bytes) {
 const char* Version() { return MHA_VERSION; }
 
 const char* SimdTarget() { return kernels::TargetName(kernels::ActiveTarget()); }
+const char* Bf16Kernel() { return kernels::Bf16KernelName(kernels::Bf16ActiveKernel()); }
 
 const char* BlasArch() { return kernels::GemmArchName(); }
 

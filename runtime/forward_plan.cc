@@ -42,7 +42,8 @@ bool OnlineUsesDirectKernel() { return kernels::DirectKernelRuns(); }
 
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
 // micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
-size_t OnlineStripRows() {
+size_t OnlineStripRows(Compute compute) {
+  if (compute == Compute::kBF16) return kBf16StripRows;
   const size_t mr = kernels::GemmBlocking().mr;
   return std::max(kStripRows / mr, size_t{1}) * mr;
 }
@@ -59,17 +60,23 @@ TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, 
 }
 
 // The online path's per-worker scratch (OnlineScratch) for a plan's query and key blocks.
-OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd) {
+OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd, Compute compute) {
   OnlineScratch l;
-  size_t off = FloatBytes(OnlineStripRows() * ws.key_block);
+  size_t off = FloatBytes(OnlineStripRows(compute) * ws.key_block);
   l.row_max = off;
   off += FloatBytes(ws.query_block);
   l.row_sum = off;
   off += FloatBytes(ws.query_block);
+  // K^T and V packed as f32, or as bf16 (Compute::kBF16, whose panels pad hd to 32).
+  const bool bf16 = compute == Compute::kBF16;
+  const auto packed_bytes = [&](size_t k, size_t n) {
+    return bf16 ? FloatBytes((kernels::PackedBf16Elements(k, n) + 1) / 2)
+                : FloatBytes(kernels::PackedBFloats(k, n));
+  };
   l.packed_k = off;
-  off += FloatBytes(kernels::PackedBFloats(hd, ws.key_block));
+  off += packed_bytes(hd, ws.key_block);
   l.packed_v = off;
-  off += FloatBytes(kernels::PackedBFloats(ws.key_block, hd));
+  off += packed_bytes(ws.key_block, hd);
   l.q_rows = off;
   off += FloatBytes(OnlineUsesDirectKernel() ? ws.query_block * hd
                                              : kernels::PackedAFloats(ws.query_block, hd));
@@ -191,7 +198,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
     const size_t heads = std::max<size_t>(N * H, 1);
     const size_t blocks =
         std::max<size_t>((kMinOnlineTasksPerThread * threads + heads - 1) / heads, 1);
-    const size_t strip = OnlineStripRows();
+    const size_t strip = OnlineStripRows(m.config.compute);
     qb = std::min(kMaxOnlineQueryBlock, ((L + blocks - 1) / blocks + strip - 1) / strip * strip);
     qb = std::max(qb, strip);
   } else if (!online) {
@@ -213,9 +220,9 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   // packed K^T and V (OnlineScratchLayout), or the full-row path's scores [block, S'] (unused
   // when the per-head weights are the scores); the key-chunked output projection uses the
   // same space for a copy of kOutRows output rows [rows, E].
-  plan.gemm_scratch = kernels::GemmScratchBytes();
+  plan.gemm_scratch = WorkerGemmScratchBytes();
   RoundUpToAlignment(plan.gemm_scratch, &plan.gemm_scratch);
-  if (online) plan.online_scratch = OnlineScratchLayout(plan, hd);
+  if (online) plan.online_scratch = OnlineScratchLayout(plan, hd, m.config.compute);
   size_t per_worker = online ? plan.online_scratch.total : FloatBytes(plan.query_block * St);
   if (chunked) per_worker = std::max(per_worker, FloatBytes(std::min<size_t>(kOutRows, L) * E));
   plan.scratch_per_worker = plan.gemm_scratch + per_worker;
@@ -227,7 +234,8 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   // The key-chunked output projection runs its own panels (RunKeyChunks).
   // Prepacked weights (LayerWeights::Prepack) need no room: every product that would pack
   // here has PrepackedMinRows() rows or more.
-  if (m.config.weight_dtype == DType::kF32 && m.w_q.packed.data == nullptr) {
+  if (m.config.weight_dtype == DType::kF32 && m.w_q.packed.data == nullptr &&
+      m.w_q.bf16.data == nullptr) {
     // ProjectionJob makes one product of N x len rows or N products of len rows.
     auto packs = [&](size_t len) {
       return PacksWeightsOnce(1, N * len) || PacksWeightsOnce(N, len);
@@ -271,7 +279,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
 ProjectPlan PlanProjectWorkspace(const LayerWeights& m, const ForwardShapes& sh, size_t threads) {
   ProjectPlan p;
   threads = std::max<size_t>(threads, 1);
-  RoundUpToAlignment(kernels::GemmScratchBytes(), &p.scratch_per_worker);
+  RoundUpToAlignment(WorkerGemmScratchBytes(), &p.scratch_per_worker);
   size_t off = p.scratch_per_worker * threads;
   if (sh.has_positions) {
     p.q_pos = off;

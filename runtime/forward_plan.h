@@ -35,6 +35,8 @@ inline constexpr size_t kCausalQueryBlock = 512;
 // Query rows per strip of the online path (a multiple of the micro-kernel's 6 or 8 rows on
 // x86-64 and arm64; rounded down to its MR by OnlineStripRows()).
 inline constexpr size_t kStripRows = 24;
+// Query rows per strip with Compute::kBF16: two AMX tiles of 16 rows.
+inline constexpr size_t kBf16StripRows = 32;
 // Tasks the averaged-weights path aims for (it has no head dimension to parallelize over), and
 // the fewest query rows such a task takes: each task packs every head's K^T and V for its rows,
 // so shorter tasks pack more than they multiply.
@@ -141,8 +143,9 @@ ProjectPlan PlanProjectWorkspace(const LayerWeights& m, const ForwardShapes& sh,
 bool OnlineUsesDirectKernel();
 
 // Query rows per strip of the online path: kStripRows rounded down to a multiple of the
-// micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q.
-size_t OnlineStripRows();
+// micro-kernel's MR (at least MR), since strips are row ranges of the task's packed Q;
+// kBf16StripRows with Compute::kBF16.
+size_t OnlineStripRows(Compute compute);
 
 // Bytes of `floats` f32 values rounded up to the workspace alignment.
 size_t FloatBytes(size_t floats);

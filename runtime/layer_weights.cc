@@ -11,6 +11,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 #include "runtime/validate.h"
 
 namespace mha {
@@ -103,6 +104,10 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
     }
   }
 
+  if (config.compute != Compute::kF32 && config.compute != Compute::kBF16) {
+    return InvalidArgument(std::string(op) + "compute: expected kF32 (0) or kBF16 (1), got " +
+                           Str(static_cast<int>(config.compute)));
+  }
   if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff &&
       config.prepack != WeightPrepack::kPlain && config.prepack != WeightPrepack::kStrassen) {
     return InvalidArgument(std::string(op) +
@@ -442,7 +447,43 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
   return Status::Ok();
 }
 
+namespace {
+
+// Compute::kBF16: packs the four projection matrices as bf16 into m->bf16_packed.
+void PackBf16(LayerWeights* m) {
+  // w^T [in, out] of each matrix, one after the other (each a multiple of 32 elements: 64-byte
+  // aligned after the first).
+  WeightMatrix* const mats[4] = {&m->w_q, &m->w_k, &m->w_v, &m->w_o};
+  const int64_t ins[4] = {m->qd, m->kd, m->vd, m->E}, outs[4] = {m->E, m->kvE, m->kvE, m->E};
+  size_t elements = 0;
+  for (int i = 0; i < 4; ++i) elements += kernels::PackedBf16Elements(ins[i], outs[i]);
+  constexpr size_t kAlign = 64 / sizeof(uint16_t);
+  m->bf16_packed.assign(elements + kAlign, 0);
+  uint16_t* dst = m->bf16_packed.data();
+  dst += (kAlign - reinterpret_cast<uintptr_t>(dst) / sizeof(uint16_t) % kAlign) % kAlign;
+  for (int i = 0; i < 4; ++i) {
+    const size_t in = static_cast<size_t>(ins[i]), out = static_cast<size_t>(outs[i]);
+    const ptrdiff_t ld = static_cast<ptrdiff_t>(in);
+    if (mats[i]->dtype == DType::kF32) {
+      mats[i]->bf16 = kernels::PackBf16B(
+          kernels::ConstMatrixView{static_cast<const float*>(mats[i]->data), in, out, 1, ld}, dst);
+    } else {
+      mats[i]->bf16 = kernels::PackBf16BHalf(
+          kernels::HalfMatrixView{static_cast<const uint16_t*>(mats[i]->data), mats[i]->dtype, in,
+                                  out, 1, ld},
+          dst);
+    }
+    dst += kernels::PackedBf16Elements(in, out);
+  }
+}
+
+}  // namespace
+
 void LayerWeights::Prepack() {
+  if (config.compute == Compute::kBF16) {
+    PackBf16(this);
+    return;
+  }
   if (config.prepack == WeightPrepack::kOff || !kernels::WeightsPrepackable(config.weight_dtype)) {
     return;
   }

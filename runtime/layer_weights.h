@@ -63,6 +63,9 @@ struct LayerWeights {
   // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
   // fused projection runs as three products into the column ranges of its buffer.
   std::vector<float> prepacked;
+  // Compute::kBF16: w_q, w_k, w_v and w_o packed as bf16 (their `bf16` members point here;
+  // empty otherwise); the f32 prepacking is then not made.
+  std::vector<uint16_t> bf16_packed;
   // config.prepack kOn: the Strassen operands of the matrices StrassenPacks() takes (their
   // `strassen` members point here; empty when none).
   std::vector<float> strassen_packed;
@@ -71,8 +74,9 @@ struct LayerWeights {
   int64_t Extra() const { return (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0); }
 
   // Fills `prepacked`, `strassen_packed` and the matrices' `packed` / `strassen` when
-  // config.prepack applies (f32 weights, a micro-kernel that prefers row-major C). Called once by
-  // BindLayerWeights after the weights are bound.
+  // config.prepack applies (f32 weights, a micro-kernel that prefers row-major C), or
+  // `bf16_packed` and the matrices' `bf16` with Compute::kBF16. Called once by BindLayerWeights
+  // after the weights are bound.
   void Prepack();
 };
 

@@ -8,6 +8,12 @@
 
 namespace mha {
 
+// A bf16 job's column panels must start on the bf16 packing's panels.
+static_assert(kPanelCols % kernels::kBf16PanelCols == 0 &&
+                  kLargePanelCols % kernels::kBf16PanelCols == 0 &&
+                  kFewRowsPanelCols % kernels::kBf16PanelCols == 0,
+              "PanelsOf's columns are whole bf16 panels");
+
 namespace {
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -24,6 +30,7 @@ kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in
 }  // namespace
 
 void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
+  b_bf16 = Bf16Of(w, in, out);
   b_packed = PackingOf(w, in, out);
   b_strassen = b_packed.data != nullptr ? StrassenOf(w, in, out) : kernels::StrassenPackedB{};
   if (w.dtype == DType::kF32) {
@@ -62,9 +69,12 @@ void MultiplyPackedB(kernels::GemmRoute route, const kernels::ConstMatrixView& a
 
 kernels::GemmRoute WeightsRoute(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
   const bool packed = PackingOf(weights, in, out).data != nullptr;
+  const bool bf16 = Bf16Of(weights, in, out).data != nullptr;
   return kernels::ChooseGemmRoute(
       {rows, out, in, weights.dtype,
-       packed ? kernels::BPacking::kPrepacked : kernels::BPacking::kNone});
+       bf16     ? kernels::BPacking::kBf16
+       : packed ? kernels::BPacking::kPrepacked
+                : kernels::BPacking::kNone});
 }
 
 namespace {
@@ -76,12 +86,17 @@ bool OverPackedB(kernels::GemmRoute route) {
 }  // namespace
 
 bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
-  return OverPackedB(WeightsRoute(weights, rows, in, out));
+  const kernels::GemmRoute route = WeightsRoute(weights, rows, in, out);
+  return OverPackedB(route) || route == kernels::GemmRoute::kBf16PackedB;
 }
 
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
                      const float* bias, const kernels::MatrixView& c, void* scratch) {
   const kernels::GemmRoute route = WeightsRoute(weights, a.rows, a.cols, out);
+  if (route == kernels::GemmRoute::kBf16PackedB) {
+    kernels::GemmBf16PackedB(1.0f, a, Bf16Of(weights, a.cols, out), 0.0f, bias, c, scratch);
+    return;
+  }
   if (OverPackedB(route)) {
     MultiplyPackedB(route, a, weights.packed, bias, c, scratch);
     return;
@@ -285,7 +300,9 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     uint64_t packs = 0;
     const kernels::GemmRoute prepacked = kernels::ChooseGemmRoute(
         {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kPrepacked});
-    if (job.b_packed.data != nullptr && OverPackedB(prepacked)) {
+    if (job.b_bf16.data != nullptr) {
+      route[j] = kernels::GemmRoute::kBf16PackedB;  // PanelsOf: columns multiples of 64
+    } else if (job.b_packed.data != nullptr && OverPackedB(prepacked)) {
       route[j] = plain[j] = prepacked;
       packing[j] = job.b_packed;
       panels[j] = PrepackedPanelsOf(job);
@@ -342,6 +359,11 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
     const float* const bias = job.bias != nullptr ? job.bias + p.c0 : nullptr;
+    if (route[j] == kernels::GemmRoute::kBf16PackedB) {
+      kernels::GemmBf16PackedB(1.0f, a_blk, job.b_bf16.Columns(p.c0, p.nc), 0.0f, bias, c_blk,
+                               own_scratch);
+      return;
+    }
     if (OverPackedB(route[j])) {
       MultiplyPackedB(route[j], a_blk, packing[j].Columns(p.c0, p.nc), bias, c_blk, own_scratch);
       return;

@@ -8,10 +8,12 @@
 #ifndef MHA_RUNTIME_PARALLEL_GEMM_H_
 #define MHA_RUNTIME_PARALLEL_GEMM_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_route.h"
 #include "kernels/gemm_strassen.h"
 #include "mha/types.hpp"
@@ -53,14 +55,36 @@ struct WeightMatrix {
   DType dtype = DType::kF32;          // kF32, kBF16 or kF16
   kernels::PackedB packed;            // data null when the weights are not prepacked
   kernels::StrassenPackedB strassen;  // w^T's Strassen operands (StrassenPacks); empty if none
+  // Compute::kBF16: w^T [in, out] packed as bf16 (kernels::PackBf16B), which every product by
+  // the matrix then multiplies (kBf16PackedB); data null otherwise.
+  kernels::PackedBf16B bf16;
 
-  // The matrix from row `row` on (rows of `in` elements), without the packing (a row range of
-  // w is not a packing of its own).
+  // The matrix from row `row` on (rows of `in` elements), without the f32 packing (a row range
+  // of w is not a packing of its own); the bf16 packing's columns from `row` on when `row` starts
+  // a panel (kernels::kBf16PanelCols), else none (the rows then multiply in f32).
   WeightMatrix Rows(int64_t row, int64_t in) const {
-    return {static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * DTypeSize(dtype),
-            dtype};
+    WeightMatrix r{
+        static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * DTypeSize(dtype),
+        dtype};
+    const size_t first = static_cast<size_t>(row);
+    if (bf16.data != nullptr && first % kernels::kBf16PanelCols == 0 && first <= bf16.n) {
+      r.bf16 = bf16.Columns(first, bf16.n - first);
+    }
+    return r;
   }
 };
+
+// Bytes of GEMM scratch one worker needs for any product (the blocked driver's packing, or a
+// bf16 product's rounded rows of a).
+inline size_t WorkerGemmScratchBytes() {
+  return std::max(kernels::GemmScratchBytes(), kernels::GemmBf16ScratchBytes());
+}
+
+// The bf16 packing of `weights` if it holds w^T [in, >= out], as its columns [0, out); else empty.
+inline kernels::PackedBf16B Bf16Of(const WeightMatrix& weights, size_t in, size_t out) {
+  const kernels::PackedBf16B& p = weights.bf16;
+  return p.data != nullptr && p.k == in && p.n >= out ? p.Columns(0, out) : kernels::PackedBf16B{};
+}
 
 // c = a * b (+ bias [c.cols], added to every row, if not null) for packed b on `route`
 // (kDirectPackedB: the bias added in the direct kernel's stores; kBlisPackedB: then
@@ -93,11 +117,12 @@ inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t
 kernels::GemmRoute WeightsRoute(const WeightMatrix& weights, size_t rows, size_t in, size_t out);
 
 // Whether a product of `rows` rows by `weights` (rows [0, out) of them) multiplies its prepacked
-// weights.
+// weights (f32 or bf16).
 bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t out);
 
 // c = a * w^T (+ bias [out] on every row, if not null) for w = rows [0, out) of `weights` with
-// `in` = a.cols columns, on WeightsRoute: the prepacked weights (MultiplyPackedB),
+// `in` = a.cols columns, on WeightsRoute: the bf16 packing (kernels::GemmBf16PackedB), the
+// prepacked weights (MultiplyPackedB),
 // kernels::Gemm, or kernels::GemmHalfB for 16-bit weights. Single-threaded; scratch as
 // kernels::Gemm's. c.col_stride must be 1 when bias is given.
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
@@ -111,6 +136,7 @@ struct GemmJob {
   kernels::HalfMatrixView b_half;  // [k, n] 16-bit (weights stored in bf16/f16)
   kernels::PackedB b_packed;       // b prepacked (data null if not): used from PrepackedMinRows()
   kernels::StrassenPackedB b_strassen;  // b's Strassen operands (empty if none), with b_packed
+  kernels::PackedBf16B b_bf16;     // Compute::kBF16: b packed as bf16, used for every row count
   kernels::MatrixView c;           // [m, n] for batch 0, col_stride must be 1 when bias is set
   const float* bias = nullptr;     // [n] or null
   size_t batches = 1;
@@ -148,6 +174,9 @@ inline constexpr size_t kMaxGemmJobs = 8;
 //   The route there is the blocked driver's, so an f32 layer computes exactly what its 16-bit
 //   twin computes (AttentionConfig::weight_dtype; tests/weights16_test.cc).
 // - Otherwise each panel task calls kernels::Gemm or kernels::GemmHalfB on its panel.
+//
+// - bf16 weights (b_bf16): each panel task (PanelsOf, columns multiples of the bf16 panel)
+//   calls kernels::GemmBf16PackedB on its rows and a column range of b_bf16.
 //
 // In every case the partition is the shapes', so results do not depend on the thread count.
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,

@@ -180,6 +180,10 @@ TEST(CApiTest, LibraryInformation) {
   }
   EXPECT_GT(std::strlen(mha_simd_target()), 0u);
   EXPECT_GT(std::strlen(mha_blas_arch()), 0u);
+  EXPECT_STREQ(mha_bf16_kernel(), Bf16Kernel());
+  const std::string bf16 = mha_bf16_kernel();
+  EXPECT_TRUE(bf16 == "amx" || bf16 == "avx512_bf16" || bf16 == "neon_bf16" || bf16 == "emulated")
+      << bf16;
   EXPECT_STREQ(mha_status_name(MHA_STATUS_OK), "OK");
   EXPECT_STREQ(mha_status_name(MHA_STATUS_FORMAT_ERROR), "FormatError");
   EXPECT_STREQ(mha_status_name(99), "Unknown");
@@ -216,6 +220,7 @@ TEST(CApiTest, ZeroInitializedOptionsAreTheDefaults) {
   EXPECT_EQ(zero.softcap, init.softcap);
   EXPECT_EQ(zero.qk_norm_eps, init.qk_norm_eps);
   EXPECT_EQ(zero.qk_norm_whole, init.qk_norm_whole);
+  EXPECT_EQ(zero.compute, init.compute);
   EXPECT_EQ(std::memcmp(&zero, &init, sizeof(zero)), 0) << "a field the test does not list";
 
   // The defaults are the C++ API's (AttentionConfig{}), biases included.
@@ -236,6 +241,7 @@ TEST(CApiTest, ZeroInitializedOptionsAreTheDefaults) {
   const AttentionConfig defaults;
   EXPECT_EQ(got.no_bias, defaults.bias ? 0 : 1);
   EXPECT_EQ(got.prepack, static_cast<int32_t>(defaults.prepack));
+  EXPECT_EQ(got.compute, static_cast<int32_t>(defaults.compute));
   EXPECT_EQ(got.weight_dtype, static_cast<int32_t>(defaults.weight_dtype));
   EXPECT_EQ(got.rope, MHA_ROPE_NONE);
   EXPECT_EQ(got.alibi, 0);
@@ -396,6 +402,16 @@ TEST(CApiTest, InvalidConfigs) {
   mha_layer_destroy(layer);
   layer = nullptr;
   c.prepack = MHA_PREPACK_ON;
+  c.compute = 2;
+  EXPECT_INVALID(create(c),
+                 "config->compute: expected MHA_COMPUTE_F32 (0) or MHA_COMPUTE_BF16 (1), got 2");
+  c.compute = MHA_COMPUTE_BF16;
+  ASSERT_EQ(create(c), MHA_STATUS_OK) << mha_last_error_message();
+  ASSERT_EQ(mha_layer_get_config(layer, &got), MHA_STATUS_OK);
+  EXPECT_EQ(got.compute, MHA_COMPUTE_BF16);
+  mha_layer_destroy(layer);
+  layer = nullptr;
+  c.compute = MHA_COMPUTE_F32;
   c.scale = -1.0f;
   EXPECT_INVALID(create(c), "scale");
   c.scale = 0.0f;

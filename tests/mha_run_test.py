@@ -337,7 +337,7 @@ class Checker:
     # -- grouped-query layers and 16-bit weights (numpy reference, no torch needed) -------------
 
     @staticmethod
-    def gqa_reference(x, wq, wk, wv, b, wo, bo, heads, kv_heads):
+    def gqa_reference(x, wq, wk, wv, b, wo, bo, heads, kv_heads, causal=False):
         """float64 self-attention of x [L, N, E] (seq-first) with K/V heads repeated per group."""
         x = x.astype(np.float64)
         E = wq.shape[0]
@@ -354,6 +354,8 @@ class Checker:
             kh = k[:, :, g * hd:(g + 1) * hd]
             vh = v[:, :, g * hd:(g + 1) * hd]
             s = np.einsum("lnd,snd->nls", qh, kh) / np.sqrt(hd)
+            if causal:
+                s = np.where(np.triu(np.ones((L, L), dtype=bool), 1), -np.inf, s)
             p = np.exp(s - s.max(axis=-1, keepdims=True))
             p /= p.sum(axis=-1, keepdims=True)
             out[:, :, h * hd:(h + 1) * hd] = np.einsum("nls,snd->lnd", p, vh)
@@ -425,6 +427,24 @@ class Checker:
                 fail(f"{label}: max scaled error {err:.3g} against --causal, tolerance {tol}")
             else:
                 print(f"ok: {label} (max scaled error {err:.3g} against --causal)")
+        # --compute bf16: the products' inputs rounded to bf16; within the bound README "bf16
+        # compute" states (of the output's scale), against the float64 reference, also decoding.
+        want = self.gqa_reference(x, wq, wk, wv, b, wo, bo, H, KVH)
+        scale = float(np.max(np.abs(want)))
+        for label, flags in (("gqa_bf16_compute", ["--compute", "bf16"]),
+                             ("gqa_bf16_compute_kv", ["--compute", "bf16", "--kv-dtype", "bf16"])):
+            got = self.run_ok(label, base + flags, self.path(label + "_out.safetensors"))
+            if got is None:
+                continue
+            ref = want if "--kv-dtype" not in flags else self.gqa_reference(
+                x, wq, wk, wv, b, wo, bo, H, KVH, causal=True)
+            err = float(np.max(np.abs(got["attn_output"] - ref))) / scale
+            if got["attn_output"].shape != ref.shape or not err <= 3e-2:
+                fail(f"{label}: max error {err:.3g} of the output scale, bound 3e-2")
+            else:
+                print(f"ok: {label} (max error {err:.3g} of the output scale)")
+        self.expect_error("compute_bad", base + ["--compute", "f16"], 2,
+                          "--compute: expected 'f32' or 'bf16', got 'f16'")
         self.expect_error("kv_dtype_bad", base + ["--kv-dtype", "int4"], 2,
                           "--kv-dtype: expected 'f32', 'bf16', 'f16' or 'int8', got 'int4'")
         self.expect_error("kv_dtype_need_weights", base + ["--kv-dtype", "int8",

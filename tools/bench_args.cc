@@ -8,6 +8,8 @@
 #include <limits>
 #include <thread>
 
+#include "tools/bench_peers.h"
+
 namespace mha {
 namespace bench {
 
@@ -252,6 +254,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   r.action = ParseAction::kError;
   bool kv_seq_given = false;
   bool compare_all = false;  // "all" in --compare: with --decode, every decode peer
+  bool tolerance_given = false;
   o->shape.batch = kDefaultBatch;
   o->shape.seq = kDefaultSeq;
   o->shape.embed = kDefaultEmbed;
@@ -306,7 +309,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         "--seed",     "--json",          "--csv",        "--trace",      "--contexts",
         "--batches",  "--weights-dtype", "--rounds",     "--compare",    "--prefill",
         "--kv-heads", "--rope",          "--rope-theta", "--rotary-dim", "--rope-scale",
-        "--window",   "--softcap",       "--qk-norm-eps"};
+        "--window",   "--softcap",       "--qk-norm-eps", "--compute"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -394,6 +397,13 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         return r;
       }
       o->decode_weights_given = true;
+    } else if (arg == "--compute") {
+      if (value == "f32" || value == "bf16") {
+        o->bf16_compute = value == "bf16";
+      } else {
+        e = "--compute: expected f32 or bf16, got " + Quoted(value);
+        return r;
+      }
     } else if (arg == "--compare") {
       if (!ParsePeerList(arg, value, &o->compare, &compare_all, &e)) return r;
     } else if (arg == "--threads") {
@@ -409,6 +419,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!ParseInt(arg, value, 0, kMaxSgemmSize, &o->sgemm_size, &e)) return r;
     } else if (arg == "--tolerance") {
       if (!ParseDouble(arg, value, 0.0, 1e6, "", &o->tolerance, &e)) return r;
+      tolerance_given = true;
     } else if (arg == "--seed") {
       if (!ParseInt(arg, value, 0, std::numeric_limits<int64_t>::max(), &v, &e)) return r;
       o->seed = static_cast<uint64_t>(v);
@@ -485,6 +496,10 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   }
   o->shape.prepack = !o->no_prepack;
   o->shape.strassen = o->strassen;
+  o->shape.bf16 = o->bf16_compute;
+  // bf16 products round every operand to 8 significant bits: the default tolerance becomes the
+  // one the bf16 peers are held to.
+  if (o->bf16_compute && !tolerance_given) o->tolerance = kBf16PeerTolerance;
   if (o->custom_shape && !ValidateShape(o->shape, &r.error)) return r;
   if (o->threads.empty()) o->threads.push_back(HardwareThreads());
   r.action = ParseAction::kRun;
@@ -501,6 +516,7 @@ std::vector<Shape> CasesToRun(const BenchOptions& o) {
     s.need_weights = o.need_weights;
     s.prepack = !o.no_prepack;
     s.strassen = o.strassen;
+    s.bf16 = o.bf16_compute;
     cases.push_back(s);
   }
   return cases;
@@ -534,6 +550,9 @@ flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
                      once at creation, kOn; suite too)
   --strassen         create the layers with AttentionConfig::prepack = kStrassen: prepacked
                      with the Strassen operands of the large matrices (opt-in; suite too)
+  --compute f32|bf16 the layers' AttentionConfig::compute (default f32; suite too). bf16 runs
+                     the kernel --version names (MHA_BF16_KERNEL=amx|avx512_bf16|neon_bf16|
+                     emulated picks another available one); its default --tolerance is 5e-2
 
 Attention variants (any of them runs one custom case, with the shape flags' defaults; README
 "Attention variants" gives each formula):

@@ -21,6 +21,7 @@ struct BenchOptions {
   bool need_weights = false;
   bool no_prepack = false;  // --no-prepack: layers without prepacked weights
   bool strassen = false;  // --strassen: prepacked with Strassen operands (kStrassen)
+  bool bf16_compute = false;  // --compute bf16: layers with AttentionConfig::compute = kBF16
 
   std::vector<size_t> threads;  // default: {hardware threads}
   double min_time_s = 0.5;      // measured time per case, seconds

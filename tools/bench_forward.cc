@@ -216,6 +216,8 @@ int RunForwardSuite(const BenchOptions& o) {
   header.seed = o.seed;
   header.prepack = !o.no_prepack;
   header.strassen = o.strassen;
+  header.bf16_compute = o.bf16_compute;
+  header.bf16_kernel = OrUnknown(Bf16Kernel());
   header.peak_rss_method = rss.method();
   header.load_average = LoadAverage();
   header.breakdown = o.breakdown;

@@ -112,6 +112,7 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
                : h.strassen ? "prepacked at creation, with Strassen operands (--strassen)"
                             : "prepacked at creation",
                h.peak_rss_method.c_str());
+  if (h.bf16_compute) std::fprintf(out, "  |  compute: bf16 (%s)", h.bf16_kernel.c_str());
   if (h.load_average >= 0) {
     std::fprintf(out, "  |  load average %.2f", h.load_average);
     // Other processes competing for the cores make every figure, the baseline included, noisy.
@@ -259,6 +260,8 @@ json HeaderJson(const RunHeader& h) {
             {"seed", h.seed},
             {"prepack", h.prepack},
             {"strassen", h.prepack && h.strassen},
+            {"compute", h.bf16_compute ? "bf16" : "f32"},
+            {"bf16_kernel", h.bf16_kernel},
             {"peak_rss_method", h.peak_rss_method},
             {"load_average", Number(h.load_average)}};
   AddPeersHeaderJson(h, &j);

@@ -53,6 +53,7 @@ struct Shape {
   bool need_weights = false;
   bool prepack = true;   // AttentionConfig::prepack kOn or kPlain (false: kOff)
   bool strassen = false;  // with prepack: kStrassen (false: kOn)
+  bool bf16 = false;      // AttentionConfig::compute kBF16 (false: kF32)
   Variants variants;
 
   bool self_attention() const { return kv_seq == seq; }
@@ -295,6 +296,7 @@ class Workload {
     config.prepack = !s.prepack   ? WeightPrepack::kOff
                      : s.strassen ? WeightPrepack::kStrassen
                                   : WeightPrepack::kOn;
+    config.compute = s.bf16 ? Compute::kBF16 : Compute::kF32;
     config.num_kv_heads = s.kv_heads();
     config.rope = v.rope;
     config.rope_theta = v.rope_theta;

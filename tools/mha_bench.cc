@@ -30,9 +30,9 @@ int Main(int argc, char** argv) {
       std::fputs(HelpText().c_str(), stdout);
       return kExitOk;
     case ParseAction::kVersion:
-      std::printf("mha-bench (mha %s)\nSIMD target: %s\nBLIS arch: %s\n",
+      std::printf("mha-bench (mha %s)\nSIMD target: %s\nBLIS arch: %s\nbf16 kernel: %s\n",
                   OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(),
-                  OrUnknown(BlasArch()).c_str());
+                  OrUnknown(BlasArch()).c_str(), OrUnknown(Bf16Kernel()).c_str());
       return kExitOk;
     case ParseAction::kRun:
       break;

@@ -3,7 +3,8 @@
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
-//           [--weights-dtype f32|bf16|f16] [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
+//           [--weights-dtype f32|bf16|f16] [--compute f32|bf16]
+//           [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
 //           [--rope neox|gptj] [--rope-theta F] [--rotary-dim N] [--rope-scale F] [--alibi]
 //           [--window W] [--softcap F] [--qk-norm-eps F] [--qk-norm-add-one] [--threads N]
 //           [--weights-png FILE] [--version] [--help]
@@ -93,6 +94,9 @@ const char kHelp[] =
     "  --weights-dtype T     how the layer stores its weight matrices: f32 (default), bf16\n"
     "                        or f16. BF16/F16 tensors of that type are used as stored;\n"
     "                        others are rounded (nearest even). Arithmetic is f32\n"
+    "  --compute T           the products' arithmetic: f32 (default) or bf16 (inputs of\n"
+    "                        each product rounded to bf16, f32 sums; README \"bf16\n"
+    "                        compute\"; --version names the kernel)\n"
     "  --kv-dtype T          decode the query one token at a time through a KV cache\n"
     "                        stored as T: f32, bf16, f16 or int8 (per-row scaled codes).\n"
     "                        Self-attention, causal (implies --causal); no masks, key,\n"
@@ -116,7 +120,8 @@ const char kHelp[] =
     "  --weights-png FILE    draw the attention weights as a PNG heatmap (needs\n"
     "                        --need-weights): one panel per batch item and head (one per\n"
     "                        batch item when averaged), each scaled to its own maximum\n"
-    "  --version             print the mha version, SIMD target and BLAS architecture\n"
+    "  --version             print the mha version, SIMD target, BLAS architecture and\n"
+    "                        the bf16 kernel\n"
     "  --help                print this help\n"
     "\n"
     "A query row with no allowed key gets zero weights and contributes zero (PyTorch: NaN).\n"
@@ -134,6 +139,7 @@ struct RunOptions {
   QkvLayout qkv_layout = QkvLayout::kPyTorch;
   int64_t kv_heads = 0;  // 0: from the file
   DType weights_dtype = DType::kF32;
+  Compute compute = Compute::kF32;
   bool decode = false;  // --kv-dtype given
   DType kv_dtype = DType::kF32;
   bool kv_ring = false;
@@ -247,6 +253,15 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
         } else {
           return InvalidArgument("--weights-dtype: expected 'f32', 'bf16' or 'f16', got '" +
                                  text + "'");
+        }
+      }
+    } else if (arg == "--compute") {
+      s = take(&text);
+      if (s.ok()) {
+        if (text == "f32" || text == "bf16") {
+          o->compute = text == "bf16" ? Compute::kBF16 : Compute::kF32;
+        } else {
+          return InvalidArgument("--compute: expected 'f32' or 'bf16', got '" + text + "'");
         }
       }
     } else if (arg == "--kv-dtype") {
@@ -622,6 +637,7 @@ Status Run(const RunOptions& o) {
   load.qkv_layout = o.qkv_layout;
   load.num_kv_heads = o.kv_heads;
   load.weight_dtype = o.weights_dtype;
+  load.compute = o.compute;
   load.rope = o.rope;
   load.rope_theta = o.rope_theta;
   load.rotary_dim = o.rotary_dim;
@@ -777,8 +793,8 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   if (action == Action::kVersion) {
-    std::printf("mha-run %s\nSIMD target: %s\nBLAS arch: %s\n", Version(), SimdTarget(),
-                BlasArch());
+    std::printf("mha-run %s\nSIMD target: %s\nBLAS arch: %s\nbf16 kernel: %s\n", Version(),
+                SimdTarget(), BlasArch(), Bf16Kernel());
     return kExitOk;
   }
   try {

@@ -79,6 +79,8 @@ def machine_line(h):
         parts.append("--no-prepack")
     elif h.get("strassen") is True:
         parts.append("--strassen")
+    if h.get("compute") == "bf16":
+        parts.append(f"--compute bf16 ({h.get('bf16_kernel', '?')} kernel)")
     return " · ".join(parts)
 
 

@@ -112,6 +112,9 @@ MHA_API const char* mha_version(void);
 MHA_API const char* mha_simd_target(void);
 /* The BLIS architecture configuration in use, e.g. "haswell", "skx", "zen3". */
 MHA_API const char* mha_blas_arch(void);
+/* The kernel MHA_COMPUTE_BF16 products run on: "amx", "avx512_bf16", "neon_bf16" or "emulated"
+ * (see mha::Bf16Kernel). */
+MHA_API const char* mha_bf16_kernel(void);
 /* "OK", "InvalidArgument", ... for an mha_status value; "Unknown" for any other value. */
 MHA_API const char* mha_status_name(int32_t status);
 /* The calling thread's message for its most recent mha_* call: "" after a success, otherwise
@@ -205,6 +208,14 @@ typedef enum mha_prepack {
   MHA_PREPACK_STRASSEN = 3  /* MHA_PREPACK_ON plus Strassen operands (opt-in, 1.75x more) */
 } mha_prepack;
 
+/* mha_layer_config.compute: the arithmetic of the layer's products (mha::Compute; README
+ * "bf16 compute"). */
+typedef enum mha_compute {
+  MHA_COMPUTE_F32 = 0, /* f32 products (the default) */
+  MHA_COMPUTE_BF16 = 1 /* inputs of the products rounded to bf16, f32 sums; native bf16 dot
+                          products where the CPU has them (mha_bf16_kernel names which) */
+} mha_compute;
+
 /* mha_layer_config.rope: rotary position embedding (mha::RopeStyle). */
 typedef enum mha_rope {
   MHA_ROPE_NONE = 0,
@@ -217,7 +228,8 @@ typedef enum mha_rope {
  * ABI note: `no_bias` replaced `int32_t bias` (1 = biases) in 0.1.x so that 0 means the
  * default in every field; code that sets `bias` no longer compiles. 0.2.0 appended the attention
  * variants' fields to mha_layer_config, mha_layer_weights, mha_load_options,
- * mha_attention_inputs and mha_kv_cache_options: the structs grew, so programs built against
+ * mha_attention_inputs and mha_kv_cache_options, and `compute` to mha_layer_config and
+ * mha_load_options: the structs grew, so programs built against
  * 0.1.x must be recompiled (zero-initialized new fields keep 0.1.x's results); the library's
  * soname carries the minor version (libmha.so.0.2) so that such a program cannot load it. */
 typedef struct mha_layer_config {
@@ -253,6 +265,7 @@ typedef struct mha_layer_config {
   float softcap;         /* > 0: scores = softcap * tanh(scores / softcap) */
   float qk_norm_eps;     /* 0 = 1e-6 */
   int32_t qk_norm_whole; /* 1: q/k norm weights [E] / [kvE] over the whole projection (OLMo 2) */
+  int32_t compute;       /* an mha_compute: MHA_COMPUTE_F32 (0, the default) or MHA_COMPUTE_BF16 */
 } mha_layer_config;
 
 /* Row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads * head_dim. Give
@@ -309,6 +322,7 @@ typedef struct mha_load_options {
   float softcap;
   float qk_norm_eps;
   int32_t qk_norm_add_one; /* 1: Gemma's (1 + w) norm weights */
+  int32_t compute;         /* an mha_compute for the created layer; 0 = MHA_COMPUTE_F32 */
 } mha_load_options;
 
 /* Sets *config to the defaults: all fields 0, as a zero-initialized config (embed_dim and

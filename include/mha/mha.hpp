@@ -136,6 +136,17 @@ enum class RopeStyle : int {
   kGptj = 2,  // pairs (x_{2i}, x_{2i+1}): GPT-J rotate_every_two (and Meta's Llama checkpoints)
 };
 
+// Arithmetic of the layer's matrix products (README "bf16 compute").
+enum class Compute : int {
+  kF32 = 0,   // f32 products (16-bit weights widened exactly): the results stated above
+  kBF16 = 1,  // the products' inputs rounded to bf16 (activations, the weights, the softmax's
+              // probabilities), each product of two bf16 exact, sums in f32; softmax, masks and
+              // the attention variants in f32; outputs f32. Native bf16 dot products where the
+              // CPU has them (AMX, AVX512_BF16, Arm BF16), the same arithmetic emulated
+              // elsewhere. The layer holds its weights once more in bf16 (half their f32
+              // bytes) instead of the f32 prepacking. Error: README "bf16 compute"
+};
+
 struct AttentionConfig {
   int64_t embed_dim = 0;     // E: model width, output width
   int64_t num_heads = 0;     // H: E % H == 0, head_dim = E / H
@@ -154,8 +165,10 @@ struct AttentionConfig {
   // an f32 layer holding the rounded weights computes with prepack kOff; the only error is the
   // weights' rounding (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
   DType weight_dtype = DType::kF32;
-  // Memory against speed of the projections: see WeightPrepack.
+  // Memory against speed of the projections: see WeightPrepack (ignored with kBF16 compute).
   WeightPrepack prepack = WeightPrepack::kOn;
+  // f32 (the default) or bf16 products: see Compute.
+  Compute compute = Compute::kF32;
 
   // Attention variants (README "Attention variants" gives each formula and the models it
   // matches). Every field at its zero value is off, and the layer computes exactly what it did
@@ -276,6 +289,8 @@ struct LoadOptions {
   int64_t num_kv_heads = 0;
   // AttentionConfig::prepack of the created layer.
   WeightPrepack prepack = WeightPrepack::kOn;
+  // AttentionConfig::compute of the created layer.
+  Compute compute = Compute::kF32;
   // The variants' settings a state_dict cannot tell (AttentionConfig's fields of those names).
   // Their tensors are read when present: prefix + sinks [H], alibi_slopes [H] (sets alibi),
   // q_norm.weight and k_norm.weight ([head_dim] per head; [E] and [kvE] set qk_norm_whole).
@@ -344,10 +359,13 @@ class MHA_API MultiheadAttention {
 };
 
 // Library version ("0.2.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
-// and the BLIS architecture configuration in use ("skx").
+// the BLIS architecture configuration in use ("skx"), and the kernel Compute::kBF16 products run
+// on ("amx", "avx512_bf16", "neon_bf16", or "emulated": bf16-rounded operands and f32 FMAs on
+// the Highway target; MHA_BF16_KERNEL=<name> in the environment chooses another available one).
 MHA_API const char* Version();
 MHA_API const char* SimdTarget();
 MHA_API const char* BlasArch();
+MHA_API const char* Bf16Kernel();
 
 }  // namespace mha
 
