@@ -42,6 +42,11 @@ inline constexpr size_t kBf16BlockScratchBytes = 16 * 1024;
 // Defined only where compiled (x86-64: AVX512_BF16 and AMX; aarch64: BFDOT).
 void Bf16BlockAvx512(const Bf16Block& blk);
 void Bf16BlockAmx(const Bf16Block& blk);
+// x86-64 with AVX-512F (gemm_bf16_avx512.cc): the epilogue above for a tile of f32 sums acc
+// [rows, cols] (rows acc_stride floats apart) at c's rows [row0, row0 + rows) and columns
+// [col0, col0 + cols) (bias from bias[col0] when blk.bias is set). The AMX kernel's stores.
+void Bf16StoreTileAvx512(const float* acc, size_t acc_stride, size_t rows, size_t cols, size_t row0,
+                         size_t col0, const Bf16Block& blk);
 // Linux: asks for the AMX tile data permission once; true if granted.
 bool AmxPermitted();
 void Bf16BlockNeon(const Bf16Block& blk);

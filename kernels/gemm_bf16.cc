@@ -1,0 +1,358 @@
+// bf16 compute products (kernels/gemm_bf16.h): packing, the driver that rounds a's rows into
+// the scratch per k block, the kernel choice, and dynamic dispatch of the emulated block kernel
+// (gemm_bf16-inl.h, compiled once per Highway target by foreach_target). The native block
+// kernels are in gemm_bf16_avx512.cc, gemm_bf16_amx.cc (x86-64) and gemm_bf16_neon.cc (aarch64).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/gemm_bf16.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/gemm_bf16-inl.h"
+
+#if HWY_ONCE
+#include <algorithm>
+#include <atomic>
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/elementwise.h"
+#include "kernels/gemm_bf16.h"
+#include "kernels/gemm_bf16_native.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
+namespace mha {
+namespace kernels {
+
+HWY_EXPORT(Bf16BlockEmulated);
+
+namespace {
+
+// Rows of a the scratch holds in bf16 (one block deep): larger products run in chunks of this
+// many rows. A multiple of every kernel's row tile (emulated 4 and 8, AVX-512 6, AMX 32), so
+// chunks cut no tile short; 96 KiB.
+constexpr size_t kChunkRows = 96;
+constexpr size_t kARowsBytes = kChunkRows * kBf16BlockDepth * sizeof(uint16_t);
+
+constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// ---------------------------------------------------------------------------------------------
+// Kernel choice.
+
+bool CpuHasAvx512Bf16();
+bool CpuHasAmx();
+
+#if defined(__x86_64__)
+// XCR0: the register state the OS saves (xgetbv 0). Only valid when CPUID says OSXSAVE.
+uint64_t Xcr0() {
+  uint32_t eax, edx;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+// AVX-512 F/BW/VL/DQ in the CPU, and the OS saving the opmask and zmm state (XCR0 bits 1, 2,
+// 5, 6, 7).
+bool CpuHasAvx512() {
+  uint32_t eax, ebx, ecx, edx;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
+  if ((Xcr0() & 0xE6) != 0xE6) return false;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const uint32_t need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F, DQ, BW, VL
+  return (ebx & need) == need;
+}
+
+bool CpuHasAvx512Bf16() {
+  if (!CpuHasAvx512()) return false;
+  uint32_t eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
+  return (eax & (1u << 5)) != 0;  // AVX512_BF16
+}
+
+// AMX-BF16 and AMX-TILE (CPUID 7.0 EDX bits 22 and 24), the OS saving the tile state (XCR0
+// bits 17 and 18), and AVX-512 (the kernel's epilogue).
+bool CpuHasAmx() {
+  if (!CpuHasAvx512()) return false;
+  uint32_t eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const uint32_t need = (1u << 22) | (1u << 24);
+  if ((edx & need) != need) return false;
+  const uint64_t tiles = (1ull << 17) | (1ull << 18);
+  return (Xcr0() & tiles) == tiles;
+}
+#else
+bool CpuHasAvx512Bf16() { return false; }
+bool CpuHasAmx() { return false; }
+#endif
+
+bool CpuHasNeonBf16() {
+#if defined(__aarch64__) && defined(MHA_HAVE_BF16_NEON) && defined(__linux__) && \
+    defined(HWCAP2_BF16)
+  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#else
+  return false;
+#endif
+}
+
+constexpr Bf16Kernel kAllKernels[] = {Bf16Kernel::kEmulated, Bf16Kernel::kAvx512Bf16,
+                                      Bf16Kernel::kAmx, Bf16Kernel::kNeonBf16};
+
+// -1: no kernel forced (Bf16DefaultKernel), else a Bf16Kernel.
+std::atomic<int> g_forced{-1};
+
+// The block kernel of `kernel` (available).
+using BlockFn = void (*)(const Bf16Block&);
+
+void EmulatedBlock(const Bf16Block& blk) { HWY_DYNAMIC_DISPATCH(Bf16BlockEmulated)(blk); }
+
+BlockFn BlockFor(Bf16Kernel kernel) {
+  switch (kernel) {
+#if defined(__x86_64__)
+    case Bf16Kernel::kAvx512Bf16:
+      return &Bf16BlockAvx512;
+    case Bf16Kernel::kAmx:
+      return &Bf16BlockAmx;
+#endif
+#if defined(__aarch64__) && defined(MHA_HAVE_BF16_NEON)
+    case Bf16Kernel::kNeonBf16:
+      return &Bf16BlockNeon;
+#endif
+    default:
+      return &EmulatedBlock;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rounding and packing.
+
+// f32 -> bf16 through kernels::F32ToBF16 (nearest even, NaN quieted), `n` elements `stride`
+// apart (n <= kBf16BlockDepth when strided: gathered into a stack buffer first).
+void RoundRow(const float* x, ptrdiff_t stride, size_t n, uint16_t* y) {
+  if (stride == 1) {
+    F32ToBF16(x, y, n);
+    return;
+  }
+  float buf[kBf16BlockDepth];
+  for (size_t done = 0; done < n; done += kBf16BlockDepth) {
+    const size_t len = std::min(kBf16BlockDepth, n - done);
+    for (size_t j = 0; j < len; ++j) buf[j] = x[static_cast<ptrdiff_t>(done + j) * stride];
+    F32ToBF16(buf, y + done, len);
+  }
+}
+
+// Packs a b [k, n] whose row kk, columns [j0, j0 + len) the callback `row(kk, j0, len, out)`
+// writes as bf16 into out[0, len) (len <= kRowChunk), in the layout of gemm_bf16.h.
+constexpr size_t kRowChunk = 256;
+
+template <class RowFn>
+PackedBf16B PackWith(size_t k, size_t n, uint16_t* dst, const RowFn& row) {
+  const size_t panels = (n + kBf16PanelCols - 1) / kBf16PanelCols;
+  const size_t total = PackedBf16Elements(k, n);
+  std::memset(dst, 0, total * sizeof(uint16_t));
+  uint16_t buf[kRowChunk];
+  uint16_t* block = dst;
+  for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
+    const size_t kc = std::min(kBf16BlockDepth, k - pc);
+    const size_t depth = RoundUp(kc, kBf16DepthAlign);
+    const size_t panel_stride = depth * kBf16PanelCols;  // depth / 2 pair rows of 64 bf16
+    for (size_t kk = 0; kk < kc; ++kk) {
+      uint16_t* pair_row = block + (kk / 2) * 2 * kBf16PanelCols + kk % 2;
+      for (size_t j0 = 0; j0 < n; j0 += kRowChunk) {
+        const size_t len = std::min(kRowChunk, n - j0);
+        row(pc + kk, j0, len, buf);
+        for (size_t j = 0; j < len; ++j) {
+          const size_t col = j0 + j;
+          pair_row[(col / kBf16PanelCols) * panel_stride + (col % kBf16PanelCols) * 2] = buf[j];
+        }
+      }
+    }
+    block += panels * panel_stride;
+  }
+  return {dst, k, n, n, 0, k};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+size_t PackedBf16Elements(size_t k, size_t n) {
+  const size_t panels = (n + kBf16PanelCols - 1) / kBf16PanelCols;
+  size_t rows = 0;  // every block's aligned depth
+  for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
+    rows += RoundUp(std::min(kBf16BlockDepth, k - pc), kBf16DepthAlign);
+  }
+  return panels * kBf16PanelCols * rows;  // a multiple of 32 x 32
+}
+
+PackedBf16B PackBf16B(const ConstMatrixView& b, uint16_t* dst) {
+  return PackWith(b.rows, b.cols, dst, [&](size_t kk, size_t j0, size_t len, uint16_t* out) {
+    RoundRow(b.data + static_cast<ptrdiff_t>(kk) * b.row_stride +
+                 static_cast<ptrdiff_t>(j0) * b.col_stride,
+             b.col_stride, len, out);
+  });
+}
+
+PackedBf16B PackBf16BHalf(const HalfMatrixView& b, uint16_t* dst) {
+  return PackWith(b.rows, b.cols, dst, [&](size_t kk, size_t j0, size_t len, uint16_t* out) {
+    const uint16_t* src = b.data + static_cast<ptrdiff_t>(kk) * b.row_stride +
+                          static_cast<ptrdiff_t>(j0) * b.col_stride;
+    if (b.type == DType::kBF16) {
+      for (size_t j = 0; j < len; ++j) out[j] = src[static_cast<ptrdiff_t>(j) * b.col_stride];
+      return;
+    }
+    // f16: widened exactly (kernels::F16ToF32), then rounded once.
+    uint16_t half[kRowChunk];
+    float wide[kRowChunk];
+    for (size_t j = 0; j < len; ++j) half[j] = src[static_cast<ptrdiff_t>(j) * b.col_stride];
+    F16ToF32(half, wide, len);
+    F32ToBF16(wide, out, len);
+  });
+}
+
+const char* Bf16KernelName(Bf16Kernel kernel) {
+  switch (kernel) {
+    case Bf16Kernel::kEmulated:
+      return "emulated";
+    case Bf16Kernel::kAvx512Bf16:
+      return "avx512_bf16";
+    case Bf16Kernel::kAmx:
+      return "amx";
+    case Bf16Kernel::kNeonBf16:
+      return "neon_bf16";
+  }
+  return "unknown";
+}
+
+bool Bf16KernelAvailable(Bf16Kernel kernel) {
+  switch (kernel) {
+    case Bf16Kernel::kEmulated:
+      return true;
+    case Bf16Kernel::kAvx512Bf16: {
+      static const bool has = CpuHasAvx512Bf16();
+      return has;
+    }
+    case Bf16Kernel::kAmx: {
+      static const bool has = CpuHasAmx() && AmxPermitted();
+      return has;
+    }
+    case Bf16Kernel::kNeonBf16: {
+      static const bool has = CpuHasNeonBf16();
+      return has;
+    }
+  }
+  return false;
+}
+
+Bf16Kernel Bf16DefaultKernel() {
+  static const Bf16Kernel kernel = [] {
+    if (const char* env = std::getenv("MHA_BF16_KERNEL"); env != nullptr && *env != '\0') {
+      for (Bf16Kernel k : kAllKernels) {
+        if (std::strcmp(env, Bf16KernelName(k)) != 0) continue;
+        if (Bf16KernelAvailable(k)) return k;
+        std::fprintf(stderr, "mha: MHA_BF16_KERNEL=%s: this CPU does not run it; ignored\n", env);
+        env = nullptr;
+        break;
+      }
+      if (env != nullptr) {
+        std::fprintf(stderr,
+                     "mha: MHA_BF16_KERNEL=%s: unknown (emulated, avx512_bf16, amx, neon_bf16); "
+                     "ignored\n",
+                     env);
+      }
+    }
+    for (Bf16Kernel k : {Bf16Kernel::kAmx, Bf16Kernel::kAvx512Bf16, Bf16Kernel::kNeonBf16}) {
+      if (Bf16KernelAvailable(k)) return k;
+    }
+    return Bf16Kernel::kEmulated;
+  }();
+  return kernel;
+}
+
+Bf16Kernel Bf16ActiveKernel() {
+  const int forced = g_forced.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<Bf16Kernel>(forced) : Bf16DefaultKernel();
+}
+
+void ForceBf16Kernel(Bf16Kernel kernel) {
+  assert(Bf16KernelAvailable(kernel) && "ForceBf16Kernel: kernel not available");
+  g_forced.store(kernel == Bf16DefaultKernel() ? -1 : static_cast<int>(kernel),
+                 std::memory_order_relaxed);
+}
+
+size_t GemmBf16ScratchBytes() { return kARowsBytes + kBf16BlockScratchBytes; }
+
+void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b, float beta,
+                     const float* bias, const MatrixView& c, void* scratch) {
+  assert(a.rows == c.rows && "GemmBf16PackedB: a.rows must equal c.rows");
+  assert(b.n == c.cols && "GemmBf16PackedB: b.n must equal c.cols");
+  assert(a.cols == b.k && "GemmBf16PackedB: a.cols must equal b.k");
+  assert(b.col0 + b.n <= b.packed_n && "GemmBf16PackedB: columns past the packing");
+  assert(b.col0 % kBf16PanelCols == 0 && "GemmBf16PackedB: col0 must be a multiple of 32");
+  assert(reinterpret_cast<uintptr_t>(scratch) % 64 == 0 && "GemmBf16PackedB: scratch alignment");
+  const size_t m = c.rows, n = c.cols, k = b.k;
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {
+    ScaleC(beta, c);
+    if (bias == nullptr) return;
+    for (size_t i = 0; i < m; ++i) {
+      for (size_t j = 0; j < n; ++j) {
+        float& x = c.data[static_cast<ptrdiff_t>(i) * c.row_stride +
+                          static_cast<ptrdiff_t>(j) * c.col_stride];
+        x = x + bias[j];
+      }
+    }
+    return;
+  }
+  const BlockFn block_fn = BlockFor(Bf16ActiveKernel());
+  uint16_t* a_rows = static_cast<uint16_t*>(scratch);
+  const size_t panels = (b.packed_n + kBf16PanelCols - 1) / kBf16PanelCols;
+  Bf16Block blk;
+  blk.n = n;
+  blk.c_cs = c.col_stride;
+  blk.c_rs = c.row_stride;
+  blk.alpha = alpha;
+  blk.beta = beta;
+  blk.scratch = static_cast<char*>(scratch) + kARowsBytes;
+  for (size_t i0 = 0; i0 < m; i0 += kChunkRows) {
+    const size_t rows = std::min(kChunkRows, m - i0);
+    const uint16_t* packed_block = b.data;  // the current k block of the packing
+    for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
+      const size_t kc = std::min(kBf16BlockDepth, k - pc);
+      const size_t depth = RoundUp(kc, kBf16DepthAlign);
+      // The packing's depth of this block (a Rows view: the whole one-block packing's).
+      const size_t packed_depth = RoundUp(
+          std::min(kBf16BlockDepth, b.packed_k - std::min(pc, b.packed_k)), kBf16DepthAlign);
+      assert(packed_depth >= depth && "GemmBf16PackedB: rows past the packing");
+      const size_t panel_stride = packed_depth * kBf16PanelCols;
+      for (size_t i = 0; i < rows; ++i) {
+        uint16_t* dst = a_rows + i * depth;
+        RoundRow(a.data + static_cast<ptrdiff_t>(i0 + i) * a.row_stride +
+                     static_cast<ptrdiff_t>(pc) * a.col_stride,
+                 a.col_stride, kc, dst);
+        std::memset(dst + kc, 0, (depth - kc) * sizeof(uint16_t));
+      }
+      blk.a = a_rows;
+      blk.lda = depth;
+      blk.m = rows;
+      blk.depth = depth;
+      blk.b = packed_block + (b.col0 / kBf16PanelCols) * panel_stride;
+      blk.panel_stride = panel_stride;
+      blk.c = c.data + static_cast<ptrdiff_t>(i0) * c.row_stride;
+      blk.first = pc == 0;
+      blk.beta = pc == 0 ? beta : 1.0f;
+      blk.bias = pc + kc == k ? bias : nullptr;
+      block_fn(blk);
+      packed_block += panels * panel_stride;
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace mha
+#endif  // HWY_ONCE

@@ -1,0 +1,165 @@
+// Bf16Kernel::kAmx: the bf16 block kernel on Intel AMX-BF16 tiles (TDPBF16PS), with the
+// AVX-512 epilogue of gemm_bf16_avx512.cc. The contract is Bf16Block's (gemm_bf16_native.h).
+// x86-64 only; the tile functions carry the instruction sets' target attribute and run only
+// after Bf16KernelAvailable (CPUID, XCR0 and AmxPermitted).
+//
+// Tiles (palette 1, every tile 16 rows x 64 bytes): tmm0..3 the f32 sums of a 32 x 32 block of
+// c (rows 0-15 / 16-31 x columns 0-15 / 16-31 of a panel), tmm4..5 two A tiles (16 rows of a x
+// 32 bf16 of k, rows lda * 2 bytes apart), tmm6..7 two B tiles (16 pair rows x 16 columns x 2
+// bf16 of the panel, 128 bytes apart: the packing's VNNI layout read as it lies). A 16-row group
+// of a that the block's m cuts short is staged into the scratch, zero-padded to 16 rows, so no
+// tile reads past a's rows; c's tiles go through a 32 x 32 f32 buffer into the epilogue, which
+// stores only the block's rows and columns.
+//
+// Tile configuration is per thread: each block call loads it and releases the tiles before
+// returning, so nothing tile-related outlives a call (the OS saves tile state per thread only
+// while it is in use).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include "kernels/gemm_bf16.h"
+#include "kernels/gemm_bf16_native.h"
+
+#define MHA_AMX_ATTR                                                 \
+  __attribute__((                                                    \
+      target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq," \
+             "avx512bf16")))
+
+namespace mha {
+namespace kernels {
+namespace {
+
+// LDTILECFG's 64-byte operand.
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];  // bytes per row of tile i
+  uint8_t rows[16];    // rows of tile i
+};
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
+
+// Tiles 0..7 all 16 rows x 64 bytes. A constant: GCC 12's _tile_loadconfig tells the compiler
+// it reads only a pointer's worth of its operand, so a configuration built on the stack could
+// lose its other stores.
+constexpr TileConfig kTileConfig = {
+    1, 0, {}, {64, 64, 64, 64, 64, 64, 64, 64}, {16, 16, 16, 16, 16, 16, 16, 16}};
+
+constexpr size_t kTileRows = 16;
+constexpr size_t kBlockRows = 32;  // two A tiles
+// Bytes between a panel's pair rows: kBf16PanelCols columns x 2 bf16.
+constexpr long kPairRowBytes = kBf16PanelCols * 2 * sizeof(uint16_t);
+
+// Rows [row, row + 16) of a (16 * lda bf16 readable from `a16`, rows lda apart), the block's
+// 32 x 32 c sums for one panel (tiles 0-1: rows 0-15; with `two`, tiles 2-3 from a16_hi: rows
+// 16-31), stored to buf [32][32] f32.
+MHA_AMX_ATTR void PanelBlock(const uint16_t* a16, const uint16_t* a16_hi, long a_stride,
+                             const uint16_t* panel, size_t depth, bool two, float* buf) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if (two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (size_t kk = 0; kk < depth; kk += 32) {
+    const uint16_t* b = panel + (kk / 2) * 2 * kBf16PanelCols;
+    _tile_loadd(6, b, kPairRowBytes);
+    _tile_loadd(7, b + 32, kPairRowBytes);
+    _tile_loadd(4, a16 + kk, a_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, a16_hi + kk, a_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  constexpr long kBufStride = 32 * sizeof(float);
+  _tile_stored(0, buf, kBufStride);
+  _tile_stored(1, buf + 16, kBufStride);
+  if (two) {
+    _tile_stored(2, buf + 16 * 32, kBufStride);
+    _tile_stored(3, buf + 16 * 32 + 16, kBufStride);
+  }
+}
+
+}  // namespace
+
+bool AmxPermitted() {
+#if defined(__linux__)
+  // Linux: ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once per process (the permission is
+  // per process; a function-local static initializes once and thread-safely).
+  static const bool permitted = [] {
+    constexpr long kArchReqXcompPerm = 0x1023;
+    constexpr long kXfeatureXtileData = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) == 0;
+  }();
+  return permitted;
+#else
+  return false;
+#endif
+}
+
+MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
+  // A last 16-row group cut short by m: staged, zero-padded, into the scratch (16 rows of at
+  // most kBf16BlockDepth bf16: 16 KiB).
+  static_assert(kTileRows * kBf16BlockDepth * sizeof(uint16_t) <= kBf16BlockScratchBytes,
+                "scratch holds one 16-row group");
+  const size_t full_rows = blk.m / kTileRows * kTileRows;
+  uint16_t* staged = static_cast<uint16_t*>(blk.scratch);
+  if (full_rows < blk.m) {
+    const size_t tail = blk.m - full_rows;
+    for (size_t r = 0; r < tail; ++r) {
+      std::memcpy(staged + r * blk.depth, blk.a + (full_rows + r) * blk.lda,
+                  blk.depth * sizeof(uint16_t));
+    }
+    std::memset(staged + tail * blk.depth, 0, (kTileRows - tail) * blk.depth * sizeof(uint16_t));
+  }
+  // tileloadd's asm names no memory operand: a compiler barrier orders the writes of the a rows
+  // (the caller's and the staging above) before the tile loads.
+  __asm__ volatile("" ::: "memory");
+  // Row group starting at `row`: its first row and the stride of its rows (bytes).
+  const auto group = [&](size_t row, long* stride) -> const uint16_t* {
+    if (row < full_rows) {
+      *stride = static_cast<long>(blk.lda * sizeof(uint16_t));
+      return blk.a + row * blk.lda;
+    }
+    *stride = static_cast<long>(blk.depth * sizeof(uint16_t));
+    return staged;
+  };
+  alignas(64) float buf[kBlockRows * 32];
+  _tile_loadconfig(&kTileConfig);
+  for (size_t col = 0; col < blk.n; col += kBf16PanelCols) {
+    const uint16_t* panel = blk.b + (col / kBf16PanelCols) * blk.panel_stride;
+    const size_t cols = std::min(kBf16PanelCols, blk.n - col);
+    for (size_t row = 0; row < blk.m; row += kBlockRows) {
+      const size_t rows = std::min(kBlockRows, blk.m - row);
+      const bool two = rows > kTileRows;
+      long stride_lo = 0, stride_hi = 0;
+      const uint16_t* lo = group(row, &stride_lo);
+      const uint16_t* hi = two ? group(row + kTileRows, &stride_hi) : lo;
+      // Both A tiles take one stride: a staged group has its own, so such a block runs as
+      // two single-group passes.
+      if (two && stride_hi != stride_lo) {
+        PanelBlock(lo, lo, stride_lo, panel, blk.depth, false, buf);
+        PanelBlock(hi, hi, stride_hi, panel, blk.depth, false, buf + kTileRows * 32);
+      } else {
+        PanelBlock(lo, hi, stride_lo, panel, blk.depth, two, buf);
+      }
+      Bf16StoreTileAvx512(buf, 32, rows, cols, row, col, blk);
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace kernels
+}  // namespace mha

@@ -1,0 +1,168 @@
+// Bf16Kernel::kAvx512Bf16: the bf16 block kernel on AVX512_BF16 (VDPBF16PS), and the AVX-512
+// epilogue it shares with the AMX kernel. The contract is Bf16Block's (gemm_bf16_native.h).
+// x86-64 only; every function carries the instruction set's target attribute (the rest of the
+// library is compiled for baseline x86-64) and runs only after Bf16KernelAvailable.
+//
+// VDPBF16PS takes one u32 lane per column holding a's or b's (even k, odd k) pair: a's pair is
+// broadcast to all lanes, b's pair row of a panel (32 columns x 2 bf16, 128 bytes) is two zmm.
+// Per lane: acc += a_odd * b_odd, then acc += a_even * b_even, each add rounded (nearest even)
+// and subnormal inputs and results flushed to zero.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/gemm_bf16.h"
+#include "kernels/gemm_bf16_native.h"
+
+#define MHA_AVX512BF16_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define MHA_AVX512BF16_INLINE MHA_AVX512BF16_ATTR inline __attribute__((always_inline))
+
+namespace mha {
+namespace kernels {
+namespace {
+
+// Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row). 6 x 2 panels
+// (24 accumulators, 4 b vectors, 1 broadcast) measured faster than 12 x 1 panel
+// (kernels/README.md).
+constexpr size_t kRows = 6;
+constexpr size_t kPanels = 2;
+
+// The epilogue of one accumulator (16 columns): `valid` (1..16) columns of c from `c` (columns
+// c_cs apart); bias: the accumulator's first column's bias, or null. Each operation rounded
+// separately, as the emulated kernel's StoreAcc.
+MHA_AVX512BF16_INLINE void StoreAcc(__m512 acc, const Bf16Block& blk, float* c, size_t valid,
+                                    const float* bias) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
+  __m512 out = _mm512_mul_ps(acc, _mm512_set1_ps(blk.alpha));
+  const bool read_c = !blk.first || blk.beta != 0.0f;
+  if (blk.c_cs == 1) {
+    if (read_c) {
+      const __m512 old = _mm512_maskz_loadu_ps(mask, c);
+      out = blk.first ? _mm512_add_ps(out, _mm512_mul_ps(old, _mm512_set1_ps(blk.beta)))
+                      : _mm512_add_ps(old, out);
+    }
+    if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, bias));
+    _mm512_mask_storeu_ps(c, mask, out);
+    return;
+  }
+  alignas(64) float buf[16] = {};
+  if (read_c) {
+    for (size_t j = 0; j < valid; ++j) buf[j] = c[static_cast<ptrdiff_t>(j) * blk.c_cs];
+    const __m512 old = _mm512_load_ps(buf);
+    out = blk.first ? _mm512_add_ps(out, _mm512_mul_ps(old, _mm512_set1_ps(blk.beta)))
+                    : _mm512_add_ps(old, out);
+  }
+  if (bias != nullptr) out = _mm512_add_ps(out, _mm512_maskz_loadu_ps(mask, bias));
+  _mm512_store_ps(buf, out);
+  for (size_t j = 0; j < valid; ++j) c[static_cast<ptrdiff_t>(j) * blk.c_cs] = buf[j];
+}
+
+// Stores the accumulators of one row (row `r` of c from column col) that lie within blk.n.
+template <size_t kV>
+MHA_AVX512BF16_INLINE void StoreRow(const __m512 (&acc)[kV], const Bf16Block& blk, size_t r,
+                                    size_t col) {
+  float* c = blk.c + static_cast<ptrdiff_t>(r) * blk.c_rs;
+#pragma GCC unroll 4
+  for (size_t v = 0; v < kV; ++v) {
+    const size_t j = col + 16 * v;
+    if (j >= blk.n) break;
+    StoreAcc(acc[v], blk, c + static_cast<ptrdiff_t>(j) * blk.c_cs, std::min<size_t>(16, blk.n - j),
+             blk.bias != nullptr ? blk.bias + j : nullptr);
+  }
+}
+
+// The kR x kP-panel tile at rows [row, row + kR), panels from the one holding column col.
+template <size_t kR, size_t kP>
+MHA_AVX512BF16_ATTR __attribute__((noinline)) void Tile(const Bf16Block& blk, size_t row,
+                                                        size_t col) {
+  constexpr size_t kV = 2 * kP;
+  __m512 acc[kR][kV];
+#pragma GCC unroll 16
+  for (size_t r = 0; r < kR; ++r) {
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  const uint16_t* a = blk.a + row * blk.lda;
+  const uint16_t* b = blk.b + (col / kBf16PanelCols) * blk.panel_stride;
+  const size_t pairs = blk.depth / 2;
+  for (size_t p = 0; p < pairs; ++p) {
+    __m512bh bv[kV];
+#pragma GCC unroll 4
+    for (size_t v = 0; v < kV; ++v) {
+      bv[v] = (__m512bh)_mm512_loadu_si512(b + (v / 2) * blk.panel_stride + p * 2 * kBf16PanelCols +
+                                           (v % 2) * 32);
+    }
+#pragma GCC unroll 16
+    for (size_t r = 0; r < kR; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + r * blk.lda + 2 * p, sizeof(pair));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+#pragma GCC unroll 4
+      for (size_t v = 0; v < kV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (size_t r = 0; r < kR; ++r) StoreRow<kV>(acc[r], blk, row + r, col);
+}
+
+template <size_t kP>
+MHA_AVX512BF16_ATTR void TileRows(size_t rows, const Bf16Block& blk, size_t row, size_t col) {
+  switch (rows) {
+    case 1:
+      return Tile<1, kP>(blk, row, col);
+    case 2:
+      return Tile<2, kP>(blk, row, col);
+    case 3:
+      return Tile<3, kP>(blk, row, col);
+    case 4:
+      return Tile<4, kP>(blk, row, col);
+    case 5:
+      return Tile<5, kP>(blk, row, col);
+    default:
+      return Tile<kRows, kP>(blk, row, col);
+  }
+}
+
+// Rows of the next tile when `left` rows remain (as gemm_direct-inl.h's TileRowsAt).
+size_t TileRowsAt(size_t left) {
+  if (left >= 2 * kRows || left <= kRows) return std::min(left, kRows);
+  return (left + 1) / 2;
+}
+
+}  // namespace
+
+MHA_AVX512BF16_ATTR void Bf16StoreTileAvx512(const float* acc, size_t acc_stride, size_t rows,
+                                             size_t cols, size_t row0, size_t col0,
+                                             const Bf16Block& blk) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* c = blk.c + static_cast<ptrdiff_t>(row0 + r) * blk.c_rs;
+    for (size_t j = 0; j < cols; j += 16) {
+      const size_t col = col0 + j;
+      StoreAcc(_mm512_loadu_ps(acc + r * acc_stride + j), blk,
+               c + static_cast<ptrdiff_t>(col) * blk.c_cs, std::min<size_t>(16, cols - j),
+               blk.bias != nullptr ? blk.bias + col : nullptr);
+    }
+  }
+}
+
+MHA_AVX512BF16_ATTR void Bf16BlockAvx512(const Bf16Block& blk) {
+  constexpr size_t kGroup = kPanels * kBf16PanelCols;
+  for (size_t col = 0; col < blk.n; col += kGroup) {
+    const bool two = kPanels == 2 && blk.n - col > kBf16PanelCols;
+    for (size_t i = 0; i < blk.m;) {
+      const size_t rows = TileRowsAt(blk.m - i);
+      if (two) {
+        TileRows<kPanels>(rows, blk, i, col);
+      } else {
+        TileRows<1>(rows, blk, i, col);
+      }
+      i += rows;
+    }
+  }
+}
+
+}  // namespace kernels
+}  // namespace mha
