@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/targets.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"

@@ -91,9 +91,11 @@ Problem RandomBf16Problem(std::mt19937* rng, int64_t max_len) {
   // Wider heads than the generic generator's: redraw the shapes that depend on them.
   const int64_t hd = Pick(rng, 1, 80);
   c.embed_dim = c.num_heads * hd;
-  if (c.q_dim) c.q_dim = Pick(rng, 1, 70);
-  if (c.kdim) c.kdim = Pick(rng, 1, 70);
-  if (c.vdim) c.vdim = Pick(rng, 1, 70);
+  // Self-attention keeps the three inputs' widths equal (all E).
+  if (c.q_dim && !p.self_attention) c.q_dim = Pick(rng, 1, 70);
+  if (c.kdim && !p.self_attention) c.kdim = Pick(rng, 1, 70);
+  if (c.vdim && !p.self_attention) c.vdim = Pick(rng, 1, 70);
+  if (p.self_attention) c.q_dim = c.kdim = c.vdim = 0;
   const bool positional_ok = !c.add_bias_kv && !c.add_zero_attn;
   if (positional_ok && Coin(rng, 0.3)) c.window = Pick(rng, 1, std::max(p.L, p.S));
   if (positional_ok && hd >= 2 && Coin(rng, 0.3)) {
