@@ -38,7 +38,8 @@ double CacheRowBytes(DType dtype, int64_t hd) {
 }
 
 Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
-                       int64_t max_context, uint64_t seed, DType weights, DecodeModel* m) {
+                       int64_t max_context, uint64_t seed, DType weights, Compute compute,
+                       DecodeModel* m) {
   const int64_t E = embed, hd = E / heads, kvE = kv_heads * hd;
   Random rng(seed + static_cast<uint64_t>(kv_heads));
   const float bound = 1.0f / std::sqrt(static_cast<float>(E));
@@ -62,6 +63,7 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   c.num_kv_heads = kv_heads;
   c.batch_first = true;
   c.weight_dtype = weights;
+  c.compute = compute;
   AttentionWeights w;
   w.q_proj_weight = m->wq.data();
   w.k_proj_weight = m->wk.data();
@@ -168,8 +170,11 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   const double sec = r.median_ms * 1e-3;
   r.tokens_per_s = static_cast<double>(batch) / sec;
   r.cache_bytes = 2.0 * static_cast<double>(batch * kvh * context) * CacheRowBytes(dtype, hd);
-  r.weight_bytes = static_cast<double>(DTypeSize(m.layer->config().weight_dtype)) *
-                   static_cast<double>(2 * E * E + 2 * kvh * hd * E);
+  // The weights a step streams: as stored, or their bf16 packing with bf16 compute.
+  const AttentionConfig& c = m.layer->config();
+  const size_t weight_size = c.compute == Compute::kBF16 ? 2 : DTypeSize(c.weight_dtype);
+  r.weight_bytes =
+      static_cast<double>(weight_size) * static_cast<double>(2 * E * E + 2 * kvh * hd * E);
   r.cache_gbs = r.cache_bytes / sec * 1e-9;
   r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
   r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;

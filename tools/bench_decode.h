@@ -60,9 +60,11 @@ struct DecodeModel {
 };
 
 // A model of `heads` heads of embed / heads (kv_heads of them for keys and values) with random
-// weights stored as `weights`, and random projected keys/values for max_batch x max_context.
+// weights stored as `weights`, computing in `compute`, and random projected keys/values for
+// max_batch x max_context.
 Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
-                       int64_t max_context, uint64_t seed, DType weights, DecodeModel* m);
+                       int64_t max_context, uint64_t seed, DType weights, Compute compute,
+                       DecodeModel* m);
 
 // Times KvCache::Step of one token per entry over `context` - 1 cached positions; with `peers`
 // (an f32 cache only), then the peers' step on the same layer, cache contents and token.

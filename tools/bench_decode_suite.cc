@@ -22,6 +22,10 @@ namespace bench {
 
 namespace {
 
+Compute DecodeCompute(const BenchOptions& o) {
+  return o.bf16_compute ? Compute::kBF16 : Compute::kF32;
+}
+
 // The prefill rows of --decode: prints their table, fills *results; false if any failed.
 bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillResult>* results) {
   std::printf(
@@ -43,7 +47,7 @@ bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillRe
         progress->Show("preparing the prefill layer (E " + std::to_string(shape.embed) + ", " +
                        std::to_string(shape.heads) + " heads)...");
         st = MakeDecodeModel(shape.embed, shape.heads, shape.kv_heads, 0, 0, o.seed,
-                             o.decode_weights, &model);
+                             o.decode_weights, DecodeCompute(o), &model);
         made = true;
       }
       for (size_t t : o.threads) {
@@ -130,7 +134,8 @@ int RunDecodeSuite(const BenchOptions& o) {
     std::printf("read bandwidth (streaming sum of %zu MiB), %zu thread(s): %.1f GB/s\n",
                 ReadBufferBytes() >> 20, t, read_gbs[t]);
   }
-  std::printf("weights: %s\n", DTypeName(o.decode_weights));
+  const std::string compute = o.bf16_compute ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")" : "f32";
+  std::printf("weights: %s  |  compute: %s\n", DTypeName(o.decode_weights), compute.c_str());
   std::unique_ptr<PeerComparison> peers;
   if (!o.compare.empty()) {
     peers = std::make_unique<PeerComparison>(o);
@@ -158,7 +163,7 @@ int RunDecodeSuite(const BenchOptions& o) {
                   " layer and random keys/values...");
     DecodeModel model;
     const Status st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context,
-                                      o.seed, o.decode_weights, &model);
+                                      o.seed, o.decode_weights, DecodeCompute(o), &model);
     progress.Clear();
     for (int64_t context : o.decode_contexts) {
       for (int64_t batch : o.decode_batches) {
@@ -292,6 +297,8 @@ int RunDecodeSuite(const BenchOptions& o) {
     for (const auto& [t, g] : copy_gbs) doc["header"]["copy_gbs"][std::to_string(t)] = g;
     for (const auto& [t, g] : read_gbs) doc["header"]["read_gbs"][std::to_string(t)] = g;
     doc["header"]["tolerance"] = o.tolerance;
+    doc["header"]["compute"] = o.bf16_compute ? "bf16" : "f32";
+    doc["header"]["bf16_kernel"] = OrUnknown(Bf16Kernel());
     AddPeersHeaderJson(peer_header, &doc["header"]);
     doc["results"] = nlohmann::ordered_json::array();
     for (const DecodeResult& r : results) {
