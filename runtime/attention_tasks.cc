@@ -382,9 +382,11 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     t0 = t_.Now();
     // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
     // without masks the softmax's first pass only reads the scores.
+    // bf16: the softmax applies the scale instead (the same one rounding), so the product stores
+    // its sums as they are (the AMX kernel then writes its tiles straight into the scores).
     if (bf16_) {
-      kernels::GemmBf16PackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), kp16.Columns(c0, cols - c0),
-                               0.0f, nullptr, s_band, gs);
+      kernels::GemmBf16PackedB(1.0f, q_.Block(r0, 0, sr, hd), kp16.Columns(c0, cols - c0), 0.0f,
+                               nullptr, s_band, gs);
     } else if (direct_) {
       const bool ran =
           kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
@@ -395,7 +397,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     }
     Record(t0, Stage::kScores);
     t0 = t_.Now();
-    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
+    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, bf16_ ? t_.m.scale : 1.0f,
                                  masked
                                      ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
                                      : AppendedKeyTerms(t_.masks),
