@@ -44,12 +44,11 @@ constexpr size_t kMaxLanesF32 = HWY_MAX_BYTES / sizeof(float);
 #define MHA_KERNELS_HAVE_F16C 0
 #endif
 
-// f32 -> bf16 bits, round to nearest even. Returns Lanes(df) u16 lanes.
+// f32 -> bf16 bits, round to nearest even, in the low half of u32 lanes (the high half zero).
 template <class DF, class VF = hn::Vec<DF>>
-HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> F32ToBF16Bits(DF /*df*/, VF v) {
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> F32ToBF16BitsU32(DF /*df*/, VF v) {
   const hn::RebindToUnsigned<DF> du32;
   const hn::RebindToSigned<DF> di32;
-  const hn::Rebind<uint16_t, DF> du16;
   const auto bits = hn::BitCast(du32, v);
   const auto abs = hn::And(bits, hn::Set(du32, 0x7FFFFFFFu));
   const auto is_nan = hn::RebindMask(
@@ -59,8 +58,15 @@ HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> F32ToBF16Bits(DF /*df*/, VF v) {
   // Overflow of the low half carries into the exponent: the largest finite values round to inf.
   const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(bits, hn::Set(du32, 0x7FFFu)), lsb));
   const auto quiet_nan = hn::Or(high, hn::Set(du32, 0x0040u));
-  const auto out = hn::IfThenElse(is_nan, quiet_nan, rounded);  // every lane < 0x10000
-  return hn::DemoteTo(du16, hn::BitCast(di32, out));
+  return hn::IfThenElse(is_nan, quiet_nan, rounded);  // every lane < 0x10000
+}
+
+// f32 -> bf16 bits, round to nearest even. Returns Lanes(df) u16 lanes.
+template <class DF, class VF = hn::Vec<DF>>
+HWY_INLINE hn::Vec<hn::Rebind<uint16_t, DF>> F32ToBF16Bits(DF df, VF v) {
+  const hn::RebindToSigned<DF> di32;
+  const hn::Rebind<uint16_t, DF> du16;
+  return hn::DemoteTo(du16, hn::BitCast(di32, F32ToBF16BitsU32(df, v)));
 }
 
 // bf16 bits (Lanes(df) u16 lanes) -> f32: exact.

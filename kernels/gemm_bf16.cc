@@ -19,6 +19,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_bf16_native.h"
+#include "kernels/pack_bf16.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -191,11 +192,18 @@ size_t PackedBf16Elements(size_t k, size_t n) {
 }
 
 PackedBf16B PackBf16B(const ConstMatrixView& b, uint16_t* dst) {
-  return PackWith(b.rows, b.cols, dst, [&](size_t kk, size_t j0, size_t len, uint16_t* out) {
-    RoundRow(b.data + static_cast<ptrdiff_t>(kk) * b.row_stride +
-                 static_cast<ptrdiff_t>(j0) * b.col_stride,
-             b.col_stride, len, out);
-  });
+  const size_t k = b.rows, n = b.cols;
+  const size_t panels = (n + kBf16PanelCols - 1) / kBf16PanelCols;
+  std::memset(dst, 0, PackedBf16Elements(k, n) * sizeof(uint16_t));
+  uint16_t* block = dst;
+  for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
+    const size_t kc = std::min(kBf16BlockDepth, k - pc);
+    const size_t panel_stride = RoundUp(kc, kBf16DepthAlign) * kBf16PanelCols;
+    PackBF16Block(b.data + static_cast<ptrdiff_t>(pc) * b.row_stride, b.row_stride, b.col_stride,
+                  kc, n, block, panel_stride);
+    block += panels * panel_stride;
+  }
+  return {dst, k, n, n, 0, k};
 }
 
 PackedBf16B PackBf16BHalf(const HalfMatrixView& b, uint16_t* dst) {
@@ -330,12 +338,16 @@ void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b
           std::min(kBf16BlockDepth, b.packed_k - std::min(pc, b.packed_k)), kBf16DepthAlign);
       assert(packed_depth >= depth && "GemmBf16PackedB: rows past the packing");
       const size_t panel_stride = packed_depth * kBf16PanelCols;
-      for (size_t i = 0; i < rows; ++i) {
-        uint16_t* dst = a_rows + i * depth;
-        RoundRow(a.data + static_cast<ptrdiff_t>(i0 + i) * a.row_stride +
-                     static_cast<ptrdiff_t>(pc) * a.col_stride,
-                 a.col_stride, kc, dst);
-        std::memset(dst + kc, 0, (depth - kc) * sizeof(uint16_t));
+      const float* a_block = a.data + static_cast<ptrdiff_t>(i0) * a.row_stride +
+                             static_cast<ptrdiff_t>(pc) * a.col_stride;
+      if (a.col_stride == 1) {
+        RoundRowsToBF16(a_block, a.row_stride, rows, kc, depth, a_rows, depth);
+      } else {
+        for (size_t i = 0; i < rows; ++i) {
+          uint16_t* dst = a_rows + i * depth;
+          RoundRow(a_block + static_cast<ptrdiff_t>(i) * a.row_stride, a.col_stride, kc, dst);
+          std::memset(dst + kc, 0, (depth - kc) * sizeof(uint16_t));
+        }
       }
       blk.a = a_rows;
       blk.lda = depth;

@@ -237,8 +237,8 @@ TEST_P(Bf16KernelTest, BitwiseIdenticalForAnyThreadCount) {
       Views many;
       RunForward(p, threads, &many);
       ASSERT_EQ(one.output.size(), many.output.size());
-      EXPECT_EQ(0, std::memcmp(one.output.data(), many.output.data(),
-                               one.output.size() * sizeof(float)))
+      EXPECT_EQ(
+          0, std::memcmp(one.output.data(), many.output.data(), one.output.size() * sizeof(float)))
           << threads << " threads\n"
           << p.Describe();
     }
@@ -248,8 +248,7 @@ TEST_P(Bf16KernelTest, BitwiseIdenticalForAnyThreadCount) {
 INSTANTIATE_TEST_SUITE_P(Kernels, Bf16KernelTest,
                          testing::Values(kernels::Bf16Kernel::kEmulated,
                                          kernels::Bf16Kernel::kAvx512Bf16,
-                                         kernels::Bf16Kernel::kAmx,
-                                         kernels::Bf16Kernel::kNeonBf16),
+                                         kernels::Bf16Kernel::kAmx, kernels::Bf16Kernel::kNeonBf16),
                          [](const testing::TestParamInfo<kernels::Bf16Kernel>& info) {
                            return std::string(kernels::Bf16KernelName(info.param));
                          });
