@@ -24,9 +24,10 @@ namespace mha {
 namespace kernels {
 namespace {
 
-// Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row). 6 x 2 panels
-// (24 accumulators, 4 b vectors, 1 broadcast) measured faster than 12 x 1 panel
-// (kernels/README.md).
+// Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row): 6 x 2
+// panels holds 24 accumulators, 4 b vectors and a broadcast. VDPBF16PS's throughput bounds the
+// kernel, not the tile: on the Emerald Rapids Xeon (bench/kernels_bench BM_GemmBf16/1)
+// 6 x 2, 4 x 2, 12 x 1 and 14 x 1 all measured 101-115 GFLOP/s (kernels/README.md).
 constexpr size_t kRows = 6;
 constexpr size_t kPanels = 2;
 
@@ -108,21 +109,14 @@ MHA_AVX512BF16_ATTR __attribute__((noinline)) void Tile(const Bf16Block& blk, si
   for (size_t r = 0; r < kR; ++r) StoreRow<kV>(acc[r], blk, row + r, col);
 }
 
-template <size_t kP>
+// Tile<rows, kP> for a run-time rows in 1..kRows.
+template <size_t kP, size_t kR = 1>
 MHA_AVX512BF16_ATTR void TileRows(size_t rows, const Bf16Block& blk, size_t row, size_t col) {
-  switch (rows) {
-    case 1:
-      return Tile<1, kP>(blk, row, col);
-    case 2:
-      return Tile<2, kP>(blk, row, col);
-    case 3:
-      return Tile<3, kP>(blk, row, col);
-    case 4:
-      return Tile<4, kP>(blk, row, col);
-    case 5:
-      return Tile<5, kP>(blk, row, col);
-    default:
-      return Tile<kRows, kP>(blk, row, col);
+  if constexpr (kR == kRows) {
+    Tile<kR, kP>(blk, row, col);
+  } else {
+    if (rows == kR) return Tile<kR, kP>(blk, row, col);
+    TileRows<kP, kR + 1>(rows, blk, row, col);
   }
 }
 
