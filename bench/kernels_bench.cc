@@ -6,6 +6,8 @@
 //   and a projection split into ParallelGemm's panels with and without the weights packed once;
 //   products by a packed operand through BLIS's micro-kernel and mha's direct one
 //   (kernels/gemm_direct.h) at the operator's shapes;
+// - the bf16 compute product (kernels/gemm_bf16.h) per kernel (emulated, AVX512_BF16, AMX,
+//   BFDOT) at a projection's, the scores' and P V's shapes;
 // - the attention core of one head (scores, online softmax, P V in strips), on every target this
 //   CPU supports, against its two products alone (BM_AttentionCore).
 //
@@ -31,6 +33,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/rope.h"
 #include "kernels/softmax.h"
@@ -400,7 +403,55 @@ BENCHMARK(BM_GemmPackedOperand)
     ->ArgsProduct({{24}, {64}, {128}, {0, 1}})
     ->ArgsProduct({{24}, {512}, {64}, {0, 1}})
     ->ArgsProduct({{64}, {64}, {512}, {0, 1}})
-    ->ArgsProduct({{64}, {512}, {512}, {0, 1}});
+    ->ArgsProduct({{64}, {512}, {512}, {0, 1}})
+    ->ArgsProduct({{128}, {1024}, {1024}, {0, 1}})
+    ->ArgsProduct({{64}, {512}, {64}, {0, 1}});
+
+// The bf16 compute product (kernels/gemm_bf16.h) by a b packed beforehand, per kernel:
+// range(0) a Bf16Kernel (unavailable ones skip with the reason), range(1..3) m, k, n. Shapes:
+// a projection [128, 1024] x [1024, 1024], scores [64, 64] x [64, 512], P V [64, 512] x
+// [512, 64] (BM_GemmPackedOperand has the f32 direct kernel at the same shapes). FLOPS as
+// above.
+void BM_GemmBf16(benchmark::State& state) {
+  const auto kernel = static_cast<kernels::Bf16Kernel>(state.range(0));
+  const size_t m = static_cast<size_t>(state.range(1)), k = static_cast<size_t>(state.range(2));
+  const size_t n = static_cast<size_t>(state.range(3));
+  state.SetLabel(kernels::Bf16KernelName(kernel));
+  if (!kernels::Bf16KernelAvailable(kernel)) {
+    state.SkipWithError("this CPU (or OS) does not run the kernel");
+    return;
+  }
+  const size_t align = 64;
+  const size_t scratch_bytes = (kernels::GemmBf16ScratchBytes() + align - 1) / align * align;
+  const std::unique_ptr<void, FreeDeleter> scratch(std::aligned_alloc(align, scratch_bytes));
+  const size_t packed_bytes =
+      (kernels::PackedBf16Elements(k, n) * sizeof(uint16_t) + align - 1) / align * align;
+  const std::unique_ptr<void, FreeDeleter> packed(std::aligned_alloc(align, packed_bytes));
+  if (!scratch || !packed) {
+    state.SkipWithError("cannot allocate the scratch or the packing");
+    return;
+  }
+  std::vector<float> a = RandomFloats(m * k, -1.0f, 1.0f, 16);
+  std::vector<float> b = RandomFloats(k * n, -1.0f, 1.0f, 17);
+  std::vector<float> c(m * n);
+  const kernels::PackedBf16B pb =
+      kernels::PackBf16B(RowMajor(b, k, n), static_cast<uint16_t*>(packed.get()));
+  const MatrixView av = RowMajor(a, m, k), cv = RowMajor(c, m, n);
+  kernels::ForceBf16Kernel(kernel);
+  for (auto _ : state) {
+    kernels::GemmBf16PackedB(1.0f, av, pb, 0.0f, nullptr, cv, scratch.get());
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  kernels::ForceBf16Kernel(kernels::Bf16DefaultKernel());
+  const double flops = 2.0 * static_cast<double>(m * n * k);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_GemmBf16)
+    ->ArgsProduct({{0, 1, 2, 3}, {128}, {1024}, {1024}})
+    ->ArgsProduct({{0, 1, 2, 3}, {64}, {64}, {512}})
+    ->ArgsProduct({{0, 1, 2, 3}, {64}, {512}, {64}});
 
 // The attention core of one (batch, head) alone, as the operator's online path runs it
 // (runtime/attention.cc, RunAttention): Q [L, hd], K and V [S, hd] rows of [tokens, E]-strided

@@ -11,6 +11,12 @@
 // Vectors are CappedTag<float, 16>: at most 16 lanes, so a 32-column panel is whole vectors on
 // every target (Highway's SVE vectors are powers of two). A register tile is kRows rows of a x
 // two vectors of columns inside one panel (a whole panel on AVX-512), over the block's depth.
+// Loop order: row tiles outer, each tile's rows of a widened once to f32 into the block's
+// scratch (kRows x depth floats: at most 16 KiB), so the inner loop broadcasts a's elements
+// from memory (a load, no shuffle or integer op) and spends its vector ALU slots on the fused
+// multiply-adds and b's widening (amortized over the tile's rows); b's column groups stream from
+// L1/L2 for each row tile. Widening a inside the inner loop instead (broadcast, mask, shift per
+// row and pair) measured 134 GFLOP/s against this form's (kernels/README.md).
 
 // Toggle guard: compiled once per target by foreach_target.
 #if defined(MHA_KERNELS_GEMM_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -53,11 +59,12 @@ using DU = hn::RebindToUnsigned<DF>;
 // Upper bound on Lanes(DF()): the lane buffers of the partial stores.
 constexpr size_t kMaxLanes = 16;
 
-// One tile: rows [0, rows) of a at `a` (rows lda bf16 apart), `pairs` pair rows; the tile's two
+// One tile: rows [0, rows) of a widened to f32 at `a` (rows lda floats apart: element kk of a
+// row at a[kk]), `pairs` pair rows; the tile's two
 // vectors of b at b0 and b1 (u32 lanes, one per column; pair rows kBf16PanelCols u32 apart);
 // c of the tile's first row and column at `c`, `cols` (<= 2 Lanes) valid columns.
 struct TileArgs {
-  const uint16_t* a;
+  const float* a;
   size_t lda;
   size_t pairs;
   const uint32_t* b0;
@@ -119,19 +126,15 @@ HWY_INLINE void StoreRow(hn::Vec<DF> s0, hn::Vec<DF> s1, const TileArgs& t, size
   }
 }
 
-// One pair row of row kI of a kR-row tile (if the tile has that row): a's pair broadcast as u32,
-// widened to its odd and even halves, then the odd products first into both accumulators.
+// One pair row of row kI of a kR-row tile (if the tile has that row): a's odd and even
+// elements broadcast, the odd products first into both accumulators.
 template <size_t kI, size_t kR, class V = hn::Vec<DF>>
-HWY_INLINE void RowStep(const uint16_t* HWY_RESTRICT a_row, size_t p, V b0o, V b0e, V b1o, V b1e,
+HWY_INLINE void RowStep(const float* HWY_RESTRICT a_row, size_t p, V b0o, V b0e, V b1o, V b1e,
                         V& s0, V& s1) {
   if constexpr (kI < kR) {
     const DF df;
-    const DU du;
-    uint32_t pair;
-    std::memcpy(&pair, a_row + 2 * p, sizeof(pair));
-    const auto u = hn::Set(du, pair);
-    const V ao = hn::BitCast(df, hn::And(u, hn::Set(du, 0xFFFF0000u)));
-    const V ae = hn::BitCast(df, hn::ShiftLeft<16>(u));
+    const V ao = hn::Set(df, a_row[2 * p + 1]);
+    const V ae = hn::Set(df, a_row[2 * p]);
     s0 = hn::MulAdd(ao, b0o, s0);
     s0 = hn::MulAdd(ae, b0e, s0);
     s1 = hn::MulAdd(ao, b1o, s1);
@@ -154,14 +157,14 @@ HWY_NOINLINE void Tile(const TileArgs& t) {
   const DU du;
   using V = hn::Vec<DF>;
   const size_t lda = kR > 1 ? t.lda : 0;
-  const uint16_t* HWY_RESTRICT a0 = t.a;
-  const uint16_t* HWY_RESTRICT a1 = a0 + lda;
-  const uint16_t* HWY_RESTRICT a2 = a1 + lda;
-  const uint16_t* HWY_RESTRICT a3 = a2 + lda;
-  const uint16_t* HWY_RESTRICT a4 = a3 + lda;
-  const uint16_t* HWY_RESTRICT a5 = a4 + lda;
-  const uint16_t* HWY_RESTRICT a6 = a5 + lda;
-  const uint16_t* HWY_RESTRICT a7 = a6 + lda;
+  const float* HWY_RESTRICT a0 = t.a;
+  const float* HWY_RESTRICT a1 = a0 + lda;
+  const float* HWY_RESTRICT a2 = a1 + lda;
+  const float* HWY_RESTRICT a3 = a2 + lda;
+  const float* HWY_RESTRICT a4 = a3 + lda;
+  const float* HWY_RESTRICT a5 = a4 + lda;
+  const float* HWY_RESTRICT a6 = a5 + lda;
+  const float* HWY_RESTRICT a7 = a6 + lda;
   V s00 = hn::Zero(df), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00, s30 = s00, s31 = s00,
     s40 = s00, s41 = s00, s50 = s00, s51 = s00, s60 = s00, s61 = s00, s70 = s00, s71 = s00;
   const auto hi_mask = hn::Set(du, 0xFFFF0000u);
@@ -226,17 +229,37 @@ inline size_t TileRowsAt(size_t left) {
   return (left + 1) / 2;
 }
 
+// Widens rows [0, rows) of a (bf16, rows lda apart) to f32 at wa (rows depth apart): exact.
+HWY_INLINE void WidenRows(const uint16_t* HWY_RESTRICT a, size_t lda, size_t rows, size_t depth,
+                          float* HWY_RESTRICT wa) {
+  const DF df;
+  const DU du;
+  const hn::Rebind<uint16_t, DF> du16;
+  const size_t N = hn::Lanes(df);
+  for (size_t r = 0; r < rows; ++r) {
+    // depth is a multiple of kBf16DepthAlign (32), hence of N.
+    for (size_t kk = 0; kk < depth; kk += N) {
+      const auto wide = hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(du16, a + r * lda + kk)));
+      hn::Store(hn::BitCast(df, wide), df, wa + r * depth + kk);
+    }
+  }
+}
+
 }  // namespace gemm_bf16_detail
 
 // One block of GemmBf16PackedB (Bf16Block, gemm_bf16_native.h) with exact widening and f32
-// fused multiply-adds. Loop order: column groups of two vectors (inside one panel: its pair rows,
-// depth / 2 x 2 vectors, stay in L1), then row tiles.
+// fused multiply-adds: row tiles outer (their rows widened into blk.scratch), then column
+// groups of two vectors inside one panel.
 inline void Bf16BlockEmulated(const Bf16Block& blk) {
   namespace d = gemm_bf16_detail;
+  static_assert(d::kRows * kBf16BlockDepth * sizeof(float) <= kBf16BlockScratchBytes,
+                "the block scratch holds a row tile widened");
   const d::DF df;
   const size_t N = hn::Lanes(df);
+  float* widened = static_cast<float*>(blk.scratch);
   d::TileArgs t{};
-  t.lda = blk.lda;
+  t.a = widened;
+  t.lda = blk.depth;
   t.pairs = blk.depth / 2;
   t.c_rs = blk.c_rs;
   t.c_cs = blk.c_cs;
@@ -244,22 +267,21 @@ inline void Bf16BlockEmulated(const Bf16Block& blk) {
   t.beta = blk.beta;
   t.first = blk.first;
   t.read_c = !blk.first || blk.beta != 0.0f;
-  for (size_t col = 0; col < blk.n; col += 2 * N) {
-    // Both vectors lie in the panel of `col` (N divides kBf16PanelCols / 2 or equals it), which
-    // the packing holds whole, so the second is readable even past n.
-    const uint16_t* panel = blk.b + (col / kBf16PanelCols) * blk.panel_stride;
-    const size_t in_panel = col % kBf16PanelCols;
-    t.b0 = reinterpret_cast<const uint32_t*>(panel) + in_panel;
-    t.b1 = t.b0 + N;
-    t.cols = std::min(2 * N, blk.n - col);
-    t.bias = blk.bias != nullptr ? blk.bias + col : nullptr;
-    for (size_t i = 0; i < blk.m;) {
-      const size_t rows = d::TileRowsAt(blk.m - i);
-      t.a = blk.a + i * blk.lda;
+  for (size_t i = 0; i < blk.m;) {
+    const size_t rows = d::TileRowsAt(blk.m - i);
+    d::WidenRows(blk.a + i * blk.lda, blk.lda, rows, blk.depth, widened);
+    for (size_t col = 0; col < blk.n; col += 2 * N) {
+      // Both vectors lie in the panel of `col` (2 N divides kBf16PanelCols), which the packing
+      // holds whole, so the second is readable even past n.
+      const uint16_t* panel = blk.b + (col / kBf16PanelCols) * blk.panel_stride;
+      t.b0 = reinterpret_cast<const uint32_t*>(panel) + col % kBf16PanelCols;
+      t.b1 = t.b0 + N;
+      t.cols = std::min(2 * N, blk.n - col);
+      t.bias = blk.bias != nullptr ? blk.bias + col : nullptr;
       t.c = blk.c + static_cast<ptrdiff_t>(i) * blk.c_rs + static_cast<ptrdiff_t>(col) * blk.c_cs;
       d::TileRows(rows, t);
-      i += rows;
     }
+    i += rows;
   }
 }
 

@@ -24,9 +24,10 @@ namespace mha {
 namespace kernels {
 namespace {
 
-// Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row). 6 x 2 panels
-// (24 accumulators, 4 b vectors, 1 broadcast) measured faster than 12 x 1 panel
-// (kernels/README.md).
+// Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row): 6 x 2
+// panels holds 24 accumulators, 4 b vectors and a broadcast. VDPBF16PS's throughput bounds the
+// kernel, not the tile: on the Emerald Rapids Xeon (bench/kernels_bench BM_GemmBf16/1)
+// 6 x 2, 4 x 2, 12 x 1 and 14 x 1 all measured 101-115 GFLOP/s (kernels/README.md).
 constexpr size_t kRows = 6;
 constexpr size_t kPanels = 2;
 
@@ -108,21 +109,14 @@ MHA_AVX512BF16_ATTR __attribute__((noinline)) void Tile(const Bf16Block& blk, si
   for (size_t r = 0; r < kR; ++r) StoreRow<kV>(acc[r], blk, row + r, col);
 }
 
-template <size_t kP>
+// Tile<rows, kP> for a run-time rows in 1..kRows.
+template <size_t kP, size_t kR = 1>
 MHA_AVX512BF16_ATTR void TileRows(size_t rows, const Bf16Block& blk, size_t row, size_t col) {
-  switch (rows) {
-    case 1:
-      return Tile<1, kP>(blk, row, col);
-    case 2:
-      return Tile<2, kP>(blk, row, col);
-    case 3:
-      return Tile<3, kP>(blk, row, col);
-    case 4:
-      return Tile<4, kP>(blk, row, col);
-    case 5:
-      return Tile<5, kP>(blk, row, col);
-    default:
-      return Tile<kRows, kP>(blk, row, col);
+  if constexpr (kR == kRows) {
+    Tile<kR, kP>(blk, row, col);
+  } else {
+    if (rows == kR) return Tile<kR, kP>(blk, row, col);
+    TileRows<kP, kR + 1>(rows, blk, row, col);
   }
 }
 
@@ -132,11 +126,60 @@ size_t TileRowsAt(size_t left) {
   return (left + 1) / 2;
 }
 
+// Rows of whole 32-column tiles at unit column stride (AMX's usual case): StoreAcc's
+// arithmetic with the case's branches taken once per tile, not per vector. kMode: 0 c =
+// alpha * acc, 1 c = alpha * acc + beta * c, 2 c = c + alpha * acc; then + bias if kBias.
+template <int kMode, bool kBias>
+MHA_AVX512BF16_ATTR void StoreWholeTile(const float* acc, size_t acc_stride, size_t rows, float* c,
+                                        ptrdiff_t c_rs, const float* bias, const Bf16Block& blk) {
+  const __m512 alpha = _mm512_set1_ps(blk.alpha), beta = _mm512_set1_ps(blk.beta);
+  __m512 bias0 = _mm512_setzero_ps(), bias1 = bias0;
+  if constexpr (kBias) {
+    bias0 = _mm512_loadu_ps(bias);
+    bias1 = _mm512_loadu_ps(bias + 16);
+  }
+  for (size_t r = 0; r < rows; ++r, acc += acc_stride, c += c_rs) {
+    __m512 o0 = _mm512_mul_ps(_mm512_loadu_ps(acc), alpha);
+    __m512 o1 = _mm512_mul_ps(_mm512_loadu_ps(acc + 16), alpha);
+    if constexpr (kMode == 1) {
+      o0 = _mm512_add_ps(o0, _mm512_mul_ps(_mm512_loadu_ps(c), beta));
+      o1 = _mm512_add_ps(o1, _mm512_mul_ps(_mm512_loadu_ps(c + 16), beta));
+    } else if constexpr (kMode == 2) {
+      o0 = _mm512_add_ps(_mm512_loadu_ps(c), o0);
+      o1 = _mm512_add_ps(_mm512_loadu_ps(c + 16), o1);
+    }
+    if constexpr (kBias) {
+      o0 = _mm512_add_ps(o0, bias0);
+      o1 = _mm512_add_ps(o1, bias1);
+    }
+    _mm512_storeu_ps(c, o0);
+    _mm512_storeu_ps(c + 16, o1);
+  }
+}
+
+template <int kMode>
+MHA_AVX512BF16_ATTR void StoreWholeTileMode(const float* acc, size_t acc_stride, size_t rows,
+                                            float* c, ptrdiff_t c_rs, const float* bias,
+                                            const Bf16Block& blk) {
+  if (bias != nullptr)
+    return StoreWholeTile<kMode, true>(acc, acc_stride, rows, c, c_rs, bias, blk);
+  StoreWholeTile<kMode, false>(acc, acc_stride, rows, c, c_rs, nullptr, blk);
+}
+
 }  // namespace
 
 MHA_AVX512BF16_ATTR void Bf16StoreTileAvx512(const float* acc, size_t acc_stride, size_t rows,
                                              size_t cols, size_t row0, size_t col0,
                                              const Bf16Block& blk) {
+  if (cols == 32 && blk.c_cs == 1) {
+    float* c = blk.c + static_cast<ptrdiff_t>(row0) * blk.c_rs + static_cast<ptrdiff_t>(col0);
+    const float* bias = blk.bias != nullptr ? blk.bias + col0 : nullptr;
+    if (!blk.first) return StoreWholeTileMode<2>(acc, acc_stride, rows, c, blk.c_rs, bias, blk);
+    if (blk.beta != 0.0f) {
+      return StoreWholeTileMode<1>(acc, acc_stride, rows, c, blk.c_rs, bias, blk);
+    }
+    return StoreWholeTileMode<0>(acc, acc_stride, rows, c, blk.c_rs, bias, blk);
+  }
   for (size_t r = 0; r < rows; ++r) {
     float* c = blk.c + static_cast<ptrdiff_t>(row0 + r) * blk.c_rs;
     for (size_t j = 0; j < cols; j += 16) {

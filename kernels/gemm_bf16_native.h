@@ -34,7 +34,9 @@ struct Bf16Block {
   float beta = 0.0f;
   bool first = true;
   const float* bias = nullptr;
-  void* scratch = nullptr;  // kBf16BlockScratchBytes, 64-byte aligned (AMX's tile stores)
+  // kBf16BlockScratchBytes, 64-byte aligned, the kernel's own (AMX: a row group staged;
+  // emulated: a row tile of a widened to f32).
+  void* scratch = nullptr;
 };
 
 inline constexpr size_t kBf16BlockScratchBytes = 16 * 1024;
