@@ -317,7 +317,21 @@ void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b
     }
     return;
   }
-  const BlockFn block_fn = BlockFor(Bf16ActiveKernel());
+  const Bf16Kernel kernel = Bf16ActiveKernel();
+  const BlockFn block_fn = BlockFor(kernel);
+  // The x86 kernels read bf16 subnormals as zero: their rows may round with the instruction.
+  const auto round_rows = [kernel](const float* x, ptrdiff_t rs, size_t rows, size_t kc,
+                                   size_t depth, uint16_t* dst) {
+#if defined(__x86_64__)
+    if (kernel == Bf16Kernel::kAmx || kernel == Bf16Kernel::kAvx512Bf16) {
+      RoundRowsToBF16Flushed(x, rs, rows, kc, depth, dst, depth);
+      return;
+    }
+#else
+    (void)kernel;
+#endif
+    RoundRowsToBF16(x, rs, rows, kc, depth, dst, depth);
+  };
   uint16_t* a_rows = static_cast<uint16_t*>(scratch);
   const size_t panels = (b.packed_n + kBf16PanelCols - 1) / kBf16PanelCols;
   Bf16Block blk;
@@ -341,7 +355,7 @@ void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b
       const float* a_block = a.data + static_cast<ptrdiff_t>(i0) * a.row_stride +
                              static_cast<ptrdiff_t>(pc) * a.col_stride;
       if (a.col_stride == 1) {
-        RoundRowsToBF16(a_block, a.row_stride, rows, kc, depth, a_rows, depth);
+        round_rows(a_block, a.row_stride, rows, kc, depth, a_rows);
       } else {
         for (size_t i = 0; i < rows; ++i) {
           uint16_t* dst = a_rows + i * depth;

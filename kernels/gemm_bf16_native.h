@@ -49,6 +49,10 @@ void Bf16BlockAmx(const Bf16Block& blk);
 // [col0, col0 + cols) (bias from bias[col0] when blk.bias is set). The AMX kernel's stores.
 void Bf16StoreTileAvx512(const float* acc, size_t acc_stride, size_t rows, size_t cols, size_t row0,
                          size_t col0, const Bf16Block& blk);
+// x86-64 with AVX512_BF16 (pack_bf16_avx512.cc): RoundRowsToBF16 (pack_bf16.h) with f32
+// subnormals as zero, for the kernels that read bf16 subnormals as zero (kAvx512Bf16, kAmx).
+void RoundRowsToBF16Flushed(const float* a, ptrdiff_t row_stride, size_t rows, size_t cols,
+                            size_t padded, uint16_t* dst, size_t dst_stride);
 // Linux: asks for the AMX tile data permission once; true if granted.
 bool AmxPermitted();
 void Bf16BlockNeon(const Bf16Block& blk);

@@ -15,6 +15,7 @@
 
 #include "kernels/elementwise.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/gemm_bf16_native.h"
 #include "tests/kernel_test_util.h"
 
 namespace mha {
@@ -94,6 +95,37 @@ TEST_P(PackBf16Test, BlockMatchesTheScalarLayout) {
 }
 
 MHA_INSTANTIATE_PER_TARGET(PackBf16Test);
+
+#if defined(__x86_64__)
+// The x86 kernels' rounding: RoundRowsToBF16's bits, but f32 subnormals become zero of their sign.
+TEST(PackBf16FlushedTest, RoundRowsAsF32ToBF16ButSubnormalsToZero) {
+  if (!kernels::Bf16KernelAvailable(kernels::Bf16Kernel::kAvx512Bf16)) {
+    GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  }
+  std::mt19937 rng(3);
+  for (size_t cols : {1, 15, 16, 17, 31, 32, 33, 64, 100, 512}) {
+    const size_t rows = 5, row_stride = cols + 1, padded = (cols + 31) / 32 * 32 + 32;
+    const size_t stride = padded + 3;
+    std::vector<float> a = Values(rows * row_stride + 1, &rng);
+    a[1] = -std::numeric_limits<float>::denorm_min();
+    std::vector<uint16_t> got(rows * stride + 1, 0xABCD);
+    kernels::RoundRowsToBF16Flushed(a.data() + 1, row_stride, rows, cols, padded, got.data() + 1,
+                                    stride);
+    for (size_t i = 0; i < rows; ++i) {
+      for (size_t j = 0; j < stride; ++j) {
+        const float x = a[1 + i * row_stride + j];
+        uint16_t want = 0xABCD;
+        if (j < cols) {
+          want = std::fpclassify(x) == FP_SUBNORMAL ? (std::signbit(x) ? 0x8000 : 0) : RoundOne(x);
+        } else if (j < padded) {
+          want = 0;
+        }
+        ASSERT_EQ(got[1 + i * stride + j], want) << "row " << i << " col " << j << " of " << cols;
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace mha
