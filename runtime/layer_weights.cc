@@ -449,19 +449,30 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
 
 namespace {
 
-// Compute::kBF16: packs the four projection matrices as bf16 into m->bf16_packed.
+// Compute::kBF16: packs the four projection matrices as bf16 into m->bf16_packed. With a
+// packed in_proj_weight whose q, k and v parts start on bf16 panels, w_packed is packed whole
+// and w_q, w_k, w_v are its column ranges: the fused projection then rounds x once for all
+// three.
 void PackBf16(LayerWeights* m) {
-  // w^T [in, out] of each matrix, one after the other (each a multiple of 32 elements: 64-byte
-  // aligned after the first).
-  WeightMatrix* const mats[4] = {&m->w_q, &m->w_k, &m->w_v, &m->w_o};
-  const int64_t ins[4] = {m->qd, m->kd, m->vd, m->E}, outs[4] = {m->E, m->kvE, m->kvE, m->E};
+  const bool fused = m->w_packed.data != nullptr && m->E % kernels::kBf16PanelCols == 0 &&
+                     m->kvE % kernels::kBf16PanelCols == 0;
+  const int64_t qkv = m->E + 2 * m->kvE;
+  // w^T [in, out] of each matrix packed, one after the other (each a multiple of 32 elements:
+  // 64-byte aligned after the first).
+  WeightMatrix* mats[4] = {&m->w_packed, &m->w_o, &m->w_k, &m->w_v};
+  int64_t ins[4] = {m->qd, m->E, m->kd, m->vd}, outs[4] = {qkv, m->E, m->kvE, m->kvE};
+  if (!fused) {
+    mats[0] = &m->w_q;
+    outs[0] = m->E;
+  }
+  const int count = fused ? 2 : 4;
   size_t elements = 0;
-  for (int i = 0; i < 4; ++i) elements += kernels::PackedBf16Elements(ins[i], outs[i]);
+  for (int i = 0; i < count; ++i) elements += kernels::PackedBf16Elements(ins[i], outs[i]);
   constexpr size_t kAlign = 64 / sizeof(uint16_t);
   m->bf16_packed.assign(elements + kAlign, 0);
   uint16_t* dst = m->bf16_packed.data();
   dst += (kAlign - reinterpret_cast<uintptr_t>(dst) / sizeof(uint16_t) % kAlign) % kAlign;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < count; ++i) {
     const size_t in = static_cast<size_t>(ins[i]), out = static_cast<size_t>(outs[i]);
     const ptrdiff_t ld = static_cast<ptrdiff_t>(in);
     if (mats[i]->dtype == DType::kF32) {
@@ -474,6 +485,13 @@ void PackBf16(LayerWeights* m) {
           dst);
     }
     dst += kernels::PackedBf16Elements(in, out);
+  }
+  if (fused) {
+    const kernels::PackedBf16B& all = m->w_packed.bf16;
+    const size_t E = static_cast<size_t>(m->E), kvE = static_cast<size_t>(m->kvE);
+    m->w_q.bf16 = all.Columns(0, E);
+    m->w_k.bf16 = all.Columns(E, kvE);
+    m->w_v.bf16 = all.Columns(E + kvE, kvE);
   }
 }
 

@@ -64,7 +64,8 @@ struct LayerWeights {
   // fused projection runs as three products into the column ranges of its buffer.
   std::vector<float> prepacked;
   // Compute::kBF16: w_q, w_k, w_v and w_o packed as bf16 (their `bf16` members point here;
-  // empty otherwise); the f32 prepacking is then not made.
+  // empty otherwise), or w_packed whole with w_q, w_k, w_v its column ranges when they start on
+  // bf16 panels; the f32 prepacking is then not made.
   std::vector<uint16_t> bf16_packed;
   // config.prepack kOn: the Strassen operands of the matrices StrassenPacks() takes (their
   // `strassen` members point here; empty when none).

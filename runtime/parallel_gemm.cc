@@ -8,11 +8,6 @@
 
 namespace mha {
 
-// A bf16 job's column panels must start on the bf16 packing's panels.
-static_assert(kPanelCols % kernels::kBf16PanelCols == 0 &&
-                  kLargePanelCols % kernels::kBf16PanelCols == 0 &&
-                  kFewRowsPanelCols % kernels::kBf16PanelCols == 0,
-              "PanelsOf's columns are whole bf16 panels");
 
 namespace {
 
@@ -125,6 +120,15 @@ uint64_t PanelTasks(const GemmJob& job, const PanelShape& panel) {
 }
 
 }  // namespace
+
+PanelShape Bf16PanelsOf(const GemmJob& job) {
+  PanelShape panel{kBf16PanelRows, job.c.cols};
+  for (size_t w : {size_t{1024}, size_t{512}, size_t{256}, size_t{128}, size_t{64}}) {
+    if (PanelTasks(job, panel) >= kMinLargePanelTasks) break;
+    if (w < job.c.cols) panel.cols = w;
+  }
+  return panel;
+}
 
 PanelShape PrepackedPanelsOf(const GemmJob& job) {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
@@ -301,7 +305,8 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     const kernels::GemmRoute prepacked = kernels::ChooseGemmRoute(
         {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kPrepacked});
     if (job.b_bf16.data != nullptr) {
-      route[j] = kernels::GemmRoute::kBf16PackedB;  // PanelsOf: columns multiples of 64
+      route[j] = kernels::GemmRoute::kBf16PackedB;
+      panels[j] = Bf16PanelsOf(job);
     } else if (job.b_packed.data != nullptr && OverPackedB(prepacked)) {
       route[j] = plain[j] = prepacked;
       packing[j] = job.b_packed;

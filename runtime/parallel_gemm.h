@@ -199,6 +199,13 @@ PanelShape PanelsOf(const GemmJob& job);
 // micro-panel).
 PanelShape PackedPanelsOf();
 
+// Panels of a job with bf16 weights (b_bf16): kBf16PanelRows rows by the widest of all its
+// columns, 1024, 512, 256, 128 or 64 that still gives kMinLargePanelTasks tasks, else 64: each
+// task rounds its rows of a to bf16 once for all of its columns, so wide panels round least
+// (multiples of the bf16 packing's panels).
+inline constexpr size_t kBf16PanelRows = 128;
+PanelShape Bf16PanelsOf(const GemmJob& job);
+
 // Panels of a job with prepacked weights: kernels::GemmBlocking().mc rows by the widest of
 // kLargePanelCols, 256, 128 or kMinPrepackedPanelCols columns (multiples of NR) that still gives
 // kMinPrepackedTasks tasks, else the narrowest: each task packs its rows of a again (BLIS

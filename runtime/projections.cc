@@ -54,8 +54,9 @@ void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs&
   if (ws.fused) {
     jobs[num_jobs++] = ProjectionJob(sh.q, args.q, N, m.w_packed, m.b_packed, E + 2 * kvE, buf.q,
                                      ws.q_layout, ws.q_ld);
-    if (UsesPrepacked(m.w_q, jobs[0].c.rows, qd, E)) {
-      // Prepacked weights are packed per matrix: three products into the buffer's columns.
+    if (UsesPrepacked(m.w_q, jobs[0].c.rows, qd, E) && m.w_packed.bf16.data == nullptr) {
+      // Prepacked weights are packed per matrix (unless packed whole as bf16): three products
+      // into the buffer's columns.
       jobs[0] = ProjectionJob(sh.q, args.q, N, m.w_q, m.b_q, E, buf.q, ws.q_layout, ws.q_ld);
       jobs[num_jobs++] =
           ProjectionJob(sh.q, args.q, N, m.w_k, m.b_k, kvE, buf.k, ws.q_layout, ws.q_ld);

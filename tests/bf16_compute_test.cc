@@ -254,51 +254,54 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Bf16KernelTest,
                          });
 
 // Project's per-head outputs in bf16 against the f32 layer's: within the bound of the outputs'
-// scale, on aligned and unaligned head offsets (head_dim 40: heads at columns 0, 40, 80, ...).
+// scale, on aligned and unaligned head offsets (head_dim 40: heads at columns 0, 40, 80, ...),
+// with separate weights (GQA) and with a packed in_proj_weight (packed whole as bf16 when its
+// parts start on panels: head_dim 64).
 TEST(Bf16ComputeTest, ProjectWithinBoundOfF32) {
   std::mt19937 rng(12);
-  for (const int64_t hd : {64, 40}) {
-    Problem p;
-    p.config.embed_dim = 4 * hd;
-    p.config.num_heads = 4;
-    p.config.num_kv_heads = 2;
-    p.config.batch_first = true;
-    p.packed = false;
-    p.N = 2;
-    p.L = 37;
-    p.S = 29;
-    testing_util::FillProblem(&p, &rng);
-    std::vector<float> outs[2][3];
-    for (const Compute compute : {Compute::kF32, Compute::kBF16}) {
-      p.config.compute = compute;
-      std::unique_ptr<MultiheadAttention> mha;
-      ASSERT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
-      Views v;
-      MakeViews(p, &v);
-      const int64_t H = 4, KVH = 2;
-      std::vector<float>* o = outs[compute == Compute::kBF16 ? 1 : 0];
-      o[0].assign(p.N * H * p.L * hd, 0.0f);
-      o[1].assign(p.N * KVH * p.S * hd, 0.0f);
-      o[2].assign(p.N * KVH * p.S * hd, 0.0f);
-      ProjectionOutputs po;
-      po.q = Dense(o[0].data(), {p.N, H, p.L, hd});
-      po.k = Dense(o[1].data(), {p.N, KVH, p.S, hd});
-      po.v = Dense(o[2].data(), {p.N, KVH, p.S, hd});
-      std::unique_ptr<Context> ctx;
-      ASSERT_TRUE(Context::Create(ContextOptions{}, &ctx).ok());
-      const Status s = mha->Project(*ctx, v.in, po);
-      ASSERT_TRUE(s.ok()) << s.ToString();
-    }
-    for (int i = 0; i < 3; ++i) {
-      double scale = 0, err = 0;
-      for (size_t j = 0; j < outs[0][i].size(); ++j) {
-        scale = std::max(scale, std::abs(static_cast<double>(outs[0][i][j])));
-        err = std::max(err, std::abs(static_cast<double>(outs[1][i][j]) - outs[0][i][j]));
+  for (const bool packed : {false, true})
+    for (const int64_t hd : {64, 40}) {
+      Problem p;
+      p.config.embed_dim = 4 * hd;
+      p.config.num_heads = 4;
+      p.config.num_kv_heads = packed ? 0 : 2;
+      p.config.batch_first = true;
+      p.packed = packed;
+      p.N = 2;
+      p.L = 37;
+      p.S = packed ? 37 : 29;
+      testing_util::FillProblem(&p, &rng);
+      std::vector<float> outs[2][3];
+      for (const Compute compute : {Compute::kF32, Compute::kBF16}) {
+        p.config.compute = compute;
+        std::unique_ptr<MultiheadAttention> mha;
+        ASSERT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
+        Views v;
+        MakeViews(p, &v);
+        const int64_t H = 4, KVH = packed ? 4 : 2;
+        std::vector<float>* o = outs[compute == Compute::kBF16 ? 1 : 0];
+        o[0].assign(p.N * H * p.L * hd, 0.0f);
+        o[1].assign(p.N * KVH * p.S * hd, 0.0f);
+        o[2].assign(p.N * KVH * p.S * hd, 0.0f);
+        ProjectionOutputs po;
+        po.q = Dense(o[0].data(), {p.N, H, p.L, hd});
+        po.k = Dense(o[1].data(), {p.N, KVH, p.S, hd});
+        po.v = Dense(o[2].data(), {p.N, KVH, p.S, hd});
+        std::unique_ptr<Context> ctx;
+        ASSERT_TRUE(Context::Create(ContextOptions{}, &ctx).ok());
+        const Status s = mha->Project(*ctx, v.in, po);
+        ASSERT_TRUE(s.ok()) << s.ToString();
       }
-      EXPECT_LE(err, 1e-2 * scale) << "head_dim " << hd << ", projection " << i;
-      EXPECT_GT(err, 0.0) << "bf16 compute must round: head_dim " << hd << ", projection " << i;
+      for (int i = 0; i < 3; ++i) {
+        double scale = 0, err = 0;
+        for (size_t j = 0; j < outs[0][i].size(); ++j) {
+          scale = std::max(scale, std::abs(static_cast<double>(outs[0][i][j])));
+          err = std::max(err, std::abs(static_cast<double>(outs[1][i][j]) - outs[0][i][j]));
+        }
+        EXPECT_LE(err, 1e-2 * scale) << "head_dim " << hd << ", projection " << i;
+        EXPECT_GT(err, 0.0) << "bf16 compute must round: head_dim " << hd << ", projection " << i;
+      }
     }
-  }
 }
 
 // Decoding through the KV cache with bf16 compute stays within the bound of the double
