@@ -45,14 +45,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 namespace gemm_bf16_detail {
 
 // Rows of a register tile. A tile holds 2 * kRows accumulators, 4 widened b vectors (odd and
-// even halves of two vectors) and the two broadcast halves of a's pair: x86 below AVX-512 has
+// even halves of two vectors) and the two broadcasts of a's pair: x86 below AVX-512 has
 // 16 vector registers (4 rows: 14; 5 rows measured 6-8% slower on AVX2), the other targets 32
 // (8 rows: 22).
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-#ifndef MHA_EMU_ROWS_X86
-#define MHA_EMU_ROWS_X86 5
-#endif
-constexpr size_t kRows = MHA_EMU_ROWS_X86;
+constexpr size_t kRows = 4;
 #else
 constexpr size_t kRows = 8;
 #endif
