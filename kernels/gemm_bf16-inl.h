@@ -16,7 +16,8 @@
 // from memory (a load, no shuffle or integer op) and spends its vector ALU slots on the fused
 // multiply-adds and b's widening (amortized over the tile's rows); b's column groups stream from
 // L1/L2 for each row tile. Widening a inside the inner loop instead (broadcast, mask, shift per
-// row and pair) measured 134 GFLOP/s against this form's (kernels/README.md).
+// row and pair) measured 134 GFLOP/s against this form's 171 (AVX3_DL, [128, 1024] x
+// [1024, 1024], kernels/README.md).
 
 // Toggle guard: compiled once per target by foreach_target.
 #if defined(MHA_KERNELS_GEMM_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -29,7 +30,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 #include "hwy/highway.h"
 #include "kernels/gemm_bf16.h"
@@ -45,8 +45,9 @@ namespace hn = hwy::HWY_NAMESPACE;
 namespace gemm_bf16_detail {
 
 // Rows of a register tile. A tile holds 2 * kRows accumulators, 4 widened b vectors (odd and
-// even halves of two vectors) and the two broadcast halves of a's pair: x86 below AVX-512 has
-// 16 vector registers (4 rows: 14), the other targets 32 (8 rows: 22).
+// even halves of two vectors) and the two broadcasts of a's pair: x86 below AVX-512 has
+// 16 vector registers (4 rows: 14; 5 rows measured 6-8% slower on AVX2), the other targets 32
+// (8 rows: 22).
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr size_t kRows = 4;
 #else
@@ -196,29 +197,13 @@ HWY_NOINLINE void Tile(const TileArgs& t) {
 }
 
 // Tile<rows> for a run-time rows in 1..kRows.
+template <size_t kR = 1>
 HWY_INLINE void TileRows(size_t rows, const TileArgs& t) {
-  switch (rows) {
-    case 1:
-      return Tile<1>(t);
-    case 2:
-      return Tile<2>(t);
-    case 3:
-      return Tile<3>(t);
-#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-    default:
-      return Tile<4>(t);
-#else
-    case 4:
-      return Tile<4>(t);
-    case 5:
-      return Tile<5>(t);
-    case 6:
-      return Tile<6>(t);
-    case 7:
-      return Tile<7>(t);
-    default:
-      return Tile<8>(t);
-#endif
+  if constexpr (kR == kRows) {
+    Tile<kR>(t);
+  } else {
+    if (rows == kR) return Tile<kR>(t);
+    TileRows<kR + 1>(rows, t);
   }
 }
 

@@ -26,8 +26,9 @@ namespace {
 
 // Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row): 6 x 2
 // panels holds 24 accumulators, 4 b vectors and a broadcast. VDPBF16PS's throughput bounds the
-// kernel, not the tile: on the Emerald Rapids Xeon (bench/kernels_bench BM_GemmBf16/1)
-// 6 x 2, 4 x 2, 12 x 1 and 14 x 1 all measured 101-115 GFLOP/s (kernels/README.md).
+// kernel, not the tile: on the AMX Xeon VM of kernels/README.md (bench/kernels_bench
+// BM_GemmBf16/1) 6 x 2, 4 x 2, 12 x 1 and 14 x 1 all measured 101-115 GFLOP/s, at the
+// instruction's rate there (a quarter of VFMADD231PS's).
 constexpr size_t kRows = 6;
 constexpr size_t kPanels = 2;
 
