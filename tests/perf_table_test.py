@@ -115,6 +115,27 @@ class Recorded(unittest.TestCase):
         self.assertEqual(rows[0], ["(B, L, E, H)", "causal", "mha ms", "eff %"])
         self.assertEqual(len(rows) - 1, len(doc["results"]))
 
+    def test_bf16_file_with_its_f32_run(self):
+        bf16 = copy.deepcopy(self.doc)
+        bf16["header"]["compute"] = "bf16"
+        bf16["header"]["bf16_kernel"] = "amx"
+        f32 = copy.deepcopy(self.doc)
+        for r in bf16["results"]:
+            r["median_ms"] = r["median_ms"] / 2
+        f32["results"] = f32["results"][1:]  # the first case missing from the f32 run
+        with tempfile.TemporaryDirectory() as d:
+            f32_path = os.path.join(d, "f32.json")
+            with open(f32_path, "w") as f:
+                json.dump(f32, f)
+            p = render(bf16, "--f32", f32_path)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("--compute bf16 (amx kernel)", p.stdout)
+        rows = table_rows(p.stdout)
+        self.assertEqual(rows[0][:5], ["(B, L, E, H)", "causal", "mha ms", "eff %", "f32 / bf16"])
+        self.assertEqual(rows[1][4], "–")
+        self.assertEqual(rows[2][4], "2.00×")
+        self.assertEqual(len(rows[0]), len(rows[2]))
+
     def test_several_thread_counts_add_a_column(self):
         doc = copy.deepcopy(self.doc)
         doc["results"][1]["threads"] = 1

@@ -13,6 +13,10 @@ peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (m
 bound is marked "(!)"; a peer that did not run the case (not installed, or lacking the feature)
 is "–". --command adds the command that made the file. Only the standard library is needed.
 
+A forward file of an mha-bench --compute bf16 run, given with --f32 FILE (the same suite with
+f32 compute), gains the column "f32 / bf16": mha's f32 median over its bf16 median for the same
+case and thread count ("–" where FILE lacks the case).
+
 An mha-bench --decode file gives the decode table instead: per context, batch, kv heads and
 cache storage, ms per step, tokens/s, the cache bytes read per step, read% (cache bytes per
 step time over the machine's streaming read bandwidth measured in the same run), +weights%
@@ -104,13 +108,22 @@ def peer_cell(result, name):
     return f"{ratio:.2f}×" + ("" if p.get("agrees", True) else " (!)")
 
 
-def table(doc):
+def case_key(r):
+    return (r.get("batch"), r.get("seq"), r.get("kv_seq"), r.get("embed"), r.get("heads"),
+            bool(r.get("causal")), bool(r.get("need_weights")), r.get("threads"),
+            json.dumps(r.get("variants"), sort_keys=True))
+
+
+def table(doc, f32=None):
     h = doc["header"]
     compare = h.get("compare", [])
     results = doc["results"]
     several_threads = len({r.get("threads") for r in results}) > 1
+    f32_ms = {case_key(r): r["median_ms"] for r in (f32 or {}).get("results", [])
+              if not r.get("error") and isinstance(r.get("median_ms"), (int, float))}
     titles = ["(B, L, E, H)", "causal"] + (["threads"] if several_threads else []) + \
-        ["mha ms", "eff %"] + [PEER_TITLES.get(p, p) for p in compare]
+        ["mha ms", "eff %"] + (["f32 / bf16"] if f32 else []) + \
+        [PEER_TITLES.get(p, p) for p in compare]
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
     for r in results:
         shape = f"({r['batch']}, {r['seq']}, {r['embed']}, {r['heads']})"
@@ -122,11 +135,14 @@ def table(doc):
         if several_threads:
             row.append(str(r.get("threads")))
         if r.get("error"):
-            row += [f"error: {r['error']}", ""] + [""] * len(compare)
+            row += [f"error: {r['error']}", ""] + [""] * ((1 if f32 else 0) + len(compare))
         else:
             eff = r.get("efficiency")
             row += [fmt_ms(r["median_ms"]),
                     f"{100 * eff:.1f}" if isinstance(eff, (int, float)) else "–"]
+            if f32:
+                base = f32_ms.get(case_key(r))
+                row.append(f"{base / r['median_ms']:.2f}×" if base else "–")
             row += [peer_cell(r, p) for p in compare]
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -188,7 +204,7 @@ def prefill_table(doc):
     return lines
 
 
-def render(docs, command):
+def render(docs, command, f32=None):
     out = []
     for doc in docs:
         h = doc["header"]
@@ -213,8 +229,11 @@ def render(docs, command):
             out.append(peers + "  ")
             out.append("Peer columns: the peer's time over mha's (above 1×: mha is faster; "
                        "(!): its output disagreed with mha's).")
+        if f32 and h.get("compute") == "bf16":
+            out.append("f32 / bf16: mha's f32 time (the same suite run with --compute f32) over "
+                       "its bf16 time.")
         out.append("")
-        out += table(doc)
+        out += table(doc, f32 if h.get("compute") == "bf16" else None)
         out.append("")
     if command:
         out += ["Made with:", "", "    " + command, ""]
@@ -225,8 +244,11 @@ def main():
     ap = argparse.ArgumentParser(description="mha-bench --json files -> markdown tables.")
     ap.add_argument("json", nargs="+", help="mha-bench --json output files")
     ap.add_argument("--command", default="", help="the command that made the files (printed)")
+    ap.add_argument("--f32", default="",
+                    help="for --compute bf16 files: the f32 run of the same suite (adds f32 / bf16)")
     args = ap.parse_args()
-    sys.stdout.write(render([load(p) for p in args.json], args.command))
+    sys.stdout.write(render([load(p) for p in args.json], args.command,
+                            load(args.f32) if args.f32 else None))
     return 0
 
 
