@@ -144,7 +144,9 @@ enum class Compute : int {
               // the attention variants in f32; outputs f32. Native bf16 dot products where the
               // CPU has them (AMX, AVX512_BF16, Arm BF16), the same arithmetic emulated
               // elsewhere. The layer holds its weights once more in bf16 (half their f32
-              // bytes) instead of the f32 prepacking. Error: README "bf16 compute"
+              // bytes) instead of the f32 prepacking. Error against float64 on the f32 inputs:
+              // measured at most 8e-3 of the output's largest magnitude (tested bound 3e-2);
+              // README "bf16 compute"
 };
 
 struct AttentionConfig {
