@@ -134,7 +134,7 @@ TEST_P(Bf16EmulatedTest, RandomProblemsWithinBound) {
   ScopedBf16Kernel kernel(kernels::Bf16Kernel::kEmulated);
   std::mt19937 rng(2024 + static_cast<unsigned>(GetParam() % 1000));
   Errors worst;
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 30; ++i) {
     const Problem p = RandomBf16Problem(&rng, 40);
     Views v;
     RunForward(p, 1 + i % 3, &v);
@@ -163,7 +163,7 @@ class Bf16KernelTest : public testing::TestWithParam<kernels::Bf16Kernel> {
 TEST_P(Bf16KernelTest, RandomProblemsWithinBound) {
   std::mt19937 rng(7);
   Errors worst;
-  for (int i = 0; i < 150; ++i) {
+  for (int i = 0; i < 100; ++i) {
     const Problem p = RandomBf16Problem(&rng, 70);
     Views v;
     RunForward(p, 1 + i % 3, &v);
@@ -229,7 +229,7 @@ TEST_P(Bf16KernelTest, LargeMagnitudesKeepTheRelativeBound) {
 
 TEST_P(Bf16KernelTest, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(11);
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 10; ++i) {
     const Problem p = RandomBf16Problem(&rng, 200);
     Views one;
     RunForward(p, 1, &one);

@@ -214,7 +214,8 @@ typedef enum mha_compute {
   MHA_COMPUTE_F32 = 0, /* f32 products (the default) */
   MHA_COMPUTE_BF16 = 1 /* inputs of the products rounded to bf16, f32 sums; native bf16 dot
                           products where the CPU has them (mha_bf16_kernel names which). Error:
-                          measured at most 8e-3 of the output's largest magnitude (tested
+                          measured at most 1.9e-2 of the output's largest magnitude over
+                          3,000 random configurations, typically 5e-3 (tested
                           bound 3e-2) */
 } mha_compute;
 
