@@ -61,14 +61,29 @@ constexpr long kPairRowBytes = kBf16PanelCols * 2 * sizeof(uint16_t);
 
 // Rows [row, row + 16) of a (16 * lda bf16 readable from `a16`, rows lda apart), the block's
 // 32 x 32 c sums for one panel (tiles 0-1: rows 0-15; with `two`, tiles 2-3 from a16_hi: rows
-// 16-31), stored to buf [32][32] f32.
+// 16-31), accumulated onto out [32][32] f32 (rows out_stride bytes apart) when `load`, else
+// from zero, and stored to out.
 MHA_AMX_ATTR void PanelBlock(const uint16_t* a16, const uint16_t* a16_hi, long a_stride,
-                             const uint16_t* panel, size_t depth, bool two, float* buf) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if (two) {
-    _tile_zero(2);
-    _tile_zero(3);
+                             const uint16_t* panel, size_t depth, bool two, bool load, float* out,
+                             long out_stride) {
+  const long half = 16 * out_stride / static_cast<long>(sizeof(float));  // 16 rows down
+  // GCC 12's tile intrinsics are asm naming no memory operand: barriers order the plain stores
+  // and loads of out (and of a's staged rows) around the tile loads and stores.
+  __asm__ volatile("" ::: "memory");
+  if (load) {
+    _tile_loadd(0, out, out_stride);
+    _tile_loadd(1, out + 16, out_stride);
+    if (two) {
+      _tile_loadd(2, out + half, out_stride);
+      _tile_loadd(3, out + half + 16, out_stride);
+    }
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
   }
   for (size_t kk = 0; kk < depth; kk += 32) {
     const uint16_t* b = panel + (kk / 2) * 2 * kBf16PanelCols;
@@ -83,14 +98,16 @@ MHA_AMX_ATTR void PanelBlock(const uint16_t* a16, const uint16_t* a16_hi, long a
       _tile_dpbf16ps(3, 5, 7);
     }
   }
-  constexpr long kBufStride = 32 * sizeof(float);
-  _tile_stored(0, buf, kBufStride);
-  _tile_stored(1, buf + 16, kBufStride);
+  _tile_stored(0, out, out_stride);
+  _tile_stored(1, out + 16, out_stride);
   if (two) {
-    _tile_stored(2, buf + 16 * 32, kBufStride);
-    _tile_stored(3, buf + 16 * 32 + 16, kBufStride);
+    _tile_stored(2, out + half, out_stride);
+    _tile_stored(3, out + half + 16, out_stride);
   }
+  __asm__ volatile("" ::: "memory");
 }
+
+constexpr long kBufStride = 32 * sizeof(float);
 
 }  // namespace
 
@@ -137,6 +154,14 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
     return staged;
   };
   alignas(64) float buf[kBlockRows * 32];
+  // alpha 1, no bias, unit column stride and beta 0 or 1 (the attention core's scores and P V,
+  // the bias-free projections): the tiles start from c (beta 1, or a later k block) or zero and
+  // are stored to c as they are, with no epilogue; a block that c's edge cuts short goes through
+  // buf with the same tile arithmetic, so every element of c is computed alike.
+  const bool in_place = blk.alpha == 1.0f && blk.bias == nullptr && blk.c_cs == 1 &&
+                        ((blk.first && blk.beta == 0.0f) || blk.beta == 1.0f);
+  const bool load = in_place && !(blk.first && blk.beta == 0.0f);
+  const long c_stride = static_cast<long>(blk.c_rs * static_cast<ptrdiff_t>(sizeof(float)));
   _tile_loadconfig(&kTileConfig);
   // Panels outer (a panel's block, 32 KiB, stays in L1 across the row blocks); rows outer
   // measured the same.
@@ -149,15 +174,37 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
       long stride_lo = 0, stride_hi = 0;
       const uint16_t* lo = group(row, &stride_lo);
       const uint16_t* hi = two ? group(row + kTileRows, &stride_hi) : lo;
+      float* const c = blk.c + static_cast<ptrdiff_t>(row) * blk.c_rs + static_cast<ptrdiff_t>(col);
+      const bool whole =
+          in_place && cols == kBf16PanelCols && (rows == kTileRows || rows == kBlockRows);
+      float* const out = whole ? c : buf;
+      const long out_stride = whole ? c_stride : kBufStride;
+      if (in_place && !whole && load) {
+        // c's part of the block into buf, zeros around it (never read back).
+        for (size_t r = 0; r < kBlockRows; ++r) {
+          for (size_t j = 0; j < 32; ++j) {
+            buf[r * 32 + j] =
+                r < rows && j < cols ? c[static_cast<ptrdiff_t>(r) * blk.c_rs + j] : 0.0f;
+          }
+        }
+      }
       // Both A tiles take one stride: a staged group has its own, so such a block runs as
       // two single-group passes.
       if (two && stride_hi != stride_lo) {
-        PanelBlock(lo, lo, stride_lo, panel, blk.depth, false, buf);
-        PanelBlock(hi, hi, stride_hi, panel, blk.depth, false, buf + kTileRows * 32);
+        PanelBlock(lo, lo, stride_lo, panel, blk.depth, false, load, out, out_stride);
+        PanelBlock(hi, hi, stride_hi, panel, blk.depth, false, load,
+                   out + 16 * out_stride / static_cast<long>(sizeof(float)), out_stride);
       } else {
-        PanelBlock(lo, hi, stride_lo, panel, blk.depth, two, buf);
+        PanelBlock(lo, hi, stride_lo, panel, blk.depth, two, load, out, out_stride);
       }
-      Bf16StoreTileAvx512(buf, 32, rows, cols, row, col, blk);
+      if (whole) continue;
+      if (in_place) {
+        for (size_t r = 0; r < rows; ++r) {
+          std::memcpy(c + static_cast<ptrdiff_t>(r) * blk.c_rs, buf + r * 32, cols * sizeof(float));
+        }
+      } else {
+        Bf16StoreTileAvx512(buf, 32, rows, cols, row, col, blk);
+      }
     }
   }
   _tile_release();
