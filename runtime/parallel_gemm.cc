@@ -8,7 +8,6 @@
 
 namespace mha {
 
-
 namespace {
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
@@ -65,11 +64,10 @@ void MultiplyPackedB(kernels::GemmRoute route, const kernels::ConstMatrixView& a
 kernels::GemmRoute WeightsRoute(const WeightMatrix& weights, size_t rows, size_t in, size_t out) {
   const bool packed = PackingOf(weights, in, out).data != nullptr;
   const bool bf16 = Bf16Of(weights, in, out).data != nullptr;
-  return kernels::ChooseGemmRoute(
-      {rows, out, in, weights.dtype,
-       bf16     ? kernels::BPacking::kBf16
-       : packed ? kernels::BPacking::kPrepacked
-                : kernels::BPacking::kNone});
+  return kernels::ChooseGemmRoute({rows, out, in, weights.dtype,
+                                   bf16     ? kernels::BPacking::kBf16
+                                   : packed ? kernels::BPacking::kPrepacked
+                                            : kernels::BPacking::kNone});
 }
 
 namespace {

@@ -304,11 +304,11 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",    "--seq",           "--kv-seq",     "--embed",      "--heads",
-        "--threads",  "--min-time",      "--min-runs",   "--sgemm-size", "--tolerance",
-        "--seed",     "--json",          "--csv",        "--trace",      "--contexts",
-        "--batches",  "--weights-dtype", "--rounds",     "--compare",    "--prefill",
-        "--kv-heads", "--rope",          "--rope-theta", "--rotary-dim", "--rope-scale",
+        "--batch",    "--seq",           "--kv-seq",      "--embed",      "--heads",
+        "--threads",  "--min-time",      "--min-runs",    "--sgemm-size", "--tolerance",
+        "--seed",     "--json",          "--csv",         "--trace",      "--contexts",
+        "--batches",  "--weights-dtype", "--rounds",      "--compare",    "--prefill",
+        "--kv-heads", "--rope",          "--rope-theta",  "--rotary-dim", "--rope-scale",
         "--window",   "--softcap",       "--qk-norm-eps", "--compute"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;

@@ -39,8 +39,8 @@ struct RunHeader {
   uint64_t seed = 0;
   bool prepack = true;   // layers created with AttentionConfig::prepack kOn (--no-prepack: off)
   bool strassen = false;  // with prepack: kStrassen (--strassen) or kOn
-  bool bf16_compute = false;  // --compute bf16
-  std::string bf16_kernel;    // the kernel bf16 products run on (mha::Bf16Kernel())
+  bool bf16_compute = false;    // --compute bf16
+  std::string bf16_kernel;      // the kernel bf16 products run on (mha::Bf16Kernel())
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
   bool breakdown = false;
   std::vector<std::string> compare;  // --compare: the peers, in column order
