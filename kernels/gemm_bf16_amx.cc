@@ -36,6 +36,9 @@
 
 namespace mha {
 namespace kernels {
+// Above-baseline code lives in this namespace and the block entry points only
+// (tools/cross/check-x86-baseline allows exactly those).
+namespace gemm_bf16_amx {
 namespace {
 
 // LDTILECFG's 64-byte operand.
@@ -110,6 +113,7 @@ MHA_AMX_ATTR void PanelBlock(const uint16_t* a16, const uint16_t* a16_hi, long a
 constexpr long kBufStride = 32 * sizeof(float);
 
 }  // namespace
+}  // namespace gemm_bf16_amx
 
 bool AmxPermitted() {
 #if defined(__linux__)
@@ -127,6 +131,7 @@ bool AmxPermitted() {
 }
 
 MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
+  using namespace gemm_bf16_amx;  // NOLINT(google-build-using-namespace): this file's helpers
   // A last 16-row group cut short by m: staged, zero-padded, into the scratch (16 rows of at
   // most kBf16BlockDepth bf16: 16 KiB).
   static_assert(kTileRows * kBf16BlockDepth * sizeof(uint16_t) <= kBf16BlockScratchBytes,

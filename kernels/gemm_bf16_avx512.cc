@@ -22,6 +22,9 @@
 
 namespace mha {
 namespace kernels {
+// Above-baseline code lives in this namespace and the block entry points only
+// (tools/cross/check-x86-baseline allows exactly those).
+namespace gemm_bf16_avx512 {
 namespace {
 
 // Register tile: kRows rows x kPanels panels (2 kPanels zmm accumulators per row): 6 x 2
@@ -168,10 +171,12 @@ MHA_AVX512BF16_ATTR void StoreWholeTileMode(const float* acc, size_t acc_stride,
 }
 
 }  // namespace
+}  // namespace gemm_bf16_avx512
 
 MHA_AVX512BF16_ATTR void Bf16StoreTileAvx512(const float* acc, size_t acc_stride, size_t rows,
                                              size_t cols, size_t row0, size_t col0,
                                              const Bf16Block& blk) {
+  using namespace gemm_bf16_avx512;  // NOLINT(google-build-using-namespace): this file's helpers
   if (cols == 32 && blk.c_cs == 1) {
     float* c = blk.c + static_cast<ptrdiff_t>(row0) * blk.c_rs + static_cast<ptrdiff_t>(col0);
     const float* bias = blk.bias != nullptr ? blk.bias + col0 : nullptr;
@@ -193,6 +198,7 @@ MHA_AVX512BF16_ATTR void Bf16StoreTileAvx512(const float* acc, size_t acc_stride
 }
 
 MHA_AVX512BF16_ATTR void Bf16BlockAvx512(const Bf16Block& blk) {
+  using namespace gemm_bf16_avx512;  // NOLINT(google-build-using-namespace): this file's helpers
   constexpr size_t kGroup = kPanels * kBf16PanelCols;
   for (size_t col = 0; col < blk.n; col += kGroup) {
     const bool two = kPanels == 2 && blk.n - col > kBf16PanelCols;

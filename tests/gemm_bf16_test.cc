@@ -216,8 +216,8 @@ class Bf16KernelTest : public testing::TestWithParam<Bf16Kernel> {
   void SetUp() override {
     if (!Bf16KernelAvailable(GetParam())) {
       GTEST_SKIP() << Bf16KernelName(GetParam())
-                   << " does not run here (CPU/OS lacks the instructions or, for amx, the "
-                      "tile data permission)";
+                   << " does not run here (the CPU or OS lacks the instructions; amx: or the "
+                      "tile data permission; neon_bf16: or gemm_bf16_neon.cc is not built)";
     }
     ForceBf16Kernel(GetParam());
   }
