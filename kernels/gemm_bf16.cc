@@ -319,6 +319,10 @@ void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b
   }
   const Bf16Kernel kernel = Bf16ActiveKernel();
   const BlockFn block_fn = BlockFor(kernel);
+  // The AMX kernel starts its tiles from the bias (gemm_bf16.h, Numerics): it takes the bias
+  // with the first k block where it does so, the others with the last.
+  const bool bias_first =
+      kernel == Bf16Kernel::kAmx && alpha == 1.0f && beta == 0.0f && c.col_stride == 1;
   // The x86 kernels read bf16 subnormals as zero: their rows may round with the instruction.
   const auto round_rows = [kernel](const float* x, ptrdiff_t rs, size_t rows, size_t kc,
                                    size_t depth, uint16_t* dst) {
@@ -372,7 +376,7 @@ void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b
       blk.c = c.data + static_cast<ptrdiff_t>(i0) * c.row_stride;
       blk.first = pc == 0;
       blk.beta = pc == 0 ? beta : 1.0f;
-      blk.bias = pc + kc == k ? bias : nullptr;
+      blk.bias = (bias_first ? pc == 0 : pc + kc == k) ? bias : nullptr;
       block_fn(blk);
       packed_block += panels * panel_stride;
     }

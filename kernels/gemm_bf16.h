@@ -31,9 +31,10 @@
 // in an order and with intermediate roundings of their own), then c = alpha * acc + beta * c
 // (first block; beta == 0 does not read c), c += alpha * acc (later blocks), and bias[j] added
 // after the last block: each multiply and add rounded separately (no FMA), the same in every
-// kernel. One exception, AMX with alpha 1, no bias, c's columns contiguous and beta 0 or 1: its
-// tiles start from c (beta 1, or a later block) or zero and are stored to c as they are, the
-// adds onto c being the tiles' own (no epilogue pass). The kernel is fixed for the process
+// kernel. One exception, AMX with alpha 1, c's columns contiguous and beta 0 or 1: its tiles
+// start from c (beta 1, or a later block), from the bias (beta 0: bias first, then the
+// products) or from zero and are stored to c as they are, the adds onto c being the tiles' own
+// (no epilogue pass). The kernel is fixed for the process
 // (Bf16ActiveKernel), and a row of c
 // depends only on the same row of a, so results do not depend on threads or on how callers
 // split rows. Error against exact arithmetic on the f32 inputs: the bf16 rounding of both

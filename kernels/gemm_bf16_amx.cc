@@ -64,21 +64,23 @@ constexpr long kPairRowBytes = kBf16PanelCols * 2 * sizeof(uint16_t);
 
 // Rows [row, row + 16) of a (16 * lda bf16 readable from `a16`, rows lda apart), the block's
 // 32 x 32 c sums for one panel (tiles 0-1: rows 0-15; with `two`, tiles 2-3 from a16_hi: rows
-// 16-31), accumulated onto out [32][32] f32 (rows out_stride bytes apart) when `load`, else
-// from zero, and stored to out.
+// 16-31), accumulated onto start [32][32] f32 (rows start_stride bytes apart; 0: one row for
+// all, a bias) when it is not null, else from zero, and stored to out (rows out_stride bytes
+// apart).
 MHA_AMX_ATTR void PanelBlock(const uint16_t* a16, const uint16_t* a16_hi, long a_stride,
-                             const uint16_t* panel, size_t depth, bool two, bool load, float* out,
-                             long out_stride) {
+                             const uint16_t* panel, size_t depth, bool two, const float* start,
+                             long start_stride, float* out, long out_stride) {
   const long half = 16 * out_stride / static_cast<long>(sizeof(float));  // 16 rows down
+  const long start_half = 16 * start_stride / static_cast<long>(sizeof(float));
   // GCC 12's tile intrinsics are asm naming no memory operand: barriers order the plain stores
   // and loads of out (and of a's staged rows) around the tile loads and stores.
   __asm__ volatile("" ::: "memory");
-  if (load) {
-    _tile_loadd(0, out, out_stride);
-    _tile_loadd(1, out + 16, out_stride);
+  if (start != nullptr) {
+    _tile_loadd(0, start, start_stride);
+    _tile_loadd(1, start + 16, start_stride);
     if (two) {
-      _tile_loadd(2, out + half, out_stride);
-      _tile_loadd(3, out + half + 16, out_stride);
+      _tile_loadd(2, start + start_half, start_stride);
+      _tile_loadd(3, start + start_half + 16, start_stride);
     }
   } else {
     _tile_zero(0);
@@ -159,13 +161,16 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
     return staged;
   };
   alignas(64) float buf[kBlockRows * 32];
-  // alpha 1, no bias, unit column stride and beta 0 or 1 (the attention core's scores and P V,
-  // the bias-free projections): the tiles start from c (beta 1, or a later k block) or zero and
-  // are stored to c as they are, with no epilogue; a block that c's edge cuts short goes through
-  // buf with the same tile arithmetic, so every element of c is computed alike.
-  const bool in_place = blk.alpha == 1.0f && blk.bias == nullptr && blk.c_cs == 1 &&
-                        ((blk.first && blk.beta == 0.0f) || blk.beta == 1.0f);
-  const bool load = in_place && !(blk.first && blk.beta == 0.0f);
+  // alpha 1, unit column stride and beta 0 or 1 (the attention core's scores and P V, the
+  // projections): the tiles start from c (beta 1, or a later k block), from the bias (the first
+  // block: GemmBf16PackedB gives this kernel the bias there) or from zero, and are stored to c
+  // as they are, with no epilogue; a block that c's edge cuts short goes through buf with the
+  // same tile arithmetic, so every element of c is computed alike.
+  const bool zero_start = blk.first && blk.beta == 0.0f;
+  const bool in_place = blk.alpha == 1.0f && blk.c_cs == 1 &&
+                        (zero_start || (blk.beta == 1.0f && blk.bias == nullptr));
+  const bool load = in_place && !zero_start;
+  const float* const bias_start = in_place ? blk.bias : nullptr;
   const long c_stride = static_cast<long>(blk.c_rs * static_cast<ptrdiff_t>(sizeof(float)));
   _tile_loadconfig(&kTileConfig);
   // Panels outer (a panel's block, 32 KiB, stays in L1 across the row blocks); rows outer
@@ -184,23 +189,37 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
           in_place && cols == kBf16PanelCols && (rows == kTileRows || rows == kBlockRows);
       float* const out = whole ? c : buf;
       const long out_stride = whole ? c_stride : kBufStride;
-      if (in_place && !whole && load) {
-        // c's part of the block into buf, zeros around it (never read back).
+      // Where the tiles start: c (out), the bias (every row from bias[col]: stride 0), or zero.
+      const float* start = load ? out : nullptr;
+      long start_stride = out_stride;
+      if (bias_start != nullptr) {
+        start = bias_start + col;
+        start_stride = 0;
+      }
+      if (in_place && !whole && start != nullptr) {
+        // c's part of the block (or the bias in every row) into buf, zeros around it.
         for (size_t r = 0; r < kBlockRows; ++r) {
           for (size_t j = 0; j < 32; ++j) {
-            buf[r * 32 + j] =
-                r < rows && j < cols ? c[static_cast<ptrdiff_t>(r) * blk.c_rs + j] : 0.0f;
+            const bool inside = r < rows && j < cols;
+            buf[r * 32 + j] = !inside                 ? 0.0f
+                              : bias_start != nullptr ? bias_start[col + j]
+                                                      : c[static_cast<ptrdiff_t>(r) * blk.c_rs + j];
           }
         }
+        start = buf;
+        start_stride = kBufStride;
       }
       // Both A tiles take one stride: a staged group has its own, so such a block runs as
       // two single-group passes.
       if (two && stride_hi != stride_lo) {
-        PanelBlock(lo, lo, stride_lo, panel, blk.depth, false, load, out, out_stride);
-        PanelBlock(hi, hi, stride_hi, panel, blk.depth, false, load,
+        const long down = 16 * start_stride / static_cast<long>(sizeof(float));
+        PanelBlock(lo, lo, stride_lo, panel, blk.depth, false, start, start_stride, out,
+                   out_stride);
+        PanelBlock(hi, hi, stride_hi, panel, blk.depth, false,
+                   start != nullptr ? start + down : nullptr, start_stride,
                    out + 16 * out_stride / static_cast<long>(sizeof(float)), out_stride);
       } else {
-        PanelBlock(lo, hi, stride_lo, panel, blk.depth, two, load, out, out_stride);
+        PanelBlock(lo, hi, stride_lo, panel, blk.depth, two, start, start_stride, out, out_stride);
       }
       if (whole) continue;
       if (in_place) {

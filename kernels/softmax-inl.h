@@ -163,6 +163,36 @@ HWY_INLINE V ScaledMaskedScores(D d, const float* HWY_RESTRICT x, const RowMasks
   return y;
 }
 
+// A row's last len (< one vector) floats at p as a vector whose other lanes are `fill`, reading
+// nothing past p + len, and its inverse, storing the first len lanes of v. x86 AVX2 and above
+// have fault-free masked loads and stores: a copy through a buffer there made the vector load
+// wait on memcpy's narrower stores (a failed store forward), a third of the online update's
+// time at head_dim 64 with causal strips, whose rows all end in a partial vector. Elsewhere
+// (Highway 1.0.3's MaskedLoad reads the whole vector there) through a buffer.
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V LoadTail(D d, const float* HWY_RESTRICT p, size_t len, V fill) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const auto m = hn::FirstN(d, len);
+  return hn::IfThenElse(m, hn::MaskedLoad(m, d, p), fill);
+#else
+  HWY_ALIGN float buf[kMaxLanesF32];
+  hn::Store(fill, d, buf);
+  std::memcpy(buf, p, len * sizeof(float));
+  return hn::Load(d, buf);
+#endif
+}
+
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE void StoreTail(V v, D d, float* HWY_RESTRICT p, size_t len) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  hn::BlendedStore(v, hn::FirstN(d, len), d, p);
+#else
+  HWY_ALIGN float buf[kMaxLanesF32];
+  hn::Store(v, d, buf);
+  std::memcpy(p, buf, len * sizeof(float));
+#endif
+}
+
 // The last len (< one vector) columns of a row from column i, and of its masks, copied into
 // zero-padded vector-sized buffers, so that a full-vector pass over them touches no memory
 // outside the row (masks pad with 0: unmasked).
@@ -237,7 +267,15 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
     vmax0 = hn::Max(vmax0, y);
     nan0 = hn::Or(nan0, hn::IsNaN(y));
   }
-  if (i < n) {
+  if (i < n && !kTerms && !rm.add0 && !rm.add1 && !rm.masked0 && !rm.masked1) {
+    // Tail without masks or terms: y = x * scale, as ScaledMaskedScores computes it.
+    const size_t rem = n - i;
+    V y = hn::Mul(LoadTail(d, x + i, rem, hn::Zero(d)), vscale);
+    y = hn::IfThenElse(hn::FirstN(d, rem), y, neg_inf);
+    StoreTail(y, d, x + i, rem);
+    vmax0 = hn::Max(vmax0, y);
+    nan0 = hn::Or(nan0, hn::IsNaN(y));
+  } else if (i < n) {
     // Tail: process one full vector from zero-padded copies of the remaining columns (and their
     // masks), force the padding lanes to -inf, and copy back only the real columns.
     const size_t rem = n - i;
@@ -336,12 +374,9 @@ HWY_NOINLINE double ExpSubtractSum(D d, float* HWY_RESTRICT x, size_t n, float m
   if (i < n) {
     // Padding lanes hold -inf, whose exp is 0.
     const size_t rem = n - i;
-    HWY_ALIGN float buf[kMaxLanesF32];
-    hn::Store(hn::Set(d, -std::numeric_limits<float>::infinity()), d, buf);
-    std::memcpy(buf, x + i, rem * sizeof(float));
-    const V e = ExpNonPositive(d, hn::Sub(hn::Load(d, buf), vmax));
-    hn::Store(e, d, buf);
-    std::memcpy(x + i, buf, rem * sizeof(float));
+    const V y = LoadTail(d, x + i, rem, hn::Set(d, -std::numeric_limits<float>::infinity()));
+    const V e = ExpNonPositive(d, hn::Sub(y, vmax));
+    StoreTail(e, d, x + i, rem);
     sum = hn::Add(sum, e);
   }
   total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, sum)));
@@ -393,15 +428,22 @@ HWY_NOINLINE size_t ExpBoundedSum(D d, float* HWY_RESTRICT x, size_t n, float sc
   }
   // The last columns (fewer than two vectors) one vector at a time through RowTail, whose
   // padding lanes are set to -inf (exp 0).
+  const bool unmasked = !kTerms && !rm.add0 && !rm.add1 && !rm.masked0 && !rm.masked1;
   while (!stopped && i < n) {
     const size_t len = std::min(N, n - i);
-    RowTail tail(x, rm, i, len);
-    V y = y_at(tail.x, tail.masks, 0);
+    V y;
+    if (unmasked) {
+      // y as y_at computes it without masks: x, or x * scale.
+      y = LoadTail(d, x + i, len, hn::Zero(d));
+      if constexpr (!kPlain) y = hn::Mul(y, vscale);
+    } else {
+      const RowTail tail(x, rm, i, len);
+      y = y_at(tail.x, tail.masks, 0);
+    }
     y = hn::IfThenElse(hn::FirstN(d, len), y, neg_inf);
     if (!hn::AllTrue(d, hn::Le(y, vlimit))) break;
     const V e = ExpNonPositive(d, hn::Sub(y, vref));
-    hn::Store(e, d, tail.x);
-    std::memcpy(x + i, tail.x, len * sizeof(float));
+    StoreTail(e, d, x + i, len);
     total += static_cast<double>(hn::GetLane(hn::SumOfLanes(d, e)));
     i += len;
   }
