@@ -290,10 +290,19 @@ void OnlineTask::Run() {
 void OnlineTask::LoadQueryRows(bool one_block) {
   const int64_t hd = t_.m.hd;
   const int64_t t0 = t_.Now();
-  // The bf16 kernel reads f32 rows where they lie (rounding them per call), as the direct one.
-  if ((direct_ || bf16_) && one_block) {
+  if (bf16_) {
+    // bf16: scale * q, rounded to bf16 by the scores product (which then stores its sums as
+    // they are: the AMX kernel writes its tiles straight into the scores, and the softmax's
+    // first pass only reads them). A power-of-two scale (head_dim 16, 64, 256) gives the bits
+    // of scaling the product; otherwise q's rounding moves by the scale's.
+    const MatrixView src = t_.QView(n_, h_, q0_, rows_);
+    for (size_t r = 0; r < rows_; ++r) {
+      std::memcpy(q_.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
+      kernels::ScaleBy(t_.m.scale, q_.data + r * hd, hd);
+    }
+  } else if (direct_ && one_block) {
     q_ = t_.QView(n_, h_, q0_, rows_);
-  } else if (direct_ || bf16_) {
+  } else if (direct_) {
     const MatrixView src = t_.QView(n_, h_, q0_, rows_);
     for (size_t r = 0; r < rows_; ++r) {
       std::memcpy(q_.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
@@ -382,8 +391,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     t0 = t_.Now();
     // The scale is the product's alpha (rounded as the softmax's own multiply would be), so
     // without masks the softmax's first pass only reads the scores.
-    // bf16: the softmax applies the scale instead (the same one rounding), so the product stores
-    // its sums as they are (the AMX kernel then writes its tiles straight into the scores).
+    // bf16: q_ holds scale * q (LoadQueryRows).
     if (bf16_) {
       kernels::GemmBf16PackedB(1.0f, q_.Block(r0, 0, sr, hd), kp16.Columns(c0, cols - c0), 0.0f,
                                nullptr, s_band, gs);
@@ -397,7 +405,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     }
     Record(t0, Stage::kScores);
     t0 = t_.Now();
-    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, bf16_ ? t_.m.scale : 1.0f,
+    kernels::OnlineSoftmaxUpdate(s_band.data, sr, cols - c0, key_block, 1.0f,
                                  masked
                                      ? MasksFor(t_.masks, n_, h_, q, k0 + static_cast<int64_t>(c0))
                                      : AppendedKeyTerms(t_.masks),
