@@ -193,6 +193,15 @@ class Decode(unittest.TestCase):
         self.assertEqual(rows[2][:5], ["512", "1", "4", "i8", "error: KvCache::Step: failed"])
         self.assertEqual(len(rows), 3)  # no prefill table, no peer columns
         self.assertNotIn("Peers:", p.stdout)
+        self.assertNotIn("--compute bf16", p.stdout)
+
+    def test_bf16_compute_named(self):
+        doc = copy.deepcopy(self.DOC)
+        doc["header"]["compute"] = "bf16"
+        doc["header"]["bf16_kernel"] = "amx"
+        p = render(doc)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("--compute bf16 (amx kernel)", p.stdout)
         self.assertNotIn("Prefill", p.stdout)
 
     def with_peers_and_prefill(self):

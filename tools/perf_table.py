@@ -151,10 +151,11 @@ def table(doc, f32=None):
 def decode_machine_line(h):
     read = h.get("read_gbs") or {}
     bandwidth = ", ".join(f"{gbs:.1f} GB/s on {t} thread(s)" for t, gbs in sorted(read.items()))
-    return " · ".join([f"**{h.get('cpu', 'unknown CPU')}**",
-                       f"SIMD target {h.get('simd_target', '?')}",
-                       f"mha {h.get('mha_version', '?')}",
-                       f"streaming read bandwidth {bandwidth or '?'}"])
+    parts = [f"**{h.get('cpu', 'unknown CPU')}**", f"SIMD target {h.get('simd_target', '?')}",
+             f"mha {h.get('mha_version', '?')}", f"streaming read bandwidth {bandwidth or '?'}"]
+    if h.get("compute") == "bf16":
+        parts.append(f"--compute bf16 ({h.get('bf16_kernel', '?')} kernel)")
+    return " · ".join(parts)
 
 
 def decode_table(doc):
