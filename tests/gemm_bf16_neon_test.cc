@@ -56,6 +56,7 @@
 
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_bf16_native.h"
+#include "tests/kernel_test_util.h"
 
 #ifndef HWCAP2_BF16
 #define HWCAP2_BF16 (1UL << 14)  // Linux arch/arm64 uapi hwcap.h
@@ -77,22 +78,11 @@ bool HasFeatBf16() { return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0; }
                     "Bf16BlockNeon here";                                                     \
   }
 
-uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-}
-float FromBits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
-// Round to nearest even (finite x).
-uint16_t ToBf16(float x) {
-  const uint32_t u = Bits(x);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-float FromBf16(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
+using test::Bits;
+using test::FromBf16;
+using test::FromBits;
+// Round to nearest even (the operands here are finite).
+uint16_t ToBf16(float x) { return test::RoundBf16(x); }
 
 size_t RoundUp(size_t x, size_t align) { return (x + align - 1) / align * align; }
 

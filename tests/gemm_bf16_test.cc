@@ -44,25 +44,10 @@ struct Aligned {
   T* data;
 };
 
-uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-}
-
-float FromBits(uint32_t u) {
-  float x;
-  std::memcpy(&x, &u, sizeof(x));
-  return x;
-}
-
-// The reference rounding: f32 -> bf16 nearest even, NaN quieted (gemm_bf16.h, elementwise.h).
-uint16_t RoundBf16(float x) {
-  const uint32_t u = Bits(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-float Bf16Value(float x) { return FromBits(static_cast<uint32_t>(RoundBf16(x)) << 16); }
+using test::Bits;
+using test::FromBits;
+using test::RoundBf16;
+float Bf16Value(float x) { return test::FromBf16(RoundBf16(x)); }
 
 // Scalar reference of one product: c = alpha * bf16(a) bf16(b) + beta * c + bias, in double;
 // tol per element from the f32 accumulation bound: (k + 2) * 2^-24 * |alpha| * sum |a||b| plus

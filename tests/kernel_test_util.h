@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,27 @@ inline std::vector<int64_t> TestTargets() {
 inline std::string TargetTestName(const testing::TestParamInfo<int64_t>& info) {
   return kernels::TargetName(info.param);
 }
+
+// A float's bits and back.
+inline uint32_t Bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+}
+inline float FromBits(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+}
+
+// The reference bf16 rounding of the kernels (elementwise.h, gemm_bf16.h): nearest even, NaN
+// quieted (sign and top payload bits kept, 0x0040 set); and a bf16's f32 value (exact).
+inline uint16_t RoundBf16(float x) {
+  const uint32_t u = Bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float FromBf16(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
 
 }  // namespace test
 }  // namespace mha

@@ -38,6 +38,7 @@ std::vector<float> Values(size_t n, std::mt19937* rng) {
   return v;
 }
 
+// The rounding pack_bf16.h promises: kernels::F32ToBF16's, element by element.
 uint16_t RoundOne(float x) {
   uint16_t h;
   kernels::F32ToBF16(&x, &h, 1);
