@@ -156,8 +156,9 @@ TEST(SeedConfigsTest, UnbatchedCrossAttention) {
 
 // The layer's resolved variants for `config` (8 x num_heads wide) and `weights`' variant tensors.
 LayerVariants VariantsOf(AttentionConfig config, AttentionWeights weights) {
-  static std::vector<float> dummy(64 * 64 * 3);
   config.embed_dim = 8 * config.num_heads;
+  // The layer views them only until this function returns (the variants are copied out).
+  std::vector<float> dummy(static_cast<size_t>(3 * config.embed_dim * config.embed_dim));
   weights.in_proj_weight = dummy.data();
   weights.out_proj_weight = dummy.data();
   weights.in_proj_bias = dummy.data();

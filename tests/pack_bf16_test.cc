@@ -114,9 +114,9 @@ TEST(PackBf16FlushedTest, RoundRowsAsF32ToBF16ButSubnormalsToZero) {
                                     stride);
     for (size_t i = 0; i < rows; ++i) {
       for (size_t j = 0; j < stride; ++j) {
-        const float x = a[1 + i * row_stride + j];
         uint16_t want = 0xABCD;
         if (j < cols) {
+          const float x = a[1 + i * row_stride + j];
           want = std::fpclassify(x) == FP_SUBNORMAL ? (std::signbit(x) ? 0x8000 : 0) : RoundOne(x);
         } else if (j < padded) {
           want = 0;
