@@ -462,9 +462,11 @@ TEST(WindowTest, SinksMatchDouble) {
 }
 
 // The windowed online path packs and multiplies only the key blocks that meet the band: with
-// W = 64 over 2048 causal keys, a strip runs one or two key blocks; with W >= S (the same
-// block size) every block up to its diagonal, 8.5 on average. Counts the scores events (one
-// per packed key block, one per strip product) on one thread, unchunked and key-chunked.
+// W = 64 over 2048 causal keys, a strip runs one or two key blocks; with W >= S every block up
+// to its diagonal. Counts the scores events (one per packed key block, one per strip product)
+// on one thread, unchunked and key-chunked. The ratio follows the window's key block (one KC
+// block of BLIS's configuration, at most kKeyBlock): 3.4x with x86's 256 keys, 2.1x on
+// aarch64 under qemu, where KC reaches 512; without skipping it would be 1.
 TEST(WindowTest, SkipsBlocksBeforeTheBand) {
   std::mt19937 rng(9);
   const Layer layer(&rng, 16, 1, 1);
@@ -489,7 +491,7 @@ TEST(WindowTest, SkipsBlocksBeforeTheBand) {
     };
     const size_t whole = count_scores(4096);
     const size_t banded = count_scores(64);
-    EXPECT_LT(banded * 3, whole) << "chunk " << chunk << ", W = 64: " << banded
+    EXPECT_LT(banded * 2, whole) << "chunk " << chunk << ", W = 64: " << banded
                                  << ", W >= S: " << whole;
   }
 }
