@@ -465,7 +465,7 @@ TEST(WindowTest, SinksMatchDouble) {
 // W = 64 over 2048 causal keys, a strip runs one or two key blocks; with W >= S every block up
 // to its diagonal. Counts the scores events (one per packed key block, one per strip product)
 // on one thread, unchunked and key-chunked. The ratio follows the window's key block (one KC
-// block of BLIS's configuration, at most kKeyBlock): 3.4x with x86's 256 keys, 2.1x on
+// block of BLIS's configuration, at most kKeyBlock): over 3x with x86's 256 keys, 2.1x on
 // aarch64 under qemu, where KC reaches 512; without skipping it would be 1.
 TEST(WindowTest, SkipsBlocksBeforeTheBand) {
   std::mt19937 rng(9);
