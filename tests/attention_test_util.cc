@@ -7,6 +7,12 @@
 namespace mha {
 namespace testing_util {
 
+int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
+  return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
+}
+
+bool Coin(std::mt19937* rng, double p) { return std::bernoulli_distribution(p)(*rng); }
+
 namespace {
 
 std::vector<float> RandomVec(size_t n, float scale, std::mt19937* rng) {
@@ -14,14 +20,6 @@ std::vector<float> RandomVec(size_t n, float scale, std::mt19937* rng) {
   std::vector<float> v(n);
   for (float& x : v) x = u(*rng);
   return v;
-}
-
-int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
-  return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
-}
-
-bool Coin(std::mt19937* rng, double p = 0.5) {
-  return std::bernoulli_distribution(p)(*rng);
 }
 
 // Strides (elements) of an input of `tokens` tokens with `features` features (+ pad).

@@ -58,6 +58,10 @@ struct Problem {
   std::string Describe() const;
 };
 
+// A uniform integer in [lo, hi]; true with probability p.
+int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi);
+bool Coin(std::mt19937* rng, double p = 0.5);
+
 // Fills a problem's tensors with random values (masks included) from `rng`.
 void FillProblem(Problem* p, std::mt19937* rng);
 

@@ -50,10 +50,8 @@ using testing_util::WeightsOf;
 constexpr double kBf16OutputBound = 3e-2;
 constexpr double kBf16WeightsBound = 5e-3;
 
-int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
-  return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
-}
-bool Coin(std::mt19937* rng, double p = 0.5) { return std::bernoulli_distribution(p)(*rng); }
+using testing_util::Coin;
+using testing_util::Pick;
 
 struct Errors {
   double output = 0;   // max |got - want| / max |want|

@@ -34,11 +34,8 @@ using testing_util::ScopedKeyChunking;
 using testing_util::Views;
 using testing_util::WeightsOf;
 
-int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
-  return std::uniform_int_distribution<int64_t>(lo, hi)(*rng);
-}
-
-bool Coin(std::mt19937* rng, double p = 0.5) { return std::bernoulli_distribution(p)(*rng); }
+using testing_util::Coin;
+using testing_util::Pick;
 
 std::vector<float> Uniform(size_t n, float lo, float hi, std::mt19937* rng) {
   std::uniform_real_distribution<float> u(lo, hi);
