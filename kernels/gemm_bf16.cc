@@ -147,36 +147,25 @@ void RoundRow(const float* x, ptrdiff_t stride, size_t n, uint16_t* y) {
   }
 }
 
-// Packs a b [k, n] whose row kk, columns [j0, j0 + len) the callback `row(kk, j0, len, out)`
-// writes as bf16 into out[0, len) (len <= kRowChunk), in the layout of gemm_bf16.h.
-constexpr size_t kRowChunk = 256;
-
-template <class RowFn>
-PackedBf16B PackWith(size_t k, size_t n, uint16_t* dst, const RowFn& row) {
+// Packs a b [k, n] into dst in the layout of gemm_bf16.h: zeroes the whole packing (the padding
+// past k and n), then calls pack_block(pc, kc, block, panel_stride) for each k block: rows
+// [pc, pc + kc) into `block`, whose panels are panel_stride elements apart.
+template <class PackBlockFn>
+PackedBf16B PackBlocks(size_t k, size_t n, uint16_t* dst, const PackBlockFn& pack_block) {
   const size_t panels = (n + kBf16PanelCols - 1) / kBf16PanelCols;
-  const size_t total = PackedBf16Elements(k, n);
-  std::memset(dst, 0, total * sizeof(uint16_t));
-  uint16_t buf[kRowChunk];
+  std::memset(dst, 0, PackedBf16Elements(k, n) * sizeof(uint16_t));
   uint16_t* block = dst;
   for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
     const size_t kc = std::min(kBf16BlockDepth, k - pc);
-    const size_t depth = RoundUp(kc, kBf16DepthAlign);
-    const size_t panel_stride = depth * kBf16PanelCols;  // depth / 2 pair rows of 64 bf16
-    for (size_t kk = 0; kk < kc; ++kk) {
-      uint16_t* pair_row = block + (kk / 2) * 2 * kBf16PanelCols + kk % 2;
-      for (size_t j0 = 0; j0 < n; j0 += kRowChunk) {
-        const size_t len = std::min(kRowChunk, n - j0);
-        row(pc + kk, j0, len, buf);
-        for (size_t j = 0; j < len; ++j) {
-          const size_t col = j0 + j;
-          pair_row[(col / kBf16PanelCols) * panel_stride + (col % kBf16PanelCols) * 2] = buf[j];
-        }
-      }
-    }
+    const size_t panel_stride = RoundUp(kc, kBf16DepthAlign) * kBf16PanelCols;
+    pack_block(pc, kc, block, panel_stride);
     block += panels * panel_stride;
   }
   return {dst, k, n, n, 0, k};
 }
+
+// Columns of a 16-bit row converted per call in PackBf16BHalf.
+constexpr size_t kRowChunk = 256;
 
 }  // namespace
 
@@ -192,35 +181,44 @@ size_t PackedBf16Elements(size_t k, size_t n) {
 }
 
 PackedBf16B PackBf16B(const ConstMatrixView& b, uint16_t* dst) {
-  const size_t k = b.rows, n = b.cols;
-  const size_t panels = (n + kBf16PanelCols - 1) / kBf16PanelCols;
-  std::memset(dst, 0, PackedBf16Elements(k, n) * sizeof(uint16_t));
-  uint16_t* block = dst;
-  for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
-    const size_t kc = std::min(kBf16BlockDepth, k - pc);
-    const size_t panel_stride = RoundUp(kc, kBf16DepthAlign) * kBf16PanelCols;
-    PackBF16Block(b.data + static_cast<ptrdiff_t>(pc) * b.row_stride, b.row_stride, b.col_stride,
-                  kc, n, block, panel_stride);
-    block += panels * panel_stride;
-  }
-  return {dst, k, n, n, 0, k};
+  return PackBlocks(b.rows, b.cols, dst,
+                    [&](size_t pc, size_t kc, uint16_t* block, size_t panel_stride) {
+                      PackBF16Block(b.data + static_cast<ptrdiff_t>(pc) * b.row_stride,
+                                    b.row_stride, b.col_stride, kc, b.cols, block, panel_stride);
+                    });
 }
 
+// Creation-time only (16-bit weights of a bf16 layer): a row at a time, element by element.
 PackedBf16B PackBf16BHalf(const HalfMatrixView& b, uint16_t* dst) {
-  return PackWith(b.rows, b.cols, dst, [&](size_t kk, size_t j0, size_t len, uint16_t* out) {
-    const uint16_t* src = b.data + static_cast<ptrdiff_t>(kk) * b.row_stride +
-                          static_cast<ptrdiff_t>(j0) * b.col_stride;
-    if (b.type == DType::kBF16) {
-      for (size_t j = 0; j < len; ++j) out[j] = src[static_cast<ptrdiff_t>(j) * b.col_stride];
-      return;
-    }
-    // f16: widened exactly (kernels::F16ToF32), then rounded once.
-    uint16_t half[kRowChunk];
-    float wide[kRowChunk];
-    for (size_t j = 0; j < len; ++j) half[j] = src[static_cast<ptrdiff_t>(j) * b.col_stride];
-    F16ToF32(half, wide, len);
-    F32ToBF16(wide, out, len);
-  });
+  const size_t n = b.cols;
+  return PackBlocks(
+      b.rows, n, dst, [&](size_t pc, size_t kc, uint16_t* block, size_t panel_stride) {
+        uint16_t out[kRowChunk];
+        uint16_t half[kRowChunk];
+        float wide[kRowChunk];
+        for (size_t kk = 0; kk < kc; ++kk) {
+          uint16_t* pair_row = block + (kk / 2) * 2 * kBf16PanelCols + kk % 2;
+          const uint16_t* row = b.data + static_cast<ptrdiff_t>(pc + kk) * b.row_stride;
+          for (size_t j0 = 0; j0 < n; j0 += kRowChunk) {
+            const size_t len = std::min(kRowChunk, n - j0);
+            const uint16_t* src = row + static_cast<ptrdiff_t>(j0) * b.col_stride;
+            if (b.type == DType::kBF16) {
+              for (size_t j = 0; j < len; ++j)
+                out[j] = src[static_cast<ptrdiff_t>(j) * b.col_stride];
+            } else {
+              // f16: widened exactly (kernels::F16ToF32), then rounded once.
+              for (size_t j = 0; j < len; ++j)
+                half[j] = src[static_cast<ptrdiff_t>(j) * b.col_stride];
+              F16ToF32(half, wide, len);
+              F32ToBF16(wide, out, len);
+            }
+            for (size_t j = 0; j < len; ++j) {
+              const size_t col = j0 + j;
+              pair_row[(col / kBf16PanelCols) * panel_stride + (col % kBf16PanelCols) * 2] = out[j];
+            }
+          }
+        }
+      });
 }
 
 const char* Bf16KernelName(Bf16Kernel kernel) {
