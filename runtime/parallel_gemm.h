@@ -122,9 +122,8 @@ bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t o
 
 // c = a * w^T (+ bias [out] on every row, if not null) for w = rows [0, out) of `weights` with
 // `in` = a.cols columns, on WeightsRoute: the bf16 packing (kernels::GemmBf16PackedB), the
-// prepacked weights (MultiplyPackedB),
-// kernels::Gemm, or kernels::GemmHalfB for 16-bit weights. Single-threaded; scratch as
-// kernels::Gemm's. c.col_stride must be 1 when bias is given.
+// prepacked weights (MultiplyPackedB), kernels::Gemm, or kernels::GemmHalfB for 16-bit weights.
+// Single-threaded; scratch: WorkerGemmScratchBytes(). c.col_stride must be 1 when bias is given.
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
                      const float* bias, const kernels::MatrixView& c, void* scratch);
 
@@ -155,7 +154,7 @@ inline constexpr size_t kMaxGemmJobs = 8;
 
 // Runs every job (all panels of up to kMaxGemmJobs jobs form one flat task range) on the pool.
 // `scratch` holds one GEMM packing buffer per worker: worker w uses scratch + w * scratch_stride
-// (kernels::GemmScratchBytes() bytes each, 64-byte aligned). Each job runs on the route
+// (WorkerGemmScratchBytes() bytes each, 64-byte aligned). Each job runs on the route
 // kernels::ChooseGemmRoute gives its whole product:
 //
 // - Prepacked weights (b_packed, PrepackedMinRows() rows or more): each panel task
