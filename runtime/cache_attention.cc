@@ -22,6 +22,17 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 }  // namespace
 
+int64_t SplitSpan(int64_t length, int64_t kv_heads, int64_t hd, size_t elem_bytes, int64_t rows) {
+  int64_t span = kSpan;
+  for (int64_t next = 2 * kSpan;; next *= 2) {
+    const bool fits = next * hd * static_cast<int64_t>(elem_bytes) <= kMaxSpanBytes &&
+                      next * rows <= kMaxSpanScores &&
+                      kv_heads * ((length + next - 1) / next) >= kMinSplitTasks;
+    if (!fits) return span;
+    span = next;
+  }
+}
+
 int64_t MaxSpans(int64_t capacity, bool ring) {
   return (capacity + kSpan - 1) / kSpan + (ring ? 1 : 0);
 }
@@ -67,8 +78,10 @@ StepWorkspace PlanStep(const LayerWeights& m, int64_t N, int64_t T, int64_t capa
   }
   size_t attn_scratch = 0;
   if (forward) {
-    attn_scratch = split ? FloatBytes(static_cast<size_t>(R * kSpan))
-                         : FloatBytes(kQueryBlock * kSpan) + 2 * FloatBytes(kQueryBlock);
+    // The split schedule's scores: R rows of the longest span any dtype and length give.
+    attn_scratch =
+        split ? FloatBytes(static_cast<size_t>(R * SplitSpan(int64_t{1} << 40, m.KVH, m.hd, 1, R)))
+              : FloatBytes(kQueryBlock * kSpan) + 2 * FloatBytes(kQueryBlock);
   }
   RoundUpToAlignment(std::max(WorkerGemmScratchBytes(), attn_scratch), &ws.per_worker);
   ws.scratch = off;
@@ -98,9 +111,15 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
   auto base_of = [&](int64_t n) { return cache.lengths[n] - count_of(n); };
   // The first position any query of entry n (from position `first` on) may see.
   auto band_start = [&](int64_t first) { return W > 0 ? std::max<int64_t>(0, first - W + 1) : 0; };
-  // The span of the global grid holding entry n's band start, and the spans from it to the end.
-  auto first_span = [&](int64_t n) { return band_start(base_of(n)) / kSpan; };
-  auto spans_of = [&](int64_t n) { return (cache.lengths[n] + kSpan - 1) / kSpan - first_span(n); };
+  // Entry n's span (split schedule; SplitSpan), the span of its grid (multiples of the span)
+  // holding its band start, and the spans from it to the end.
+  auto span_of = [&](int64_t n) {
+    return split ? SplitSpan(cache.lengths[n], KVH, hd, elem, G * T) : kSpan;
+  };
+  auto first_span = [&](int64_t n) { return band_start(base_of(n)) / span_of(n); };
+  auto spans_of = [&](int64_t n) {
+    return (cache.lengths[n] + span_of(n) - 1) / span_of(n) - first_span(n);
+  };
   auto slot_of = [&](int64_t pos) { return cache.ring ? pos % cache.capacity : pos; };
   // Element offset of (n, g, slot) in K or V; the int8 scales of the same row (null otherwise).
   auto row_of = [&](int64_t n, int64_t g, int64_t slot) {
@@ -168,25 +187,26 @@ void RunCacheAttention(ThreadPool& pool, TraceRecorder* trace, const LayerWeight
       std::fill(row_max, row_max + R, kNegInf);
       std::fill(row_sum, row_sum + R, 0.0f);
       const int64_t len = cache.lengths[n];
-      if (c * kSpan >= len) return;  // past this entry's end: an empty partial state
+      const int64_t span = span_of(n);
+      if (c * span >= len) return;  // past this entry's end: an empty partial state
       std::memset(acc, 0, slot_acc * sizeof(float));
-      const int64_t a = std::max(c * kSpan, band_start(base_of(n)));
-      const int64_t b = std::min((c + 1) * kSpan, len);
+      const int64_t a = std::max(c * span, band_start(base_of(n)));
+      const int64_t b = std::min((c + 1) * span, len);
       const size_t keys = static_cast<size_t>(b - a);
-      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][kSpan]
+      float* scores = reinterpret_cast<float*>(scratch + worker * per_worker);  // [T][G][span]
       // The G query heads of kv head g are adjacent hd-column groups of a token's Q row.
       for (int64_t i = 0; i < T; ++i) {
-        key_scores(q_buf + (n * T + i) * E + g * G * hd, G, hd, n, g, a, b, scores + i * G * kSpan,
-                   kSpan);
+        key_scores(q_buf + (n * T + i) * E + g * G * hd, G, hd, n, g, a, b, scores + i * G * span,
+                   span);
       }
       for (int64_t h = 0; h < G; ++h) {
         kernels::SoftmaxMasks masks = masks_of(g * G + h);
         masks.causal_offset = base_of(n) - a;
-        kernels::OnlineSoftmaxUpdate(scores + h * kSpan, T, keys, G * kSpan, scale, masks,
+        kernels::OnlineSoftmaxUpdate(scores + h * span, T, keys, G * span, scale, masks,
                                      row_max + h * T, row_sum + h * T, acc + h * hd, hd, G * hd);
       }
       for (int64_t i = 0; i < T; ++i) {
-        weighted_values(scores + i * G * kSpan, G, kSpan, n, g, a, b, acc + i * G * hd, hd);
+        weighted_values(scores + i * G * span, G, span, n, g, a, b, acc + i * G * hd, hd);
       }
     });
     // Merge the spans of each (n, head) in increasing order, from the sink's state (sink_h, 1).

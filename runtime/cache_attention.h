@@ -28,10 +28,29 @@
 
 namespace mha {
 
-// Cache positions per span: a span of one head's K and V (256 x 64 x 2 x 2 bytes = 64 KiB in
-// bf16 at hd = 64) stays in L2 between the scores and the weighted sum, and contexts of 512
-// positions and up give several spans per head to spread over the threads.
+// Cache positions per key block of the blocked schedule, and the shortest span of the split
+// schedule (SplitSpan): its scores of kQueryBlock rows (64 KiB) stay in L2.
 inline constexpr int64_t kSpan = 256;
+// The split schedule's span grows (in powers of two) up to this many bytes of one head's keys:
+// each task then reads one long run of K and of V. On an Intel Xeon VM with AVX-512 (2 threads,
+// context 32768, batch 8, 16 kv heads) steps ran 13% (f32), 12% (bf16) and 9% (int8) faster
+// with spans of 1024 f32 positions (256 KiB at hd 64) than with 256, and bf16 a further 9% at
+// 2048 (mha-bench --decode; runtime/README.md).
+inline constexpr int64_t kMaxSpanBytes = int64_t{256} << 10;
+// ... and while an entry keeps at least this many tasks (kv heads x spans), so a step of one
+// sequence still spreads over up to 32 threads.
+inline constexpr int64_t kMinSplitTasks = 32;
+// ... and while a task's scores (query rows x span floats) stay within 32 KiB, in L1 (64 KiB of
+// them, int8 spans of 4096 with 4 query rows, ran 40% slower).
+inline constexpr int64_t kMaxSpanScores = 8192;
+
+// The split schedule's span for an entry of `length` positions: the longest power of two from
+// kSpan on within the three bounds above, for a cache of kv_heads heads of hd elements of
+// `elem_bytes` bytes and `rows` query rows per (entry, kv head) task. From shapes and the
+// entry's own length only (never threads, nor the other entries' lengths), so the attention has
+// the same bits for any thread count.
+int64_t SplitSpan(int64_t length, int64_t kv_heads, int64_t hd, size_t elem_bytes, int64_t rows);
+
 // Up to this many query tokens per entry use the split schedule; its workspace grows with
 // tokens x spans, so longer inputs (prefill) use the blocked schedule.
 inline constexpr int64_t kSplitMaxTokens = 4;
@@ -50,8 +69,9 @@ struct StepWorkspace {
   size_t per_worker = 0, total = 0;
 };
 
-// Span slots per (entry, kv head) of the split schedule: the spans a full cache holds, one more
-// for a ring (its band of at most `capacity` positions may start inside a span).
+// Span slots per (entry, kv head) of the split schedule: the spans of kSpan a full cache holds
+// (the most any SplitSpan gives), one more for a ring (its band of at most `capacity` positions
+// may start inside a span).
 int64_t MaxSpans(int64_t capacity, bool ring);
 
 // From shapes alone: N entries, T tokens each, the cache's capacity and ring flag, which parts

@@ -34,6 +34,7 @@
 
 #include "kernels/targets.h"
 #include "mha/mha.hpp"
+#include "runtime/cache_attention.h"
 #include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
 
@@ -352,6 +353,53 @@ TEST(KvCacheTest, BitwiseIdenticalForOneToFourThreads) {
           << Name(t) << ": " << threads << " threads differ from 1 thread";
     }
   }
+}
+
+// Spans longer than kSpan (SplitSpan): with 16 kv heads of 8 an entry's span grows from 512 to
+// 1024 positions at 1025 positions, so decoding from 1000 to 1100 merges spans of both lengths
+// (the last one partial), with and without a window and sinks (the band starts inside a long
+// span), in a ring, for every storage type, and bitwise the same for 1-3 threads.
+TEST(KvCacheTest, LongSpansMatchForward) {
+  ASSERT_EQ(SplitSpan(1000, 16, 8, sizeof(float), 1), 512);
+  ASSERT_EQ(SplitSpan(1100, 16, 8, sizeof(float), 1), 1024);
+  ASSERT_EQ(SplitSpan(1100, 16, 8, 1, 4), 1024);  // int8 codes, 4 rows (steps of 4 tokens)
+  for (const bool windowed : {false, true}) {
+    Problem p;
+    p.E = 128;
+    p.H = 16;
+    p.KVH = 16;
+    p.N = 2;
+    p.S = 1100;
+    if (windowed) {
+      p.var.config.window = 700;
+      p.var.sinks = true;
+    }
+    MakeProblem(&p, windowed ? 41 : 40);
+    ASSERT_FALSE(HasFatalFailure());
+    const char* what =
+        windowed ? "window 700 + sinks, prefill 1000/990 + decode" : "prefill 1000/990 + decode";
+    for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI8}) {
+      CheckAgainstForward(p, t, Schedule{{1000, 990}, 1}, what);
+    }
+    CheckAgainstForward(p, DType::kF32, Schedule{{1000, 990}, 4}, "steps of 4 tokens");
+    if (windowed) {
+      Schedule ring{{}, 4};  // a ring takes at most capacity - window + 1 tokens per call
+      ring.capacity = 703;
+      ring.ring = true;
+      CheckAgainstForward(p, DType::kF32, ring, "ring of 703, steps of 4 tokens");
+    }
+    for (DType t : {DType::kF32, DType::kI8}) {
+      std::vector<float> first, out;
+      RunIncremental(p, t, Schedule{{1000, 990}, 1}, 1, &first);
+      for (size_t threads : {2, 3}) {
+        RunIncremental(p, t, Schedule{{1000, 990}, 1}, threads, &out);
+        ASSERT_FALSE(HasFatalFailure());
+        ASSERT_EQ(std::memcmp(first.data(), out.data(), out.size() * sizeof(float)), 0)
+            << Name(t) << ", " << what << ": " << threads << " threads differ from 1 thread";
+      }
+    }
+  }
+  PrintWorst();
 }
 
 // A prompt Step into an empty cache (every entry T >= 64 tokens, no padding) runs the layer's

@@ -600,7 +600,10 @@ class Decode(unittest.TestCase):
                            (["--decode", "--contexts", "8,8"], "--contexts"),
                            (["--decode", "--batches", "x"], "--batches"),
                            (["--decode", "--weights-dtype", "f64"], "--weights-dtype"),
-                           (["--weights-dtype", "bf16"], "--weights-dtype")]:
+                           (["--weights-dtype", "bf16"], "--weights-dtype"),
+                           (["--kv-dtypes", "f16"], "--kv-dtypes: expected --decode as well"),
+                           (["--decode", "--kv-dtypes", "f32,q4"], "'f32,q4'"),
+                           (["--decode", "--kv-dtypes", "bf16,f32,bf16"], "'bf16' twice")]:
             with self.subTest(args=args):
                 p = run(args, timeout=60)
                 self.assertEqual(p.returncode, 2, p.stderr)
@@ -702,6 +705,19 @@ class Decode(unittest.TestCase):
             self.assertEqual(r["weight_bytes"],
                              2 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))
 
+
+    def test_cache_types(self):
+        # Any subset, run f32 first (the peers' rows); f16 rows read 2 bytes per element.
+        _, doc = self.run_json(["--decode", "--contexts", "40", "--batches", "1", "--threads",
+                                "1", "--min-time", "0", "--min-runs", "1", "--kv-dtypes",
+                                "f16,f32", "--prefill", "none"])
+        results = doc["results"]
+        self.assertEqual([(r["kv_heads"], r["cache_dtype"]) for r in results],
+                         [(16, "f32"), (16, "f16"), (4, "f32"), (4, "f16")])
+        for r in results:
+            self.assertEqual(r["error"], "")
+            row = {"f32": 64 * 4, "f16": 64 * 2}[r["cache_dtype"]]
+            self.assertEqual(r["cache_bytes"], 2 * r["batch"] * r["kv_heads"] * r["context"] * row)
 
     PREFILL_FIELDS = {"tokens", "batch", "embed", "heads", "kv_heads", "threads", "error", "runs",
                       "step_ms", "step_p10_ms", "step_p90_ms", "forward_ms", "forward_p10_ms",

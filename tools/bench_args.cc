@@ -304,12 +304,12 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",    "--seq",           "--kv-seq",      "--embed",      "--heads",
-        "--threads",  "--min-time",      "--min-runs",    "--sgemm-size", "--tolerance",
-        "--seed",     "--json",          "--csv",         "--trace",      "--contexts",
-        "--batches",  "--weights-dtype", "--rounds",      "--compare",    "--prefill",
-        "--kv-heads", "--rope",          "--rope-theta",  "--rotary-dim", "--rope-scale",
-        "--window",   "--softcap",       "--qk-norm-eps", "--compute"};
+        "--batch",      "--seq",       "--kv-seq",        "--embed",       "--heads",
+        "--threads",    "--min-time",  "--min-runs",      "--sgemm-size",  "--tolerance",
+        "--seed",       "--json",      "--csv",           "--trace",       "--contexts",
+        "--batches",    "--kv-dtypes", "--weights-dtype", "--rounds",      "--compare",
+        "--prefill",    "--kv-heads",  "--rope",          "--rope-theta",  "--rotary-dim",
+        "--rope-scale", "--window",    "--softcap",       "--qk-norm-eps", "--compute"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -385,6 +385,39 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                                &o->prefill_tokens, &e)) {
         return r;
       }
+    } else if (arg == "--kv-dtypes") {
+      o->decode_caches.clear();
+      size_t start = 0;
+      for (;;) {
+        const size_t comma = value.find(',', start);
+        const std::string item =
+            value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        DType t;
+        if (item == "f32") {
+          t = DType::kF32;
+        } else if (item == "bf16") {
+          t = DType::kBF16;
+        } else if (item == "f16") {
+          t = DType::kF16;
+        } else if (item == "i8" || item == "int8") {
+          t = DType::kI8;
+        } else {
+          e = "--kv-dtypes: expected a comma-separated list of f32, bf16, f16, i8, got " +
+              Quoted(value);
+          return r;
+        }
+        if (std::find(o->decode_caches.begin(), o->decode_caches.end(), t) !=
+            o->decode_caches.end()) {
+          e = "--kv-dtypes: expected distinct cache types, got " + Quoted(item) + " twice in " +
+              Quoted(value);
+          return r;
+        }
+        o->decode_caches.push_back(t);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+      // f32 first: the peers are timed with the f32 rows and shown on the others.
+      std::sort(o->decode_caches.begin(), o->decode_caches.end());
     } else if (arg == "--weights-dtype") {
       if (value == "f32") {
         o->decode_weights = DType::kF32;
@@ -473,12 +506,16 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     o->compare = decode_peers;
     if (o->decode_contexts.empty()) o->decode_contexts = {512, 1024, 2048, 4096, 8192};
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
+    if (o->decode_caches.empty()) o->decode_caches = {DType::kF32, DType::kBF16, DType::kI8};
     if (!o->prefill_given) o->prefill_tokens = {512, 2048};
   } else if (o->decode_weights_given) {
     r.error = "--weights-dtype: expected --decode as well, got --weights-dtype without --decode";
     return r;
   } else if (o->prefill_given) {
     r.error = "--prefill: expected --decode as well, got --prefill without --decode";
+    return r;
+  } else if (!o->decode_caches.empty()) {
+    r.error = "--kv-dtypes: expected --decode as well, got --kv-dtypes without --decode";
     return r;
   } else if (!o->decode_contexts.empty() || !o->decode_batches.empty()) {
     r.error = std::string("--contexts/--batches: expected --decode as well, got ") +
@@ -621,6 +658,8 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      after each timed step, so every run sees the same context
   --contexts LIST    contexts to run, e.g. 512,4096 (default 512,1024,2048,4096,8192)
   --batches LIST     batch sizes to run, e.g. 1,8 (default 1,4,8)
+  --kv-dtypes LIST   cache storage types to run, of f32, bf16, f16, i8 (default f32,bf16,i8;
+                     the peers run with the f32 rows, so without f32 they are not timed)
   --weights-dtype T  the layer's weight storage: f32 (default), bf16 or f16 (halves the
                      weight bytes each step streams; the peers get the rounded weights in f32)
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv

@@ -39,6 +39,7 @@ struct BenchOptions {
   bool decode = false;
   std::vector<int64_t> decode_contexts;  // default {512, 1024, 2048, 4096, 8192}
   std::vector<int64_t> decode_batches;   // default {1, 4, 8}
+  std::vector<DType> decode_caches;      // --kv-dtypes; default {kF32, kBF16, kI8}
   DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage
   bool decode_weights_given = false;
   // --prefill: prompt lengths T of the prefill rows (KvCache::Step of T tokens into an empty

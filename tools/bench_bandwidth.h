@@ -17,14 +17,18 @@ size_t ReadBufferBytes();
 
 // Streaming read bandwidth (bytes read per second, in GB/s = 1e9 B/s): ReadBufferBytes() split
 // evenly over the threads of an mha pool, each summing its slice with the widest vector loads
-// the CPU has (Highway, dispatched at run time). What a decode step, which only reads the cache,
-// can reach. The buffer is allocated and its pages faulted in once, so the probe can be repeated
+// the CPU has (Highway, dispatched at run time), in two access patterns: one sequential stream,
+// and four streams side by side with software prefetch (as the decode kernels read a cache;
+// on an Intel Xeon VM with AVX-512 the single stream read ~28 GB/s where the decode kernels read
+// ~33). The faster pattern's best time is what a decode step, which only reads the cache, can
+// reach. The buffer is allocated and its pages faulted in once, so the probe can be repeated
 // right before each measurement it is compared with (a shared machine's bandwidth moves by tens
 // of percent within minutes).
 class ReadProbe {
  public:
   ReadProbe();
-  // Best of `reps` reads of the whole buffer on `threads` threads, after one warm-up read.
+  // Best of `reps` reads of the whole buffer per pattern on `threads` threads, alternating the
+  // patterns, after one warm-up read of each.
   double Measure(size_t threads, int reps) const;
 
  private:

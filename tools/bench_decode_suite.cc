@@ -169,7 +169,7 @@ int RunDecodeSuite(const BenchOptions& o) {
       for (int64_t batch : o.decode_batches) {
         // The peers' results of the f32 rows, by thread count, for the other cache types' rows.
         std::map<size_t, std::map<std::string, PeerResult>> f32_peers;
-        for (DType dtype : {DType::kF32, DType::kBF16, DType::kI8}) {
+        for (DType dtype : o.decode_caches) {
           for (size_t t : o.threads) {
             progress.Show("context " + std::to_string(context) + ", batch " +
                           std::to_string(batch) + ", " + DTypeName(dtype) + ", " +
