@@ -25,12 +25,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/decode.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
@@ -203,6 +205,52 @@ bool ForceTargetAt(benchmark::State& state, size_t index) {
   kernels::ForceTarget(targets[index]);
   return true;
 }
+
+// The decode kernels (kernels/decode.h) on one thread over a block of cached rows that stays in
+// L2 (2048 positions of head_dim 64: 512 KiB f32, 256 KiB 16-bit, 128 KiB int8): their compute
+// rate, which a decode step beyond the last-level cache needs above the memory's read rate.
+// Arguments: cache type (0 f32, 1 bf16, 2 f16, 3 int8), query rows (1: multi-head, 4: the four
+// query heads of a kv head), product (0 scores q K^T, 1 weighted sum P V). bytes/s counts the
+// cache bytes read (int8: codes and row scales).
+void BM_DecodeKernel(benchmark::State& state) {
+  constexpr DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI8};
+  const DType type = kTypes[state.range(0)];
+  const size_t rows = static_cast<size_t>(state.range(1));
+  const bool values = state.range(2) != 0;
+  constexpr size_t n = 2048, hd = 64;
+  state.SetLabel(std::string(DTypeName(type)) + (values ? " P V" : " q K^T"));
+  const std::vector<float> src = RandomFloats(n * hd, -1.0f, 1.0f, 11);
+  std::vector<uint8_t> cache(n * hd * DTypeSize(type));
+  std::vector<float> scales(n, 1.0f / 127);
+  if (type == DType::kF32) {
+    std::memcpy(cache.data(), src.data(), cache.size());
+  } else if (type == DType::kBF16) {
+    kernels::F32ToBF16(src.data(), reinterpret_cast<uint16_t*>(cache.data()), src.size());
+  } else if (type == DType::kF16) {
+    kernels::F32ToF16(src.data(), reinterpret_cast<uint16_t*>(cache.data()), src.size());
+  } else {
+    for (size_t i = 0; i < src.size(); ++i) {
+      cache[i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(src[i] * 127)));
+    }
+  }
+  const std::vector<float> q = RandomFloats(rows * hd, -1.0f, 1.0f, 12);
+  std::vector<float> p = RandomFloats(rows * n, 0.0f, 1.0f / n, 13);
+  std::vector<float> out(rows * std::max(n, hd));
+  for (auto _ : state) {
+    if (values) {
+      kernels::AccumulateWeightedValues(p.data(), rows, n, cache.data(), type, hd, scales.data(), n,
+                                        hd, out.data(), hd);
+    } else {
+      kernels::QueryKeyScores(q.data(), rows, hd, cache.data(), type, hd, scales.data(), n, hd,
+                              out.data(), n);
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  const size_t bytes = cache.size() + (type == DType::kI8 ? n * sizeof(float) : 0);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_DecodeKernel)->ArgsProduct({{0, 1, 2, 3}, {1, 4}, {0, 1}});
 
 // Softmax of 16 x 1024 on each target this CPU supports (argument = index into the list).
 void BM_SoftmaxRowsPerTarget(benchmark::State& state) {

@@ -3,7 +3,9 @@
 //
 // 16-bit rows are widened with elementwise-inl.h's exact converters (bf16: a shift; f16: F16C on
 // x86 AVX2 and above, an exact integer/float algorithm elsewhere), so a row costs one 16-bit
-// load plus a promote per vector: half the memory traffic of f32 for the same arithmetic.
+// load plus a promote per vector: half the memory traffic of f32 for the same arithmetic. bf16
+// rows are read as 32-bit pairs where the layout allows (LoadPairs: one shift or mask per
+// vector, no promote).
 // Highway 1.0.3's ReorderWidenMulAccumulate would multiply bf16 by bf16 (the query would have
 // to be rounded to bf16 too) and offers no f16 form, so it is not used.
 
@@ -15,6 +17,7 @@
 #define MHA_KERNELS_DECODE_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -243,6 +246,148 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
   }
 }
 
+// bf16 keys read as 32-bit pairs: a vector of N words holds 2N elements, and the even elements
+// widen with one shift (the low half moved up), the odd ones with one mask (the high half kept):
+// one instruction per N elements instead of a zero-extension and a shift, which bound the scores
+// of grouped-query decoding (four query rows per key; bench/kernels_bench BM_DecodeKernel). The
+// query rows are split into the same even/odd order once per call (QueryPairs).
+//
+// Rows of a pass of QueryPairs' buffer: a row of hd floats is, per block of 2N elements, its N
+// even then its N odd elements.
+constexpr size_t kPairQueryFloats = 4096;  // 16 KiB on the stack
+
+// Whether a score of hd elements takes the paired path: hd a whole number of 2N blocks, and one
+// row fits QueryPairs' buffer. Depends on hd and the target only, so a score's operations do
+// not depend on the call's rows.
+template <class DF>
+HWY_INLINE bool PairedBF16(DF df, size_t hd) {
+  const size_t N2 = 2 * hn::Lanes(df);
+  return hd >= N2 && hd % N2 == 0 && hd <= kPairQueryFloats;
+}
+
+// dst[r * hd + ...] = rows [0, rows) of q in the paired order.
+template <class DF>
+HWY_INLINE void QueryPairs(DF df, const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
+                           size_t hd, float* HWY_RESTRICT dst) {
+  const size_t N = hn::Lanes(df);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* qr = q + static_cast<ptrdiff_t>(r) * q_stride;
+    float* dr = dst + r * hd;
+    // Scalar: once per call, and portable to targets without ConcatEven (HWY_SCALAR).
+    for (size_t d = 0; d < hd; d += 2 * N) {
+      for (size_t i = 0; i < N; ++i) {
+        dr[d + i] = qr[d + 2 * i];
+        dr[d + N + i] = qr[d + 2 * i + 1];
+      }
+    }
+  }
+}
+
+// The even (shifted up) and odd (masked) elements of the 2N bf16 values at p, as f32.
+template <class DF>
+HWY_INLINE void LoadPairs(DF df, const uint16_t* HWY_RESTRICT p, hn::Vec<DF>& even,
+                          hn::Vec<DF>& odd) {
+  const hn::Repartition<uint32_t, DF> du;
+  const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  even = hn::BitCast(df, hn::ShiftLeft<16>(w));
+  odd = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+}
+
+// ScoreRows over bf16 keys in pairs: qp = kR rows of QueryPairs' buffer (row stride hd).
+template <size_t kR, class DF>
+HWY_INLINE void ScoreRowsPaired(DF df, const float* HWY_RESTRICT qp,
+                                const uint16_t* HWY_RESTRICT k0, const uint16_t* HWY_RESTRICT k1,
+                                const uint16_t* HWY_RESTRICT k2, const uint16_t* HWY_RESTRICT k3,
+                                size_t hd, size_t run, float* HWY_RESTRICT scores,
+                                ptrdiff_t score_stride) {
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  V x00 = hn::Zero(df), x01 = x00, x02 = x00, x03 = x00, x10 = x00, x11 = x00, x12 = x00;
+  V x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00, x30 = x00, x31 = x00, x32 = x00;
+  V x33 = x00;
+  const float* HWY_RESTRICT q0 = qp;
+  const float* HWY_RESTRICT q1 = q0 + (kR > 1 ? hd : 0);
+  const float* HWY_RESTRICT q2 = q1 + (kR > 2 ? hd : 0);
+  const float* HWY_RESTRICT q3 = q2 + (kR > 3 ? hd : 0);
+  for (size_t d = 0; d < hd; d += 2 * N) {
+    V e0, o0, e1, o1, e2, o2, e3, o3;
+    LoadPairs(df, k0 + d, e0, o0);
+    LoadPairs(df, k1 + d, e1, o1);
+    LoadPairs(df, k2 + d, e2, o2);
+    LoadPairs(df, k3 + d, e3, o3);
+    MulAdd4(hn::LoadU(df, q0 + d), e0, e1, e2, e3, x00, x01, x02, x03);
+    MulAdd4(hn::LoadU(df, q0 + d + N), o0, o1, o2, o3, x00, x01, x02, x03);
+    if constexpr (kR > 1) {
+      MulAdd4(hn::LoadU(df, q1 + d), e0, e1, e2, e3, x10, x11, x12, x13);
+      MulAdd4(hn::LoadU(df, q1 + d + N), o0, o1, o2, o3, x10, x11, x12, x13);
+    }
+    if constexpr (kR > 2) {
+      MulAdd4(hn::LoadU(df, q2 + d), e0, e1, e2, e3, x20, x21, x22, x23);
+      MulAdd4(hn::LoadU(df, q2 + d + N), o0, o1, o2, o3, x20, x21, x22, x23);
+    }
+    if constexpr (kR > 3) {
+      MulAdd4(hn::LoadU(df, q3 + d), e0, e1, e2, e3, x30, x31, x32, x33);
+      MulAdd4(hn::LoadU(df, q3 + d + N), o0, o1, o2, o3, x30, x31, x32, x33);
+    }
+  }
+  const auto store = [&](V a0, V a1, V a2, V a3, size_t r) {
+    HWY_ALIGN float sums[4];
+    SumLanes4(df, a0, a1, a2, a3, sums);
+    float* sr = scores + static_cast<ptrdiff_t>(r) * score_stride;
+    sr[0] = sums[0];
+    sr[run] = sums[1];
+    sr[2 * run] = sums[2];
+    sr[3 * run] = sums[3];
+  };
+  store(x00, x01, x02, x03, 0);
+  if constexpr (kR > 1) store(x10, x11, x12, x13, 1);
+  if constexpr (kR > 2) store(x20, x21, x22, x23, 2);
+  if constexpr (kR > 3) store(x30, x31, x32, x33, 3);
+}
+
+// Scores over bf16 keys when PairedBF16(hd): Scores' order of keys and rows, the rows in blocks
+// that fit QueryPairs' buffer (each block reads the keys again; decode calls have one block).
+HWY_INLINE void ScoresPairedBF16(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
+                                 const uint16_t* HWY_RESTRICT keys, ptrdiff_t key_stride, size_t n,
+                                 size_t hd, float* HWY_RESTRICT scores, ptrdiff_t score_stride) {
+  const hn::ScalableTag<float> df;
+  HWY_ALIGN float qp[kPairQueryFloats];
+  const size_t block = kPairQueryFloats / hd;
+  const size_t run = n / kStreams;
+  const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * key_stride;
+  for (size_t r0 = 0; r0 < rows; r0 += block) {
+    const size_t nr = std::min(block, rows - r0);
+    QueryPairs(df, q + static_cast<ptrdiff_t>(r0) * q_stride, nr, q_stride, hd, qp);
+    float* sb = scores + static_cast<ptrdiff_t>(r0) * score_stride;
+    for (size_t i = 0; i < run; ++i) {
+      const uint16_t* k0 = keys + static_cast<ptrdiff_t>(i) * key_stride;
+      const uint16_t* k1 = k0 + run_stride;
+      const uint16_t* k2 = k1 + run_stride;
+      const uint16_t* k3 = k2 + run_stride;
+      PrefetchStreams(k0, hd * sizeof(uint16_t),
+                      static_cast<size_t>(run_stride) * sizeof(uint16_t));
+      size_t r = 0;
+      for (; r + kGroupRows <= nr; r += kGroupRows) {
+        ScoreRowsPaired<kGroupRows>(df, qp + r * hd, k0, k1, k2, k3, hd, run,
+                                    sb + static_cast<ptrdiff_t>(r) * score_stride + i,
+                                    score_stride);
+      }
+      for (; r < nr; ++r) {
+        ScoreRowsPaired<1>(df, qp + r * hd, k0, k1, k2, k3, hd, run,
+                           sb + static_cast<ptrdiff_t>(r) * score_stride + i, score_stride);
+      }
+    }
+    // Remaining keys: the same operations per key as above.
+    for (size_t j = kStreams * run; j < n; ++j) {
+      const uint16_t* k0 = keys + static_cast<ptrdiff_t>(j) * key_stride;
+      for (size_t r = 0; r < nr; ++r) {
+        ScoreRowsPaired<1>(df, qp + r * hd, k0, k0, k0, k0, hd, 0,
+                           sb + static_cast<ptrdiff_t>(r) * score_stride + j, score_stride);
+      }
+    }
+  }
+}
+
 // acc rows [r, r + kR) (row i at ar + i * acc_stride, weights at pr + i * p_stride), output
 // columns [d, d + 4N): += sum_j weight_j v_j over the n rows in WeightedValues' order, each value
 // vector loaded once for the kR rows. prefetch: request the streams ahead (the first pass over
@@ -310,6 +455,98 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
   if constexpr (kR > 3) store(x30, x31, x32, x33, 3);
 }
 
+// WeightedRows over bf16 values read as 32-bit pairs (LoadPairs): the four accumulators of a
+// row hold the even and the odd columns of [d, d + 2N), then of [d + 2N, d + 4N); the rows of
+// acc are split into that order on entry and merged back on exit (scalar, once per call). Every
+// output element takes the same multiply-adds in the same order as WeightedRows', so the
+// results are the same bits.
+template <size_t kR, class DF, class Weight>
+HWY_INLINE void WeightedRowsPaired(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
+                                   const uint16_t* HWY_RESTRICT values, ptrdiff_t value_stride,
+                                   size_t n, size_t run, const Weight& weight, bool prefetch,
+                                   float* HWY_RESTRICT ar, ptrdiff_t acc_stride) {
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
+  const size_t tail = kStreams * run;
+  const auto row = [&](size_t r) { return ar + static_cast<ptrdiff_t>(r) * acc_stride; };
+  // Row r's 4N accumulators, split: [even, odd] of each 2N block (at most 4 rows of 4 vectors).
+  HWY_ALIGN float split[4 * 4 * hn::MaxLanes(df)];
+  for (size_t r = 0; r < kR; ++r) {
+    for (size_t b = 0; b < 4 * N; b += 2 * N) {
+      for (size_t i = 0; i < N; ++i) {
+        split[r * 4 * N + b + i] = row(r)[b + 2 * i];
+        split[r * 4 * N + b + N + i] = row(r)[b + 2 * i + 1];
+      }
+    }
+  }
+  const auto at = [&](size_t r, size_t v) { return hn::Load(df, split + r * 4 * N + v * N); };
+  V x00 = at(0, 0), x01 = at(0, 1), x02 = at(0, 2), x03 = at(0, 3);
+  V x10 = x00, x11 = x00, x12 = x00, x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00;
+  V x30 = x00, x31 = x00, x32 = x00, x33 = x00;
+  if constexpr (kR > 1) x10 = at(1, 0), x11 = at(1, 1), x12 = at(1, 2), x13 = at(1, 3);
+  if constexpr (kR > 2) x20 = at(2, 0), x21 = at(2, 1), x22 = at(2, 2), x23 = at(2, 3);
+  if constexpr (kR > 3) x30 = at(3, 0), x31 = at(3, 1), x32 = at(3, 2), x33 = at(3, 3);
+  const float* HWY_RESTRICT p0 = pr;
+  const float* HWY_RESTRICT p1 = p0 + (kR > 1 ? p_stride : 0);
+  const float* HWY_RESTRICT p2 = p1 + (kR > 2 ? p_stride : 0);
+  const float* HWY_RESTRICT p3 = p2 + (kR > 3 ? p_stride : 0);
+  const auto step = [&](const uint16_t* HWY_RESTRICT v, size_t j) {
+    V e0, o0, e1, o1;
+    LoadPairs(df, v, e0, o0);
+    LoadPairs(df, v + 2 * N, e1, o1);
+    MulAdd4(hn::Set(df, weight(p0, j)), e0, o0, e1, o1, x00, x01, x02, x03);
+    if constexpr (kR > 1) MulAdd4(hn::Set(df, weight(p1, j)), e0, o0, e1, o1, x10, x11, x12, x13);
+    if constexpr (kR > 2) MulAdd4(hn::Set(df, weight(p2, j)), e0, o0, e1, o1, x20, x21, x22, x23);
+    if constexpr (kR > 3) MulAdd4(hn::Set(df, weight(p3, j)), e0, o0, e1, o1, x30, x31, x32, x33);
+  };
+  const uint16_t* v = values;
+  for (size_t i = 0; i < run; ++i, v += value_stride) {
+    if (prefetch) {
+      PrefetchStreams(v, 4 * N * sizeof(uint16_t),
+                      static_cast<size_t>(run_stride) * sizeof(uint16_t));
+    }
+    for (size_t s = 0; s < kStreams; ++s)
+      step(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
+  }
+  v = values + static_cast<ptrdiff_t>(tail) * value_stride;
+  for (size_t j = tail; j < n; ++j, v += value_stride) step(v, j);
+  const auto put = [&](size_t r, V a0, V a1, V a2, V a3) {
+    float* sr = split + r * 4 * N;
+    hn::Store(a0, df, sr);
+    hn::Store(a1, df, sr + N);
+    hn::Store(a2, df, sr + 2 * N);
+    hn::Store(a3, df, sr + 3 * N);
+  };
+  put(0, x00, x01, x02, x03);
+  if constexpr (kR > 1) put(1, x10, x11, x12, x13);
+  if constexpr (kR > 2) put(2, x20, x21, x22, x23);
+  if constexpr (kR > 3) put(3, x30, x31, x32, x33);
+  for (size_t r = 0; r < kR; ++r) {
+    for (size_t b = 0; b < 4 * N; b += 2 * N) {
+      for (size_t i = 0; i < N; ++i) {
+        row(r)[b + 2 * i] = split[r * 4 * N + b + i];
+        row(r)[b + 2 * i + 1] = split[r * 4 * N + b + N + i];
+      }
+    }
+  }
+}
+
+// The four-vector column blocks of WeightedValues: bf16 rows as pairs, the others widened.
+template <class Row, size_t kR, class DF, class Weight>
+HWY_INLINE void WeightedBlock(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
+                              const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
+                              size_t n, size_t run, const Weight& weight, bool prefetch,
+                              float* HWY_RESTRICT ar, ptrdiff_t acc_stride) {
+  if constexpr (std::is_same<Row, BF16Row>::value) {
+    WeightedRowsPaired<kR>(df, pr, p_stride, values, value_stride, n, run, weight, prefetch, ar,
+                           acc_stride);
+  } else {
+    WeightedRows<Row, kR>(df, pr, p_stride, values, value_stride, n, run, weight, prefetch, ar,
+                          acc_stride);
+  }
+}
+
 template <class Row>
 HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff_t p_stride,
                                const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
@@ -331,14 +568,14 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
   for (size_t d = 0; d < d4; d += 4 * N) {
     size_t r = 0;
     for (; r + kGroupRows <= rows; r += kGroupRows) {
-      WeightedRows<Row, kGroupRows>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride,
-                                    values + d, value_stride, n, run, weight, r == 0,
-                                    acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
+      WeightedBlock<Row, kGroupRows>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride,
+                                     values + d, value_stride, n, run, weight, r == 0,
+                                     acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
     }
     for (; r < rows; ++r) {
-      WeightedRows<Row, 1>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride, values + d,
-                           value_stride, n, run, weight, r == 0,
-                           acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
+      WeightedBlock<Row, 1>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride, values + d,
+                            value_stride, n, run, weight, r == 0,
+                            acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
     }
   }
   for (size_t r = 0; r < rows; ++r) {
@@ -386,8 +623,13 @@ inline void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, cons
     dd::Scores<dd::F32Row>(q, rows, q_stride, static_cast<const float*>(keys), key_stride,
                            key_scales, n, hd, scores, score_stride);
   } else if (type == 1) {
-    dd::Scores<dd::BF16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
-                            key_scales, n, hd, scores, score_stride);
+    if (dd::PairedBF16(hwy::HWY_NAMESPACE::ScalableTag<float>(), hd)) {
+      dd::ScoresPairedBF16(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride, n, hd,
+                           scores, score_stride);
+    } else {
+      dd::Scores<dd::BF16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
+                              key_scales, n, hd, scores, score_stride);
+    }
   } else if (type == 2) {
     dd::Scores<dd::F16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
                            key_scales, n, hd, scores, score_stride);

@@ -19,7 +19,9 @@
 // - QueryKeyScores: lane-wise multiply-adds (fused where the target has FMA) over hd in
 //   increasing order, then a sum over lanes (on x86: a fixed tree, pairs of lanes within each
 //   128-bit block, then the blocks pairwise), then the hd % lanes remaining products added in
-//   order. Error against the exact dot product of the f32 values:
+//   order. bf16 rows whose hd is a multiple of 2 x lanes are read as 32-bit pairs instead: per
+//   block of 2 x lanes elements, lane i adds the products of elements 2i, then 2i + 1 (the
+//   same tree follows). Error against the exact dot product of the f32 values:
 //   <= 2 * (hd + 4) * 2^-24 * sum_d |q_d k_d|.
 // - AccumulateWeightedValues: acc[d] + sum_j p_j v_jd by multiply-adds, one running sum, in an
 //   order fixed by n alone: with m = n / 4, rows i, m + i, 2m + i, 3m + i for i = 0 .. m - 1,

@@ -212,6 +212,66 @@ TEST_P(DecodeTargetTest, AccumulateWeightedValuesMatchesDoubleReference) {
   }
 }
 
+// bf16 values are read as 32-bit pairs (even and odd columns apart): every output element still
+// takes the multiply-adds of the f32 path, so bf16 rows give exactly the bits of f32 rows holding
+// their widened values, in column blocks and tails alike.
+TEST_P(DecodeTargetTest, Bf16ValuesGiveTheBitsOfTheirF32Widening) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> up(0.0f, 1.0f);
+  for (size_t hd : {8, 64, 67, 130}) {
+    for (size_t n : {5, 70}) {
+      for (size_t rows : {1, 4, 5}) {
+        SCOPED_TRACE(::testing::Message() << "hd " << hd << " n " << n << " rows " << rows);
+        const size_t v_stride = hd + 1;
+        CacheRows values;
+        MakeRows(DType::kBF16, n, v_stride, 1, &rng, &values);
+        const std::vector<float> widened(values.widened.begin(), values.widened.end());
+        std::vector<float> p(rows * n);
+        for (float& v : p) v = up(rng);
+        std::vector<float> a16(rows * hd, 0.5f), a32(rows * hd, 0.5f);
+        kernels::AccumulateWeightedValues(p.data(), rows, n, values.data, DType::kBF16, v_stride,
+                                          nullptr, n, hd, a16.data(), hd);
+        kernels::AccumulateWeightedValues(p.data(), rows, n, widened.data(), DType::kF32, v_stride,
+                                          nullptr, n, hd, a32.data(), hd);
+        ASSERT_EQ(std::memcmp(a16.data(), a32.data(), a16.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
+// bf16 scores of head_dims that are whole blocks of 2 x lanes read the keys as pairs, with the
+// query rows split into even and odd elements in blocks of rows that fit 16 KiB: 70 rows of 64
+// or 128 take two or three blocks, and each row's scores are the bits it gets alone.
+TEST_P(DecodeTargetTest, PairedBf16ScoresAcrossRowBlocks) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (size_t hd : {64, 128}) {
+    SCOPED_TRACE(::testing::Message() << "hd " << hd);
+    const size_t rows = 70, n = 9, key_stride = hd + 3;
+    CacheRows keys;
+    MakeRows(DType::kBF16, n, key_stride, 1, &rng, &keys);
+    std::vector<float> q(rows * hd);
+    for (float& v : q) v = u(rng);
+    std::vector<float> s(rows * n), one(n);
+    kernels::QueryKeyScores(q.data(), rows, hd, keys.data, DType::kBF16, key_stride, nullptr, n, hd,
+                            s.data(), n);
+    for (size_t r = 0; r < rows; ++r) {
+      kernels::QueryKeyScores(q.data() + r * hd, 1, hd, keys.data, DType::kBF16, key_stride,
+                              nullptr, n, hd, one.data(), n);
+      for (size_t j = 0; j < n; ++j) {
+        double want = 0, mag = 0;
+        for (size_t d = 0; d < hd; ++d) {
+          const double t = static_cast<double>(q[r * hd + d]) * keys.widened[j * key_stride + d];
+          want += t;
+          mag += std::fabs(t);
+        }
+        ASSERT_LE(std::fabs(s[r * n + j] - want), 2.0 * (hd + 4) * kU * mag) << r << ", " << j;
+        ASSERT_EQ(one[j], s[r * n + j]) << "row " << r << " alone, key " << j;
+      }
+    }
+  }
+}
+
 MHA_INSTANTIATE_PER_TARGET(DecodeTargetTest);
 
 TEST(DecodeTest, EmptyCallsWriteNothing) {
