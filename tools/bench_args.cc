@@ -82,15 +82,25 @@ bool ParseDouble(const std::string& flag, const std::string& text, double lo, do
   return true;
 }
 
+// The items of a comma-separated list, empty ones kept ("1,,2" has three) so that the
+// parsers below name them in their errors.
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = text.find(',', start);
+    items.push_back(
+        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) return items;
+    start = comma + 1;
+  }
+}
+
 // "1,2,4": a comma-separated list of thread counts.
 bool ParseThreadList(const std::string& flag, const std::string& text, std::vector<size_t>* out,
                      std::string* error) {
   out->clear();
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : SplitCommas(text)) {
     int64_t v = 0;
     if (!ParseInt(flag, item, 1, kMaxThreads, &v, error)) {
       *error = flag + ": expected a comma-separated list of thread counts in [1, " +
@@ -105,8 +115,6 @@ bool ParseThreadList(const std::string& flag, const std::string& text, std::vect
       }
     }
     out->push_back(static_cast<size_t>(v));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return true;
 }
@@ -115,11 +123,7 @@ bool ParseThreadList(const std::string& flag, const std::string& text, std::vect
 bool ParseIntList(const std::string& flag, const std::string& text, int64_t lo, int64_t hi,
                   const char* what, std::vector<int64_t>* out, std::string* error) {
   out->clear();
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : SplitCommas(text)) {
     int64_t v = 0;
     if (!ParseInt(flag, item, lo, hi, &v, error)) {
       *error = flag + ": expected a comma-separated list of " + what + " in [" +
@@ -134,9 +138,38 @@ bool ParseIntList(const std::string& flag, const std::string& text, int64_t lo, 
       }
     }
     out->push_back(v);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
+  return true;
+}
+
+// "f32,i8": distinct KV-cache storage types, sorted f32 first (the peers are timed with the
+// f32 rows and shown on the others).
+bool ParseCacheTypes(const std::string& flag, const std::string& text, std::vector<DType>* out,
+                     std::string* error) {
+  out->clear();
+  for (const std::string& item : SplitCommas(text)) {
+    DType t;
+    if (item == "f32") {
+      t = DType::kF32;
+    } else if (item == "bf16") {
+      t = DType::kBF16;
+    } else if (item == "f16") {
+      t = DType::kF16;
+    } else if (item == "i8" || item == "int8") {
+      t = DType::kI8;
+    } else {
+      *error =
+          flag + ": expected a comma-separated list of f32, bf16, f16, i8, got " + Quoted(text);
+      return false;
+    }
+    if (std::find(out->begin(), out->end(), t) != out->end()) {
+      *error = flag + ": expected distinct cache types, got " + Quoted(item) + " twice in " +
+               Quoted(text);
+      return false;
+    }
+    out->push_back(t);
+  }
+  std::sort(out->begin(), out->end());
   return true;
 }
 
@@ -154,11 +187,7 @@ bool ParsePeerList(const std::string& flag, const std::string& text, std::vector
   for (size_t i = 0; i < peers.size(); ++i) {
     chosen[i] = std::find(out->begin(), out->end(), peers[i]) != out->end();
   }
-  size_t start = 0;
-  for (;;) {
-    const size_t comma = text.find(',', start);
-    const std::string item =
-        text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+  for (const std::string& item : SplitCommas(text)) {
     bool known = false;
     if (item == "all") *all_given = true;
     for (size_t i = 0; i < peers.size(); ++i) {
@@ -171,8 +200,6 @@ bool ParsePeerList(const std::string& flag, const std::string& text, std::vector
       *error = expected + Quoted(item) + (item == text ? "" : " in " + Quoted(text));
       return false;
     }
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   out->clear();
   for (size_t i = 0; i < peers.size(); ++i) {
@@ -386,38 +413,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         return r;
       }
     } else if (arg == "--kv-dtypes") {
-      o->decode_caches.clear();
-      size_t start = 0;
-      for (;;) {
-        const size_t comma = value.find(',', start);
-        const std::string item =
-            value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        DType t;
-        if (item == "f32") {
-          t = DType::kF32;
-        } else if (item == "bf16") {
-          t = DType::kBF16;
-        } else if (item == "f16") {
-          t = DType::kF16;
-        } else if (item == "i8" || item == "int8") {
-          t = DType::kI8;
-        } else {
-          e = "--kv-dtypes: expected a comma-separated list of f32, bf16, f16, i8, got " +
-              Quoted(value);
-          return r;
-        }
-        if (std::find(o->decode_caches.begin(), o->decode_caches.end(), t) !=
-            o->decode_caches.end()) {
-          e = "--kv-dtypes: expected distinct cache types, got " + Quoted(item) + " twice in " +
-              Quoted(value);
-          return r;
-        }
-        o->decode_caches.push_back(t);
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-      // f32 first: the peers are timed with the f32 rows and shown on the others.
-      std::sort(o->decode_caches.begin(), o->decode_caches.end());
+      if (!ParseCacheTypes(arg, value, &o->decode_caches, &e)) return r;
     } else if (arg == "--weights-dtype") {
       if (value == "f32") {
         o->decode_weights = DType::kF32;
