@@ -35,11 +35,12 @@ STAGES = {"qkv_projection", "scores", "softmax", "pv", "out_projection", "averag
 
 RESULT_FIELDS = {"batch", "seq", "kv_seq", "embed", "heads", "causal", "need_weights",
                  "threads", "median_ms", "p10_ms", "p90_ms", "runs", "gflops", "efficiency",
-                 "sgemm_gflops", "workspace_bytes", "arena_high_water", "peak_rss_mib", "max_abs_err",
-                 "rows_checked"}
+                 "sgemm_gflops", "fma_peak_gflops", "peak_fraction", "workspace_bytes",
+                 "arena_high_water", "peak_rss_mib", "max_abs_err", "rows_checked"}
 HEADER_FIELDS = {"cpu", "simd_target", "blas_arch", "threads", "mha_version", "sgemm_gflops",
-                 "sgemm_arch", "date", "rounds"}
-ROUND_FIELDS = {"sgemm_gflops", "runs", "median_ms", "gflops", "efficiency"}
+                 "sgemm_arch", "fma_peak_gflops", "date", "rounds"}
+ROUND_FIELDS = {"sgemm_gflops", "runs", "median_ms", "gflops", "efficiency", "fma_peak_gflops",
+                "peak_fraction"}
 # Peer ratios are written with 4 decimals: a small ratio (a slow mha case under the sanitizers
 # against a fast stand-in peer) is off by up to this much from the quotient of the written times.
 RATIO_ROUNDING = 5e-5
@@ -201,6 +202,13 @@ class Outputs(unittest.TestCase):
             expected.add("skx")
         self.assertIn(header["sgemm_arch"], expected)
         self.assertIn("BLIS sgemm 64^3 (%s kernels" % header["sgemm_arch"], self.proc.stdout)
+        # The multiply-add peak: per thread count, measured with the baseline, named with the
+        # dispatched target.
+        self.assertEqual(set(header["fma_peak_gflops"]), {"1", "2"})
+        for g in header["fma_peak_gflops"].values():
+            self.assertGreater(g, 0)
+        self.assertIn("multiply-add peak (%s, 12 chains" % header["simd_target"], self.proc.stdout)
+        self.assertIn("peak%", self.proc.stdout)
         self.assertRegex(header["date"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
         results = doc["results"]
         self.assertEqual([r["threads"] for r in results], [1, 2])
@@ -233,8 +241,12 @@ class Outputs(unittest.TestCase):
                 # quotient.
                 self.assertLessEqual(abs(rr["efficiency"] * rr["sgemm_gflops"] - rr["gflops"]),
                                      1e-3 * (1 + rr["efficiency"]) + 1e-5 * rr["sgemm_gflops"])
-            self.assertEqual(r["efficiency"], sorted(rr["efficiency"] for rr in rounds)[1])
-            self.assertEqual(r["sgemm_gflops"], sorted(rr["sgemm_gflops"] for rr in rounds)[1])
+                self.assertGreater(rr["fma_peak_gflops"], 0)
+                self.assertLessEqual(
+                    abs(rr["peak_fraction"] * rr["fma_peak_gflops"] - rr["gflops"]),
+                    1e-3 * (1 + rr["peak_fraction"]) + 1e-5 * rr["fma_peak_gflops"])
+            for key in ("efficiency", "sgemm_gflops", "fma_peak_gflops", "peak_fraction"):
+                self.assertEqual(r[key], sorted(rr[key] for rr in rounds)[1], key)
             self.assertGreater(r["workspace_bytes"], 0)
             self.assertGreaterEqual(r["arena_high_water"], r["workspace_bytes"] // 2)
             self.assertGreater(r["peak_rss_mib"], 0)
@@ -311,13 +323,15 @@ class OtherShapes(unittest.TestCase):
         (r,) = doc["results"]
         self.assertEqual((r["batch"], r["seq"], r["kv_seq"], r["causal"], r["need_weights"]),
                          (2, 5, 7, True, True))
-        self.assertIsNone(r["efficiency"])  # no sgemm baseline
-        self.assertIsNone(r["sgemm_gflops"])
+        # No sgemm baseline, and no multiply-add peak either.
+        for key in ("efficiency", "sgemm_gflops", "fma_peak_gflops", "peak_fraction"):
+            self.assertIsNone(r[key], key)
         self.assertEqual(len(r["rounds"]), 3)  # the default
         for rr in r["rounds"]:
-            self.assertIsNone(rr["sgemm_gflops"])
-            self.assertIsNone(rr["efficiency"])
+            for key in ("efficiency", "sgemm_gflops", "fma_peak_gflops", "peak_fraction"):
+                self.assertIsNone(rr[key], key)
         self.assertEqual(doc["header"]["sgemm_gflops"], {})
+        self.assertEqual(doc["header"]["fma_peak_gflops"], {})
         self.assertLess(r["max_abs_err"], 1e-3)
 
     def test_error_above_tolerance_exits_3(self):
@@ -370,7 +384,7 @@ else:
 """
 
 PEER_FIELDS = {"median_ms", "p10_ms", "p90_ms", "runs", "ratio", "max_abs_err", "agrees",
-               "precision", "note"}
+               "precision", "note", "peak_fraction"}
 PEERS = ["torch", "sdpa", "ort", "openvino", "openvino-bf16"]
 
 
@@ -453,6 +467,9 @@ class Compare(unittest.TestCase):
             # The JSON rounds ratios to 4 decimals (5e-5 absolute) and medians to 1 ns.
             self.assertAlmostEqual(t["ratio"], 5.0 / r["median_ms"],
                                    delta=RATIO_ROUNDING + 1e-3 * t["ratio"])
+            # The same flops in the peer's 5 ms: mha's fraction of the peak over the ratio.
+            self.assertAlmostEqual(t["peak_fraction"], r["peak_fraction"] * r["median_ms"] / 5.0,
+                                   delta=1e-5 + 1e-3 * t["peak_fraction"])
             self.assertIs(t["agrees"], True)
             self.assertEqual(t["note"], "")
             self.assertIs(peers["sdpa"]["agrees"], False)
@@ -461,12 +478,14 @@ class Compare(unittest.TestCase):
                 self.assertIsNone(peers[name]["median_ms"])
                 self.assertIsNone(peers[name]["ratio"])
                 self.assertIsNone(peers[name]["agrees"])
+                self.assertIsNone(peers[name]["peak_fraction"])
                 self.assertNotEqual(peers[name]["note"], "")
         self.assertEqual(len(rows), 2)
         for row, r in zip(rows, doc["results"]):
             for name in PEERS:
                 for suffix, key in (("_ms", "median_ms"), ("_ratio", "ratio"),
-                                    ("_max_abs_err", "max_abs_err")):
+                                    ("_max_abs_err", "max_abs_err"),
+                                    ("_peak_fraction", "peak_fraction")):
                     value = r["peers"][name][key]
                     self.assertEqual(row[name + suffix], "" if value is None else
                                      json.dumps(value) if isinstance(value, float) else str(value))

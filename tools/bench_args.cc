@@ -613,7 +613,8 @@ Measurement:
                      the BLIS baseline, then mha for 1/N of --min-time and of --min-runs
   --sgemm-size M     BLIS baseline: the fastest of 3 M x M x M sgemm products with the same
                      threads, at the start of every round, and once at the start of the run for
-                     the header (default 2048; 0 skips it and leaves efficiency empty). On an
+                     the header (default 2048; 0 skips it and the multiply-add peak, and leaves
+                     eff% and peak% empty). On an
                      AVX-512 target it uses BLIS's skx kernels when they are faster than the
                      configuration BLIS selects (BLIS 0.9.0 picks its AVX2 kernels on AVX-512
                      CPUs it does not know), measured in a child process; the header names it
@@ -730,6 +731,11 @@ Columns:
                so each ratio divides two figures taken about a second apart
   sgemm        BLIS sgemm GFLOP/s (--sgemm-size) with the same threads: the median of the
                rounds' baselines (the header shows the run's first measurement)
+  peak%        mha GFLOP/s in percent of the multiply-add peak: the CPU's f32 multiply-adds
+               per second on the dispatched SIMD target (MHA_TARGETS applies) with the same
+               threads, 12 independent chains in registers, measured after each round's sgemm;
+               the median over the rounds. No f32 product can pass 100: a peer's fraction
+               (JSON peers.<peer>.peak_fraction) says how much room it leaves
   wksp_MiB     workspace bytes returned by MultiheadAttention::Plan
   arena_MiB    the context arena's high-water mark
   rss_MiB      peak resident set size during the case's measured runs (Linux: VmHWM, reset per

@@ -14,6 +14,7 @@
 #include "runtime/context_internal.h"
 #include "runtime/trace.h"
 #include "tools/bench_check.h"
+#include "tools/bench_fma_peak.h"
 #include "tools/bench_host.h"
 #include "tools/bench_output.h"
 #include "tools/bench_peers.h"
@@ -34,7 +35,9 @@ struct TraceCapture {
 };
 
 // Measures one case in o.rounds rounds. Each round times the BLIS baseline (o.sgemm_size, with
-// the same threads; 0: none, no efficiency) and then mha's forward for its share of
+// the same threads; 0: none, no efficiency) and the multiply-add peak (with the baseline: the
+// flops no product can pass, so a peer's and mha's fractions of it show how much room is left)
+// and then mha's forward for its share of
 // --min-time and --min-runs, so each round's efficiency divides two figures taken within about
 // a second of each other; the case's efficiency is the median over rounds. A shared machine's
 // speed moves by tens of percent within seconds, which one baseline per case would pass
@@ -99,6 +102,7 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
     RoundResult rr;
     if (o.sgemm_size > 0) {
       rr.sgemm_gflops = MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), threads);
+      rr.fma_peak_gflops = MeasureFmaPeakGflops(threads);
     }
     rss->Reset();
     round_ms.clear();
@@ -146,6 +150,7 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
     rr.median_ms = Percentile(round_ms, 0.5);
     rr.gflops = flops / (rr.median_ms * 1e-3) * 1e-9;
     rr.efficiency = rr.sgemm_gflops > 0 ? rr.gflops / rr.sgemm_gflops : NAN;
+    rr.peak_fraction = rr.fma_peak_gflops > 0 ? rr.gflops / rr.fma_peak_gflops : NAN;
     r.rounds.push_back(rr);
     r.peak_rss_mib = std::max(r.peak_rss_mib, rss->PeakMib());
   }
@@ -160,17 +165,21 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
   r.p90_ms = Percentile(samples_ms, 0.9);
   r.gflops = flops / (r.median_ms * 1e-3) * 1e-9;
   if (o.sgemm_size > 0) {
-    std::vector<double> sgemm, eff;
+    std::vector<double> sgemm, eff, peak, frac;
     for (const RoundResult& rr : r.rounds) {
       sgemm.push_back(rr.sgemm_gflops);
       eff.push_back(rr.efficiency);
+      peak.push_back(rr.fma_peak_gflops);
+      frac.push_back(rr.peak_fraction);
     }
-    std::sort(sgemm.begin(), sgemm.end());
-    std::sort(eff.begin(), eff.end());
+    for (std::vector<double>* v : {&sgemm, &eff, &peak, &frac}) std::sort(v->begin(), v->end());
     r.sgemm_gflops = Percentile(sgemm, 0.5);
     r.efficiency = Percentile(eff, 0.5);
+    r.fma_peak_gflops = Percentile(peak, 0.5);
+    r.peak_fraction = Percentile(frac, 0.5);
   } else {
     r.efficiency = NAN;
+    r.peak_fraction = NAN;
   }
   if (o.breakdown) {
     r.has_breakdown = true;
@@ -238,6 +247,8 @@ int RunForwardSuite(const BenchOptions& o) {
       // probe warms up inside its own process).
       if (!baseline.child) MeasureSgemmGflops(static_cast<size_t>(o.sgemm_size), t);
       header.sgemm_gflops[t] = MeasureBaseline(baseline, static_cast<size_t>(o.sgemm_size), t);
+      progress.Show("measuring the multiply-add peak (" + std::to_string(t) + " thread(s))...");
+      header.fma_peak_gflops[t] = MeasureFmaPeakGflops(t);
     }
     progress.Clear();
   }

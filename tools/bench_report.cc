@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tools/bench_fma_peak.h"
+
 namespace mha {
 namespace bench {
 
@@ -77,7 +79,8 @@ void AddPeersHeaderJson(const RunHeader& h, json* j) {
 }
 
 json PeerResultsJson(const std::vector<std::string>& compare,
-                     const std::map<std::string, PeerResult>& results, double mha_median_ms) {
+                     const std::map<std::string, PeerResult>& results, double mha_median_ms,
+                     const double* mha_peak_fraction) {
   json peers = json::object();
   for (const std::string& p : compare) {
     const auto it = results.find(p);
@@ -92,6 +95,11 @@ json PeerResultsJson(const std::vector<std::string>& compare,
                 {"agrees", pr.timed ? json(pr.max_abs_err <= pr.tolerance) : none},
                 {"precision", pr.timed ? json(pr.precision) : none},
                 {"note", pr.note}};
+    if (mha_peak_fraction != nullptr) {
+      // The same flops in the peer's time: mha's fraction times mha's time over the peer's.
+      const double f = *mha_peak_fraction * mha_median_ms / pr.median_ms;
+      peers[p]["peak_fraction"] = pr.timed && std::isfinite(f) && f > 0 ? Rounded(f, 5) : none;
+    }
   }
   return peers;
 }
@@ -123,19 +131,31 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
   std::fprintf(out, "\n");
 }
 
+// "  1 thread X GFLOP/s  2 threads Y GFLOP/s" and the line's end.
+static void PrintPerThread(std::FILE* out, const std::map<size_t, double>& gflops) {
+  for (const auto& [t, g] : gflops) {
+    std::fprintf(out, "  %zu thread%s %.1f GFLOP/s", t, t == 1 ? "" : "s", g);
+  }
+  std::fprintf(out, "\n");
+}
+
 void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
   if (h.sgemm_size > 0) {
     std::fprintf(out, "BLIS sgemm %lld^3 (%s kernels, best of 3) at the start:",
                  static_cast<long long>(h.sgemm_size), h.sgemm_arch.c_str());
-    for (const auto& [t, g] : h.sgemm_gflops) {
-      std::fprintf(out, "  %zu thread%s %.1f GFLOP/s", t, t == 1 ? "" : "s", g);
-    }
-    std::fprintf(out, "\n");
+    PrintPerThread(out, h.sgemm_gflops);
     std::fprintf(out,
                  "(eff%% = median over each case's rounds of mha GFLOP/s / the sgemm measured "
                  "right before it in the same round; sgemm = the rounds' median)\n");
+    std::fprintf(out, "multiply-add peak (%s, %zu chains in registers, best of 5) at the start:",
+                 h.simd_target.c_str(), kFmaChains);
+    PrintPerThread(out, h.fma_peak_gflops);
+    std::fprintf(out,
+                 "(peak%% = median over the rounds of mha GFLOP/s / the peak measured after the "
+                 "round's sgemm: no f32 product passes 100)\n");
   } else {
-    std::fprintf(out, "BLIS sgemm baseline: skipped (--sgemm-size 0), no efficiency column\n");
+    std::fprintf(out,
+                 "BLIS sgemm baseline: skipped (--sgemm-size 0), no efficiency or peak column\n");
   }
   if (!h.compare.empty()) {
     std::string peers;
@@ -154,10 +174,10 @@ void PrintColumnTitles(std::FILE* out, const RunHeader& h) {
                  "|peer - mha| of its first output, '!' above its bound)\n");
   }
   std::fprintf(out, "\n");
-  std::fprintf(out, "%5s %6s %6s %5s %5s %6s %7s %4s %9s %9s %9s %8s %6s %6s %8s %9s %8s %8s",
+  std::fprintf(out, "%5s %6s %6s %5s %5s %6s %7s %4s %9s %9s %9s %8s %6s %6s %6s %8s %9s %8s %8s",
                "batch", "seq", "kv_seq", "embed", "heads", "causal", "weights", "thr", "median_ms",
-               "p10_ms", "p90_ms", "GFLOP/s", "eff%", "sgemm", "wksp_MiB", "arena_MiB", "rss_MiB",
-               "max_err");
+               "p10_ms", "p90_ms", "GFLOP/s", "eff%", "sgemm", "peak%", "wksp_MiB", "arena_MiB",
+               "rss_MiB", "max_err");
   for (const std::string& p : h.compare) {
     const int w = PeerWidth(p);
     std::fprintf(out, " %*s %*s %*s", w, (p + "_ms").c_str(), w, (p + "/mha").c_str(), w,
@@ -182,9 +202,11 @@ void PrintRow(std::FILE* out, const RunHeader& h, const CaseResult& r) {
   std::snprintf(err, sizeof(err), "%.1e", r.max_abs_err);
   const std::string sgemm =
       r.sgemm_gflops > 0 ? FormatFixed(r.sgemm_gflops, 1) : std::string("-");
-  std::fprintf(out, "%9s %9s %9s %8.1f %6s %6s %8.2f %9.2f %8.1f %8s",
+  const std::string peak =
+      std::isfinite(r.peak_fraction) ? FormatFixed(100.0 * r.peak_fraction, 1) : std::string("-");
+  std::fprintf(out, "%9s %9s %9s %8.1f %6s %6s %6s %8.2f %9.2f %8.1f %8s",
                FormatMs(r.median_ms).c_str(), FormatMs(r.p10_ms).c_str(),
-               FormatMs(r.p90_ms).c_str(), r.gflops, eff.c_str(), sgemm.c_str(),
+               FormatMs(r.p90_ms).c_str(), r.gflops, eff.c_str(), sgemm.c_str(), peak.c_str(),
                static_cast<double>(r.workspace_bytes) / kMiB,
                static_cast<double>(r.arena_high_water) / kMiB, r.peak_rss_mib, err);
   for (const std::string& p : h.compare) {
@@ -241,8 +263,9 @@ void PrintBreakdownTable(std::FILE* out, const std::vector<CaseResult>& results)
 namespace {
 
 json HeaderJson(const RunHeader& h) {
-  json sgemm = json::object();
+  json sgemm = json::object(), fma_peak = json::object();
   for (const auto& [t, g] : h.sgemm_gflops) sgemm[std::to_string(t)] = Rounded(g, 3);
+  for (const auto& [t, g] : h.fma_peak_gflops) fma_peak[std::to_string(t)] = Rounded(g, 3);
   json j = {{"cpu", h.cpu},
             {"simd_target", h.simd_target},
             {"blas_arch", h.blas_arch},
@@ -252,6 +275,7 @@ json HeaderJson(const RunHeader& h) {
             {"sgemm_size", h.sgemm_size},
             {"sgemm_gflops", sgemm},
             {"sgemm_arch", h.sgemm_arch},
+            {"fma_peak_gflops", fma_peak},
             {"date", h.date},
             {"min_time_s", h.min_time_s},
             {"min_runs", h.min_runs},
@@ -300,6 +324,8 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
   j["gflops"] = Rounded(r.gflops, 3);
   j["efficiency"] = Rounded(r.efficiency, 5);
   j["sgemm_gflops"] = r.sgemm_gflops > 0 ? Rounded(r.sgemm_gflops, 3) : json(nullptr);
+  j["fma_peak_gflops"] = r.fma_peak_gflops > 0 ? Rounded(r.fma_peak_gflops, 3) : json(nullptr);
+  j["peak_fraction"] = Rounded(r.peak_fraction, 5);
   j["rounds"] = json::array();
   for (const RoundResult& rr : r.rounds) {
     j["rounds"].push_back(
@@ -307,7 +333,10 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
          {"runs", rr.runs},
          {"median_ms", Rounded(rr.median_ms, kMsDecimals)},
          {"gflops", Rounded(rr.gflops, 3)},
-         {"efficiency", Rounded(rr.efficiency, 5)}});
+         {"efficiency", Rounded(rr.efficiency, 5)},
+         {"fma_peak_gflops",
+          rr.fma_peak_gflops > 0 ? Rounded(rr.fma_peak_gflops, 3) : json(nullptr)},
+         {"peak_fraction", Rounded(rr.peak_fraction, 5)}});
   }
   j["workspace_bytes"] = r.workspace_bytes;
   j["arena_high_water"] = r.arena_high_water;
@@ -315,7 +344,9 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
   j["max_abs_err"] = Number(r.max_abs_err);
   j["rows_checked"] = r.rows_checked;
   if (r.has_breakdown) j["breakdown"] = BreakdownJson(r.breakdown);
-  if (!h.compare.empty()) j["peers"] = PeerResultsJson(h.compare, r.peers, r.median_ms);
+  if (!h.compare.empty()) {
+    j["peers"] = PeerResultsJson(h.compare, r.peers, r.median_ms, &r.peak_fraction);
+  }
   return j;
 }
 
@@ -365,6 +396,8 @@ void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<Case
                                         "gflops",
                                         "efficiency",
                                         "sgemm_gflops",
+                                        "fma_peak_gflops",
+                                        "peak_fraction",
                                         "workspace_bytes",
                                         "arena_high_water",
                                         "peak_rss_mib",
@@ -382,6 +415,7 @@ void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<Case
     columns.push_back({p + "_ms", {"peers", p, "median_ms"}});
     columns.push_back({p + "_ratio", {"peers", p, "ratio"}});
     columns.push_back({p + "_max_abs_err", {"peers", p, "max_abs_err"}});
+    columns.push_back({p + "_peak_fraction", {"peers", p, "peak_fraction"}});
   }
   columns.push_back({"error", {"error"}});
   for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c].name;

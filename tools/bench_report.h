@@ -32,6 +32,9 @@ struct RunHeader {
   int64_t sgemm_size = 0;                 // 0: no baseline measured
   std::string sgemm_arch;                 // BLIS configuration of the baseline (e.g. "skx")
   std::map<size_t, double> sgemm_gflops;  // by thread count
+  // The multiply-add peak of the dispatched target (MeasureFmaPeakGflops), by thread count;
+  // measured with the sgemm baseline, empty without one.
+  std::map<size_t, double> fma_peak_gflops;
   double min_time_s = 0;
   int64_t min_runs = 0;
   int64_t rounds = 0;  // measurement rounds per case (each: baseline, then mha runs)
@@ -65,6 +68,8 @@ struct RoundResult {
   double median_ms = 0;   // of this round's runs
   double gflops = 0;      // flops / median_ms
   double efficiency = 0;  // gflops / sgemm_gflops; NaN without a baseline
+  double fma_peak_gflops = 0;  // right after the sgemm; 0 without a baseline
+  double peak_fraction = 0;    // gflops / fma_peak_gflops; NaN without a baseline
 };
 
 // One peer's figures for one case (--compare). Not timed: `note` says why, the cells stay
@@ -92,6 +97,9 @@ struct CaseResult {
   // within seconds, so only figures taken close together make a meaningful ratio.
   double sgemm_gflops = 0;
   double efficiency = 0;
+  // Likewise the medians of the rounds' multiply-add peaks and of mha's fractions of them.
+  double fma_peak_gflops = 0;
+  double peak_fraction = 0;
   std::vector<RoundResult> rounds;
   uint64_t workspace_bytes = 0;
   uint64_t arena_high_water = 0;
@@ -110,10 +118,13 @@ double PeerRatio(const std::map<std::string, PeerResult>& peers, const std::stri
 // precision) added to *j; nothing without --compare.
 void AddPeersHeaderJson(const RunHeader& header, nlohmann::ordered_json* j);
 // One result's "peers" object: for each peer of `compare` its times, runs, ratio (its median
-// over mha_median_ms), max_abs_err, agrees, precision and note (null figures when not run).
+// over mha_median_ms), max_abs_err, agrees, precision and note (null figures when not run);
+// given mha's fraction of the multiply-add peak (the forward's cases), also the peer's
+// "peak_fraction" at its median time (null when either is unknown).
 nlohmann::ordered_json PeerResultsJson(const std::vector<std::string>& compare,
                                        const std::map<std::string, PeerResult>& results,
-                                       double mha_median_ms);
+                                       double mha_median_ms,
+                                       const double* mha_peak_fraction = nullptr);
 
 // The aligned table on stdout, printed as the run goes: PrintHeader (machine, library, options)
 // first; PrintColumnTitles (the sgemm baseline and peer lines, then the titles) once those are
