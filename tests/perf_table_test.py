@@ -102,6 +102,36 @@ class Recorded(unittest.TestCase):
         self.assertTrue(row[5].endswith("× (!)"), row[5])
         self.assertNotIn("Made with", p.stdout)
 
+    def test_peak_columns(self):
+        # With the multiply-add peak (mha-bench measures it with the sgemm): mha's percent of it
+        # and the fastest agreeing f32 peer's; bf16 and disagreeing peers do not count.
+        doc = copy.deepcopy(self.doc)
+        doc["header"]["fma_peak_gflops"] = {"2": 401.5}
+        for r in doc["results"]:
+            r["peak_fraction"] = 0.5
+            for name, peer in r["peers"].items():
+                peer["peak_fraction"] = {"torch": 0.3, "sdpa": 0.9, "ort": 0.45,
+                                         "openvino": 0.4, "openvino-bf16": 0.95}[name]
+        doc["results"][0]["peers"]["sdpa"]["agrees"] = False
+        doc["results"][1]["peers"]["ort"]["precision"] = "bf16"
+        p = render(doc)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("multiply-add peak 402 GFLOP/s on 2 thread(s)", p.stdout)
+        rows = table_rows(p.stdout)
+        self.assertEqual(rows[0][2:7], ["mha ms", "eff %", "peak %", "f32 peer peak %",
+                                        "PyTorch nn.MHA"])
+        ran = lambda r, name: r["peers"][name]["ratio"] is not None
+        for i, (row, r) in enumerate(zip(rows[1:], doc["results"])):
+            self.assertEqual(row[4], "50.0")
+            expected = [f for name, f in (("torch", 30), ("sdpa", 90), ("ort", 45),
+                                          ("openvino", 40))
+                        if ran(r, name) and r["peers"][name]["agrees"] and
+                        r["peers"][name]["precision"] == "f32"]
+            self.assertEqual(row[5], f"{max(expected):.1f}" if expected else "–", i)
+        self.assertEqual(rows[1][5], "45.0")  # sdpa disagreed
+        doc["results"][0]["peak_fraction"] = None  # no baseline in that case
+        self.assertEqual(table_rows(render(doc).stdout)[1][4], "–")
+
     def test_without_peers(self):
         doc = copy.deepcopy(self.doc)
         for key in ("compare", "peers", "peer_python"):

@@ -7,8 +7,10 @@
 Per file: a line naming the machine and the run (CPU model, SIMD target, BLIS architecture,
 threads, mha version, date, load average at the start), a line with the version and precision
 of every peer compared, then one row per case and thread count: the shape (B, L, E, H), causal,
-mha's median ms, its efficiency (GFLOP/s over the same run's BLIS sgemm, in percent) and, per
-peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster),
+mha's median ms, its efficiency (GFLOP/s over the same run's BLIS sgemm, in percent), when the
+file has them (mha-bench measures it with the sgemm) mha's and the fastest agreeing f32 peer's
+percent of the multiply-add peak of the dispatched SIMD target ("peak %", "f32 peer peak %": the
+roofline no f32 product passes), and, per peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster),
 "0.90×" that the peer was faster. A peer whose first output disagreed with mha's beyond its
 bound is marked "(!)"; a peer that did not run the case (not installed, or lacking the feature)
 is "–". --command adds the command that made the file. Only the standard library is needed.
@@ -77,6 +79,10 @@ def machine_line(h):
     # The efficiency's baseline, when it is not the BLIS configuration named above.
     if h.get("sgemm_arch") and h.get("sgemm_arch") != h.get("blas_arch"):
         parts.append(f"sgemm baseline on BLIS {h['sgemm_arch']}")
+    peak = h.get("fma_peak_gflops") or {}
+    if peak:
+        parts.append("multiply-add peak " + ", ".join(
+            f"{g:.0f} GFLOP/s on {t} thread(s)" for t, g in sorted(peak.items())))
     if isinstance(h.get("load_average"), (int, float)):
         parts.append(f"load average {h['load_average']:.2f} at the start")
     if h.get("prepack") is False:
@@ -108,6 +114,14 @@ def peer_cell(result, name):
     return f"{ratio:.2f}×" + ("" if p.get("agrees", True) else " (!)")
 
 
+def fastest_f32_peer_peak(result):
+    """The largest peak_fraction among the f32 peers that ran and agreed, or None."""
+    fractions = [p.get("peak_fraction") for p in (result.get("peers") or {}).values()
+                 if p.get("precision") == "f32" and p.get("agrees") and
+                 isinstance(p.get("peak_fraction"), (int, float))]
+    return max(fractions) if fractions else None
+
+
 def case_key(r):
     return (r.get("batch"), r.get("seq"), r.get("kv_seq"), r.get("embed"), r.get("heads"),
             bool(r.get("causal")), bool(r.get("need_weights")), r.get("threads"),
@@ -121,9 +135,10 @@ def table(doc, f32=None):
     several_threads = len({r.get("threads") for r in results}) > 1
     f32_ms = {case_key(r): r["median_ms"] for r in (f32 or {}).get("results", [])
               if not r.get("error") and isinstance(r.get("median_ms"), (int, float))}
+    has_peak = any(isinstance(r.get("peak_fraction"), (int, float)) for r in results)
     titles = ["(B, L, E, H)", "causal"] + (["threads"] if several_threads else []) + \
-        ["mha ms", "eff %"] + (["f32 / bf16"] if f32 else []) + \
-        [PEER_TITLES.get(p, p) for p in compare]
+        ["mha ms", "eff %"] + (["peak %", "f32 peer peak %"] if has_peak else []) + \
+        (["f32 / bf16"] if f32 else []) + [PEER_TITLES.get(p, p) for p in compare]
     lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
     for r in results:
         shape = f"({r['batch']}, {r['seq']}, {r['embed']}, {r['heads']})"
@@ -135,11 +150,15 @@ def table(doc, f32=None):
         if several_threads:
             row.append(str(r.get("threads")))
         if r.get("error"):
-            row += [f"error: {r['error']}", ""] + [""] * ((1 if f32 else 0) + len(compare))
+            row += [f"error: {r['error']}", ""] + \
+                [""] * ((2 if has_peak else 0) + (1 if f32 else 0) + len(compare))
         else:
             eff = r.get("efficiency")
             row += [fmt_ms(r["median_ms"]),
                     f"{100 * eff:.1f}" if isinstance(eff, (int, float)) else "–"]
+            if has_peak:
+                pct = lambda v: f"{100 * v:.1f}" if isinstance(v, (int, float)) else "–"
+                row += [pct(r.get("peak_fraction")), pct(fastest_f32_peer_peak(r))]
             if f32:
                 base = f32_ms.get(case_key(r))
                 row.append(f"{base / r['median_ms']:.2f}×" if base else "–")
