@@ -131,6 +131,10 @@ class Recorded(unittest.TestCase):
         self.assertEqual(rows[1][5], "45.0")  # sdpa disagreed
         doc["results"][0]["peak_fraction"] = None  # no baseline in that case
         self.assertEqual(table_rows(render(doc).stdout)[1][4], "–")
+        doc["header"]["compute"] = "bf16"  # the f32 peak does not bound bf16 products
+        p = render(doc)
+        self.assertNotIn("multiply-add peak", p.stdout)
+        self.assertNotIn("peak %", table_rows(p.stdout)[0])
 
     def test_without_peers(self):
         doc = copy.deepcopy(self.doc)

@@ -10,7 +10,7 @@ of every peer compared, then one row per case and thread count: the shape (B, L,
 mha's median ms, its efficiency (GFLOP/s over the same run's BLIS sgemm, in percent), when the
 file has them (mha-bench measures it with the sgemm) mha's and the fastest agreeing f32 peer's
 percent of the multiply-add peak of the dispatched SIMD target ("peak %", "f32 peer peak %": the
-roofline no f32 product passes), and, per peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster),
+roofline no f32 product passes; not for --compute bf16 files), and, per peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster),
 "0.90×" that the peer was faster. A peer whose first output disagreed with mha's beyond its
 bound is marked "(!)"; a peer that did not run the case (not installed, or lacking the feature)
 is "–". --command adds the command that made the file. Only the standard library is needed.
@@ -80,7 +80,7 @@ def machine_line(h):
     if h.get("sgemm_arch") and h.get("sgemm_arch") != h.get("blas_arch"):
         parts.append(f"sgemm baseline on BLIS {h['sgemm_arch']}")
     peak = h.get("fma_peak_gflops") or {}
-    if peak:
+    if peak and h.get("compute") != "bf16":
         parts.append("multiply-add peak " + ", ".join(
             f"{g:.0f} GFLOP/s on {t} thread(s)" for t, g in sorted(peak.items())))
     if isinstance(h.get("load_average"), (int, float)):
@@ -135,7 +135,9 @@ def table(doc, f32=None):
     several_threads = len({r.get("threads") for r in results}) > 1
     f32_ms = {case_key(r): r["median_ms"] for r in (f32 or {}).get("results", [])
               if not r.get("error") and isinstance(r.get("median_ms"), (int, float))}
-    has_peak = any(isinstance(r.get("peak_fraction"), (int, float)) for r in results)
+    # The f32 multiply-add peak bounds f32 products only: no peak columns for bf16 compute.
+    has_peak = h.get("compute") != "bf16" and \
+        any(isinstance(r.get("peak_fraction"), (int, float)) for r in results)
     titles = ["(B, L, E, H)", "causal"] + (["threads"] if several_threads else []) + \
         ["mha ms", "eff %"] + (["peak %", "f32 peer peak %"] if has_peak else []) + \
         (["f32 / bf16"] if f32 else []) + [PEER_TITLES.get(p, p) for p in compare]
