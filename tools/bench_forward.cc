@@ -35,13 +35,12 @@ struct TraceCapture {
 };
 
 // Measures one case in o.rounds rounds. Each round times the BLIS baseline (o.sgemm_size, with
-// the same threads; 0: none, no efficiency) and the multiply-add peak (with the baseline: the
-// flops no product can pass, so a peer's and mha's fractions of it show how much room is left)
-// and then mha's forward for its share of
-// --min-time and --min-runs, so each round's efficiency divides two figures taken within about
-// a second of each other; the case's efficiency is the median over rounds. A shared machine's
-// speed moves by tens of percent within seconds, which one baseline per case would pass
-// straight into the efficiency.
+// the same threads; 0: none, no efficiency), with it the multiply-add peak (the flops no product
+// can pass, so mha's and a peer's fractions of it show how much room is left), then mha's
+// forward for its share of --min-time and --min-runs, so each round's efficiency divides two
+// figures taken within about a second of each other; the case's efficiency is the median over
+// rounds. A shared machine's speed moves by tens of percent within seconds, which one baseline
+// per case would pass straight into the efficiency.
 CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
                    const SgemmBaseline& baseline, PeakRss* rss, TraceCapture* capture) {
   CaseResult r;
