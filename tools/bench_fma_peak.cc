@@ -50,6 +50,7 @@ size_t FmaChains(size_t iters, float* sink) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -63,27 +64,40 @@ namespace mha {
 HWY_EXPORT(FmaChains);
 
 double MeasureFmaPeakGflops(size_t threads) {
-  // 4M steps: 1.5 GFLOP per thread with 16 lanes, ~10 ms on an AVX-512 core; 0.8 with AVX2's 8.
-  constexpr size_t kIters = size_t{4} << 20;
+  // Steps per run: calibrated to ~8 ms from two short runs of kCalibrationIters (0.1 ms on an
+  // AVX-512 core), so the probe costs ~50 ms whatever the build: under ASan at -O1 the chains
+  // spill to the stack and run 50x slower, and a fixed count took 2 s per probe.
+  constexpr size_t kCalibrationIters = size_t{1} << 16;
+  constexpr size_t kMaxIters = size_t{8} << 20;
+  constexpr double kRepSeconds = 8e-3;
   constexpr int kReps = 5;
   const size_t parts = threads > 0 ? threads : 1;
   ThreadPool pool(parts);
   std::vector<float> sinks(parts);
   std::vector<size_t> lanes(parts);
-  double best_s = 0;
-  for (int rep = 0; rep <= kReps; ++rep) {
+  // Seconds of one run of `iters` steps on every thread.
+  const auto run = [&](size_t iters) {
     const int64_t t0 = TraceRecorder::NowNs();
     pool.ParallelFor(parts, [&](uint64_t task, size_t /*worker*/) {
-      lanes[task] = HWY_DYNAMIC_DISPATCH(FmaChains)(kIters, &sinks[task]);
+      lanes[task] = HWY_DYNAMIC_DISPATCH(FmaChains)(iters, &sinks[task]);
     });
-    const double sec = static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
+    return static_cast<double>(TraceRecorder::NowNs() - t0) * 1e-9;
+  };
+  const double calibration_s = std::min(run(kCalibrationIters), run(kCalibrationIters));
+  const double scale = calibration_s > 0 ? kRepSeconds / calibration_s : 1.0;
+  const size_t iters = static_cast<size_t>(
+      std::clamp(static_cast<double>(kCalibrationIters) * scale,
+                 static_cast<double>(kCalibrationIters), static_cast<double>(kMaxIters)));
+  double best_s = 0;
+  for (int rep = 0; rep <= kReps; ++rep) {
+    const double sec = run(iters);
     if (rep > 0 && (best_s == 0 || sec < best_s)) best_s = sec;
   }
   float all = 0;
   for (float s : sinks) all += s;
   if (all < 0) std::fputc('\0', stderr);
   double flops = 0;
-  for (size_t n : lanes) flops += 2.0 * static_cast<double>(kFmaChains * kIters * n);
+  for (size_t n : lanes) flops += 2.0 * static_cast<double>(kFmaChains * iters * n);
   return best_s > 0 ? flops / best_s * 1e-9 : 0.0;
 }
 

@@ -10,9 +10,9 @@ namespace mha {
 // f32 multiply-add throughput, GFLOP/s (a multiply-add counts 2 flops, as GEMM's 2mnk does):
 // each of `threads` threads of an mha pool runs kFmaChains independent chains of vector
 // multiply-adds held in registers (no loads or stores), on the SIMD target Highway dispatches
-// to (so MHA_TARGETS=AVX2 measures the AVX2 peak). Best of 5 after a warm-up, about 10 ms each
-// on an AVX-512 core. A target without fused multiply-add (SSE2, SSE4) counts its multiply and
-// add pair.
+// to (so MHA_TARGETS=AVX2 measures the AVX2 peak). Best of 5 runs of ~8 ms (their length
+// calibrated by two short runs) after a warm-up. A target without fused multiply-add (SSE2,
+// SSE4) counts its multiply and add pair.
 double MeasureFmaPeakGflops(size_t threads);
 
 // Independent accumulator chains per thread: enough to hide the multiply-add latency on every
