@@ -40,6 +40,7 @@
 #include "kernels/rope.h"
 #include "kernels/softmax.h"
 #include "kernels/targets.h"
+#include "runtime/forward_plan.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/thread_pool.h"
 
@@ -192,6 +193,44 @@ void BM_OnlineSoftmaxUpdate(benchmark::State& state) {
   SetSoftmaxCounters(state, rows, cols);
 }
 BENCHMARK(BM_OnlineSoftmaxUpdate)->DenseRange(0, 2)->UseManualTime();
+
+// The online softmax of one 64-token head as the attention's online path runs it when the head's
+// keys are one key block (e.g. (32, 64, 512, 8)): strips of 24, 24 and 16 rows, each a row's
+// first block (row_max -inf), scale 1, head_dim 64 acc. Argument: 0 = non-causal (every strip
+// 64 columns), 1 = causal (each strip over the columns its last row sees: 24, 48, 64; row r of
+// the head sees r + 1), which is half the elements. Items: the elements visible.
+void BM_OnlineSoftmaxHead64(benchmark::State& state) {
+  const size_t seq = 64, hd = 64;
+  const bool causal = state.range(0) == 1;
+  const std::vector<float> pristine = RandomFloats(seq * seq, -4.0f, 4.0f, 6);
+  std::vector<float> scores(seq * seq), acc(seq * hd);
+  std::vector<float> row_max(seq), row_sum(seq);
+  for (auto _ : state) {
+    scores = pristine;
+    std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<float>::infinity());
+    std::fill(row_sum.begin(), row_sum.end(), 0.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t r0 = 0; r0 < seq; r0 += kStripRows) {
+      const size_t rows = std::min(kStripRows, seq - r0);
+      SoftmaxMasks masks;
+      masks.causal = causal;
+      masks.causal_offset = static_cast<int64_t>(r0);
+      const size_t cols = causal ? r0 + rows : seq;
+      kernels::OnlineSoftmaxUpdate(scores.data() + r0 * seq, rows, cols,
+                                   static_cast<ptrdiff_t>(seq), 1.0f, masks, row_max.data() + r0,
+                                   row_sum.data() + r0, acc.data() + r0 * hd, hd,
+                                   static_cast<ptrdiff_t>(hd));
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(scores.data());
+    benchmark::ClobberMemory();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations()) *
+                          static_cast<int64_t>(causal ? seq * (seq + 1) / 2 : seq * seq));
+  state.SetLabel(causal ? "causal" : "non-causal");
+}
+BENCHMARK(BM_OnlineSoftmaxHead64)->DenseRange(0, 1)->UseManualTime();
 
 // Forces dispatch to the index-th target this CPU supports (kernels::SupportedTargets); false,
 // with the benchmark skipped, where there are fewer. The caller restores with ForceTarget(0).

@@ -272,7 +272,10 @@ HWY_INLINE RowStats ScaleMaskMax(D d, float* HWY_RESTRICT x, size_t n, float sca
     const size_t rem = n - i;
     V y = hn::Mul(LoadTail(d, x + i, rem, hn::Zero(d)), vscale);
     y = hn::IfThenElse(hn::FirstN(d, rem), y, neg_inf);
-    StoreTail(y, d, x + i, rem);
+    // With scale 1, y is x on the real lanes (a signalling NaN turns quiet, and a NaN row is
+    // all NaN anyway): not stored, since a masked store makes the next pass's masked load of
+    // the same vector wait for it to reach the cache.
+    if (scale != 1.0f) StoreTail(y, d, x + i, rem);
     vmax0 = hn::Max(vmax0, y);
     nan0 = hn::Or(nan0, hn::IsNaN(y));
   } else if (i < n) {
@@ -466,17 +469,14 @@ inline void FillRow(float* x, size_t n, float value) {
 }
 
 // Passes 1 and 2 of row r over its visible columns c: x[c.begin, c.end) = exp(y - max), with
-// max over y and the sink; the columns outside c = 0. Returns the sum of the exps plus
-// exp(sink - max); 0 for a row with no unmasked entry (x all 0, whatever the sink), NaN for a NaN
-// row (x NaN on c; also a NaN or +inf sink).
+// max over y and the sink; the columns outside c untouched (ExpRow zeroes them). Returns the sum of
+// the exps plus exp(sink - max); 0 for a row with no unmasked entry (x all 0, whatever the sink),
+// NaN for a NaN row (x NaN on c; also a NaN or +inf sink).
 template <bool kTerms, class D>
-HWY_INLINE double ExpRow(D d, float* HWY_RESTRICT x, size_t r, size_t cols, float scale,
-                         const SoftmaxMasks& masks, ColumnRange c) {
+HWY_INLINE double ExpVisible(D d, float* HWY_RESTRICT x, size_t r, float scale,
+                             const SoftmaxMasks& masks, ColumnRange c) {
   const float kNaN = std::numeric_limits<float>::quiet_NaN();
   const float kInf = std::numeric_limits<float>::infinity();
-  // Columns outside the range are never read, only zeroed.
-  FillRow(x, c.begin, 0.0f);
-  FillRow(x + c.end, cols - c.end, 0.0f);
   if (c.begin == c.end) return 0.0;
   float* HWY_RESTRICT xs = x + c.begin;
   const size_t n = c.end - c.begin;
@@ -505,6 +505,20 @@ HWY_INLINE double ExpRow(D d, float* HWY_RESTRICT x, size_t r, size_t cols, floa
          std::exp(static_cast<double>(sink) - static_cast<double>(max));
 }
 
+// ExpVisible, then the columns outside c (never read) zeroed. Zeroed after the passes: a row's
+// last partial vector is read with a masked load, which waits for any older store to the same
+// vector, masked-off lanes included, to reach the cache; zeroes stored first made every row
+// that ends inside a vector (causal rows) wait (a causal 64-token head's online softmax 1.8x
+// the non-causal one's time for half the elements, bench/kernels_bench OnlineSoftmaxHead64).
+template <bool kTerms, class D>
+HWY_INLINE double ExpRow(D d, float* HWY_RESTRICT x, size_t r, size_t cols, float scale,
+                         const SoftmaxMasks& masks, ColumnRange c) {
+  const double sum = ExpVisible<kTerms>(d, x, r, scale, masks, c);
+  FillRow(x, c.begin, 0.0f);
+  FillRow(x + c.end, cols - c.end, 0.0f);
+  return sum;
+}
+
 template <bool kTerms, class D>
 HWY_INLINE void SoftmaxRowsT(D d, float* HWY_RESTRICT scores, size_t rows, size_t cols,
                              ptrdiff_t row_stride, float scale, const SoftmaxMasks& masks) {
@@ -517,6 +531,69 @@ HWY_INLINE void SoftmaxRowsT(D d, float* HWY_RESTRICT scores, size_t rows, size_
   }
 }
 
+// One row of OnlineSoftmaxUpdateT over its visible columns c (non-empty or not); leaves the
+// columns outside c untouched.
+template <bool kTerms, class D>
+HWY_INLINE void OnlineRowUpdate(D d, float* HWY_RESTRICT x, size_t r, float scale,
+                                const SoftmaxMasks& masks, bool plain, ColumnRange c,
+                                float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
+                                float* HWY_RESTRICT acc_row, size_t acc_cols) {
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  if (c.begin == c.end) return;  // no key of this block is visible: state unchanged
+  float* HWY_RESTRICT xs = x + c.begin;
+  const size_t n = c.end - c.begin;
+  const RowMasks rm = FromColumn(MasksForRow(masks, r), c.begin);
+  const float m_old = row_max[r];
+  // A finite reference from earlier blocks (or a sink): one fused pass while the block stays
+  // within the headroom (the common case after the first block), the remaining columns
+  // otherwise.
+  size_t done = 0;
+  double done_sum = 0.0;
+  // m_old is -inf (no visible key yet), NaN, or finite, and a finite m_old + 8 stays finite.
+  const float limit = m_old + kOnlineSoftmaxHeadroom;
+  if (m_old > -kInf) {
+    done = plain ? ExpBoundedSum<true, false>(d, xs, n, scale, rm, m_old, limit, &done_sum)
+                 : ExpBoundedSum<false, kTerms>(d, xs, n, scale, rm, m_old, limit, &done_sum);
+    if (done == n) {
+      row_sum[r] += static_cast<float>(done_sum);
+      return;
+    }
+  }
+  // Passes 1 and 2 over [done, n): columns [0, done) already hold exp(y - m_old).
+  const RowStats stats = ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
+  if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
+    // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
+    // OnlineSoftmaxFinish keep it NaN.
+    FillRow(xs, n, kNaN);
+    FillRow(acc_row, acc_cols, kNaN);
+    row_max[r] = kNaN;
+    row_sum[r] = kNaN;
+    return;
+  }
+  const float m_new = stats.max > m_old ? stats.max : m_old;
+  if (m_new == -kInf) {
+    // Every key so far is masked: p = 0, and the state stays (-inf, 0).
+    FillRow(xs, n, 0.0f);
+    return;
+  }
+  const float block_sum = static_cast<float>(ExpSubtractSum(d, xs + done, n - done, m_new));
+  if (m_old == -kInf) {
+    // First visible keys: nothing accumulated yet (acc is overwritten, not scaled, so it
+    // need not be initialized before the first block that has a visible key).
+    FillRow(acc_row, acc_cols, 0.0f);
+    row_sum[r] = block_sum;
+  } else {
+    // m_old is finite, so the fused pass ran and stopped at a y above m_old + headroom (NaN and
+    // +inf left above): m_new > m_old. Rescale what it did, acc and the sum to m_new.
+    const float alpha = std::exp(m_old - m_new);  // in [0, 1)
+    MulRow(d, acc_row, acc_cols, alpha);
+    MulRow(d, xs, done, alpha);
+    row_sum[r] = (row_sum[r] + static_cast<float>(done_sum)) * alpha + block_sum;
+  }
+  row_max[r] = m_new;
+}
+
 // OnlineSoftmaxUpdate (see kernels/softmax.h) with kTerms as in ScaledMaskedScores.
 template <bool kTerms, class D>
 HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t rows, size_t cols,
@@ -524,69 +601,16 @@ HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t row
                                      float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
                                      float* HWY_RESTRICT acc, size_t acc_cols,
                                      ptrdiff_t acc_row_stride) {
-  const float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const float kInf = std::numeric_limits<float>::infinity();
   const bool plain = !kTerms && scale == 1.0f && !masks.add[0] && !masks.add[1] &&
                      !masks.masked[0] && !masks.masked[1];
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
-    float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
     const ColumnRange c = VisibleColumns(masks, r, cols);
+    OnlineRowUpdate<kTerms>(d, x, r, scale, masks, plain, c, row_max, row_sum,
+                            acc + static_cast<ptrdiff_t>(r) * acc_row_stride, acc_cols);
+    // The columns outside c are zeroed after the row's passes, as ExpRow does (why: there).
     FillRow(x, c.begin, 0.0f);
     FillRow(x + c.end, cols - c.end, 0.0f);
-    if (c.begin == c.end) continue;  // no key of this block is visible: state unchanged
-    float* HWY_RESTRICT xs = x + c.begin;
-    const size_t n = c.end - c.begin;
-    const RowMasks rm = FromColumn(MasksForRow(masks, r), c.begin);
-    const float m_old = row_max[r];
-    // A finite reference from earlier blocks (or a sink): one fused pass while the block stays
-    // within the headroom (the common case after the first block), the remaining columns
-    // otherwise.
-    size_t done = 0;
-    double done_sum = 0.0;
-    // m_old is -inf (no visible key yet), NaN, or finite, and a finite m_old + 8 stays finite.
-    const float limit = m_old + kOnlineSoftmaxHeadroom;
-    if (m_old > -kInf) {
-      done = plain ? ExpBoundedSum<true, false>(d, xs, n, scale, rm, m_old, limit, &done_sum)
-                   : ExpBoundedSum<false, kTerms>(d, xs, n, scale, rm, m_old, limit, &done_sum);
-      if (done == n) {
-        row_sum[r] += static_cast<float>(done_sum);
-        continue;
-      }
-    }
-    // Passes 1 and 2 over [done, n): columns [0, done) already hold exp(y - m_old).
-    const RowStats stats =
-        ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
-    if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
-      // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
-      // OnlineSoftmaxFinish keep it NaN.
-      FillRow(xs, n, kNaN);
-      FillRow(acc_row, acc_cols, kNaN);
-      row_max[r] = kNaN;
-      row_sum[r] = kNaN;
-      continue;
-    }
-    const float m_new = stats.max > m_old ? stats.max : m_old;
-    if (m_new == -kInf) {
-      // Every key so far is masked: p = 0, and the state stays (-inf, 0).
-      FillRow(xs, n, 0.0f);
-      continue;
-    }
-    const float block_sum = static_cast<float>(ExpSubtractSum(d, xs + done, n - done, m_new));
-    if (m_old == -kInf) {
-      // First visible keys: nothing accumulated yet (acc is overwritten, not scaled, so it
-      // need not be initialized before the first block that has a visible key).
-      FillRow(acc_row, acc_cols, 0.0f);
-      row_sum[r] = block_sum;
-    } else {
-      // m_old is finite, so the fused pass ran and stopped at a y above m_old + headroom (NaN and
-      // +inf left above): m_new > m_old. Rescale what it did, acc and the sum to m_new.
-      const float alpha = std::exp(m_old - m_new);  // in [0, 1)
-      MulRow(d, acc_row, acc_cols, alpha);
-      MulRow(d, xs, done, alpha);
-      row_sum[r] = (row_sum[r] + static_cast<float>(done_sum)) * alpha + block_sum;
-    }
-    row_max[r] = m_new;
   }
 }
 
