@@ -505,17 +505,23 @@ HWY_INLINE double ExpVisible(D d, float* HWY_RESTRICT x, size_t r, float scale,
          std::exp(static_cast<double>(sink) - static_cast<double>(max));
 }
 
-// ExpVisible, then the columns outside c (never read) zeroed. Zeroed after the passes: a row's
-// last partial vector is read with a masked load, which waits for any older store to the same
-// vector, masked-off lanes included, to reach the cache; zeroes stored first made every row
-// that ends inside a vector (causal rows) wait (a causal 64-token head's online softmax 1.8x
-// the non-causal one's time for half the elements, bench/kernels_bench OnlineSoftmaxHead64).
+// Zeroes the columns of a row of `cols` outside c (never read by the passes). Callers run it
+// after the row's passes: a row's last partial vector is read with a masked load, which waits
+// for any older store to the same vector, masked-off lanes included, to reach the cache; zeroes
+// stored first made every row that ends inside a vector (causal rows) wait (a causal 64-token
+// head's online softmax 1.8x the non-causal one's time for half the elements,
+// bench/kernels_bench OnlineSoftmaxHead64).
+inline void ZeroInvisible(float* x, size_t cols, ColumnRange c) {
+  FillRow(x, c.begin, 0.0f);
+  FillRow(x + c.end, cols - c.end, 0.0f);
+}
+
+// ExpVisible, then the columns outside c zeroed.
 template <bool kTerms, class D>
 HWY_INLINE double ExpRow(D d, float* HWY_RESTRICT x, size_t r, size_t cols, float scale,
                          const SoftmaxMasks& masks, ColumnRange c) {
   const double sum = ExpVisible<kTerms>(d, x, r, scale, masks, c);
-  FillRow(x, c.begin, 0.0f);
-  FillRow(x + c.end, cols - c.end, 0.0f);
+  ZeroInvisible(x, cols, c);
   return sum;
 }
 
@@ -608,9 +614,7 @@ HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t row
     const ColumnRange c = VisibleColumns(masks, r, cols);
     OnlineRowUpdate<kTerms>(d, x, r, scale, masks, plain, c, row_max, row_sum,
                             acc + static_cast<ptrdiff_t>(r) * acc_row_stride, acc_cols);
-    // The columns outside c are zeroed after the row's passes, as ExpRow does (why: there).
-    FillRow(x, c.begin, 0.0f);
-    FillRow(x + c.end, cols - c.end, 0.0f);
+    ZeroInvisible(x, cols, c);  // after the row's passes (why: there)
   }
 }
 

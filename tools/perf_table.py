@@ -10,8 +10,9 @@ of every peer compared, then one row per case and thread count: the shape (B, L,
 mha's median ms, its efficiency (GFLOP/s over the same run's BLIS sgemm, in percent), when the
 file has them (mha-bench measures it with the sgemm) mha's and the fastest agreeing f32 peer's
 percent of the multiply-add peak of the dispatched SIMD target ("peak %", "f32 peer peak %": the
-roofline no f32 product passes; not for --compute bf16 files), and, per peer, its time over mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster),
-"0.90×" that the peer was faster. A peer whose first output disagreed with mha's beyond its
+roofline no f32 product passes; not for --compute bf16 files), and, per peer, its time over
+mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster), "0.90×" that the peer was
+faster. A peer whose first output disagreed with mha's beyond its
 bound is marked "(!)"; a peer that did not run the case (not installed, or lacking the feature)
 is "–". --command adds the command that made the file. Only the standard library is needed.
 
