@@ -123,7 +123,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
               : online ? ForwardPath::kOnline
                        : ForwardPath::kFullRows;
   plan.acc_in_output = chunked && aliasing.out_private;
-  plan.fused = !chunked && aliasing.self_attention && m.w_packed.data != nullptr;
+  plan.fused = !chunked && aliasing.self_attention && m.qkv_adjacent;
   if (plan.fused) {
     // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
     // positions fit after the real ones.

@@ -12,6 +12,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
+#include "kernels/gemm_route.h"
 #include "runtime/validate.h"
 
 namespace mha {
@@ -319,6 +320,7 @@ Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, Laye
 void BindViews(const AttentionWeights& w, LayerWeights& m) {
   const DType st = m.config.weight_dtype;
   const bool packed = w.in_proj_weight != nullptr;
+  m.qkv_adjacent = packed;
   if (packed) {
     m.w_packed = {w.in_proj_weight, st};
     m.w_q = m.w_packed;
@@ -349,15 +351,19 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   const int64_t qkv_rows = m.E + 2 * m.kvE;
   // Owned copies in the storage dtype: the weights [w_q | w_k | w_v | w_o] (w_q..w_v adjacent
   // rows of one packed matrix when the input dims agree) in `owned` (f32) or `owned16`
-  // (16-bit); the biases (in_proj, bias_kv, out_proj) always in `owned`, after any weights.
+  // (16-bit); the biases [in_proj | bias_kv | out_proj] in `owned_biases`.
   const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd, n_wo = m.E * m.E;
   const size_t n_w = n_wq + n_wk + n_wv + n_wo;
   const size_t n_b = config.bias ? qkv_rows : 0;
   const size_t n_bkv = config.add_bias_kv ? 2 * m.kvE : 0;
   const size_t n_bo = config.bias ? m.E : 0;
   const bool f32 = st == DType::kF32;
-  m.owned.resize((f32 ? n_w : 0) + n_b + n_bkv + n_bo);
-  if (!f32) m.owned16.resize(n_w);
+  if (f32) {
+    m.owned.resize(n_w);
+  } else {
+    m.owned16.resize(n_w);
+  }
+  m.owned_biases.resize(n_b + n_bkv + n_bo);
   uint8_t* wblk = f32 ? reinterpret_cast<uint8_t*>(m.owned.data())
                       : reinterpret_cast<uint8_t*>(m.owned16.data());
   const size_t eb = DTypeSize(st);
@@ -365,7 +371,7 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   uint8_t* wk = wq + n_wq * eb;
   uint8_t* wv = wk + n_wk * eb;
   uint8_t* wo = wv + n_wv * eb;
-  float* bias = m.owned.data() + (f32 ? n_w : 0);
+  float* bias = m.owned_biases.data();
   float* bkv = bias + n_b;
   float* bo = bkv + n_bkv;
   const size_t src_eb = DTypeSize(w.dtype);
@@ -403,7 +409,8 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   m.w_k = {wk, st};
   m.w_v = {wv, st};
   // The three weights are adjacent rows of one [E + 2 kvE, in] matrix when the dims agree.
-  if (m.qd == m.kd && m.qd == m.vd) m.w_packed = m.w_q;
+  m.qkv_adjacent = m.qd == m.kd && m.qd == m.vd;
+  if (m.qkv_adjacent) m.w_packed = m.w_q;
   if (config.bias) {
     m.b_packed = bias;
     m.b_q = bias;
@@ -444,6 +451,7 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
   }
   if (!config.bias) m.b_packed = nullptr;
   m.Prepack();
+  if (copy) m.ReleaseUnpackedCopy();
   return Status::Ok();
 }
 
@@ -454,7 +462,7 @@ namespace {
 // and w_q, w_k, w_v are its column ranges: the fused projection then rounds x once for all
 // three.
 void PackBf16(LayerWeights* m) {
-  const bool fused = m->w_packed.data != nullptr && m->E % kernels::kBf16PanelCols == 0 &&
+  const bool fused = m->qkv_adjacent && m->E % kernels::kBf16PanelCols == 0 &&
                      m->kvE % kernels::kBf16PanelCols == 0;
   const int64_t qkv = m->E + 2 * m->kvE;
   // w^T [in, out] of each matrix packed, one after the other (each a multiple of 32 elements:
@@ -539,6 +547,20 @@ void LayerWeights::Prepack() {
       sdst += kernels::StrassenPackedBFloats(ins[i], outs[i]);
     }
   }
+}
+
+bool LayerWeights::PackingsServeEveryProduct() const {
+  if (config.compute == Compute::kBF16) {
+    return !bf16_packed.empty() && hd % static_cast<int64_t>(kernels::kBf16PanelCols) == 0;
+  }
+  return !prepacked.empty() && kernels::PrepackedMinRows() == 1 &&
+         hd % static_cast<int64_t>(kernels::GemmBlocking().nr) == 0;
+}
+
+void LayerWeights::ReleaseUnpackedCopy() {
+  if (owned.empty() || !PackingsServeEveryProduct()) return;
+  std::vector<float>().swap(owned);
+  for (WeightMatrix* w : {&w_packed, &w_q, &w_k, &w_v, &w_o}) w->data = nullptr;
 }
 
 }  // namespace mha

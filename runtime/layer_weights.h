@@ -42,11 +42,16 @@ struct LayerWeights {
   float scale = 1.0f;  // resolved score scale
   // Weights in nn.Linear layout ([out, in], row-major, config.weight_dtype): the caller's
   // arrays (kView) or owned copies (kCopy, and always for the per-head packed layout,
-  // reordered to q, k, v rows): `owned` holds f32 weights and every bias, `owned16` 16-bit
-  // weights.
+  // reordered to q, k, v rows): `owned` holds f32 weights, `owned16` 16-bit weights,
+  // `owned_biases` every bias. An owned f32 copy is released once packed when every product
+  // reads a packing (ReleaseUnpackedCopy): the matrices' `data` are then null.
   std::vector<float> owned;
   std::vector<uint16_t> owned16;
-  WeightMatrix w_packed;            // [E + 2 kvE, qd], rows q, k, v; data null when not packed
+  std::vector<float> owned_biases;
+  // w_q, w_k, w_v are adjacent rows of one [E + 2 kvE, qd] matrix (same input dims): the
+  // self-attention projections may run as one product (w_packed).
+  bool qkv_adjacent = false;
+  WeightMatrix w_packed;            // [E + 2 kvE, qd], rows q, k, v, when qkv_adjacent
   const float* b_packed = nullptr;  // [E + 2 kvE] or null
   WeightMatrix w_q;                 // [E, qd]
   WeightMatrix w_k;                 // [kvE, kd]
@@ -79,6 +84,18 @@ struct LayerWeights {
   // `bf16_packed` and the matrices' `bf16` with Compute::kBF16. Called once by BindLayerWeights
   // after the weights are bound.
   void Prepack();
+
+  // Whether every product by w_q, w_k, w_v and w_o reads a packing, on every route and for every
+  // row count, head and column range the operator multiplies: the f32 prepacking where the
+  // direct kernel takes every prepacked product (kernels::PrepackedMinRows() == 1) and heads
+  // start on its micro-panels (hd a multiple of NR), or the bf16 packing with heads on its
+  // panels (hd a multiple of kBf16PanelCols).
+  bool PackingsServeEveryProduct() const;
+
+  // Frees the owned f32 weights (`owned`) when PackingsServeEveryProduct(), and nulls the
+  // matrices' `data`: a kCopy layer then holds only its packing. Called once by
+  // BindLayerWeights after Prepack.
+  void ReleaseUnpackedCopy();
 };
 
 // Checks `config` and `weights` (messages prefixed "MultiheadAttention::Create: "), resolves the

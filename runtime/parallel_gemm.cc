@@ -94,6 +94,7 @@ void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weig
     MultiplyPackedB(route, a, weights.packed, bias, c, scratch);
     return;
   }
+  assert(weights.data != nullptr && "MultiplyWeights: a released copy has a packing for this");
   if (weights.dtype == DType::kF32) {
     kernels::Gemm(1.0f, a, WeightT(weights, out, a.cols), 0.0f, c, scratch);
   } else {
@@ -197,11 +198,11 @@ bool PacksWeightsOnce(size_t batches, size_t rows) {
 
 namespace {
 
-// Whether ParallelGemm packs this job's weights once (given room): f32 weights, a non-empty
-// product, and PacksWeightsOnce for its rows.
+// Whether ParallelGemm packs this job's weights once (given room): f32 weights as stored, a
+// non-empty product, and PacksWeightsOnce for its rows.
 bool SharesPacking(const GemmJob& job) {
-  return job.b_half.data == nullptr && job.c.cols != 0 && job.b.rows != 0 &&
-         PacksWeightsOnce(job.batches, job.c.rows);
+  return job.b_half.data == nullptr && job.b.data != nullptr && job.c.cols != 0 &&
+         job.b.rows != 0 && PacksWeightsOnce(job.batches, job.c.rows);
 }
 
 // The panel task `t` of a job (tasks ordered batch, row panel, column panel).
@@ -371,6 +372,8 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
       MultiplyPackedB(route[j], a_blk, packing[j].Columns(p.c0, p.nc), bias, c_blk, own_scratch);
       return;
     }
+    assert((job.b.data != nullptr || job.b_half.data != nullptr) &&
+           "ParallelGemm: a released copy has a packing for this job");
     if (job.b_half.data != nullptr) {
       kernels::GemmHalfB(1.0f, a_blk, job.b_half.Block(0, p.c0, job.b_half.rows, p.nc), 0.0f,
                          c_blk, own_scratch);

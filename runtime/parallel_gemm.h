@@ -59,14 +59,19 @@ struct WeightMatrix {
   // the matrix then multiplies (kBf16PackedB); data null otherwise.
   kernels::PackedBf16B bf16;
 
-  // The matrix from row `row` on (rows of `in` elements), without the f32 packing (a row range
-  // of w is not a packing of its own); the bf16 packing's columns from `row` on when `row` starts
-  // a panel (kernels::kBf16PanelCols), else none (the rows then multiply in f32).
+  // The matrix from row `row` on (rows of `in` elements; null data when this has none), with the
+  // packings' columns from `row` on where `row` starts a micro-panel (f32: GemmBlocking().nr,
+  // bf16: kernels::kBf16PanelCols); elsewhere without that packing (the rows then multiply as
+  // stored). Never the Strassen operands (a row range is not a half of the matrix).
   WeightMatrix Rows(int64_t row, int64_t in) const {
-    WeightMatrix r{
-        static_cast<const uint8_t*>(data) + static_cast<size_t>(row * in) * DTypeSize(dtype),
-        dtype};
+    WeightMatrix r{data == nullptr ? nullptr
+                                   : static_cast<const uint8_t*>(data) +
+                                         static_cast<size_t>(row * in) * DTypeSize(dtype),
+                   dtype};
     const size_t first = static_cast<size_t>(row);
+    if (packed.data != nullptr && first % kernels::GemmBlocking().nr == 0 && first <= packed.n) {
+      r.packed = packed.Columns(first, packed.n - first);
+    }
     if (bf16.data != nullptr && first % kernels::kBf16PanelCols == 0 && first <= bf16.n) {
       r.bf16 = bf16.Columns(first, bf16.n - first);
     }
@@ -106,10 +111,10 @@ inline kernels::StrassenPackedB StrassenOf(const WeightMatrix& weights, size_t i
                                                                      : kernels::StrassenPackedB{};
 }
 
-// The prepacking of `weights` if it packs exactly w^T [in, out] (all of the matrix), else empty.
+// The prepacking of `weights`' first `out` rows (w^T [in, out]) if it has one, else empty.
 inline kernels::PackedB PackingOf(const WeightMatrix& weights, size_t in, size_t out) {
   const kernels::PackedB& p = weights.packed;
-  return p.data != nullptr && p.k == in && p.n == out ? p : kernels::PackedB{};
+  return p.data != nullptr && p.k == in && p.n >= out ? p.Columns(0, out) : kernels::PackedB{};
 }
 
 // The route of a product of `rows` rows by `weights` (rows [0, out) of them, `in` columns),

@@ -120,7 +120,8 @@ enum class QkvLayout : int {
 // the thread count.
 enum class WeightPrepack : int {
   kOn = 0,        // the default: about the f32 weights' bytes again (E = 1024: 16 MiB, also for
-                  // a kView layer); no forward repacks weights, fastest for short inputs/decode
+                  // a kView layer; a kCopy layer may keep only this, see WeightBinding); no
+                  // forward repacks weights, fastest for short inputs/decode
   kOff = 1,       // no copy: the least memory, slower projections
   kPlain = 2,     // the same as kOn
   kStrassen = 3,  // opt-in: kOn plus 1.75x the bytes of each large matrix (>= 512 inputs, >= 256
@@ -144,7 +145,8 @@ enum class Compute : int {
               // the attention variants in f32; outputs f32. Native bf16 dot products where the
               // CPU has them (AMX, AVX512_BF16, Arm BF16), the same arithmetic emulated
               // elsewhere. The layer holds its weights once more in bf16 (half their f32
-              // bytes) instead of the f32 prepacking. Error against float64 on the f32 inputs:
+              // bytes) instead of the f32 prepacking (a kCopy layer with head_dim a multiple of
+              // 32 holds only that). Error against float64 on the f32 inputs:
               // measured at most 1.9e-2 of the output's largest magnitude over 3,000 random
               // configurations, typically 5e-3 (tested bound 3e-2);
               // README "bf16 compute"
@@ -226,7 +228,10 @@ struct AttentionWeights {
 
 enum class WeightBinding : int {
   kView = 0,  // the layer points at the caller's arrays: they must outlive it, unchanged
-  kCopy = 1,  // the layer copies the weights at creation
+  kCopy = 1,  // the layer copies the weights at creation; once they are prepacked (WeightPrepack,
+              // Compute::kBF16) it frees the copy where every product reads the packing (x86
+              // AVX2/AVX-512 with head_dim a multiple of 16; bf16 compute: of 32). README
+              // "Prepacked weights"
 };
 
 // Inputs of one forward pass. Batched: query [L, N, q_dim] ([N, L, q_dim] if batch_first), key
