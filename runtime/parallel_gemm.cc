@@ -91,7 +91,7 @@ void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weig
     return;
   }
   if (OverPackedB(route)) {
-    MultiplyPackedB(route, a, weights.packed, bias, c, scratch);
+    MultiplyPackedB(route, a, PackingOf(weights, a.cols, out), bias, c, scratch);
     return;
   }
   assert(weights.data != nullptr && "MultiplyWeights: a released copy has a packing for this");
