@@ -343,6 +343,32 @@ void BindViews(const AttentionWeights& w, LayerWeights& m) {
   m.b_o = w.out_proj_bias;
 }
 
+// Repoints the biases bound from the caller's arrays at owned copies in `owned_biases`, laid out
+// as BindCopies lays them: [in_proj (q, k, v) | bias_kv | out_proj].
+void OwnBiases(LayerWeights& m) {
+  const int64_t E = m.E, kvE = m.kvE;
+  m.owned_biases.resize(static_cast<size_t>((m.b_q != nullptr ? E + 2 * kvE : 0) +
+                                            (m.bias_k != nullptr ? 2 * kvE : 0) +
+                                            (m.b_o != nullptr ? E : 0)));
+  float* p = m.owned_biases.data();
+  auto take = [&p](const float* src, int64_t n) {
+    std::memcpy(p, src, static_cast<size_t>(n) * sizeof(float));
+    p += n;
+    return p - n;
+  };
+  if (m.b_q != nullptr) {
+    m.b_q = take(m.b_q, E);
+    m.b_k = take(m.b_k, kvE);
+    m.b_v = take(m.b_v, kvE);
+    if (m.b_packed != nullptr) m.b_packed = m.b_q;
+  }
+  if (m.bias_k != nullptr) {
+    m.bias_k = take(m.bias_k, kvE);
+    m.bias_v = take(m.bias_v, kvE);
+  }
+  if (m.b_o != nullptr) m.b_o = take(m.b_o, E);
+}
+
 // Binds owned copies in the storage dtype, reordering the per-head packed layout.
 void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   const AttentionConfig& config = m.config;
@@ -444,14 +470,20 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
                            DTypeName(st) + "), got " + DTypeName(w.dtype) +
                            " (use WeightBinding::kCopy to convert)");
   }
-  if (copy) {
+  // A copy that will keep only its packings packs them straight from the caller's arrays when
+  // they need no conversion or reorder, so the layer never holds the weights twice.
+  const bool pack_from_caller =
+      copy && m.PackingsServeEveryProduct() && w.dtype == st &&
+      !(w.in_proj_weight != nullptr && w.qkv_layout == QkvLayout::kPerHead);
+  if (copy && !pack_from_caller) {
     BindCopies(w, m);
   } else {
     BindViews(w, m);
   }
   if (!config.bias) m.b_packed = nullptr;
+  if (pack_from_caller) OwnBiases(m);
   m.Prepack();
-  if (copy) m.ReleaseUnpackedCopy();
+  if (copy) m.KeepOnlyPackings();
   return Status::Ok();
 }
 
@@ -550,16 +582,18 @@ void LayerWeights::Prepack() {
 }
 
 bool LayerWeights::PackingsServeEveryProduct() const {
-  if (config.compute == Compute::kBF16) {
-    return !bf16_packed.empty() && hd % static_cast<int64_t>(kernels::kBf16PanelCols) == 0;
+  if (config.compute == Compute::kBF16) {  // PackBf16 packs every matrix, whatever its dtype
+    return hd % static_cast<int64_t>(kernels::kBf16PanelCols) == 0;
   }
-  return !prepacked.empty() && kernels::PrepackedMinRows() == 1 &&
+  return config.prepack != WeightPrepack::kOff &&
+         kernels::WeightsPrepackable(config.weight_dtype) && kernels::PrepackedMinRows() == 1 &&
          hd % static_cast<int64_t>(kernels::GemmBlocking().nr) == 0;
 }
 
-void LayerWeights::ReleaseUnpackedCopy() {
-  if (owned.empty() || !PackingsServeEveryProduct()) return;
+void LayerWeights::KeepOnlyPackings() {
+  if (!PackingsServeEveryProduct()) return;
   std::vector<float>().swap(owned);
+  std::vector<uint16_t>().swap(owned16);
   for (WeightMatrix* w : {&w_packed, &w_q, &w_k, &w_v, &w_o}) w->data = nullptr;
 }
 

@@ -43,8 +43,8 @@ struct LayerWeights {
   // Weights in nn.Linear layout ([out, in], row-major, config.weight_dtype): the caller's
   // arrays (kView) or owned copies (kCopy, and always for the per-head packed layout,
   // reordered to q, k, v rows): `owned` holds f32 weights, `owned16` 16-bit weights,
-  // `owned_biases` every bias. An owned f32 copy is released once packed when every product
-  // reads a packing (ReleaseUnpackedCopy): the matrices' `data` are then null.
+  // `owned_biases` every bias. A copy keeps only its packings when every product reads one
+  // (KeepOnlyPackings): the matrices' `data` are then null.
   std::vector<float> owned;
   std::vector<uint16_t> owned16;
   std::vector<float> owned_biases;
@@ -88,14 +88,15 @@ struct LayerWeights {
   // Whether every product by w_q, w_k, w_v and w_o reads a packing, on every route and for every
   // row count, head and column range the operator multiplies: the f32 prepacking where the
   // direct kernel takes every prepacked product (kernels::PrepackedMinRows() == 1) and heads
-  // start on its micro-panels (hd a multiple of NR), or the bf16 packing with heads on its
-  // panels (hd a multiple of kBf16PanelCols).
+  // start on its micro-panels (hd a multiple of NR), or the bf16 packing (Compute::kBF16) with
+  // heads on its panels (hd a multiple of kBf16PanelCols). From the configuration alone: known
+  // before the weights are bound.
   bool PackingsServeEveryProduct() const;
 
-  // Frees the owned f32 weights (`owned`) when PackingsServeEveryProduct(), and nulls the
-  // matrices' `data`: a kCopy layer then holds only its packing. Called once by
-  // BindLayerWeights after Prepack.
-  void ReleaseUnpackedCopy();
+  // For a kCopy layer after Prepack, when PackingsServeEveryProduct(): keeps only the packings
+  // (and the owned biases), freeing `owned` / `owned16` or forgetting the caller's arrays they
+  // were packed from; the matrices' `data` are then null. Called once by BindLayerWeights.
+  void KeepOnlyPackings();
 };
 
 // Checks `config` and `weights` (messages prefixed "MultiheadAttention::Create: "), resolves the

@@ -1,7 +1,8 @@
 // Heap-allocation counting for "no allocation in steady state" tests. Include it in exactly
 // one translation unit of a test binary: it interposes malloc, calloc, realloc, aligned_alloc,
 // posix_memalign and operator new for the whole process (every thread, libraries included),
-// forwarding to glibc's own entry points, and counts calls while g_counting is set.
+// forwarding to glibc's own entry points, and counts calls (g_allocations) and the bytes they ask
+// for (g_allocated_bytes) while g_counting is set.
 // Sanitizer builds own the allocator: there MHA_SANITIZED is defined and nothing is interposed
 // (tests using the counter must skip).
 #ifndef MHA_TESTS_ALLOC_COUNTER_H_
@@ -22,8 +23,12 @@
 namespace {
 std::atomic<bool> g_counting{false};
 std::atomic<long> g_allocations{0};
-[[maybe_unused]] void Count() {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
+std::atomic<size_t> g_allocated_bytes{0};
+[[maybe_unused]] void Count(size_t bytes) {
+  if (g_counting.load(std::memory_order_relaxed)) {
+    g_allocations.fetch_add(1);
+    g_allocated_bytes.fetch_add(bytes);
+  }
 }
 }  // namespace
 
@@ -36,30 +41,30 @@ extern "C" void* __libc_memalign(size_t, size_t);
 extern "C" void __libc_free(void*);
 
 extern "C" void* malloc(size_t n) {
-  Count();
+  Count(n);
   return __libc_malloc(n);
 }
 extern "C" void* calloc(size_t a, size_t b) {
-  Count();
+  Count(a * b);
   return __libc_calloc(a, b);
 }
 extern "C" void* realloc(void* p, size_t n) {
-  Count();
+  Count(n);
   return __libc_realloc(p, n);
 }
 extern "C" void* aligned_alloc(size_t align, size_t n) {
-  Count();
+  Count(n);
   return __libc_memalign(align, n);
 }
 extern "C" int posix_memalign(void** out, size_t align, size_t n) {
-  Count();
+  Count(n);
   *out = __libc_memalign(align, n);
   return *out ? 0 : 12;  // ENOMEM
 }
 extern "C" void free(void* p) { __libc_free(p); }
 
 void* operator new(size_t n) {
-  Count();
+  Count(n);
   void* p = __libc_malloc(n ? n : 1);
   if (!p) throw std::bad_alloc();
   return p;

@@ -1,15 +1,18 @@
 // Tests of the layer's weight binding (runtime/layer_weights.cc): a WeightBinding::kCopy layer
-// whose every product reads a packing frees its f32 copy (LayerWeights::ReleaseUnpackedCopy),
-// and then computes bitwise what a kView layer of the same weights computes (the same
-// packings) on every path that multiplies the weights: the forward (fused self-attention
-// projection, cross-attention, key chunks, Strassen), MultiheadAttention::Project (per-head
-// column ranges), and the KV cache's prefill and decode steps (few rows); on every target. A
-// layer whose heads do not start on the packing's micro-panels keeps its copy, with the same
-// results.
+// whose every product reads a packing keeps only its packings (LayerWeights::KeepOnlyPackings:
+// packed straight from the caller's arrays, or from its copy when it reorders or converts them),
+// never reads the caller's arrays after Create, and computes bitwise what a kView layer of the
+// same weights (the same packings) computes on every path that multiplies the weights: the
+// forward (fused self-attention projection, cross-attention, key chunks, Strassen),
+// MultiheadAttention::Project (per-head column ranges), and the KV cache's prefill and decode
+// steps (few rows); on every target. A layer whose heads do not start on the packing's
+// micro-panels keeps its copy, with the same results.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -31,6 +34,7 @@ namespace {
 struct Layer {
   AttentionConfig config;
   bool fused = true;
+  QkvLayout layout = QkvLayout::kPyTorch;
   std::vector<float> in_w, in_b, wq, wk, wv, wo, bo, bias_k, bias_v;
 
   Layer(const AttentionConfig& c, bool fused_in, std::mt19937* rng) : config(c), fused(fused_in) {
@@ -61,6 +65,7 @@ struct Layer {
     AttentionWeights w;
     if (fused) {
       w.in_proj_weight = in_w.data();
+      w.qkv_layout = layout;
     } else {
       w.q_proj_weight = wq.data();
       w.k_proj_weight = wk.data();
@@ -179,8 +184,10 @@ std::vector<std::vector<float>> Results(const MultiheadAttention& layer, const I
   return out;
 }
 
-// The copy keeps only the packing exactly when `released`, and computes the view's bits.
-void ExpectCopyMatchesView(const Layer& l, bool released, int64_t L, int64_t S, uint32_t seed) {
+// A copy of `l` keeps only its packings exactly when `released`, and computes the bits of a view
+// of `view_of` (the same weights in PyTorch's layout).
+void ExpectCopyMatchesView(const Layer& l, const Layer& view_of, bool released, int64_t L,
+                           int64_t S, uint32_t seed) {
   std::mt19937 rng(seed);
   const AttentionConfig& c = l.config;
   const int64_t E = c.embed_dim;
@@ -194,15 +201,23 @@ void ExpectCopyMatchesView(const Layer& l, bool released, int64_t L, int64_t S, 
   in.k = Random(static_cast<size_t>(in.N * S * kd), &rng);
   in.v = Random(static_cast<size_t>(in.N * S * vd), &rng);
   in.step = Random(static_cast<size_t>(in.N * qd), &rng);
-  const std::unique_ptr<MultiheadAttention> view = l.Create(WeightBinding::kView);
-  const std::unique_ptr<MultiheadAttention> copy = l.Create(WeightBinding::kCopy);
-  ASSERT_TRUE(view && copy);
+  const std::unique_ptr<MultiheadAttention> view = view_of.Create(WeightBinding::kView);
+  ASSERT_TRUE(view);
+  EXPECT_NE(LayerWeightsOf(*view).w_q.data, nullptr);  // a view keeps the caller's arrays
+  const std::vector<std::vector<float>> a = Results(*view, in);
+  // The copy from arrays that are overwritten right after Create: it must not read them again.
+  Layer scratch = l;
+  const std::unique_ptr<MultiheadAttention> copy = scratch.Create(WeightBinding::kCopy);
+  ASSERT_TRUE(copy);
+  for (std::vector<float>* v : {&scratch.in_w, &scratch.in_b, &scratch.wq, &scratch.wk, &scratch.wv,
+                                &scratch.wo, &scratch.bo, &scratch.bias_k, &scratch.bias_v}) {
+    std::fill(v->begin(), v->end(), std::numeric_limits<float>::quiet_NaN());
+  }
   const LayerWeights& w = LayerWeightsOf(*copy);
-  EXPECT_EQ(w.owned.empty(), released);
+  EXPECT_EQ(w.owned.empty() && w.owned16.empty(), released);
   EXPECT_EQ(w.w_q.data == nullptr, released);
   EXPECT_EQ(w.w_o.data == nullptr, released);
-  EXPECT_NE(LayerWeightsOf(*view).w_q.data, nullptr);  // a view never releases anything
-  const std::vector<std::vector<float>> a = Results(*view, in), b = Results(*copy, in);
+  const std::vector<std::vector<float>> b = Results(*copy, in);
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_EQ(a[i].size(), b[i].size());
@@ -230,7 +245,26 @@ class LayerWeightsTest : public test::PerTargetTest {};
 TEST_P(LayerWeightsTest, FusedProjectionCopyKeepsOnlyThePacking) {
   std::mt19937 rng(1);
   const Layer l(Config(64, 4), true, &rng);  // head_dim 16
-  ExpectCopyMatchesView(l, F32Releases(16), 24, 33, 2);
+  ExpectCopyMatchesView(l, l, F32Releases(16), 24, 33, 2);
+}
+
+// The per-head interleaved layout is reordered into a copy first, which is then freed.
+TEST_P(LayerWeightsTest, PerHeadLayoutCopyKeepsOnlyThePacking) {
+  std::mt19937 rng(19);
+  const Layer torch(Config(64, 4), true, &rng);
+  Layer per_head = torch;
+  per_head.layout = QkvLayout::kPerHead;
+  const int64_t E = 64, H = 4, hd = 16;
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t part = 0; part < 3; ++part) {
+      for (int64_t d = 0; d < hd; ++d) {
+        const int64_t src = part * E + h * hd + d, dst = (h * 3 + part) * hd + d;
+        std::copy_n(torch.in_w.begin() + src * E, E, per_head.in_w.begin() + dst * E);
+        per_head.in_b[static_cast<size_t>(dst)] = torch.in_b[static_cast<size_t>(src)];
+      }
+    }
+  }
+  ExpectCopyMatchesView(per_head, torch, F32Releases(16), 24, 33, 20);
 }
 
 TEST_P(LayerWeightsTest, GroupedQueryCrossAttentionWithOtherInputDims) {
@@ -241,7 +275,7 @@ TEST_P(LayerWeightsTest, GroupedQueryCrossAttentionWithOtherInputDims) {
   c.kdim = c.vdim = 48;
   c.add_bias_kv = true;
   const Layer l(c, false, &rng);
-  ExpectCopyMatchesView(l, F32Releases(16), 21, 30, 4);
+  ExpectCopyMatchesView(l, l, F32Releases(16), 21, 30, 4);
 }
 
 TEST_P(LayerWeightsTest, GroupedQuerySelfAttentionWithoutBias) {
@@ -250,14 +284,14 @@ TEST_P(LayerWeightsTest, GroupedQuerySelfAttentionWithoutBias) {
   c.num_kv_heads = 1;
   c.bias = false;
   const Layer l(c, false, &rng);
-  ExpectCopyMatchesView(l, F32Releases(64), 40, 40, 6);
+  ExpectCopyMatchesView(l, l, F32Releases(64), 40, 40, 6);
 }
 
 TEST_P(LayerWeightsTest, KeyChunkedForward) {
   testing_util::ScopedKeyChunking chunks(8);
   std::mt19937 rng(7);
   const Layer l(Config(64, 4), true, &rng);
-  ExpectCopyMatchesView(l, F32Releases(16), 20, 29, 8);
+  ExpectCopyMatchesView(l, l, F32Releases(16), 20, 29, 8);
 }
 
 TEST_P(LayerWeightsTest, StrassenOperands) {
@@ -265,7 +299,7 @@ TEST_P(LayerWeightsTest, StrassenOperands) {
   AttentionConfig c = Config(512, 8);
   c.prepack = WeightPrepack::kStrassen;
   const Layer l(c, true, &rng);
-  ExpectCopyMatchesView(l, F32Releases(64), 70, 66, 10);
+  ExpectCopyMatchesView(l, l, F32Releases(64), 70, 66, 10);
 }
 
 TEST_P(LayerWeightsTest, Bf16ComputeCopyKeepsOnlyTheBf16Packing) {
@@ -273,17 +307,37 @@ TEST_P(LayerWeightsTest, Bf16ComputeCopyKeepsOnlyTheBf16Packing) {
   AttentionConfig c = Config(64, 2);  // head_dim 32: one bf16 panel
   c.compute = Compute::kBF16;
   const Layer l(c, true, &rng);
-  ExpectCopyMatchesView(l, true, 24, 33, 12);
+  ExpectCopyMatchesView(l, l, true, 24, 33, 12);
+}
+
+// bf16 storage, converted from f32 at Create: the 16-bit copy is freed too. Its bits are those of
+// an f32-stored view of the same weights rounded to bf16 (both pack the same bf16 values).
+TEST_P(LayerWeightsTest, Bf16StorageCopyKeepsOnlyTheBf16Packing) {
+  std::mt19937 rng(21);
+  AttentionConfig c = Config(64, 2);
+  c.compute = Compute::kBF16;
+  Layer rounded(c, true, &rng);
+  for (std::vector<float>* v : {&rounded.in_w, &rounded.wo}) {
+    for (float& x : *v) {
+      uint32_t bits;
+      std::memcpy(&bits, &x, 4);
+      bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;  // nearest even (finite)
+      std::memcpy(&x, &bits, 4);
+    }
+  }
+  Layer stored = rounded;
+  stored.config.weight_dtype = DType::kBF16;
+  ExpectCopyMatchesView(stored, rounded, true, 24, 33, 22);
 }
 
 TEST_P(LayerWeightsTest, HeadsOffTheMicroPanelsKeepTheCopy) {
   std::mt19937 rng(13);
   const Layer f32(Config(32, 4), true, &rng);  // head_dim 8 < NR
-  ExpectCopyMatchesView(f32, false, 24, 33, 14);
+  ExpectCopyMatchesView(f32, f32, false, 24, 33, 14);
   AttentionConfig c = Config(64, 4);  // head_dim 16 < the bf16 panels' 32 columns
   c.compute = Compute::kBF16;
   const Layer bf16(c, true, &rng);
-  ExpectCopyMatchesView(bf16, false, 24, 33, 15);
+  ExpectCopyMatchesView(bf16, bf16, false, 24, 33, 15);
 }
 
 TEST_P(LayerWeightsTest, UnpackedLayerKeepsTheCopy) {
@@ -291,7 +345,7 @@ TEST_P(LayerWeightsTest, UnpackedLayerKeepsTheCopy) {
   AttentionConfig c = Config(64, 4);
   c.prepack = WeightPrepack::kOff;
   const Layer l(c, true, &rng);
-  ExpectCopyMatchesView(l, false, 24, 33, 18);
+  ExpectCopyMatchesView(l, l, false, 24, 33, 18);
 }
 
 MHA_INSTANTIATE_PER_TARGET(LayerWeightsTest);
