@@ -196,7 +196,8 @@ typedef enum mha_qkv_layout {
 
 typedef enum mha_weight_binding {
   MHA_WEIGHTS_VIEW = 0, /* the layer points at the caller's arrays (see Ownership above) */
-  MHA_WEIGHTS_COPY = 1  /* the layer copies the weights at creation */
+  MHA_WEIGHTS_COPY = 1  /* the layer copies the weights at creation; where every product reads
+                         * the packed form it keeps only that (see mha::WeightBinding) */
 } mha_weight_binding;
 
 /* Whether an f32 layer also keeps its projection weights packed for the GEMM micro-kernel
