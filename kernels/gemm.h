@@ -12,13 +12,16 @@
 // Blocking (the five loops of the BLIS/GotoBLAS algorithm): jc over NC columns of C; pc over
 // KC of the inner dimension, packing B[KC, NC] into NR-wide micro-panels; ic over MC rows,
 // packing A[MC, KC] into MR-tall micro-panels; then the micro-kernel over MR x NR tiles. MR, NR,
-// MC, KC are the BLIS configuration's values; NC is the configuration's, capped so that the
-// packed B panel (KC x NC floats) stays within 2 MiB (haswell: 2048 instead of 4080), which
-// halves the scratch at no measurable cost (A is re-packed once per NC columns of C).
+// MC are the BLIS configuration's values; KC too, except on AVX-512 targets whose direct kernel
+// runs 6 x 4 tiles, where it is 512 (gemm.cc's kAvx512DirectKc, measured there); NC is the
+// configuration's, capped so that the packed B panel (KC x NC floats) stays within 2 MiB
+// (haswell: 2048 instead of 4080; 1024 at KC 512), which halves the scratch at no measurable cost
+// (A is re-packed once per NC columns of C).
 // Scratch = packed A (MC x KC) + packed B (KC x NC) + one widened 16-bit panel (max(MR, NR) x
 // KC, used by GemmHalfB only), at most 2 MiB + (MC + 32) * KC * 4 bytes:
-// 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048), 2.7 MiB on skx (MR 32, NR 12,
-// column-preferring), 3.1 MiB on penryn, the largest of the x86-64 configurations.
+// 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048; 2.4 MiB at KC 512 on AVX-512),
+// 2.7 MiB on skx (MR 32, NR 12, column-preferring), 3.1 MiB on penryn, the largest of the
+// x86-64 configurations.
 //
 // Which of its routes Gemm and GemmHalfB take is kernels::ChooseGemmRoute's (gemm_route.h).
 // kDirectPackB (AVX-512 with a 6 x 16 configuration: haswell/zen, which BLIS 0.9.0 also picks on
@@ -104,8 +107,9 @@ struct HalfMatrixView {
 inline constexpr size_t kGemmScratchAlignment = 64;
 
 // Bytes of packing scratch one Gemm call needs. Fixed for the process: it depends only on the
-// register and cache block sizes of the BLIS configuration chosen at run time (2.2 MiB on
-// haswell/zen, at most 3.1 MiB on x86-64: see the blocking note above).
+// register and cache block sizes of the BLIS configuration chosen at run time and the KC of the
+// dispatched target (2.2 MiB on haswell/zen, 2.4 MiB with AVX-512, at most 3.1 MiB on x86-64:
+// see the blocking note above).
 // Initializes BLIS on first use.
 size_t GemmScratchBytes();
 
@@ -131,8 +135,8 @@ void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, f
 // key block's K^T and V once and runs a few query rows at a time against them, so that each
 // strip's scores and probabilities stay in L1/L2 between the two products (runtime/attention.cc),
 // and ParallelGemm packs a projection's weights once for all of its row panels.
-// Layout: the packing of Gemm's driver for all columns at once: k in blocks of the
-// configuration's KC, each block holding ceil(packed_n / NR) NR-wide micro-panels, zero-padded
+// Layout: the packing of Gemm's driver for all columns at once: k in blocks of
+// GemmBlocking().kc, each block holding ceil(packed_n / NR) NR-wide micro-panels, zero-padded
 // to full panels. A PackedB may be a column range of a larger packing (Columns): it then starts
 // at micro-panel col0 / NR of each block of a packing packed_n columns wide. It may also be the
 // leading rows [0, k) of a packing packed_k rows deep (LeadingRows): the blocks keep the
