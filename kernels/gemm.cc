@@ -11,7 +11,6 @@
 #include <immintrin.h>
 #endif
 
-#include "hwy/targets.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/gemm_route.h"
@@ -178,12 +177,7 @@ struct Config {
 // (64 columns) over this configuration's row-preferring NR-wide micro-panels. Decided once, at
 // the first GEMM call: a target forced later (tests) keeps the blocking.
 bool Avx512DirectTiles(const Config& cfg) {
-#if HWY_ARCH_X86
-  return ActiveTarget() <= HWY_AVX3 && cfg.prefers_rows && cfg.nr % 16 == 0;
-#else
-  (void)cfg;
-  return false;
-#endif
+  return ActiveTargetIsAvx512() && cfg.prefers_rows && cfg.nr % 16 == 0;
 }
 
 Config MakeConfig() {

@@ -1,6 +1,5 @@
 #include "kernels/gemm_route.h"
 
-#include "hwy/targets.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/targets.h"
@@ -10,23 +9,16 @@ namespace kernels {
 
 namespace {
 
-// Whether the dispatched target is an AVX-512 one (6 x 4 direct tiles, 32 registers).
-bool Avx512() {
-#if HWY_ARCH_X86
-  return ActiveTarget() <= HWY_AVX3;
-#else
-  return false;
-#endif
-}
-
 // Rows up to which the direct kernel beats BLIS's with a packed a.
-size_t DirectMaxRows() { return Avx512() ? ~size_t{0} : kDirectMaxRowsBelowAvx512; }
+size_t DirectMaxRows() { return ActiveTargetIsAvx512() ? ~size_t{0} : kDirectMaxRowsBelowAvx512; }
 
 // The direct kernel runs and beats BLIS's at every size, and BLIS's kernel stores row-major C
 // tiles (the driver keeps its operands): the blocked driver and weights packed once per call
 // take it. Only there: elsewhere a 16-bit layer's driver runs BLIS's kernel, whose bits the
 // direct kernel's match only with FMA, and the f32 twin must compute the same bits.
-bool DirectEverywhere() { return DirectKernelRuns() && Avx512() && GemmBlocking().prefers_rows; }
+bool DirectEverywhere() {
+  return DirectKernelRuns() && ActiveTargetIsAvx512() && GemmBlocking().prefers_rows;
+}
 
 }  // namespace
 

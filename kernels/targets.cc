@@ -47,6 +47,14 @@ const char* TargetName(int64_t target) { return hwy::TargetName(target); }
 
 int64_t ActiveTarget() { return HWY_DYNAMIC_DISPATCH(CurrentTarget)(); }
 
+bool ActiveTargetIsAvx512() {
+#if HWY_ARCH_X86
+  return ActiveTarget() <= HWY_AVX3;
+#else
+  return false;
+#endif
+}
+
 void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
 
 int64_t SupportedTargetByName(const char* name) {

@@ -16,6 +16,9 @@ std::vector<int64_t> SupportedTargets();
 const char* TargetName(int64_t target);
 // The target dynamic dispatch currently selects.
 int64_t ActiveTarget();
+// Whether ActiveTarget() is an x86 AVX-512 one (32 vector registers: the direct GEMM kernel's
+// 6 x 4 tiles).
+bool ActiveTargetIsAvx512();
 // Restricts dispatch to `target` (must be in SupportedTargets()); 0 restores the default.
 // Affects the whole process: for tests and benchmarks, not for concurrent use.
 void ForceTarget(int64_t target);
