@@ -177,6 +177,13 @@ double LayerBytesOverWeights(WeightBinding binding, WeightPrepack prepack,
   return static_cast<double>(after - before) / weights;
 }
 
+// Whether a copy of a prepacked f32 layer with head_dim 64 keeps only its packing here: the
+// direct kernel takes every prepacked product and 64 columns are whole micro-panels.
+bool CopyKeepsOnlyPackingAtHeadDim64() {
+  return kernels::GemmBlocking().prefers_rows && kernels::PrepackedMinRows() == 1 &&
+         64 % kernels::GemmBlocking().nr == 0;
+}
+
 #endif  // MHA_SANITIZED
 
 TEST(AllocTest, LayerHoldsAtMostItsWeightsPlusOnePackedCopy) {
@@ -191,8 +198,7 @@ TEST(AllocTest, LayerHoldsAtMostItsWeightsPlusOnePackedCopy) {
   // packing where every product reads it (the direct kernel runs, and head_dim 64 starts every
   // head on a micro-panel); with 128 heads of 8 (not whole micro-panels of NR 16) it keeps both.
   const double packed = kernels::GemmBlocking().prefers_rows ? 1.0 : 0.0;
-  const bool only_packed =
-      packed > 0.0 && kernels::PrepackedMinRows() == 1 && 64 % kernels::GemmBlocking().nr == 0;
+  const bool only_packed = CopyKeepsOnlyPackingAtHeadDim64();
   const double copy_on = LayerBytesOverWeights(WeightBinding::kCopy, WeightPrepack::kOn);
   const double view_on = LayerBytesOverWeights(WeightBinding::kView, WeightPrepack::kOn);
   const double view_off = LayerBytesOverWeights(WeightBinding::kView, WeightPrepack::kOff);
@@ -230,8 +236,7 @@ TEST(AllocTest, CopyPacksStraightFromTheCallersArrays) {
   GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
 #else
   LayerBytesOverWeights(WeightBinding::kView, WeightPrepack::kOn);  // warm-up (BLIS, statics)
-  const bool only_packed = kernels::GemmBlocking().prefers_rows &&
-                           kernels::PrepackedMinRows() == 1 && 64 % kernels::GemmBlocking().nr == 0;
+  const bool only_packed = CopyKeepsOnlyPackingAtHeadDim64();
   double allocated = 0;
   const double held = LayerBytesOverWeights(WeightBinding::kCopy, WeightPrepack::kOn, Compute::kF32,
                                             16, QkvLayout::kPyTorch, &allocated);
@@ -245,9 +250,10 @@ TEST(AllocTest, CopyPacksStraightFromTheCallersArrays) {
                 1.0, 0.05);
     EXPECT_NEAR(per_head, 2.0, 0.05);
   }
+  // bf16 compute: the bf16 packing only.
   LayerBytesOverWeights(WeightBinding::kCopy, WeightPrepack::kOn, Compute::kBF16, 16,
                         QkvLayout::kPyTorch, &allocated);
-  EXPECT_NEAR(allocated, 0.5, 0.05);                                // the bf16 packing only
+  EXPECT_NEAR(allocated, 0.5, 0.05);
 #endif
 }
 

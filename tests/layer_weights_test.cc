@@ -29,6 +29,14 @@
 namespace mha {
 namespace {
 
+// n values uniform in [-bound, bound].
+std::vector<float> Random(size_t n, float bound, std::mt19937* rng) {
+  std::uniform_real_distribution<float> u(-bound, bound);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(*rng);
+  return v;
+}
+
 // A layer's configuration and weights (uniform in [-0.2, 0.2]); in_proj_weight when `fused`,
 // else separate q/k/v weights of input dims qd, kvd.
 struct Layer {
@@ -43,9 +51,7 @@ struct Layer {
     const int64_t qd = c.q_dim > 0 ? c.q_dim : E, kd = c.kdim > 0 ? c.kdim : E;
     const int64_t vd = c.vdim > 0 ? c.vdim : E;
     auto fill = [rng](std::vector<float>* v, int64_t n) {
-      std::uniform_real_distribution<float> u(-0.2f, 0.2f);
-      v->resize(static_cast<size_t>(n));
-      for (float& x : *v) x = u(*rng);
+      *v = Random(static_cast<size_t>(n), 0.2f, rng);
     };
     if (fused) {
       fill(&in_w, (E + 2 * kvE) * qd);
@@ -90,13 +96,6 @@ struct Layer {
     return layer;
   }
 };
-
-std::vector<float> Random(size_t n, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(*rng);
-  return v;
-}
 
 TensorView View(std::vector<float>* v, std::vector<int64_t> shape) {
   TensorView t;
@@ -196,11 +195,11 @@ void ExpectCopyMatchesView(const Layer& l, const Layer& view_of, bool released, 
   Inputs in;
   in.L = L;
   in.S = S;
-  in.x = Random(static_cast<size_t>(in.N * L * qd), &rng);
-  in.q = Random(static_cast<size_t>(in.N * L * qd), &rng);
-  in.k = Random(static_cast<size_t>(in.N * S * kd), &rng);
-  in.v = Random(static_cast<size_t>(in.N * S * vd), &rng);
-  in.step = Random(static_cast<size_t>(in.N * qd), &rng);
+  in.x = Random(static_cast<size_t>(in.N * L * qd), 1.0f, &rng);
+  in.q = Random(static_cast<size_t>(in.N * L * qd), 1.0f, &rng);
+  in.k = Random(static_cast<size_t>(in.N * S * kd), 1.0f, &rng);
+  in.v = Random(static_cast<size_t>(in.N * S * vd), 1.0f, &rng);
+  in.step = Random(static_cast<size_t>(in.N * qd), 1.0f, &rng);
   const std::unique_ptr<MultiheadAttention> view = view_of.Create(WeightBinding::kView);
   ASSERT_TRUE(view);
   EXPECT_NE(LayerWeightsOf(*view).w_q.data, nullptr);  // a view keeps the caller's arrays
@@ -317,13 +316,10 @@ TEST_P(LayerWeightsTest, Bf16StorageCopyKeepsOnlyTheBf16Packing) {
   AttentionConfig c = Config(64, 2);
   c.compute = Compute::kBF16;
   Layer rounded(c, true, &rng);
-  for (std::vector<float>* v : {&rounded.in_w, &rounded.wo}) {
-    for (float& x : *v) {
-      uint32_t bits;
-      std::memcpy(&bits, &x, 4);
-      bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;  // nearest even (finite)
-      std::memcpy(&x, &bits, 4);
-    }
+  for (std::vector<float>* v : {&rounded.in_w, &rounded.wo}) {  // to bf16 and back, as Create does
+    std::vector<uint16_t> bf16(v->size());
+    ConvertElements(v->data(), DType::kF32, bf16.data(), DType::kBF16, v->size());
+    ConvertElements(bf16.data(), DType::kBF16, v->data(), DType::kF32, v->size());
   }
   Layer stored = rounded;
   stored.config.weight_dtype = DType::kBF16;
