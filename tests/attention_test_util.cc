@@ -4,6 +4,8 @@
 
 #include <sstream>
 
+#include "tests/random_util.h"
+
 namespace mha {
 namespace testing_util {
 
@@ -14,13 +16,6 @@ int64_t Pick(std::mt19937* rng, int64_t lo, int64_t hi) {
 bool Coin(std::mt19937* rng, double p) { return std::bernoulli_distribution(p)(*rng); }
 
 namespace {
-
-std::vector<float> RandomVec(size_t n, float scale, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(*rng);
-  return v;
-}
 
 // Strides (elements) of an input of `tokens` tokens with `features` features (+ pad).
 void SeqStrides(const Problem& p, int64_t tokens, int64_t features, int64_t* sN, int64_t* sT) {
@@ -42,7 +37,7 @@ std::vector<float> RandomSeq(const Problem& p, int64_t tokens, int64_t features,
   int64_t sN, sT;
   SeqStrides(p, tokens, features, &sN, &sT);
   const size_t n = static_cast<size_t>(p.N * tokens * (features + p.row_pad));
-  std::vector<float> v = RandomVec(n, 1.0f, rng);
+  std::vector<float> v = test::SymmetricFloats(n, 1.0f, rng);
   return v;
 }
 
@@ -109,19 +104,19 @@ void FillProblem(Problem* pp, std::mt19937* rng) {
   const int64_t qd = c.q_dim ? c.q_dim : E, kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
   const float ws = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(qd, 1)));
   if (p.packed) {
-    p.in_proj_w = RandomVec(3 * E * qd, ws, rng);
+    p.in_proj_w = test::SymmetricFloats(3 * E * qd, ws, rng);
   } else {
-    p.wq = RandomVec(E * qd, ws, rng);
-    p.wk = RandomVec(kvE * kd, 1.0f / std::sqrt(static_cast<float>(kd)), rng);
-    p.wv = RandomVec(kvE * vd, 1.0f / std::sqrt(static_cast<float>(vd)), rng);
+    p.wq = test::SymmetricFloats(E * qd, ws, rng);
+    p.wk = test::SymmetricFloats(kvE * kd, 1.0f / std::sqrt(static_cast<float>(kd)), rng);
+    p.wv = test::SymmetricFloats(kvE * vd, 1.0f / std::sqrt(static_cast<float>(vd)), rng);
   }
-  if (c.bias) p.in_proj_b = RandomVec(E + 2 * kvE, 0.5f, rng);
+  if (c.bias) p.in_proj_b = test::SymmetricFloats(E + 2 * kvE, 0.5f, rng);
   if (c.add_bias_kv) {
-    p.bias_k = RandomVec(kvE, 1.0f, rng);
-    p.bias_v = RandomVec(kvE, 1.0f, rng);
+    p.bias_k = test::SymmetricFloats(kvE, 1.0f, rng);
+    p.bias_v = test::SymmetricFloats(kvE, 1.0f, rng);
   }
-  p.wo = RandomVec(E * E, 1.0f / std::sqrt(static_cast<float>(E)), rng);
-  if (c.bias) p.bo = RandomVec(E, 0.5f, rng);
+  p.wo = test::SymmetricFloats(E * E, 1.0f / std::sqrt(static_cast<float>(E)), rng);
+  if (c.bias) p.bo = test::SymmetricFloats(E, 0.5f, rng);
 
   p.query = RandomSeq(p, p.L, qd, rng);
   if (!p.self_attention) {
@@ -130,7 +125,7 @@ void FillProblem(Problem* pp, std::mt19937* rng) {
   }
   const int64_t slices = p.attn_3d ? p.N * H : 1;
   if (p.attn == MaskChoice::kFloat) {
-    p.attn_mask_f = RandomVec(slices * p.L * p.S, 2.0f, rng);
+    p.attn_mask_f = test::SymmetricFloats(slices * p.L * p.S, 2.0f, rng);
     for (float& x : p.attn_mask_f) {
       if (Coin(rng, 0.15)) x = -std::numeric_limits<float>::infinity();
     }
@@ -144,7 +139,7 @@ void FillProblem(Problem* pp, std::mt19937* rng) {
     }
   }
   if (p.kpm == MaskChoice::kFloat) {
-    p.kpm_f = RandomVec(p.N * p.S, 2.0f, rng);
+    p.kpm_f = test::SymmetricFloats(p.N * p.S, 2.0f, rng);
   } else if (p.kpm == MaskChoice::kBool) {
     p.kpm_b.resize(p.N * p.S);
     for (auto& x : p.kpm_b) x = Coin(rng, 0.25) ? 1 : 0;

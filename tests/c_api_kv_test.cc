@@ -25,6 +25,7 @@
 #include "runtime/c_api_internal.h"
 #include "tests/alloc_counter.h"
 #include "tests/c_api_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -36,12 +37,6 @@ using testing_util::NewContext;
 // As tests/kv_cache_test.cc derives them.
 double ToleranceOf(int32_t dtype) {
   return dtype == MHA_DTYPE_F32 ? 1e-5 : dtype == MHA_DTYPE_F16 ? 4e-3 : 2e-2;
-}
-
-void Fill(std::vector<float>* v, size_t n, float bound, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-bound, bound);
-  v->resize(n);
-  for (float& x : *v) x = u(*rng);
 }
 
 // Attention variants of a Fixture's layer, set through mha_layer_config / mha_layer_weights.
@@ -66,13 +61,13 @@ struct Fixture {
     std::mt19937 rng(seed);
     const int64_t kvE = KVH * (E / H);
     const float wb = 1.0f / std::sqrt(static_cast<float>(E));
-    Fill(&wq, E * E, wb, &rng);
-    Fill(&wk, kvE * E, wb, &rng);
-    Fill(&wv, kvE * E, wb, &rng);
-    Fill(&bias, E + 2 * kvE, wb, &rng);
-    Fill(&wo, E * E, wb, &rng);
-    Fill(&bo, E, wb, &rng);
-    Fill(&x, N * S * E, 1.0f, &rng);
+    wq = test::SymmetricFloats(E * E, wb, &rng);
+    wk = test::SymmetricFloats(kvE * E, wb, &rng);
+    wv = test::SymmetricFloats(kvE * E, wb, &rng);
+    bias = test::SymmetricFloats(E + 2 * kvE, wb, &rng);
+    wo = test::SymmetricFloats(E * E, wb, &rng);
+    bo = test::SymmetricFloats(E, wb, &rng);
+    x = test::SymmetricFloats(N * S * E, 1.0f, &rng);
     mha_layer_config c;
     mha_layer_config_init(&c);
     c.embed_dim = E;
@@ -84,7 +79,7 @@ struct Fixture {
     mha_layer_weights w;
     std::memset(&w, 0, sizeof(w));
     if (variant.sinks) {
-      Fill(&sinks, H, 1.0f, &rng);
+      sinks = test::SymmetricFloats(H, 1.0f, &rng);
       w.sinks = sinks.data();
     }
     w.q_proj_weight = wq.data();
@@ -452,8 +447,7 @@ TEST(CApiKvCacheTest, TruncateAndReset) {
 
   // New sequences: entry 0 keeps x's first 10 tokens, the rest is y.
   std::mt19937 rng(8);
-  std::vector<float> y;
-  Fill(&y, f.x.size(), 1.0f, &rng);
+  std::vector<float> y = test::SymmetricFloats(f.x.size(), 1.0f, &rng);
   std::copy(f.x.begin(), f.x.begin() + 10 * E, y.begin());
   std::vector<Call> calls;
   for (int64_t p = 0; p < S; ++p) calls.push_back({1, {p < S - 10 ? 1 : 0, 1}});

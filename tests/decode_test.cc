@@ -14,6 +14,7 @@
 
 #include "kernels/elementwise.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -43,9 +44,7 @@ struct CacheRows {
 void MakeRows(DType type, size_t n, size_t stride, size_t misalign, std::mt19937* rng,
               CacheRows* out) {
   const size_t count = n * stride;
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  std::vector<float> x(count);
-  for (float& v : x) v = u(*rng);
+  const std::vector<float> x = test::SymmetricFloats(count, 2.0f, rng);
   const size_t elem = ElementBytes(type);
   out->storage.assign((count + misalign + 8) * elem, 0);
   uint8_t* p = out->storage.data() + misalign * elem;

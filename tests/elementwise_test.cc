@@ -2,6 +2,8 @@
 // bit-exact: the f32 helpers against the same scalar f32 operation, the 16-bit conversions
 // against independent scalar references (exhaustive for the 16 -> 32 bit direction; every
 // rounding boundary plus a large random sample for 32 -> 16 bit).
+#include "kernels/elementwise.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/elementwise.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -149,13 +151,6 @@ std::vector<float> ConversionSamples(bool f16) {
   return v;
 }
 
-std::vector<float> RandomFloats(std::mt19937& rng, size_t n) {
-  std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
-
 // Lengths for the f32 helpers: all of 1..300 (every tail) and a few large ones.
 std::vector<size_t> Lengths() {
   std::vector<size_t> n;
@@ -175,8 +170,8 @@ TEST_P(ElementwiseTargetTest, AddBiasToRows) {
     if (cols > 300 && cols != 4099) continue;
     const size_t rows = 3, pad = cols % 3, offset = cols % 4, stride = cols + pad;
     std::vector<float> y(offset + rows * stride + 4, kSentinel);
-    const std::vector<float> init = RandomFloats(rng, rows * cols);
-    std::vector<float> bias = RandomFloats(rng, cols + 1);
+    const std::vector<float> init = test::SymmetricFloats(rows * cols, 100.0f, &rng);
+    std::vector<float> bias = test::SymmetricFloats(cols + 1, 100.0f, &rng);
     bias[cols / 2] = std::numeric_limits<float>::infinity();
     for (size_t r = 0; r < rows; ++r) {
       std::memcpy(&y[offset + r * stride], &init[r * cols], cols * sizeof(float));
@@ -206,7 +201,7 @@ TEST_P(ElementwiseTargetTest, WinogradSums) {
     const size_t rows = 3;
     // WinogradSums of a [2 * rows, 2 * cols] (row stride 2 * cols + 3, offset 1).
     const size_t h = rows, k2 = cols, lda = 2 * k2 + 3, lds = k2 + 2;
-    const std::vector<float> a = RandomFloats(rng, 1 + 2 * h * lda);
+    const std::vector<float> a = test::SymmetricFloats(1 + 2 * h * lda, 100.0f, &rng);
     std::vector<float> out(4 * h * lds + 4, kSentinel);
     float* s[4] = {out.data() + 1, out.data() + 1 + h * lds, out.data() + 1 + 2 * h * lds,
                    out.data() + 1 + 3 * h * lds};
@@ -235,7 +230,8 @@ TEST_P(ElementwiseTargetTest, ScaleByAndAddInto) {
   std::mt19937 rng(2);
   for (const size_t n : Lengths()) {
     const size_t offset = n % 4;
-    const std::vector<float> a = RandomFloats(rng, n), b = RandomFloats(rng, n + 3);
+    const std::vector<float> a = test::SymmetricFloats(n, 100.0f, &rng),
+                             b = test::SymmetricFloats(n + 3, 100.0f, &rng);
     std::vector<float> y(offset + n + 4, kSentinel);
     std::memcpy(&y[offset], a.data(), n * sizeof(float));
     kernels::ScaleBy(0.37f, y.data() + offset, n);

@@ -19,19 +19,13 @@
 #include "tests/attention_test_util.h"
 #include "tests/c_api_test_util.h"
 #include "tests/host_pool.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
 
 using testing_util::HostPool;
 using testing_util::SerialExecutor;
-
-std::vector<float> Random(size_t n, std::mt19937* rng) {
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(*rng);
-  return v;
-}
 
 TensorView Dense3(std::vector<float>* data, int64_t a, int64_t b, int64_t c) {
   const int64_t shape[3] = {a, b, c};
@@ -46,12 +40,12 @@ struct Layer {
   static constexpr int64_t kE = 64, kH = 8, kKvh = 4, kKvE = 32;
   explicit Layer(uint32_t seed) {
     std::mt19937 rng(seed);
-    wq = Random(kE * kE, &rng);
-    wk = Random(kKvE * kE, &rng);
-    wv = Random(kKvE * kE, &rng);
-    bias = Random(kE + 2 * kKvE, &rng);
-    wo = Random(kE * kE, &rng);
-    bo = Random(kE, &rng);
+    wq = test::SymmetricFloats(kE * kE, 1.0f, &rng);
+    wk = test::SymmetricFloats(kKvE * kE, 1.0f, &rng);
+    wv = test::SymmetricFloats(kKvE * kE, 1.0f, &rng);
+    bias = test::SymmetricFloats(kE + 2 * kKvE, 1.0f, &rng);
+    wo = test::SymmetricFloats(kE * kE, 1.0f, &rng);
+    bo = test::SymmetricFloats(kE, 1.0f, &rng);
     AttentionConfig c;
     c.embed_dim = kE;
     c.num_heads = kH;
@@ -76,7 +70,7 @@ struct Layer {
 std::vector<float> RunAll(const Layer& l, Context& ctx) {
   constexpr int64_t N = 2, L = 37, E = Layer::kE;
   std::mt19937 rng(11);
-  std::vector<float> x = Random(N * L * E, &rng);
+  std::vector<float> x = test::SymmetricFloats(N * L * E, 1.0f, &rng);
   std::vector<float> all;
   auto append = [&](const std::vector<float>& v) { all.insert(all.end(), v.begin(), v.end()); };
 
@@ -378,7 +372,7 @@ mha_tensor CTensor(std::vector<float>* data, int64_t a, int64_t b, int64_t c) {
 std::vector<float> RunC(const mha_layer* layer, mha_context* context) {
   constexpr int64_t N = 2, L = 21, E = Layer::kE;
   std::mt19937 rng(5);
-  std::vector<float> x = Random(N * L * E, &rng), out, weights, all;
+  std::vector<float> x = test::SymmetricFloats(N * L * E, 1.0f, &rng), out, weights, all;
   mha_attention_inputs in;
   std::memset(&in, 0, sizeof(in));
   in.query = CTensor(&x, N, L, E);

@@ -18,6 +18,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemv.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace kernels {
@@ -51,10 +52,8 @@ void CheckCase(DType type, size_t m, size_t n, size_t k, bool c_col_major, size_
                std::to_string(offset));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const size_t a_stride = k + 3, w_stride = k + 1;
-  std::vector<float> a(offset + m * a_stride);
-  for (float& x : a) x = u(*rng);
-  std::vector<float> w_src(offset + n * w_stride);
-  for (float& x : w_src) x = u(*rng);
+  std::vector<float> a = test::SymmetricFloats(offset + m * a_stride, 1.0f, rng);
+  const std::vector<float> w_src = test::SymmetricFloats(offset + n * w_stride, 1.0f, rng);
   std::vector<uint16_t> w16(w_src.size());
   std::vector<float> w32(w_src.size());
   if (type == DType::kBF16) {

@@ -24,6 +24,7 @@
 
 #include "kernels/gemm.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace kernels {
@@ -57,10 +58,8 @@ Problem MakeProblem(size_t m, size_t n, size_t k, CLayout layout, size_t offset,
   p.n = n;
   p.k = k;
   const size_t a_stride = k + 3, w_stride = k + 1;
-  p.a_buf.assign(offset + m * a_stride + 4, 0.0f);
-  p.w_buf.assign(offset + n * w_stride + 4, 0.0f);
-  for (float& x : p.a_buf) x = u(*rng);
-  for (float& x : p.w_buf) x = u(*rng);
+  p.a_buf = test::SymmetricFloats(offset + m * a_stride + 4, 1.0f, rng);
+  p.w_buf = test::SymmetricFloats(offset + n * w_stride + 4, 1.0f, rng);
   p.a = {p.a_buf.data() + offset, m, k, static_cast<ptrdiff_t>(a_stride), 1};
   // b = w^T: element (p, j) at w[j * w_stride + p].
   p.b = {p.w_buf.data() + offset, k, n, 1, static_cast<ptrdiff_t>(w_stride)};

@@ -37,6 +37,7 @@
 #include "runtime/cache_attention.h"
 #include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -68,23 +69,17 @@ struct Problem {
   }
 };
 
-void Fill(std::vector<float>* v, size_t n, float bound, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-bound, bound);
-  v->resize(n);
-  for (float& x : *v) x = u(*rng);
-}
-
 void MakeProblem(Problem* p, uint32_t seed) {
   std::mt19937 rng(seed);
   const int64_t hd = p->E / p->H, kvE = p->KVH * hd;
   const float wb = 1.0f / std::sqrt(static_cast<float>(p->E));
-  Fill(&p->wq, p->E * p->E, wb, &rng);
-  Fill(&p->wk, kvE * p->E, wb, &rng);
-  Fill(&p->wv, kvE * p->E, wb, &rng);
-  Fill(&p->bias, p->E + 2 * kvE, wb, &rng);
-  Fill(&p->wo, p->E * p->E, wb, &rng);
-  Fill(&p->bo, p->E, wb, &rng);
-  Fill(&p->x, p->N * p->S * p->E, 1.0f, &rng);
+  p->wq = test::SymmetricFloats(p->E * p->E, wb, &rng);
+  p->wk = test::SymmetricFloats(kvE * p->E, wb, &rng);
+  p->wv = test::SymmetricFloats(kvE * p->E, wb, &rng);
+  p->bias = test::SymmetricFloats(p->E + 2 * kvE, wb, &rng);
+  p->wo = test::SymmetricFloats(p->E * p->E, wb, &rng);
+  p->bo = test::SymmetricFloats(p->E, wb, &rng);
+  p->x = test::SymmetricFloats(p->N * p->S * p->E, 1.0f, &rng);
   AttentionConfig c;
   c.embed_dim = p->E;
   c.num_heads = p->H;

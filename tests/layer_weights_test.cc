@@ -25,17 +25,10 @@
 #include "runtime/attention_impl.h"
 #include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
-
-// n values uniform in [-bound, bound].
-std::vector<float> Random(size_t n, float bound, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-bound, bound);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(*rng);
-  return v;
-}
 
 // A layer's configuration and weights (uniform in [-0.2, 0.2]); in_proj_weight when `fused`,
 // else separate q/k/v weights of input dims qd, kvd.
@@ -51,7 +44,7 @@ struct Layer {
     const int64_t qd = c.q_dim > 0 ? c.q_dim : E, kd = c.kdim > 0 ? c.kdim : E;
     const int64_t vd = c.vdim > 0 ? c.vdim : E;
     auto fill = [rng](std::vector<float>* v, int64_t n) {
-      *v = Random(static_cast<size_t>(n), 0.2f, rng);
+      *v = test::SymmetricFloats(static_cast<size_t>(n), 0.2f, rng);
     };
     if (fused) {
       fill(&in_w, (E + 2 * kvE) * qd);
@@ -195,11 +188,11 @@ void ExpectCopyMatchesView(const Layer& l, const Layer& view_of, bool released, 
   Inputs in;
   in.L = L;
   in.S = S;
-  in.x = Random(static_cast<size_t>(in.N * L * qd), 1.0f, &rng);
-  in.q = Random(static_cast<size_t>(in.N * L * qd), 1.0f, &rng);
-  in.k = Random(static_cast<size_t>(in.N * S * kd), 1.0f, &rng);
-  in.v = Random(static_cast<size_t>(in.N * S * vd), 1.0f, &rng);
-  in.step = Random(static_cast<size_t>(in.N * qd), 1.0f, &rng);
+  in.x = test::SymmetricFloats(static_cast<size_t>(in.N * L * qd), 1.0f, &rng);
+  in.q = test::SymmetricFloats(static_cast<size_t>(in.N * L * qd), 1.0f, &rng);
+  in.k = test::SymmetricFloats(static_cast<size_t>(in.N * S * kd), 1.0f, &rng);
+  in.v = test::SymmetricFloats(static_cast<size_t>(in.N * S * vd), 1.0f, &rng);
+  in.step = test::SymmetricFloats(static_cast<size_t>(in.N * qd), 1.0f, &rng);
   const std::unique_ptr<MultiheadAttention> view = view_of.Create(WeightBinding::kView);
   ASSERT_TRUE(view);
   EXPECT_NE(LayerWeightsOf(*view).w_q.data, nullptr);  // a view keeps the caller's arrays

@@ -15,9 +15,9 @@
 
 #include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
-#include "tests/attention_test_util.h"
-
 #include "tests/alloc_counter.h"
+#include "tests/attention_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -374,7 +374,6 @@ TEST(PlanTest, ProjectWithPositionsAndQkTransformFitsItsPlan) {
 
 TEST(PlanTest, KvCacheCallsFitTheCachePlanAtAnyAlignment) {
   std::mt19937 rng(35);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const int64_t kv_heads : {4, 2}) {
     Problem p;
     p.config.embed_dim = 32;
@@ -386,8 +385,8 @@ TEST(PlanTest, KvCacheCallsFitTheCachePlanAtAnyAlignment) {
     std::unique_ptr<MultiheadAttention> layer = LayerOf(p);
     ASSERT_NE(layer, nullptr);
     const int64_t N = 2, T = 70, capacity = 600;
-    std::vector<float> x(N * T * 32), y(N * T * 32);
-    for (float& f : x) f = u(rng);
+    std::vector<float> x = test::SymmetricFloats(N * T * 32, 1.0f, &rng);
+    std::vector<float> y(N * T * 32);
     for (size_t threads : {1, 2}) {
       std::unique_ptr<KvCache> cache;
       ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*layer, N, capacity), &cache).ok());

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -227,13 +228,6 @@ struct Block {
   }
 };
 
-std::vector<float> RandomFloats(std::mt19937& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& f : v) f = dist(rng);
-  return v;
-}
-
 std::vector<uint8_t> RandomBytes(std::mt19937& rng, size_t n, double p_masked) {
   std::bernoulli_distribution masked(p_masked);
   std::uniform_int_distribution<int> value(1, 255);  // any nonzero byte means masked
@@ -270,7 +264,7 @@ TEST_P(SoftmaxRowsTest, LengthsAndAlignments) {
   for (const size_t n : lengths) {
     for (size_t offset = 0; offset < 4; ++offset) {
       const size_t rows = n > 300 ? 2 : 1;
-      const std::vector<float> x = RandomFloats(rng, rows * n, -8.0f, 8.0f);
+      const std::vector<float> x = test::UniformFloats(rows * n, -8.0f, 8.0f, &rng);
       RunAndCheck(
           x, rows, n, 0.125f, SoftmaxMasks(), /*pad=*/offset, offset,
           std::string(target) + " n=" + std::to_string(n) + " offset=" + std::to_string(offset));
@@ -285,9 +279,9 @@ TEST_P(SoftmaxRowsTest, MaskKinds) {
   std::mt19937 rng(2);
   const size_t rows = 5;
   for (const size_t n : {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 65, 100, 257, 1000}) {
-    const std::vector<float> x = RandomFloats(rng, rows * n, -4.0f, 4.0f);
-    const std::vector<float> add0 = RandomFloats(rng, rows * n, -3.0f, 3.0f);
-    const std::vector<float> add1 = RandomFloats(rng, rows * n, -1.0f, 1.0f);
+    const std::vector<float> x = test::UniformFloats(rows * n, -4.0f, 4.0f, &rng);
+    const std::vector<float> add0 = test::UniformFloats(rows * n, -3.0f, 3.0f, &rng);
+    const std::vector<float> add1 = test::UniformFloats(rows * n, -1.0f, 1.0f, &rng);
     const std::vector<uint8_t> m0 = RandomBytes(rng, rows * n, 0.3);
     const std::vector<uint8_t> m1 = RandomBytes(rng, rows * n, 0.2);
     for (int combo = 1; combo < 16; ++combo) {
@@ -313,7 +307,7 @@ TEST_P(SoftmaxRowsTest, CausalOffsets) {
   std::mt19937 rng(3);
   const size_t rows = 6;
   for (const size_t n : {1, 5, 6, 17, 40, 300}) {
-    const std::vector<float> x = RandomFloats(rng, rows * n, -5.0f, 5.0f);
+    const std::vector<float> x = test::UniformFloats(rows * n, -5.0f, 5.0f, &rng);
     const std::vector<uint8_t> m0 = RandomBytes(rng, n, 0.25);
     for (const int64_t offset : std::vector<int64_t>{-1000, -7, -3, -1, 0, 1, 2, 5, 1000,
                                                      std::numeric_limits<int64_t>::min(),
@@ -359,7 +353,7 @@ TEST_P(SoftmaxRowsTest, FullyMaskedRowsAreZero) {
   std::mt19937 rng(4);
   for (const size_t n : {1, 3, 16, 37, 300}) {
     const size_t rows = 4;
-    const std::vector<float> x = RandomFloats(rng, rows * n, -2.0f, 2.0f);
+    const std::vector<float> x = test::UniformFloats(rows * n, -2.0f, 2.0f, &rng);
     // Row 1 fully masked by the bool mask, row 2 by -inf additive entries, row 3 by -inf
     // scores; row 0 is normal.
     std::vector<uint8_t> m(rows * n, 0);
@@ -391,7 +385,7 @@ TEST_P(SoftmaxRowsTest, InfAndNaN) {
   std::mt19937 rng(5);
   for (const size_t n : {1, 2, 5, 16, 33, 129}) {
     const size_t rows = 7;
-    std::vector<float> x = RandomFloats(rng, rows * n, -3.0f, 3.0f);
+    std::vector<float> x = test::UniformFloats(rows * n, -3.0f, 3.0f, &rng);
     std::vector<float> add(rows * n, 0.0f);
     std::vector<uint8_t> m(rows * n, 0);
     const size_t j = n / 2;
@@ -436,8 +430,8 @@ TEST_P(SoftmaxRowsTest, HugeMagnitudes) {
   for (const size_t n : {1, 7, 64, 333, 4099}) {
     for (const float scale : {1.0f, 0.125f, 1e4f, -1.0f}) {
       const size_t rows = 3;
-      std::vector<float> x = RandomFloats(rng, rows * n, -1e4f, 1e4f);
-      if (scale == 1e4f) x = RandomFloats(rng, rows * n, -1.0f, 1.0f);
+      std::vector<float> x = test::UniformFloats(rows * n, -1e4f, 1e4f, &rng);
+      if (scale == 1e4f) x = test::UniformFloats(rows * n, -1.0f, 1.0f, &rng);
       // Row 2: values clustered near +1e4 (nearly uniform after the max shift).
       for (size_t j = 0; j < n; ++j) {
         x[2 * n + j] = (scale == 1e4f ? 1.0f : 1e4f) + 0.001f * static_cast<float>(j % 7);
@@ -447,7 +441,7 @@ TEST_P(SoftmaxRowsTest, HugeMagnitudes) {
           std::string(target) + " n=" + std::to_string(n) + " scale=" + std::to_string(scale));
     }
     // Overflow of x * scale: -inf entries are masked; a +inf entry makes the row NaN.
-    std::vector<float> x = RandomFloats(rng, 2 * n, -1.0f, 1.0f);
+    std::vector<float> x = test::UniformFloats(2 * n, -1.0f, 1.0f, &rng);
     x[0] = -3e38f;
     x[n + n / 2] = 3e38f;
     RunAndCheck(x, 2, n, 10.0f, SoftmaxMasks(), 0, 0,
@@ -511,15 +505,15 @@ struct TermsInputs {
     pos = MakePositions(rng, c.pos_kind, rows, cols);
     if (c.terms == 1 || c.terms == 3) {
       // Large scores: the cap saturates (|y| up to 150 against a cap of 30).
-      x = RandomFloats(rng, rows * cols, -300.0f, 300.0f);
+      x = test::UniformFloats(rows * cols, -300.0f, 300.0f, &rng);
       scale = 0.5f;
       masks.softcap = 30.0f;
     } else {
-      x = RandomFloats(rng, rows * cols, -6.0f, 6.0f);
+      x = test::UniformFloats(rows * cols, -6.0f, 6.0f, &rng);
     }
     if (c.terms >= 2) masks.alibi_slope = c.terms == 2 ? 0.0625f : 0.5f;
     if (c.terms == 3) {
-      add = RandomFloats(rng, rows * cols, -2.0f, 2.0f);
+      add = test::UniformFloats(rows * cols, -2.0f, 2.0f, &rng);
       bools = RandomBytes(rng, rows * cols, 0.2);
       masks.add[0] = add.data();
       masks.add_row_stride[0] = static_cast<ptrdiff_t>(cols);
@@ -613,7 +607,7 @@ TEST_P(SoftmaxRowsTest, Sinks) {
   std::mt19937 rng(12);
   for (const size_t n : {1, 5, 16, 37, 300}) {
     const size_t rows = 3;
-    const std::vector<float> x = RandomFloats(rng, rows * n, -4.0f, 4.0f);
+    const std::vector<float> x = test::UniformFloats(rows * n, -4.0f, 4.0f, &rng);
     std::vector<uint8_t> bools(rows * n, 0);
     std::fill(bools.begin() + 2 * n, bools.end(), 1);  // row 2 fully masked
     SoftmaxMasks masks;
@@ -673,14 +667,14 @@ TEST_P(OnlineSoftmaxTest, MatchesOneShot) {
           // and 1 on scores rising along the row by 300 after the scale, so later blocks rise
           // above the reference by more than kOnlineSoftmaxHeadroom (the fused pass stops
           // inside a block and the rest of the block takes passes 1 and 2).
-          std::vector<float> x = RandomFloats(rng, rows * total, -6.0f, 6.0f);
+          std::vector<float> x = test::UniformFloats(rows * total, -6.0f, 6.0f, &rng);
           if (variant >= 4) {
             for (size_t i = 0; i < x.size(); ++i) {
               x[i] += 1000.0f * static_cast<float>(i % total) / static_cast<float>(total);
             }
           }
-          const std::vector<float> v = RandomFloats(rng, total * hd, -1.0f, 1.0f);
-          const std::vector<float> add = RandomFloats(rng, rows * total, -2.0f, 2.0f);
+          const std::vector<float> v = test::UniformFloats(total * hd, -1.0f, 1.0f, &rng);
+          const std::vector<float> add = test::UniformFloats(rows * total, -2.0f, 2.0f, &rng);
           std::vector<uint8_t> m = RandomBytes(rng, rows * total, 0.3);
           std::fill(m.begin() + 4 * total, m.end(), 1);  // row 4 fully masked
           SoftmaxMasks full;
@@ -860,7 +854,7 @@ TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
                 in.masks.masked_row_stride[1] = static_cast<ptrdiff_t>(total);
               }
               const size_t hd = case_index % 2 ? 3 : 16;
-              const std::vector<float> v = RandomFloats(rng, total * hd, -1.0f, 1.0f);
+              const std::vector<float> v = test::UniformFloats(total * hd, -1.0f, 1.0f, &rng);
               std::vector<size_t> cuts = {0, total};
               std::uniform_int_distribution<size_t> cut(1, total - 1);
               while (cuts.size() < num_blocks + 1) {

@@ -19,6 +19,7 @@
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -36,13 +37,6 @@ using testing_util::WeightsOf;
 
 using testing_util::Coin;
 using testing_util::Pick;
-
-std::vector<float> Uniform(size_t n, float lo, float hi, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(*rng);
-  return v;
-}
 
 bool UsesPositions(const AttentionConfig& c) {
   return c.rope != RopeStyle::kNone || c.alibi || c.window > 0;
@@ -96,7 +90,7 @@ void DrawVariants(Problem* pp, int only, std::mt19937* rng) {
   }
   if (want(1, 0.3)) {
     c.alibi = true;
-    if (Coin(rng, 0.3)) p.alibi_slopes = Uniform(H, 0.0f, 0.6f, rng);
+    if (Coin(rng, 0.3)) p.alibi_slopes = test::UniformFloats(H, 0.0f, 0.6f, rng);
   }
   if (want(2, 0.4)) {
     const int64_t span = std::max(p.L, p.S);
@@ -108,15 +102,15 @@ void DrawVariants(Problem* pp, int only, std::mt19937* rng) {
     c.softcap = caps[Pick(rng, 0, 3)];
   }
   if (want(4, 0.35)) {
-    p.sinks = Uniform(H, -2.0f, 2.0f, rng);
+    p.sinks = test::UniformFloats(H, -2.0f, 2.0f, rng);
     if (Coin(rng, 0.2)) p.sinks[Pick(rng, 0, H - 1)] = -std::numeric_limits<float>::infinity();
   }
   if (want(5, 0.3)) {
     c.qk_norm_whole = H > 1 && Coin(rng, 0.4);
     const float eps[3] = {0.0f, 1e-5f, 0.1f};
     c.qk_norm_eps = eps[Pick(rng, 0, 2)];
-    p.q_norm = Uniform(c.qk_norm_whole ? H * hd : hd, 0.5f, 1.5f, rng);
-    p.k_norm = Uniform(c.qk_norm_whole ? KVH * hd : hd, 0.5f, 1.5f, rng);
+    p.q_norm = test::UniformFloats(c.qk_norm_whole ? H * hd : hd, 0.5f, 1.5f, rng);
+    p.k_norm = test::UniformFloats(c.qk_norm_whole ? KVH * hd : hd, 0.5f, 1.5f, rng);
   }
   const bool positional = UsesPositions(c);
   // Keys appended by bias_kv / zero_attn have no position (Unsupported with the positional
@@ -339,9 +333,9 @@ TEST(VariantsTest, LongCrossAttentionWithKeyPositions) {
     p.config.window = variant == 3 ? 1024 : 600;
     p.config.softcap = 5.0f;
     p.config.alibi = variant != 2;
-    p.sinks = Uniform(4, -1.0f, 1.0f, &rng);
-    p.q_norm = Uniform(4, 0.5f, 1.5f, &rng);
-    p.k_norm = Uniform(4, 0.5f, 1.5f, &rng);
+    p.sinks = test::UniformFloats(4, -1.0f, 1.0f, &rng);
+    p.q_norm = test::UniformFloats(4, 0.5f, 1.5f, &rng);
+    p.k_norm = test::UniformFloats(4, 0.5f, 1.5f, &rng);
     for (int64_t n = 0; n < p.N; ++n) {
       for (int64_t l = 0; l < p.L; ++l) p.positions.push_back(1250 + l - 3 * n);
       for (int64_t s = 0; s < p.S; ++s) p.key_positions.push_back(s + 2 * n);

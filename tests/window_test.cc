@@ -19,6 +19,7 @@
 #include "runtime/context_internal.h"
 #include "runtime/trace.h"
 #include "tests/attention_test_util.h"
+#include "tests/random_util.h"
 
 namespace mha {
 namespace {
@@ -156,13 +157,6 @@ std::vector<float> WindowMask(int64_t L, int64_t S, int64_t W, bool causal,
   return m;
 }
 
-std::vector<float> RandomVector(size_t n, std::mt19937* rng) {
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(*rng);
-  return v;
-}
-
 void ExpectClose(const std::vector<float>& got, const std::vector<float>& want,
                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -197,8 +191,9 @@ void CheckWindowEqualsMask(Path path, Problem r, int64_t chunk_keys, uint32_t se
   std::mt19937 rng(seed);
   const Layer layer(&rng);
   const int64_t E = layer.config.embed_dim;
-  const std::vector<float> x = RandomVector(r.N * r.L * E, &rng);
-  const std::vector<float> kv = r.cross ? RandomVector(r.N * r.S * E, &rng) : std::vector<float>();
+  const std::vector<float> x = test::SymmetricFloats(r.N * r.L * E, 1.0f, &rng);
+  const std::vector<float> kv =
+      r.cross ? test::SymmetricFloats(r.N * r.S * E, 1.0f, &rng) : std::vector<float>();
   if (!r.cross) r.S = r.L;
   r.need_weights = path == Path::kFullRows;
   const ScopedKeyChunking chunking(path == Path::kChunked ? chunk_keys : 0);
@@ -348,7 +343,7 @@ TEST(WindowTest, BitwiseAcrossThreads) {
         r.need_weights = path == Path::kFullRows;
         r.average = false;
         const ScopedKeyChunking chunking(path == Path::kChunked ? 300 : 0);
-        const std::vector<float> x = RandomVector(r.N * r.L * E, &rng);
+        const std::vector<float> x = test::SymmetricFloats(r.N * r.L * E, 1.0f, &rng);
         Result base;
         ASSERT_TRUE(Forward(layer, x, {}, r, &base).ok());
         for (size_t threads : {2, 3}) {
@@ -372,7 +367,7 @@ TEST(WindowTest, SinksMatchDouble) {
   std::mt19937 rng(5);
   const int64_t E = 8, H = 2, KVH = 1, hd = E / H, L = 6;
   const Layer layer(&rng, E, H, KVH);
-  const std::vector<float> x = RandomVector(L * E, &rng);
+  const std::vector<float> x = test::SymmetricFloats(L * E, 1.0f, &rng);
   // Projections in double: q [L, E], k and v [L, hd].
   std::vector<double> q(L * E), k(L * hd), v(L * hd);
   for (int64_t l = 0; l < L; ++l) {
@@ -473,7 +468,7 @@ TEST(WindowTest, SkipsBlocksBeforeTheBand) {
   Problem r;
   r.L = r.S = 2048;
   r.causal = true;
-  const std::vector<float> x = RandomVector(r.L * 16, &rng);
+  const std::vector<float> x = test::SymmetricFloats(r.L * 16, 1.0f, &rng);
   for (int64_t chunk : {0, 256}) {
     const ScopedKeyChunking chunking(chunk);
     auto count_scores = [&](int64_t window) {
