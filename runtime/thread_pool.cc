@@ -10,11 +10,10 @@ namespace mha {
 
 namespace {
 
-// Polls `done` for up to kSpinMicros; returns true if it became true.
+// Polls `done` for up to `micros`; returns true if it became true.
 template <typename Pred>
-bool SpinFor(const Pred& done) {
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::microseconds(ThreadPool::kSpinMicros);
+bool SpinFor(const Pred& done, int micros = ThreadPool::kSpinMicros) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (done()) return true;
@@ -124,7 +123,7 @@ void ThreadPool::Run(uint64_t num_tasks, TaskFn fn, const void* closure) {
     return WorkersIn(state_.load(std::memory_order_seq_cst)) == 0;
   };
   for (;;) {
-    if (!SpinFor(none_inside)) {
+    if (!SpinFor(none_inside, ThreadPool::kTailSpinMicros)) {
       std::unique_lock<std::mutex> lock(mu_);
       owner_sleeping_.store(true, std::memory_order_relaxed);
       done_cv_.wait(lock, none_inside);
@@ -174,6 +173,16 @@ void ThreadPool::WorkerLoop(size_t worker) {
       std::lock_guard<std::mutex> lock(mu_);
       if (owner_sleeping_.load(std::memory_order_relaxed)) done_cv_.notify_one();
     }
+    // Every task is claimed, but the dispatch runs on while others finish theirs (at most one
+    // each): stay awake until it closes, so that the next dispatch (the forward's next stage)
+    // finds this worker polling rather than asleep. Then the usual kSpinMicros.
+    SpinFor(
+        [&] {
+          const uint64_t s = state_.load(std::memory_order_acquire);
+          return (s & kClosed) != 0 || EpochOf(s) != seen_epoch ||
+                 stop_.load(std::memory_order_acquire);
+        },
+        kTailSpinMicros);
   }
 }
 

@@ -19,7 +19,12 @@
 // - No heap allocation per dispatch: the callable is passed by pointer and type-erased through a
 //   function pointer.
 // - Idle workers spin for a short, bounded time (kSpinMicros) and then sleep on a condition
-//   variable: the VMs we run on may deschedule a vCPU, so no unbounded spinning.
+//   variable: the VMs we run on may deschedule a vCPU, so no unbounded spinning. A worker whose
+//   tasks are done while the dispatch runs on (the others' last tasks, at most one each) first
+//   polls until it closes, for up to kTailSpinMicros, and the caller likewise polls for its
+//   workers' last tasks: a forward's next stage then finds its workers awake. (A stage boundary
+//   where one side had gone to sleep cost 60-110 us on a 2-vCPU VM: bench/README, "Thread
+//   pool".)
 // - A dispatch ends when its tasks are done, not when every worker has looked at it: a worker
 //   that is asleep (or whose vCPU is descheduled) when a dispatch starts and wakes after the
 //   others have run every task takes no part and delays nothing. Workers join a dispatch through
@@ -49,6 +54,11 @@ class ThreadPool {
  public:
   // How long an idle worker (or the waiting caller) polls before it sleeps, in microseconds.
   static constexpr int kSpinMicros = 50;
+  // How long a worker that ran out of tasks polls for the end of its dispatch (the others'
+  // last tasks) before the kSpinMicros above, and the caller for its workers' last tasks before
+  // it sleeps, in microseconds: a bound, reached only by tasks longer than that (or a
+  // descheduled vCPU).
+  static constexpr int kTailSpinMicros = 2000;
 
   // `num_threads` >= 1 counts the calling thread; 0 is treated as 1.
   explicit ThreadPool(size_t num_threads);

@@ -162,7 +162,9 @@ typedef struct mha_executor {
 /* Zero-initialized = defaults (a pool of the context's own, all hardware threads). */
 typedef struct mha_context_options {
   /* Threads used by forward passes, counting the calling thread; 0 = all hardware threads. At
-   * most 1024. With an executor: 0 or executor->num_workers. */
+   * most 1024. With an executor: 0 or executor->num_workers. The context's own threads poll for
+   * work while a call runs (up to 2 ms while its stages' last tasks run) and for 50 us after
+   * it, then sleep: between calls they use no CPU. */
   size_t num_threads;
   /* Caller-provided arena memory (not owned; must outlive the context), arena_bytes long. When
    * NULL the context owns its arena, starting at arena_bytes bytes (0 = grow on first use; an

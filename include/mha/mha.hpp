@@ -76,7 +76,9 @@ class MHA_API Executor {
 
 struct ContextOptions {
   // Threads used by forward passes, counting the calling thread; 0 = all hardware threads.
-  // With an executor: 0 or executor->num_workers().
+  // With an executor: 0 or executor->num_workers(). The context's own threads poll for work
+  // while a call runs (up to 2 ms while its stages' last tasks run) and for 50 us after it, then
+  // sleep: between calls they use no CPU.
   size_t num_threads = 0;
   // Caller-provided arena memory (not owned; must outlive the context). When null the context
   // owns its arena, starting at `arena_bytes` (0 = grow on first use).
