@@ -936,6 +936,60 @@ TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
   ReportWorst(target, "VariantTermsMatchOneShot");
 }
 
+// A row's first visible block with nothing added (scale 1, no masks or terms: the scores
+// product applied the scale) takes its own row update; it must give the bits of the general
+// path, which an all-zero additive mask forces (y = x + 0 = x): scores, acc, row max and sum
+// after a first and a second block, at lengths around the vector and two-vector boundaries,
+// non-causal and causal (rows with no visible key too), with rows holding a NaN, a +inf, only
+// -inf, and some -inf.
+TEST_P(OnlineSoftmaxTest, PlainFirstBlockMatchesGeneralPath) {
+  const char* const target = target_name();
+  std::mt19937 rng(29);
+  const size_t rows = 7, hd = 5;
+  for (const size_t cols : {1, 5, 8, 15, 16, 17, 31, 32, 33, 47, 64, 70}) {
+    // No causal mask, then causal with offsets 0, -3 (rows 0-2 see no key) and 4.
+    for (const int64_t causal_offset : {int64_t{-100}, int64_t{0}, int64_t{-3}, int64_t{4}}) {
+      const std::string what = std::string(target) + " cols " + std::to_string(cols) +
+                               " causal_offset " + std::to_string(causal_offset);
+      SoftmaxMasks plain;
+      plain.causal = causal_offset != -100;
+      plain.causal_offset = plain.causal ? causal_offset : 0;
+      const std::vector<float> zeros(rows * cols, 0.0f);
+      SoftmaxMasks general = plain;
+      general.add[0] = zeros.data();
+      general.add_row_stride[0] = static_cast<ptrdiff_t>(cols);
+      std::vector<float> row_max[2], row_sum[2], acc[2];
+      for (int k = 0; k < 2; ++k) {
+        row_max[k].assign(rows, -kInf);
+        row_sum[k].assign(rows, 0.0f);
+        acc[k].assign(rows * hd, kSentinel);
+      }
+      for (int block = 0; block < 2; ++block) {
+        std::vector<float> x = test::UniformFloats(rows * cols, -6.0f, 6.0f, &rng);
+        if (block == 0) {
+          x[1 * cols + cols / 2] = kNaN;
+          x[2 * cols] = kInf;
+          std::fill(x.begin() + 3 * cols, x.begin() + 4 * cols, -kInf);
+          for (size_t j = 0; j < cols; j += 3) x[5 * cols + j] = -kInf;
+        }
+        std::vector<float> y[2] = {x, x};
+        for (int k = 0; k < 2; ++k) {
+          kernels::OnlineSoftmaxUpdate(
+              y[k].data(), rows, cols, static_cast<ptrdiff_t>(cols), 1.0f, k == 0 ? plain : general,
+              row_max[k].data(), row_sum[k].data(), acc[k].data(), hd, static_cast<ptrdiff_t>(hd));
+        }
+        const auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same(y[0], y[1])) << what << " block " << block << ": scores";
+        EXPECT_TRUE(same(acc[0], acc[1])) << what << " block " << block << ": acc";
+        EXPECT_TRUE(same(row_max[0], row_max[1])) << what << " block " << block << ": row max";
+        EXPECT_TRUE(same(row_sum[0], row_sum[1])) << what << " block " << block << ": row sum";
+      }
+    }
+  }
+}
+
 // Finish alone: acc / row_sum, zeros for a zero sum, with row strides.
 TEST_P(OnlineSoftmaxTest, Finish) {
   const char* const target = target_name();
