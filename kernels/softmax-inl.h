@@ -610,11 +610,12 @@ HWY_INLINE bool FirstPlainRowUpdate(D d, float* HWY_RESTRICT x, ColumnRange c,
                                     float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
                                     float* HWY_RESTRICT acc_row, size_t acc_cols) {
   const float kInf = std::numeric_limits<float>::infinity();
+  if (c.begin == c.end) return false;
   float* HWY_RESTRICT xs = x + c.begin;
   const size_t n = c.end - c.begin;
   // Plain, pass 1 only reads x.
   const RowStats stats = ScaleMaskMax<false>(d, xs, n, 1.0f, RowMasks{});
-  if (n == 0 || stats.has_nan || stats.max == kInf || stats.max == -kInf) return false;
+  if (stats.has_nan || stats.max == kInf || stats.max == -kInf) return false;
   *row_sum = static_cast<float>(ExpSubtractSum(d, xs, n, stats.max));
   FillRow(acc_row, acc_cols, 0.0f);
   *row_max = stats.max;
