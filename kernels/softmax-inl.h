@@ -549,7 +549,9 @@ HWY_INLINE void OnlineRowUpdate(D d, float* HWY_RESTRICT x, size_t r, float scal
   if (c.begin == c.end) return;  // no key of this block is visible: state unchanged
   float* HWY_RESTRICT xs = x + c.begin;
   const size_t n = c.end - c.begin;
-  const RowMasks rm = FromColumn(MasksForRow(masks, r), c.begin);
+  // A plain row (scale 1, no masks or terms) reads none of its RowMasks, so none is built: two
+  // struct builds per row were a good part of a short row's time (kernels/README).
+  const RowMasks rm = plain ? RowMasks{} : FromColumn(MasksForRow(masks, r), c.begin);
   const float m_old = row_max[r];
   // A finite reference from earlier blocks (or a sink): one fused pass while the block stays
   // within the headroom (the common case after the first block), the remaining columns
@@ -567,7 +569,8 @@ HWY_INLINE void OnlineRowUpdate(D d, float* HWY_RESTRICT x, size_t r, float scal
     }
   }
   // Passes 1 and 2 over [done, n): columns [0, done) already hold exp(y - m_old).
-  const RowStats stats = ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, FromColumn(rm, done));
+  const RowStats stats =
+      ScaleMaskMax<kTerms>(d, xs + done, n - done, scale, plain ? rm : FromColumn(rm, done));
   if (stats.has_nan || stats.max == kInf || std::isnan(m_old)) {
     // The row's output is NaN (see SoftmaxRows); NaN state makes later blocks and
     // OnlineSoftmaxFinish keep it NaN.
@@ -600,28 +603,6 @@ HWY_INLINE void OnlineRowUpdate(D d, float* HWY_RESTRICT x, size_t r, float scal
   row_max[r] = m_new;
 }
 
-// OnlineRowUpdate for a row's first visible block (row_max -inf: no sink) over columns c with
-// nothing added (scale 1, no masks, no terms): the same passes, so the same bits, without the
-// per-row mask bookkeeping and the fused pass's checks, a good part of a short row's time.
-// Returns false, having written nothing, for a row the general path must take (a NaN or +inf
-// score, or every score -inf).
-template <class D>
-HWY_INLINE bool FirstPlainRowUpdate(D d, float* HWY_RESTRICT x, ColumnRange c,
-                                    float* HWY_RESTRICT row_max, float* HWY_RESTRICT row_sum,
-                                    float* HWY_RESTRICT acc_row, size_t acc_cols) {
-  const float kInf = std::numeric_limits<float>::infinity();
-  if (c.begin == c.end) return false;
-  float* HWY_RESTRICT xs = x + c.begin;
-  const size_t n = c.end - c.begin;
-  // Plain, pass 1 only reads x.
-  const RowStats stats = ScaleMaskMax<false>(d, xs, n, 1.0f, RowMasks{});
-  if (stats.has_nan || stats.max == kInf || stats.max == -kInf) return false;
-  *row_sum = static_cast<float>(ExpSubtractSum(d, xs, n, stats.max));
-  FillRow(acc_row, acc_cols, 0.0f);
-  *row_max = stats.max;
-  return true;
-}
-
 // OnlineSoftmaxUpdate (see kernels/softmax.h) with kTerms as in ScaledMaskedScores.
 template <bool kTerms, class D>
 HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t rows, size_t cols,
@@ -631,15 +612,11 @@ HWY_INLINE void OnlineSoftmaxUpdateT(D d, float* HWY_RESTRICT scores, size_t row
                                      ptrdiff_t acc_row_stride) {
   const bool plain = !kTerms && scale == 1.0f && !masks.add[0] && !masks.add[1] &&
                      !masks.masked[0] && !masks.masked[1];
-  const float kNegInf = -std::numeric_limits<float>::infinity();
   for (size_t r = 0; r < rows; ++r) {
     float* HWY_RESTRICT x = scores + static_cast<ptrdiff_t>(r) * row_stride;
-    float* HWY_RESTRICT acc_row = acc + static_cast<ptrdiff_t>(r) * acc_row_stride;
     const ColumnRange c = VisibleColumns(masks, r, cols);
-    if (!(plain && row_max[r] == kNegInf &&
-          FirstPlainRowUpdate(d, x, c, row_max + r, row_sum + r, acc_row, acc_cols))) {
-      OnlineRowUpdate<kTerms>(d, x, r, scale, masks, plain, c, row_max, row_sum, acc_row, acc_cols);
-    }
+    OnlineRowUpdate<kTerms>(d, x, r, scale, masks, plain, c, row_max, row_sum,
+                            acc + static_cast<ptrdiff_t>(r) * acc_row_stride, acc_cols);
     ZeroInvisible(x, cols, c);  // after the row's passes (why: there)
   }
 }

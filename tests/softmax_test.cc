@@ -936,13 +936,13 @@ TEST_P(OnlineSoftmaxTest, VariantTermsMatchOneShot) {
   ReportWorst(target, "VariantTermsMatchOneShot");
 }
 
-// A row's first visible block with nothing added (scale 1, no masks or terms: the scores
-// product applied the scale) takes its own row update; it must give the bits of the general
-// path, which an all-zero additive mask forces (y = x + 0 = x): scores, acc, row max and sum
-// after a first and a second block, at lengths around the vector and two-vector boundaries,
-// non-causal and causal (rows with no visible key too), with rows holding a NaN, a +inf, only
-// -inf, and some -inf.
-TEST_P(OnlineSoftmaxTest, PlainFirstBlockMatchesGeneralPath) {
+// Rows with nothing added (scale 1, no masks or terms: the scores product applied the scale)
+// build no per-row masks; they must give the bits of the general path, which an all-zero
+// additive mask forces (y = x + 0 = x): scores, acc, row max and sum after a first block (passes
+// 1 and 2) and a second one (the fused pass), at lengths around the vector and two-vector
+// boundaries, non-causal and causal (rows with no visible key too), with rows holding a NaN, a
+// +inf, only -inf, and some -inf.
+TEST_P(OnlineSoftmaxTest, PlainRowsMatchGeneralPath) {
   const char* const target = target_name();
   std::mt19937 rng(29);
   const size_t rows = 7, hd = 5;

@@ -13,7 +13,8 @@ percent of the multiply-add peak of the dispatched SIMD target ("peak %", "f32 p
 roofline no f32 product passes; not for --compute bf16 files), and, per peer, its time over
 mha's: "1.25×" means the peer took 1.25 times mha's time (mha faster), "0.90×" that the peer was
 faster. A peer whose first output disagreed with mha's beyond its bound is marked "(!)"; a peer
-that did not run the case (not installed, or lacking the feature) is "–". --command adds the command that made the file. Only the standard library is needed.
+that did not run the case (not installed, or lacking the feature) is "–". --command adds the
+command that made the file. Only the standard library is needed.
 
 A forward file of an mha-bench --compute bf16 run, given with --f32 FILE (the same suite with
 f32 compute), gains the column "f32 / bf16": mha's f32 median over its bf16 median for the same
