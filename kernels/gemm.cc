@@ -220,6 +220,25 @@ const Config& GetConfig() {
   return config;
 }
 
+// Rows of A packed per block kc deep: MC, or in a block deeper than KC as many MR-tall panels
+// as the scratch's packed A block (MC x KC floats) holds.
+size_t RowsPerBlock(const Config& cfg, size_t kc) {
+  if (kc <= cfg.kc) return cfg.mc;
+  return std::max<size_t>(1, cfg.mc / cfg.mr * cfg.kc / kc) * cfg.mr;
+}
+
+// Columns of B packed per block kc deep: NC, or in a block deeper than KC as many NR-wide
+// panels as the scratch's packed B block (KC x NC floats) holds.
+size_t ColumnsPerBlock(const Config& cfg, size_t kc) {
+  if (kc <= cfg.kc) return cfg.nc;
+  return std::max<size_t>(1, cfg.nc / cfg.nr * cfg.kc / kc) * cfg.nr;
+}
+
+// The step at which the last KC block of a depth k > 0 starts (KcBlockDepth).
+size_t LastKcBlock(const Config& cfg, size_t k) {
+  return k < 2 * cfg.kc ? 0 : (k / cfg.kc - 1) * cfg.kc;
+}
+
 // One operand of the driver: f32 elements, or 16-bit ones (GemmHalfB's weights) that are
 // widened exactly to f32 as they are packed. Element (i, p) at data[i * row_stride + p *
 // col_stride].
@@ -240,8 +259,9 @@ struct Operand {
 
 // Packs one micro-panel of `rows` rows (rows <= height) and kc columns of `src` into dst (the
 // layout of PackPanel). A 16-bit source must be contiguous along kc (col_stride 1: rows of an
-// nn.Linear weight): its rows are widened into `widen` (rows x kc floats) and packed from
-// there, so the packed panel holds exactly the values a widened f32 matrix would give.
+// nn.Linear weight): its rows are widened into `widen` (rows x at most cfg.kc floats: a block
+// deeper than KC goes in pieces) and packed from there, so the packed panel holds exactly the
+// values a widened f32 matrix would give.
 void PackOperandPanel(PackPanelFn pack, const Operand& src, size_t rows, size_t kc, size_t height,
                       float* widen, float* dst) {
   if (src.f32 != nullptr) {
@@ -249,15 +269,20 @@ void PackOperandPanel(PackPanelFn pack, const Operand& src, size_t rows, size_t 
     return;
   }
   assert(src.col_stride == 1 && "GemmHalfB: 16-bit operands must be contiguous along k");
-  for (size_t i = 0; i < rows; ++i) {
-    const uint16_t* row = src.half + static_cast<ptrdiff_t>(i) * src.row_stride;
-    if (src.type == DType::kBF16) {
-      BF16ToF32(row, widen + i * kc, kc);
-    } else {
-      F16ToF32(row, widen + i * kc, kc);
+  const size_t piece_max = GetConfig().kc;
+  for (size_t p0 = 0; p0 < kc; p0 += piece_max) {
+    const size_t piece = std::min(piece_max, kc - p0);
+    for (size_t i = 0; i < rows; ++i) {
+      const uint16_t* row = src.half + static_cast<ptrdiff_t>(i) * src.row_stride + p0;
+      if (src.type == DType::kBF16) {
+        BF16ToF32(row, widen + i * piece, piece);
+      } else {
+        F16ToF32(row, widen + i * piece, piece);
+      }
     }
+    // Steps [p0, p0 + piece) of the panel: element (i, p) lies at p * height + i.
+    pack(widen, static_cast<ptrdiff_t>(piece), 1, rows, piece, height, dst + p0 * height);
   }
-  pack(widen, static_cast<ptrdiff_t>(kc), 1, rows, kc, height, dst);
 }
 
 // Packs the len x kc block `src` into ceil(len / r) micro-panels of r rows, panel q at
@@ -353,6 +378,10 @@ void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, si
     op_c = c.Transposed();
   }
   const size_t m = op_c.rows, n = op_c.cols;
+  // NC columns of B per packed block when no block is deeper than KC; fewer when the last one
+  // is, so that the packed block stays within the scratch (the columns' bits do not depend on
+  // it: each column of c is its own column of b's product).
+  const size_t nc_max = ColumnsPerBlock(cfg, KcBlockDepth(cfg.kc, k, LastKcBlock(cfg, k)));
 
   float* const a_pack = static_cast<float*>(scratch);
   float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
@@ -363,10 +392,10 @@ void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, si
   // and the k blocks accumulate the same way), so the same bits. It reads a in f32 only: a
   // 16-bit a (16-bit weights swapped into a's place for a column-stored c) takes BLIS's.
   if (route == GemmRoute::kDirectPackB && op_a.f32 != nullptr) {
-    for (size_t jc = 0; jc < n; jc += cfg.nc) {
-      const size_t nc = std::min(cfg.nc, n - jc);
-      for (size_t pc = 0; pc < k; pc += cfg.kc) {
-        const size_t kc = std::min(cfg.kc, k - pc);
+    for (size_t jc = 0; jc < n; jc += nc_max) {
+      const size_t nc = std::min(nc_max, n - jc);
+      for (size_t pc = 0, kc = 0; pc < k; pc += kc) {
+        kc = KcBlockDepth(cfg.kc, k, pc);
         PackBlock(cfg.pack_b, op_b.At(pc, jc).Transposed(), nc, kc, cfg.nr, cfg.packnr, widen,
                   b_pack);
         const ConstMatrixView a_blk{op_a.At(0, pc).f32, m, kc, op_a.row_stride, op_a.col_stride};
@@ -380,18 +409,19 @@ void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, si
   }
   float alpha_v = alpha;
   float one = 1.0f;
-  for (size_t jc = 0; jc < n; jc += cfg.nc) {
-    const size_t nc = std::min(cfg.nc, n - jc);
-    for (size_t pc = 0; pc < k; pc += cfg.kc) {
-      const size_t kc = std::min(cfg.kc, k - pc);
+  for (size_t jc = 0; jc < n; jc += nc_max) {
+    const size_t nc = std::min(nc_max, n - jc);
+    for (size_t pc = 0, kc = 0; pc < k; pc += kc) {
+      kc = KcBlockDepth(cfg.kc, k, pc);
+      const size_t mc_max = RowsPerBlock(cfg, kc);
       // B[pc:pc+kc, jc:jc+nc], packed as NR-wide panels (rows of its transpose) by the first
       // ic block, each panel right before the kernel first reads it (so it is still in L1),
       // and reused by the later ic blocks.
       const Operand b_t = op_b.At(pc, jc).Transposed();
       // Later k blocks accumulate onto the first block's result.
       float* beta_p = pc == 0 ? &beta : &one;
-      for (size_t ic = 0; ic < m; ic += cfg.mc) {
-        const size_t mc = std::min(cfg.mc, m - ic);
+      for (size_t ic = 0; ic < m; ic += mc_max) {
+        const size_t mc = std::min(mc_max, m - ic);
         PackBlock(cfg.pack_a, op_a.At(ic, pc), mc, kc, cfg.mr, cfg.packmr, widen, a_pack);
         float* const c_blk = op_c.data + static_cast<ptrdiff_t>(ic) * op_c.row_stride +
                              static_cast<ptrdiff_t>(jc) * op_c.col_stride;
@@ -431,8 +461,8 @@ PackedB PackBColumns(const ConstMatrixView& b, size_t c0, size_t nc, float* dst)
   assert(c0 + nc <= b.cols && "PackBColumns: columns out of range");
   const Operand op{b.data, nullptr, DType::kBF16, b.row_stride, b.col_stride};
   float* block = dst;
-  for (size_t pc = 0; pc < b.rows; pc += cfg.kc) {
-    const size_t kc = std::min(cfg.kc, b.rows - pc);
+  for (size_t pc = 0, kc = 0; pc < b.rows; pc += kc) {
+    kc = KcBlockDepth(cfg.kc, b.rows, pc);
     // NR-wide panels of B[pc:pc+kc, c0:c0+nc] are rows of its transpose.
     PackBlock(cfg.pack_b, op.At(pc, c0).Transposed(), nc, kc, cfg.nr, cfg.packnr, nullptr,
               block + c0 / cfg.nr * cfg.packnr * kc);
@@ -469,17 +499,19 @@ void PackedBDriver(const Config& cfg, float alpha, const PackedB& b, float beta,
   float alpha_v = alpha;
   float one = 1.0f;
   const float* b_block = b.data;
-  for (size_t pc = 0; pc < b.k; pc += cfg.kc) {
-    const size_t kc = std::min(cfg.kc, b.k - pc);
-    // The block's depth in the packing (its micro-panels' length): kc unless b is the leading
-    // rows of a deeper packing.
-    const size_t kc_packed = std::min(cfg.kc, b.packed_k - pc);
+  for (size_t pc = 0, kc_packed = 0; pc < b.k; pc += kc_packed) {
+    // The block's depth in the packing (its micro-panels' length), and the steps of it used:
+    // fewer when b is the leading rows of a deeper packing.
+    kc_packed = KcBlockDepth(cfg.kc, b.packed_k, pc);
+    const size_t kc = std::min(kc_packed, b.k - pc);
     float* beta_p = pc == 0 ? &beta : &one;
     // The micro-kernel only reads the packed panels; BLIS's signature takes them non-const.
     float* const b_pack = const_cast<float*>(b_block) + b.col0 / cfg.nr * cfg.packnr * kc_packed;
-    // Row blocks of MC, so each packed A block stays in L2 across the B panels.
-    for (size_t ic = 0; ic < c.rows; ic += cfg.mc) {
-      const size_t mc = std::min(cfg.mc, c.rows - ic);
+    // Row blocks of MC (fewer rows in a block deeper than KC), so each packed A block fits the
+    // scratch and stays in L2 across the B panels.
+    const size_t mc_max = RowsPerBlock(cfg, kc);
+    for (size_t ic = 0; ic < c.rows; ic += mc_max) {
+      const size_t mc = std::min(mc_max, c.rows - ic);
       MacroKernel(cfg, a_block(pc, kc, ic, mc), mc, b_pack, kc_packed, c.cols, kc, &alpha_v, beta_p,
                   c.data + static_cast<ptrdiff_t>(ic) * c.row_stride, c.row_stride, c.col_stride,
                   [](size_t, float*) {});
@@ -515,8 +547,9 @@ void GemmBlisPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, fl
 size_t PackedAFloats(size_t m, size_t k) {
   const Config& cfg = GetConfig();
   size_t floats = 0;
-  for (size_t pc = 0; pc < k; pc += cfg.kc) {
-    floats += PackedABlockFloats(cfg, std::min(cfg.kc, k - pc), m);
+  for (size_t pc = 0, kc = 0; pc < k; pc += kc) {
+    kc = KcBlockDepth(cfg.kc, k, pc);
+    floats += PackedABlockFloats(cfg, kc, m);
   }
   return RoundUp(floats + kPanelTailBytes / sizeof(float), kGemmScratchAlignment / sizeof(float));
 }
@@ -527,8 +560,8 @@ PackedA PackA(const ConstMatrixView& a, float* dst) {
   const Config& cfg = GetConfig();
   const Operand op{a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride};
   float* block = dst;
-  for (size_t pc = 0; pc < a.cols; pc += cfg.kc) {
-    const size_t kc = std::min(cfg.kc, a.cols - pc);
+  for (size_t pc = 0, kc = 0; pc < a.cols; pc += kc) {
+    kc = KcBlockDepth(cfg.kc, a.cols, pc);
     PackBlock(cfg.pack_a, op.At(0, pc), a.rows, kc, cfg.mr, cfg.packmr, nullptr, block);
     block += PackedABlockFloats(cfg, kc, a.rows);
   }
@@ -549,6 +582,8 @@ void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float bet
   }
   const Config& cfg = GetConfig();
   assert(a.row0 % cfg.mr == 0 && "GemmBlisPackedAB: row0 must be a multiple of MR");
+  assert(LeadingKcBlocksAreOwn(cfg.kc, b.packed_k, b.k) &&
+         "GemmBlisPackedAB: b's KC blocks must be those of a packing of a.k steps, as a's are");
   // Every k block but the last is KC deep, so block pc / KC starts after pc / KC full blocks.
   const size_t full_block = PackedABlockFloats(cfg, cfg.kc, a.packed_m);
   PackedBDriver(cfg, alpha, b, beta, c, [&](size_t pc, size_t kc, size_t ic, size_t) {

@@ -10,13 +10,16 @@
 // no lock and uses no global mutable state.
 //
 // Blocking (the five loops of the BLIS/GotoBLAS algorithm): jc over NC columns of C; pc over
-// KC of the inner dimension, packing B[KC, NC] into NR-wide micro-panels; ic over MC rows,
+// KC blocks of the inner dimension, packing B[KC, NC] into NR-wide micro-panels; ic over MC rows,
 // packing A[MC, KC] into MR-tall micro-panels; then the micro-kernel over MR x NR tiles. MR, NR,
 // MC are the BLIS configuration's values; KC too, except on AVX-512 targets whose direct kernel
 // runs 6 x 4 tiles, where it is 512 (gemm.cc's kAvx512DirectKc, measured there); NC is the
 // configuration's, capped so that the packed B panel (KC x NC floats) stays within 2 MiB
 // (haswell: 2048 instead of 4080; 1024 at KC 512), which halves the scratch at no measurable cost
-// (A is re-packed once per NC columns of C).
+// (A is re-packed once per NC columns of C). The KC blocks of a depth k are KcBlockDepth's: KC
+// deep, the last one taking a remainder shorter than KC along (k 768 at KC 512 is one block of
+// 768, not 512 + 256), so no product runs a short block; a block deeper than KC packs fewer
+// rows of A (MC) and columns of B (NC) at a time, so the scratch stays the same.
 // Scratch = packed A (MC x KC) + packed B (KC x NC) + one widened 16-bit panel (max(MR, NR) x
 // KC, used by GemmHalfB only), at most 2 MiB + (MC + 32) * KC * 4 bytes:
 // 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048; 2.4 MiB at KC 512 on AVX-512),
@@ -34,14 +37,14 @@
 // row-major w, as in the projections of one decoded token), Gemm calls kernels::Gemv
 // (gemv.h), which streams each column of b once and packs nothing; the scratch is then unused.
 //
-// Numerics: each element of C is alpha * (a sum over k in increasing order, split at multiples
-// of KC, of fused multiply-adds) + beta * c, so results are deterministic and do not depend on
-// which thread runs the call or on alignment of the data. With beta 0 or 1, computing c as
-// several calls on sub-blocks of c gives the same bits as one call (ParallelGemm's panels); with
-// other beta it may differ in the last bit (edge tiles round beta * c separately). The GEMV path
-// sums differently (SIMD lanes, then across lanes: see gemv.h), so the same-bits guarantee holds
-// between calls that take the same path: splitting columns always, splitting rows when the whole
-// and every part lie on the same side of kGemvMaxRows; the two paths agree to rounding.
+// Numerics: each element of C is alpha * (a sum over k in increasing order, split into the KC
+// blocks of KcBlockDepth, of fused multiply-adds) + beta * c, so results are deterministic and do
+// not depend on which thread runs the call or on alignment of the data. With beta 0 or 1, computing
+// c as several calls on sub-blocks of c gives the same bits as one call (ParallelGemm's panels);
+// with other beta it may differ in the last bit (edge tiles round beta * c separately). The GEMV
+// path sums differently (SIMD lanes, then across lanes: see gemv.h), so the same-bits guarantee
+// holds between calls that take the same path: splitting columns always, splitting rows when the
+// whole and every part lie on the same side of kGemvMaxRows; the two paths agree to rounding.
 #ifndef MHA_KERNELS_GEMM_H_
 #define MHA_KERNELS_GEMM_H_
 
@@ -103,6 +106,26 @@ struct HalfMatrixView {
   }
 };
 
+// Depth of the KC block that starts at step pc of a packing or product k steps deep, for a
+// block size kc (GemmBlocking().kc): kc, except that the last block takes the rest, from kc to
+// 2 kc - 1 steps (all of k when k < 2 kc). Why: each block costs every register tile one pass
+// over its c (loads, stores, the tile's setup), which a short last block pays for few
+// multiply-adds: kernels/README.md "Direct micro-kernel tiles" has the measurements. Blocks
+// start at multiples of kc.
+inline size_t KcBlockDepth(size_t kc, size_t k, size_t pc) { return k - pc < 2 * kc ? k - pc : kc; }
+
+// Whether the KC blocks of the leading k steps of a packing packed_k deep (the packing's blocks,
+// the last one used cut at k) are the blocks of a packing k deep: true unless k ends inside a
+// block that a packing of depth k would merge with the one before (e.g. k = KC + 3 of a packing
+// 3 KC deep). GemmBlisPackedAB needs it of its packed a and b.
+inline bool LeadingKcBlocksAreOwn(size_t kc, size_t packed_k, size_t k) {
+  for (size_t pc = 0, depth = 0; pc < k; pc += depth) {
+    depth = KcBlockDepth(kc, packed_k, pc);
+    if (KcBlockDepth(kc, k, pc) != (depth < k - pc ? depth : k - pc)) return false;
+  }
+  return true;
+}
+
 // Alignment, in bytes, Gemm requires of its scratch.
 inline constexpr size_t kGemmScratchAlignment = 64;
 
@@ -135,15 +158,16 @@ void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, f
 // key block's K^T and V once and runs a few query rows at a time against them, so that each
 // strip's scores and probabilities stay in L1/L2 between the two products (runtime/attention.cc),
 // and ParallelGemm packs a projection's weights once for all of its row panels.
-// Layout: the packing of Gemm's driver for all columns at once: k in blocks of
-// GemmBlocking().kc, each block holding ceil(packed_n / NR) NR-wide micro-panels, zero-padded
-// to full panels. A PackedB may be a column range of a larger packing (Columns): it then starts
-// at micro-panel col0 / NR of each block of a packing packed_n columns wide. It may also be the
-// leading rows [0, k) of a packing packed_k rows deep (LeadingRows): the blocks keep the
-// packing's depths (each KC block's micro-panels are min(KC, packed_k - pc) steps long) and the
-// products read the first k steps. Attention's causal strips multiply their probabilities by
-// the leading rows of a key block's packed V (the keys before their causal limit), and windowed
-// strips by rows from their band's start (Rows).
+// Layout: the packing of Gemm's driver for all columns at once: k in the KC blocks of
+// KcBlockDepth (GemmBlocking().kc), each block holding ceil(packed_n / NR) NR-wide
+// micro-panels, zero-padded to full panels. A PackedB may be a column range of a larger packing
+// (Columns): it then starts at micro-panel col0 / NR of each block of a packing packed_n columns
+// wide. It may also be the leading rows [0, k) of a packing packed_k rows deep (LeadingRows): the
+// blocks keep the packing's depths (the micro-panels of the block at pc are KcBlockDepth(KC,
+// packed_k, pc) steps long) and the products read the first k steps, so they give the bits of the
+// whole packing's product by an a whose columns past k are zero. Attention's causal strips multiply
+// their probabilities by the leading rows of a key block's packed V (the keys before their causal
+// limit), and windowed strips by rows from their band's start (Rows).
 struct PackedB {
   const float* data = nullptr;
   size_t k = 0;
@@ -159,8 +183,8 @@ struct PackedB {
   // Rows [0, kk) of this operand, kk <= k.
   PackedB LeadingRows(size_t kk) const { return {data, kk, n, packed_n, col0, packed_k}; }
   // Rows [r0, r0 + kk) of an operand whose packing is one KC block deep (packed_k <=
-  // GemmBlocking().kc, asserted by the products): each micro-panel's k steps are packnr floats
-  // apart, so the rows start r0 steps in, and packed_k keeps the panels' length.
+  // GemmBlocking().kc, asserted by attention, its user): each micro-panel's k steps are packnr
+  // floats apart, so the rows start r0 steps in, and packed_k keeps the panels' length.
   PackedB Rows(size_t r0, size_t kk, size_t packnr) const {
     return {data + r0 * packnr, kk, n, packed_n, col0, packed_k};
   }
@@ -202,7 +226,7 @@ void GemmBlisPackedB(float alpha, const ConstMatrixView& a, const PackedB& b, fl
 
 // An a [m, k] operand packed once and multiplied by many b's (GemmBlisPackedAB): attention packs a
 // task's Q rows once for all of its key blocks (runtime/attention.cc). Layout: the packing of
-// Gemm's driver for all rows at once: k in blocks of the configuration's KC, each block holding
+// Gemm's driver for all rows at once: k in the KC blocks of KcBlockDepth, each block holding
 // ceil(packed_m / MR) MR-tall micro-panels, zero-padded to full panels. A PackedA may be a row
 // range of a larger packing (Rows): it then starts at micro-panel row0 / MR of each block.
 struct PackedA {
@@ -227,7 +251,8 @@ PackedA PackA(const ConstMatrixView& a, float* dst);
 // scratch: nothing is packed). Shapes: a [m, k], b [k, n], c [m, n]. The result is bitwise the
 // one GemmBlisPackedB gives for the unpacked a (the same micro-kernel calls on the same packed
 // values, k blocks in the same order), so a row range of a packed a gives the same bits as the
-// same rows through GemmBlisPackedB.
+// same rows through GemmBlisPackedB. b's KC blocks must pair with a's
+// (LeadingKcBlocksAreOwn(GemmBlocking().kc, b.packed_k, b.k)): a is packed a.k steps deep.
 void GemmBlisPackedAB(float alpha, const PackedA& a, const PackedB& b, float beta,
                       const MatrixView& c);
 

@@ -21,6 +21,7 @@
 
 #include "hwy/highway.h"
 #include "kernels/elementwise-inl.h"
+#include "kernels/gemm.h"
 #include "kernels/gemv-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -340,11 +341,11 @@ inline bool PackedBDirectSupported(size_t nr) {
 
 // c [m, n] = alpha * a [m, k] * b + beta * c for a packing b of packed_n columns of which
 // columns [col0, col0 + n) are used (col0 a multiple of nr) and packed_k >= k rows of which the
-// first k are used, k in blocks of kc_max, micro-panels nr wide with packnr floats per k step;
-// then c += bias (a row of n floats) if bias is not null. If c2 is not null (rows c2_rs apart,
-// columns c_cs apart), also c2 = c's final value (c2_add false: stored with c's last k block)
-// or c2 += alpha * a * b (c2_add true: one rounded add per k block). m, n, k > 0,
-// alpha != 0. Returns false without writing if !PackedBDirectSupported(nr).
+// first k are used, in the KC blocks KcBlockDepth(kc_max, packed_k, .) gives, micro-panels nr wide
+// with packnr floats per k step; then c += bias (a row of n floats) if bias is not null. If c2 is
+// not null (rows c2_rs apart, columns c_cs apart), also c2 = c's final value (c2_add false: stored
+// with c's last k block) or c2 += alpha * a * b (c2_add true: one rounded add per k block). m, n, k
+// > 0, alpha != 0. Returns false without writing if !PackedBDirectSupported(nr).
 inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float* a, ptrdiff_t a_rs,
                           ptrdiff_t a_cs, const float* b, size_t col0, size_t packed_n,
                           size_t packed_k, size_t nr, size_t packnr, size_t kc_max, float beta,
@@ -367,10 +368,10 @@ inline bool PackedBDirect(size_t m, size_t n, size_t k, float alpha, const float
   t.c2_rs = c2_rs;
   t.c2_add = c2_add;
   const float* block = b;  // the current KC block of the packing
-  for (size_t pc = 0; pc < k; pc += kc_max) {
-    const size_t kc = std::min(kc_max, k - pc);
-    // The block's depth in the packing, its micro-panels' length (>= kc).
-    const size_t kc_packed = std::min(kc_max, packed_k - pc);
+  for (size_t pc = 0, kc_packed = 0; pc < k; pc += kc_packed) {
+    // The block's depth in the packing (its micro-panels' length), and the steps of it used.
+    kc_packed = KcBlockDepth(kc_max, packed_k, pc);
+    const size_t kc = std::min(kc_packed, k - pc);
     t.kc = kc;
     t.beta = pc == 0 ? beta : 1.0f;
     t.read_c = pc != 0 || beta != 0.0f;

@@ -9,7 +9,7 @@
 // costs as much as a good share of the product, and BLIS pads the last row tile to MR rows
 // (16 rows run as 18 on MR 6). kernels/README.md has the measurements per route.
 //
-// Layout: b is a PackedB (gemm.h): k in blocks of GemmBlocking().kc, each block holding
+// Layout: b is a PackedB (gemm.h): k in the KC blocks of KcBlockDepth, each block holding
 // NR-wide micro-panels of packnr floats per k step, possibly a column range (col0) of a wider
 // packing. a [m, b.k] and c [m, b.n] take any strides (c must not overlap a or b). No
 // alignment required.
@@ -65,10 +65,10 @@ enum class SecondStore {
 // overlapping a, b or c). Why: one level of Strassen (gemm_strassen.h) needs each of several
 // partial products in two of c's blocks; storing them from the registers replaces a copy or an
 // add pass over [m, n] afterwards. Per element, c gets exactly GemmDirectPackedB's bits; with
-// kCopy c2 gets them too, with kAdd and k <= GemmBlocking().kc c2 gets c2 + alpha * a * b
-// rounded once, as kernels::AddInto would add a stored product (deeper k adds each KC block's
-// part in turn). Returns false, with c and c2 untouched, when GemmDirectSupported() is
-// false.
+// kCopy c2 gets them too, with kAdd and k within one KC block (k < 2 GemmBlocking().kc) c2
+// gets c2 + alpha * a * b rounded once, as kernels::AddInto would add a stored product (deeper k
+// adds each KC block's part in turn). Returns false, with c and c2 untouched, when
+// GemmDirectSupported() is false.
 [[nodiscard]] bool GemmDirectPackedBDual(float alpha, const ConstMatrixView& a, const PackedB& b,
                                          float beta, const float* bias, SecondStore mode,
                                          const MatrixView& c, const MatrixView& c2);

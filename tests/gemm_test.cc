@@ -277,7 +277,9 @@ TEST(GemmTest, LargeShapesCrossEveryBlock) {
   std::mt19937 rng(7);
   Scratch scratch;
   // m > MC and k > KC (several k blocks, beta 1 after the first); n > NC with 2300 columns
-  // (for either orientation of the column-major c); four k blocks with general strides.
+  // (for either orientation of the column-major c); four k blocks with general strides. k 513,
+  // 520 and 1100 end in a block deeper than KC (KcBlockDepth) on KC 256 and 512, which packs
+  // fewer rows of a (1000 rows) and columns of b (2300 columns) at a time.
   RunCase({1000, 700, 513, Layout::kRowMajor, Layout::kRowMajor, Layout::kRowMajor, 0, 0, 0, 1.0f,
            0.0f},
           rng, scratch);
@@ -290,6 +292,9 @@ TEST(GemmTest, LargeShapesCrossEveryBlock) {
   RunCase({200, 60, 1100, Layout::kGeneralCols, Layout::kRowMajor, Layout::kGeneralRows, 0, 1, 0,
            0.25f, 1.0f},
           rng, scratch);
+  RunCase(
+      {40, 2300, 520, Layout::kRowMajor, Layout::kRowMajor, Layout::kRowMajor, 0, 1, 2, 1.0f, 0.5f},
+      rng, scratch);
 }
 
 TEST(GemmTest, KZeroAndAlphaZeroScaleC) {
@@ -1074,11 +1079,13 @@ struct DirectOperands {
 };
 
 // body(target, operands, rng) for the store tests' shapes (m, n, k): one row with n ending
-// mid-vector, k across KC blocks with n ending mid-vector, whole vectors.
+// mid-vector, k across KC blocks (the second deeper than KC) with n ending mid-vector, whole
+// vectors, and one block deeper than KC.
 template <typename Body>
 void ForEachDirectStoreCase(const char* target, uint32_t seed, const Body& body) {
   const size_t nr = GemmBlocking().nr, kc = GemmBlocking().kc;
-  const size_t shapes[][3] = {{1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}};
+  const size_t shapes[][3] = {
+      {1, 5, 9}, {7, 3 * nr + 5, 2 * kc + 3}, {13, 2 * nr, 64}, {5, nr + 3, kc + 5}};
   std::mt19937 rng(seed);
   for (const auto& sh : shapes) body(target, DirectOperands(sh[0], sh[1], sh[2], rng), rng);
 }
@@ -1177,7 +1184,7 @@ TEST_P(GemmDirectPackedBTargetTest, SecondDestinationGetsTheCopyOrTheAddedProduc
                           continue;
                         }
                         ASSERT_EQ(got, want2.at(i, j)) << what << " (" << i << ", " << j << ")";
-                        if (kk <= kc) {
+                        if (KcBlockDepth(kc, kk, 0) == kk) {
                           ASSERT_EQ(got, c2.at(i, j) + product.at(i, j))
                               << what << " one rounded add (" << i << ", " << j << ")";
                         }
@@ -1193,10 +1200,13 @@ TEST_P(GemmDirectPackedBTargetTest, SecondDestinationGetsTheCopyOrTheAddedProduc
 }
 
 // PackedB::LeadingRows (gemm.h): the first kk rows of a packing packed_k deep multiply as the
-// packing of those rows alone would: bitwise, through GemmBlisPackedB, GemmBlisPackedAB and (on
-// every target where it runs) GemmDirectPackedB, for kk inside the first KC block, at its end and
-// in a later one, combined with a column range (Columns). Attention's causal strips multiply their
-// probabilities by the leading rows of a key block's packed V.
+// whole packing does by an a whose columns past kk are zero (what attention's causal strips rely
+// on: they multiply their probabilities by the leading rows of a key block's packed V), bitwise,
+// through GemmBlisPackedB and (on every target where it runs) GemmDirectPackedB, for kk inside
+// the first KC block, at its end, in a later one and inside a block deeper than KC (KcBlockDepth),
+// combined with a column range (Columns); and where their KC blocks are those of a packing kk deep
+// (LeadingKcBlocksAreOwn, false for kk = KC + 3 of a packing 2 KC + 9 deep, whose own packing is
+// one block), as that packing does, also through GemmBlisPackedAB.
 class PackedBTargetTest : public test::PerTargetTest {};
 
 TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
@@ -1206,6 +1216,7 @@ TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
                               {70, 24},
                               {70, 70},
                               {kc, kc - 1},
+                              {kc + 9, kc + 3},
                               {2 * kc + 9, kc},
                               {2 * kc + 9, kc + 3},
                               {2 * kc + 9, 2 * kc + 1}};
@@ -1215,12 +1226,23 @@ TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
     const size_t packed_k = d[0], kk = d[1];
     const Buffer b = RandomBuffer(packed_k, n, Layout::kRowMajor, 1, 2, rng);
     const Buffer a = RandomBuffer(m, kk, Layout::kRowMajor, 0, 3, rng);
+    Buffer a_zero = RandomBuffer(m, packed_k, Layout::kRowMajor, 0, 3, rng);  // a, then zeros
+    for (size_t i = 0; i < m; ++i) {
+      for (size_t p = 0; p < packed_k; ++p) {
+        a_zero.view.data[static_cast<ptrdiff_t>(i) * a_zero.view.row_stride +
+                         static_cast<ptrdiff_t>(p) * a_zero.view.col_stride] =
+            p < kk ? a.at(i, p) : 0.0f;
+      }
+    }
     const Buffer c = RandomBuffer(m, n - nr, Layout::kRowMajor, 0, 1, rng);
     PackedBuffer deep(PackedBFloats(packed_k, n)), shallow(PackedBFloats(kk, n));
-    const PackedB leading = PackB(b.view, deep.data).LeadingRows(kk).Columns(nr, n - nr);
+    const PackedB whole = PackB(b.view, deep.data).Columns(nr, n - nr);
+    const PackedB leading = whole.LeadingRows(kk);
     const PackedB own = PackB(b.view.Block(0, 0, kk, n), shallow.data).Columns(nr, n - nr);
+    const bool own_blocks = LeadingKcBlocksAreOwn(kc, packed_k, kk);
     ASSERT_EQ(leading.k, kk);
     ASSERT_EQ(leading.packed_k, packed_k);
+    ASSERT_EQ(own_blocks, !(packed_k == 2 * kc + 9 && kk == kc + 3));
     Buffer b_used = b;  // the operand: rows [0, kk), columns [nr, n) of b
     b_used.view = b_used.view.Block(0, nr, kk, n - nr);
     const std::string what =
@@ -1231,23 +1253,36 @@ TEST_P(PackedBTargetTest, LeadingRowsOfAPackingGiveTheProductOfThoseRows) {
           << call << ", " << what;
     };
     for (const float beta : {0.0f, 1.0f}) {
-      Buffer x = c, y = c;
+      Buffer x = c, y = c, z = c;
       GemmBlisPackedB(0.5f, a.view, leading, beta, x.view, scratch.get());
-      GemmBlisPackedB(0.5f, a.view, own, beta, y.view, scratch.get());
-      expect_same("GemmBlisPackedB", x, y);
+      GemmBlisPackedB(0.5f, a_zero.view, whole, beta, y.view, scratch.get());
+      expect_same("GemmBlisPackedB by the zero-extended a", x, y);
       ExpectGemmMatches(0.5f, a, b_used, beta, c, x, "GemmBlisPackedB, " + what);
-      PackedBuffer pa_buf(PackedAFloats(m, kk));
-      const PackedA pa = PackA(a.view, pa_buf.data);
-      Buffer z = c;
-      GemmBlisPackedAB(0.5f, pa, leading, beta, z.view);
-      expect_same("GemmBlisPackedAB", z, y);
+      if (own_blocks) {
+        GemmBlisPackedB(0.5f, a.view, own, beta, z.view, scratch.get());
+        expect_same("GemmBlisPackedB by the packing of the rows", x, z);
+        PackedBuffer pa_buf(PackedAFloats(m, kk));
+        const PackedA pa = PackA(a.view, pa_buf.data);
+        Buffer u = c;
+        GemmBlisPackedAB(0.5f, pa, leading, beta, u.view);
+        expect_same("GemmBlisPackedAB", u, x);
+      }
       if (GemmDirectSupported()) {
         Buffer u = c, v = c;
         ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, leading, beta, u.view));
-        ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, own, beta, v.view));
-        expect_same((std::string("GemmDirectPackedB ") + target_name()).c_str(), u, v);
+        ASSERT_TRUE(GemmDirectPackedB(0.5f, a_zero.view, whole, beta, v.view));
+        expect_same(
+            (std::string("GemmDirectPackedB by the zero-extended a ") + target_name()).c_str(), u,
+            v);
         ExpectGemmMatches(0.5f, a, b_used, beta, c, u,
                           std::string("GemmDirectPackedB ") + target_name() + ", " + what);
+        if (own_blocks) {
+          Buffer w = c;
+          ASSERT_TRUE(GemmDirectPackedB(0.5f, a.view, own, beta, w.view));
+          expect_same((std::string("GemmDirectPackedB by the packing of the rows ") + target_name())
+                          .c_str(),
+                      u, w);
+        }
       }
     }
   }
