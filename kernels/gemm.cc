@@ -177,7 +177,7 @@ struct Config {
 // (64 columns) over this configuration's row-preferring NR-wide micro-panels. Decided once, at
 // the first GEMM call: a target forced later (tests) keeps the blocking.
 bool Avx512DirectTiles(const Config& cfg) {
-  return ActiveTargetIsAvx512() && cfg.prefers_rows && cfg.nr % 16 == 0;
+  return ActiveTargetIsAvx512() && cfg.prefers_rows && GemmDirectRunsPanels(cfg.nr);
 }
 
 Config MakeConfig() {

@@ -17,9 +17,9 @@ namespace kernels {
 HWY_EXPORT(PackedBDirectSupported);
 HWY_EXPORT(PackedBDirect);
 
-bool GemmDirectSupported() {
-  return HWY_DYNAMIC_DISPATCH(PackedBDirectSupported)(GemmBlocking().nr);
-}
+bool GemmDirectRunsPanels(size_t nr) { return HWY_DYNAMIC_DISPATCH(PackedBDirectSupported)(nr); }
+
+bool GemmDirectSupported() { return GemmDirectRunsPanels(GemmBlocking().nr); }
 
 namespace {
 

@@ -42,6 +42,11 @@ namespace kernels {
 // target (kernels::ForceTarget).
 bool GemmDirectSupported();
 
+// True if the kernel runs on the dispatched target over NR-wide micro-panels (whole vectors):
+// GemmDirectSupported for a configuration's NR, which gemm.cc asks while it chooses the blocking
+// (before GemmBlocking exists).
+bool GemmDirectRunsPanels(size_t nr);
+
 // c = alpha * a * b + beta * c with Gemm's contract for alpha and beta (beta == 0 does not read
 // c; b.k == 0 or alpha == 0 gives c = beta * c), then, if bias is not null, c[i, j] += bias[j]
 // (bias [b.n], contiguous): one more rounded add per element in the last k block's store, so
