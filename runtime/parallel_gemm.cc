@@ -115,10 +115,23 @@ namespace {
 
 // Tasks of `job` split into `panel`-sized pieces of C (batch x row panels x column panels).
 uint64_t PanelTasks(const GemmJob& job, const PanelShape& panel) {
-  return job.batches * CeilDiv(job.c.rows, panel.rows) * CeilDiv(job.c.cols, panel.cols);
+  return job.batches * RowPanels(job.c.rows, panel) * CeilDiv(job.c.cols, panel.cols);
 }
 
 }  // namespace
+
+uint64_t RowPanels(size_t rows, const PanelShape& panel) {
+  if (!panel.balanced) return CeilDiv(rows, panel.rows);
+  return std::max<uint64_t>(1, (rows + panel.rows / 2) / panel.rows);
+}
+
+size_t RowPanelStart(size_t rows, const PanelShape& panel, uint64_t rp) {
+  if (!panel.balanced) return std::min<size_t>(rp * panel.rows, rows);
+  // Panel rp starts after rp / count of the product's MR-row tiles.
+  const size_t mr = kernels::GemmBlocking().mr;
+  const uint64_t tiles = CeilDiv(rows, mr);
+  return std::min<size_t>(rp * tiles / RowPanels(rows, panel) * mr, rows);
+}
 
 PanelShape Bf16PanelsOf(const GemmJob& job) {
   PanelShape panel{kBf16PanelRows, job.c.cols};
@@ -129,10 +142,10 @@ PanelShape Bf16PanelsOf(const GemmJob& job) {
   return panel;
 }
 
-PanelShape PrepackedPanelsOf(const GemmJob& job) {
+PanelShape PrepackedPanelsOf(const GemmJob& job, bool direct) {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
   const size_t widths[] = {kLargePanelCols, 256, 128, kMinPrepackedPanelCols};
-  PanelShape panel{blk.mc, 0};
+  PanelShape panel{blk.mc, 0, direct};
   for (size_t w : widths) {
     panel.cols = std::max(blk.nr, w / blk.nr * blk.nr);
     if (PanelTasks(job, panel) >= kMinPrepackedTasks) break;
@@ -211,15 +224,15 @@ struct PanelTask {
 };
 PanelTask PanelTaskOf(const GemmJob& job, const PanelShape& panel, uint64_t t) {
   const uint64_t col_panels = CeilDiv(job.c.cols, panel.cols);
-  const uint64_t row_panels = CeilDiv(job.c.rows, panel.rows);
+  const uint64_t row_panels = RowPanels(job.c.rows, panel);
   const uint64_t cp = t % col_panels;
   t /= col_panels;
   const uint64_t rp = t % row_panels;
   PanelTask p;
   p.batch = t / row_panels;
-  p.r0 = rp * panel.rows;
+  p.r0 = RowPanelStart(job.c.rows, panel, rp);
   p.c0 = cp * panel.cols;
-  p.nr = std::min(panel.rows, job.c.rows - p.r0);
+  p.nr = RowPanelStart(job.c.rows, panel, rp + 1) - p.r0;
   p.nc = std::min(panel.cols, job.c.cols - p.c0);
   return p;
 }
@@ -309,7 +322,7 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     } else if (job.b_packed.data != nullptr && OverPackedB(prepacked)) {
       route[j] = plain[j] = prepacked;
       packing[j] = job.b_packed;
-      panels[j] = PrepackedPanelsOf(job);
+      panels[j] = PrepackedPanelsOf(job, prepacked == kernels::GemmRoute::kDirectPackedB);
       if (UsesStrassen(job)) {
         route[j] = kernels::GemmRoute::kStrassenPackedB;
         panels[j] = StrassenPanelsOf(job, alone);

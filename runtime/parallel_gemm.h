@@ -190,11 +190,20 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
 // Bytes `packed` needs to pack the weights b [k, n] of one job (a multiple of 64).
 size_t PackedJobBytes(size_t k, size_t n);
 
-// Rows x columns of C per panel task of `job` (depends on its shape only).
+// Rows x columns of C per panel task of `job` (depends on its shape only). Balanced: `rows` is a
+// target height instead, and the job's rows split into RowPanels (the count nearest rows /
+// target, at least one) panels of near-equal heights, multiples of kernels::GemmBlocking().mr
+// but the last: no short last panel keeps one worker busy alone at the end (and the task count
+// is a multiple of the jobs' column panels, often of the workers too).
 struct PanelShape {
   size_t rows;
   size_t cols;
+  bool balanced = false;
 };
+// Row panels of a product of `rows` rows, and the first row of panel rp (rp <= the count: the
+// count gives `rows`).
+uint64_t RowPanels(size_t rows, const PanelShape& panel);
+size_t RowPanelStart(size_t rows, const PanelShape& panel, uint64_t rp);
 PanelShape PanelsOf(const GemmJob& job);
 
 // Panels of a job whose weights ParallelGemm packs once: kernels::GemmBlocking().mc rows (the
@@ -213,10 +222,11 @@ PanelShape Bf16PanelsOf(const GemmJob& job);
 // Panels of a job with prepacked weights: kernels::GemmBlocking().mc rows by the widest of
 // kLargePanelCols, 256, 128 or kMinPrepackedPanelCols columns (multiples of NR) that still gives
 // kMinPrepackedTasks tasks, else the narrowest: each task packs its rows of a again (BLIS
-// route), so wide panels pack a least. The partition does not change the results.
+// route), so wide panels pack a least. `direct` (the kDirectPackedB route, which packs no a):
+// balanced row panels of about MC rows instead. The partition does not change the results.
 inline constexpr size_t kMinPrepackedPanelCols = 64;
 inline constexpr uint64_t kMinPrepackedTasks = 2;
-PanelShape PrepackedPanelsOf(const GemmJob& job);
+PanelShape PrepackedPanelsOf(const GemmJob& job, bool direct = false);
 
 // Whether ParallelGemm runs `job` as Strassen panels: the kStrassenPackedB route and room for
 // a's sums in kernels::GemmScratchBytes().

@@ -208,10 +208,11 @@ Prepacked Prepack(const std::vector<float>& w, size_t k, size_t n) {
 // bits.
 TEST(ParallelGemmTest, PrepackedWeights) {
   std::mt19937 rng(23);
-  const Problem problems[] = {
-      {1, 1, 7, 5, true},       {2, 3, 64, 100, true},    {1, 4, 33, 20, true},
-      {3, 5, 16, 256, false},   {1, 16, 256, 768, true},  {2, 17, 40, 130, true},
-      {1, 128, 96, 1536, true}, {1, 400, 70, 520, false}, {4, 200, 24, 48, true}};
+  const Problem problems[] = {{1, 1, 7, 5, true},       {2, 3, 64, 100, true},
+                              {1, 4, 33, 20, true},     {3, 5, 16, 256, false},
+                              {1, 16, 256, 768, true},  {2, 17, 40, 130, true},
+                              {1, 128, 96, 1536, true}, {1, 400, 70, 520, false},
+                              {4, 200, 24, 48, true},   {1, 1000, 24, 70, true}};
   size_t scratch_bytes = 0;
   RoundUpToAlignment(kernels::GemmScratchBytes(), &scratch_bytes);
   std::vector<uint8_t> scratch_buf(scratch_bytes + 64);
@@ -367,7 +368,9 @@ TEST(ParallelGemmTest, StrassenPanels) {
 }
 
 // Panels of prepacked jobs: mc rows; the widest column width (a multiple of NR) that gives
-// kMinPrepackedTasks tasks, else the narrowest.
+// kMinPrepackedTasks tasks, else the narrowest. On the direct route, balanced row panels: the
+// count nearest rows / mc (at least one), heights multiples of MR (but the last) that differ by
+// at most MR and cover the rows.
 TEST(ParallelGemmTest, PrepackedPanels) {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
   auto panels = [](size_t batches, size_t m, size_t n) {
@@ -383,6 +386,33 @@ TEST(ParallelGemmTest, PrepackedPanels) {
   EXPECT_EQ(panels(1, 4096, 4096).cols, widest);               // many row panels
   EXPECT_EQ(panels(1, 16, 32).cols, narrowest);                // one task however narrow
   EXPECT_EQ(panels(kMinPrepackedTasks, 16, 32).cols, widest);  // the batches make the tasks
+  EXPECT_FALSE(panels(1, 4096, 4096).balanced);
+  EXPECT_EQ(RowPanels(4096, panels(1, 4096, 4096)), (4096 + blk.mc - 1) / blk.mc);
+  for (size_t m :
+       {size_t{1}, size_t{100}, blk.mc, blk.mc + 1, size_t{2048}, size_t{4096}, size_t{4100}}) {
+    GemmJob job;
+    job.c.rows = m;
+    job.c.cols = 512;
+    const PanelShape ps = PrepackedPanelsOf(job, /*direct=*/true);
+    EXPECT_TRUE(ps.balanced);
+    EXPECT_EQ(ps.rows, blk.mc);
+    const uint64_t count = RowPanels(m, ps);
+    const double ideal = static_cast<double>(m) / blk.mc;
+    EXPECT_LE(std::abs(static_cast<double>(count) - std::max(ideal, 1.0)), 0.5) << m;
+    EXPECT_EQ(RowPanelStart(m, ps, 0), 0u);
+    EXPECT_EQ(RowPanelStart(m, ps, count), m);
+    size_t lo = m, hi = 0;
+    for (uint64_t rp = 0; rp < count; ++rp) {
+      const size_t r0 = RowPanelStart(m, ps, rp), r1 = RowPanelStart(m, ps, rp + 1);
+      ASSERT_LT(r0, r1) << m << " panel " << rp;
+      EXPECT_EQ(r0 % blk.mr, 0u) << m << " panel " << rp;
+      if (rp + 1 < count) {
+        lo = std::min(lo, r1 - r0);
+        hi = std::max(hi, r1 - r0);
+      }
+    }
+    if (count > 2) EXPECT_LE(hi - lo, blk.mr) << m;
+  }
   for (size_t n : {size_t{100}, size_t{256}, size_t{768}, size_t{1000}}) {
     const PanelShape ps = panels(1, 16, n);
     EXPECT_EQ(ps.cols % blk.nr, 0u) << n;
