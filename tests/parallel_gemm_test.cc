@@ -411,7 +411,9 @@ TEST(ParallelGemmTest, PrepackedPanels) {
         hi = std::max(hi, r1 - r0);
       }
     }
-    if (count > 2) EXPECT_LE(hi - lo, blk.mr) << m;
+    if (count > 2) {
+      EXPECT_LE(hi - lo, blk.mr) << m;
+    }
   }
   for (size_t n : {size_t{100}, size_t{256}, size_t{768}, size_t{1000}}) {
     const PanelShape ps = panels(1, 16, n);
