@@ -351,9 +351,35 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
       kernels::PackBColumns(job.b, c0, std::min(packed_panel.cols, job.b.cols - c0), pack_dst[j]);
     });
   }
+  // Jobs that multiply one a by prepacked weights in the same row panels (q, k and v of one
+  // input) run row panel by row panel, all of the jobs' column panels of one before the next:
+  // a worker's consecutive tasks then read the same rows of a, which stay in its cache, instead
+  // of reading every row panel of a once per job.
+  bool same_rows = n_jobs > 1;
+  for (size_t j = 0; j < n_jobs && same_rows; ++j) {
+    same_rows = OverPackedB(route[j]) && jobs[j].a.data == jobs[0].a.data &&
+                jobs[j].a.row_stride == jobs[0].a.row_stride &&
+                jobs[j].a.col_stride == jobs[0].a.col_stride && jobs[j].c.rows == jobs[0].c.rows &&
+                jobs[j].batches == jobs[0].batches &&
+                jobs[j].a_batch_stride == jobs[0].a_batch_stride &&
+                panels[j].rows == panels[0].rows && panels[j].balanced == panels[0].balanced;
+  }
+  // Per job, its column panels, and their prefix sums over the jobs (same_rows only).
+  uint64_t first_col[kMaxGemmJobs + 1] = {0};
+  for (size_t j = 0; j < n_jobs; ++j) {
+    first_col[j + 1] = first_col[j] + CeilDiv(jobs[j].c.cols, panels[j].cols);
+  }
   pool.ParallelFor(first_task[n_jobs], [&](uint64_t task, size_t worker) {
     size_t j = 0;
-    while (task >= first_task[j + 1]) ++j;
+    uint64_t local = 0;  // the task's index among its job's (PanelTaskOf's order)
+    if (same_rows) {
+      const uint64_t group = task / first_col[n_jobs], w = task % first_col[n_jobs];
+      while (w >= first_col[j + 1]) ++j;
+      local = group * (first_col[j + 1] - first_col[j]) + (w - first_col[j]);
+    } else {
+      while (task >= first_task[j + 1]) ++j;
+      local = task - first_task[j];
+    }
     const GemmJob& job = jobs[j];
     SumsCache own_cache;
     SumsCache* const cache = worker < kCachedWorkers ? &caches[worker] : &own_cache;
@@ -364,7 +390,7 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
       return;
     }
     *cache = SumsCache{};  // the products below may pack into the scratch
-    const PanelTask p = PanelTaskOf(job, panels[j], task - first_task[j]);
+    const PanelTask p = PanelTaskOf(job, panels[j], local);
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));
 

@@ -182,6 +182,11 @@ inline constexpr size_t kMaxGemmJobs = 8;
 // - bf16 weights (b_bf16): each panel task (PanelsOf, columns multiples of the bf16 panel)
 //   calls kernels::GemmBf16PackedB on its rows and a column range of b_bf16.
 //
+// Task order: job by job, each in batch, row panel, column panel order; jobs over prepacked
+// weights that share one a and its row panels (q, k and v of one input) instead go row panel by
+// row panel, through every job's column panels of one before the next, so that a worker's
+// consecutive tasks read the same rows of a.
+//
 // In every case the partition is the shapes', so results do not depend on the thread count.
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
                   size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,

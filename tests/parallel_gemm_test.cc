@@ -253,6 +253,54 @@ TEST(ParallelGemmTest, PrepackedWeights) {
   }
 }
 
+// Jobs that share one a with prepacked weights (q, k and v of one input: ParallelGemm runs them
+// row panel by row panel) give each job's bits alone, for 1..4 threads: batches, row panels
+// (400 rows) and different column counts per job (so different column panels).
+TEST(ParallelGemmTest, PrepackedJobsSharingTheirInput) {
+  std::mt19937 rng(37);
+  const size_t batches = 2, m = 400, k = 40;
+  const size_t ns[] = {70, 600, 33};
+  std::vector<float> a, unused_w, unused_bias;
+  FillOperands({batches, m, k, 1, false}, &rng, &a, &unused_w, &unused_bias);
+  std::vector<std::vector<float>> ws(3), biases(3);
+  std::vector<Prepacked> packs;
+  std::vector<std::vector<float>> want(3);
+  for (size_t j = 0; j < 3; ++j) {
+    const Problem pj{batches, m, k, ns[j], true};
+    std::vector<float> a_j;
+    FillOperands(pj, &rng, &a_j, &ws[j], &biases[j]);
+    packs.push_back(Prepack(ws[j], k, ns[j]));
+    want[j] = RunGemm(pj, a, ws[j], biases[j], 1, 0, packs[j].packed);
+  }
+  size_t stride = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &stride);
+  for (size_t threads = 1; threads <= 4; ++threads) {
+    ThreadPool pool(threads);
+    std::vector<std::vector<float>> cs(3);
+    GemmJob jobs[3];
+    for (size_t j = 0; j < 3; ++j) {
+      cs[j].assign(batches * m * ns[j], std::nanf(""));
+      jobs[j].a = {a.data(), m, k, static_cast<ptrdiff_t>(k + 3), 1};
+      jobs[j].b = {ws[j].data(), k, ns[j], 1, static_cast<ptrdiff_t>(k)};
+      jobs[j].c = {cs[j].data(), m, ns[j], static_cast<ptrdiff_t>(ns[j]), 1};
+      jobs[j].b_packed = packs[j].packed;
+      jobs[j].bias = biases[j].data();
+      jobs[j].batches = batches;
+      jobs[j].a_batch_stride = static_cast<ptrdiff_t>(m * (k + 3));
+      jobs[j].c_batch_stride = static_cast<ptrdiff_t>(m * ns[j]);
+    }
+    Arena arena;
+    ASSERT_TRUE(arena.Init(stride * threads + 64).ok());
+    void* scratch = nullptr;
+    ASSERT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
+    ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride);
+    for (size_t j = 0; j < 3; ++j) {
+      ASSERT_EQ(0, std::memcmp(want[j].data(), cs[j].data(), want[j].size() * sizeof(float)))
+          << "job " << j << ", " << threads << " threads";
+    }
+  }
+}
+
 // Strassen operands (GemmJob::b_strassen, as StrassenPacks layers hold them): from
 // kStrassenMinRows rows, panels of 128 rows run kernels::GemmStrassenPackedB and the odd last row
 // or a panel under kStrassenMinPanelRows rows the plain product. The results are bitwise the
