@@ -121,7 +121,7 @@ uint64_t PanelTasks(const GemmJob& job, const PanelShape& panel) {
 }  // namespace
 
 uint64_t RowPanels(size_t rows, const PanelShape& panel) {
-  if (!panel.balanced) return CeilDiv(rows, panel.rows);
+  if (!panel.balanced || rows == 0) return CeilDiv(rows, panel.rows);
   return std::max<uint64_t>(1, (rows + panel.rows / 2) / panel.rows);
 }
 

@@ -435,6 +435,7 @@ TEST(ParallelGemmTest, PrepackedPanels) {
   EXPECT_EQ(panels(1, 16, 32).cols, narrowest);                // one task however narrow
   EXPECT_EQ(panels(kMinPrepackedTasks, 16, 32).cols, widest);  // the batches make the tasks
   EXPECT_FALSE(panels(1, 4096, 4096).balanced);
+  EXPECT_EQ(RowPanels(0, PanelShape{blk.mc, 64, true}), 0u);  // no rows, no tasks
   EXPECT_EQ(RowPanels(4096, panels(1, 4096, 4096)), (4096 + blk.mc - 1) / blk.mc);
   for (size_t m :
        {size_t{1}, size_t{100}, blk.mc, blk.mc + 1, size_t{2048}, size_t{4096}, size_t{4100}}) {
