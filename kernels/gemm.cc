@@ -220,23 +220,23 @@ const Config& GetConfig() {
   return config;
 }
 
-// Rows of A packed per block kc deep: MC, or in a block deeper than KC as many MR-tall panels
-// as the scratch's packed A block (MC x KC floats) holds.
+// Of a block kc deep, how many `unit`-wide panels to pack: `count` (MC rows of A or NC columns
+// of B), or in a block deeper than KC as many as the scratch's packed block (count x KC floats)
+// holds.
+size_t PanelsPerBlock(size_t count, size_t unit, size_t kc_max, size_t kc) {
+  if (kc <= kc_max) return count;
+  return std::max<size_t>(1, count / unit * kc_max / kc) * unit;
+}
 size_t RowsPerBlock(const Config& cfg, size_t kc) {
-  if (kc <= cfg.kc) return cfg.mc;
-  return std::max<size_t>(1, cfg.mc / cfg.mr * cfg.kc / kc) * cfg.mr;
+  return PanelsPerBlock(cfg.mc, cfg.mr, cfg.kc, kc);
 }
-
-// Columns of B packed per block kc deep: NC, or in a block deeper than KC as many NR-wide
-// panels as the scratch's packed B block (KC x NC floats) holds.
 size_t ColumnsPerBlock(const Config& cfg, size_t kc) {
-  if (kc <= cfg.kc) return cfg.nc;
-  return std::max<size_t>(1, cfg.nc / cfg.nr * cfg.kc / kc) * cfg.nr;
+  return PanelsPerBlock(cfg.nc, cfg.nr, cfg.kc, kc);
 }
 
-// The step at which the last KC block of a depth k > 0 starts (KcBlockDepth).
-size_t LastKcBlock(const Config& cfg, size_t k) {
-  return k < 2 * cfg.kc ? 0 : (k / cfg.kc - 1) * cfg.kc;
+// The depth of the deepest KC block of a depth k > 0: the last one (KcBlockDepth).
+size_t DeepestKcBlock(const Config& cfg, size_t k) {
+  return k < 2 * cfg.kc ? k : cfg.kc + k % cfg.kc;
 }
 
 // One operand of the driver: f32 elements, or 16-bit ones (GemmHalfB's weights) that are
@@ -381,7 +381,7 @@ void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, si
   // NC columns of B per packed block when no block is deeper than KC; fewer when the last one
   // is, so that the packed block stays within the scratch (the columns' bits do not depend on
   // it: each column of c is its own column of b's product).
-  const size_t nc_max = ColumnsPerBlock(cfg, KcBlockDepth(cfg.kc, k, LastKcBlock(cfg, k)));
+  const size_t nc_max = ColumnsPerBlock(cfg, DeepestKcBlock(cfg, k));
 
   float* const a_pack = static_cast<float*>(scratch);
   float* const b_pack = reinterpret_cast<float*>(static_cast<char*>(scratch) + cfg.b_offset_bytes);
