@@ -11,6 +11,7 @@
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
 #include "runtime/attention_tasks.h"
+#include "runtime/batch_groups.h"
 #include "runtime/context_internal.h"
 #include "runtime/forward_plan.h"
 #include "runtime/key_chunks.h"
@@ -63,6 +64,18 @@ Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
   return Status::Ok();
 }
 
+Status ForwardBatchGroupForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
+                                   const AttentionOutputs& outputs, size_t num_threads,
+                                   size_t* batch_group) {
+  ForwardArgs args;
+  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
+  if (!s.ok()) return s;
+  *batch_group =
+      PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1))
+          .batch_group;
+  return Status::Ok();
+}
+
 namespace {
 
 // Forward's body; `sink` (optional) gets the projected keys and values.
@@ -71,7 +84,8 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   ForwardArgs args;
   Status s = ValidateForward(m, inputs, &outputs, &args);
   if (!s.ok()) return s;
-  const ForwardPlan plan = PlanForward(m, args.shapes, args.aliasing, ctx.num_threads());
+  const ForwardPlan plan =
+      PlanForward(m, args.shapes, args.aliasing, ctx.num_threads(), sink == nullptr);
   s = ReserveArena(ctx, plan.total);
   if (!s.ok()) return s;
   Arena& arena = ArenaOf(ctx);
@@ -82,6 +96,10 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   const ForwardBuffers buf = BindForwardPlan(plan, m, args, static_cast<uint8_t*>(base));
 
   FillPositions(args, buf.q_pos, buf.k_pos);
+  if (plan.batch_group > 0) {
+    RunBatchGroups(ctx, m, args, plan, buf);
+    return TakeDispatchError(ctx);
+  }
   RunInputProjections(ctx, m, args, plan, buf, nullptr);
   // QK-norm and RoPE before anything reads Q or K (the sink stores rotated keys).
   RunForwardQkTransform(ctx, m, args, plan, buf, nullptr);

@@ -31,6 +31,12 @@ Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
                                        const AttentionOutputs& outputs, size_t num_threads,
                                        size_t* bytes);
 
+// The entries per group of this forward's plan (ForwardPlan::batch_group; 0: stage by stage).
+// For tests: it runs nothing.
+Status ForwardBatchGroupForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
+                                   const AttentionOutputs& outputs, size_t num_threads,
+                                   size_t* batch_group);
+
 }  // namespace mha
 
 #endif  // MHA_RUNTIME_ATTENTION_IMPL_H_

@@ -46,26 +46,33 @@ struct TaskContext {
   int64_t group;  // query heads per key/value head
   bool direct;    // OnlineUsesDirectKernel()
   bool bf16;      // Compute::kBF16: the online path's products run kernels::GemmBf16PackedB
+  // The batch entry whose rows the buffers (q, k, v, concat) hold first: 0, or the group's
+  // first entry on the grouped forward (entry n at (n - entry0) x the layouts' batch stride).
+  int64_t entry0 = 0;
 
   // Q rows [q0, q0 + rows) of head h: [rows, hd].
   MatrixView QView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
+    n -= entry0;
     return MatrixView{buf.q + n * plan.q_layout.batch + q0 * plan.q_layout.token + h * m.hd, rows,
                       static_cast<size_t>(m.hd), plan.q_layout.token, 1};
   }
   // K_g^T for keys [k0, k0 + cols): [hd, cols]. Key k0 is buffer row k0 - keys.begin.
   MatrixView KtView(int64_t n, int64_t g, int64_t k0, size_t cols) const {
+    n -= entry0;
     return MatrixView{
         buf.k + n * plan.kv_layout.batch + (k0 - keys.begin) * plan.kv_layout.token + g * m.hd,
         static_cast<size_t>(m.hd), cols, 1, plan.kv_layout.token};
   }
   // V_g for keys [k0, k0 + rows): [rows, hd].
   MatrixView VView(int64_t n, int64_t g, int64_t k0, size_t rows) const {
+    n -= entry0;
     return MatrixView{
         buf.v + n * plan.kv_layout.batch + (k0 - keys.begin) * plan.kv_layout.token + g * m.hd,
         rows, static_cast<size_t>(m.hd), plan.kv_layout.token, 1};
   }
   // Head h's columns of concat for query rows [q0, q0 + rows).
   MatrixView OutView(int64_t n, int64_t h, int64_t q0, size_t rows) const {
+    n -= entry0;
     return MatrixView{
         buf.concat + n * buf.concat_layout.batch + q0 * buf.concat_layout.token + h * m.hd, rows,
         static_cast<size_t>(m.hd), buf.concat_layout.token, 1};
@@ -487,6 +494,32 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
     }
     OnlineTask(t, n, h, blk, worker).Run();
   });
+}
+
+void RunGroupAttentionTasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                            const ForwardBuffers& group_buf, const AttentionMasks& masks,
+                            TraceRecorder* trace, int64_t n0, size_t count, size_t worker) {
+  const ForwardShapes& sh = args.shapes;
+  const KeyChunk keys{0, sh.St, true};
+  const TaskContext t{m,
+                      args,
+                      plan,
+                      group_buf,
+                      keys,
+                      masks,
+                      trace,
+                      sh.St,
+                      m.H / m.KVH,
+                      OnlineUsesDirectKernel(),
+                      m.config.compute == Compute::kBF16,
+                      n0};
+  const int64_t qb = static_cast<int64_t>(plan.query_block);
+  const int64_t blocks = (sh.L + qb - 1) / qb;
+  for (int64_t n = n0; n < n0 + static_cast<int64_t>(count); ++n) {
+    for (int64_t h = 0; h < m.H; ++h) {
+      for (int64_t blk = 0; blk < blocks; ++blk) OnlineTask(t, n, h, blk, worker).Run();
+    }
+  }
 }
 
 }  // namespace mha

@@ -12,6 +12,8 @@
 #include "mha/mha.hpp"
 #include "runtime/forward_plan.h"
 #include "runtime/layer_weights.h"
+#include "runtime/masks.h"
+#include "runtime/trace.h"
 #include "runtime/validate.h"
 
 namespace mha {
@@ -21,6 +23,13 @@ namespace mha {
 // and in concat between calls, unnormalized (the key-chunked output projection normalizes).
 void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
                        const ForwardPlan& plan, const ForwardBuffers& buf, const KeyChunk& keys);
+
+// The grouped forward's attention tasks on the calling thread: every (head, query block) of batch
+// entries [n0, n0 + count), online path, whose q, k, v and concat in `group_buf` hold those
+// entries from their first (plan's layouts); masks from PrepareMasks.
+void RunGroupAttentionTasks(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                            const ForwardBuffers& group_buf, const AttentionMasks& masks,
+                            TraceRecorder* trace, int64_t n0, size_t count, size_t worker);
 
 }  // namespace mha
 

@@ -1,6 +1,8 @@
 // The forward's plan from shapes alone, and the binding of a workspace to it (forward_plan.h).
 #include "runtime/forward_plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -18,7 +20,37 @@ namespace {
 std::atomic<size_t> g_chunk_min_kv_bytes{kChunkMinKvBytes};
 std::atomic<int64_t> g_chunk_keys{kChunkKeys};
 
+// The core's L2 bytes as the C library reports them (0 when it does not).
+size_t L2Bytes() {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? static_cast<size_t>(bytes) : 0;
+#else
+  return 0;
+#endif
+}
+
+BatchGrouping DefaultBatchGrouping() {
+  const size_t l2 = L2Bytes();
+  return {l2 > 0 ? kGroupRows : 0, static_cast<size_t>(kGroupCacheFraction * l2)};
+}
+
+std::atomic<size_t> g_group_rows{DefaultBatchGrouping().rows};
+std::atomic<size_t> g_group_max_bytes{DefaultBatchGrouping().max_bytes};
+
 }  // namespace
+
+BatchGrouping CurrentBatchGrouping() {
+  return {g_group_rows.load(std::memory_order_relaxed),
+          g_group_max_bytes.load(std::memory_order_relaxed)};
+}
+
+BatchGrouping SetBatchGroupingForTesting(const BatchGrouping& grouping) {
+  const BatchGrouping previous = CurrentBatchGrouping();
+  g_group_rows.store(grouping.rows, std::memory_order_relaxed);
+  g_group_max_bytes.store(grouping.max_bytes, std::memory_order_relaxed);
+  return previous;
+}
 
 KeyChunking CurrentKeyChunking() {
   return {g_chunk_min_kv_bytes.load(std::memory_order_relaxed),
@@ -103,8 +135,42 @@ size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t t
   return bound;
 }
 
+namespace {
+
+// Whether every product of `rows` rows or more by rows [0, out) of w multiplies its f32
+// prepacking (routes kDirectPackedB / kBlisPackedB), never Strassen's operands.
+bool MultipliesPrepacked(const WeightMatrix& w, size_t rows, size_t in, size_t out) {
+  return w.strassen.empty() && w.bf16.data == nullptr && UsesPrepacked(w, rows, in, out);
+}
+
+// Entries per group of the grouped forward (ForwardPlan::batch_group), 0 to run it stage by
+// stage. Grouped: online and unchunked, an output that shares no memory with the inputs (a
+// group writes its output rows while later groups still read their inputs), f32 compute, no
+// QK-norm / RoPE, every product over prepacked f32 weights; groups of at least two entries
+// whose buffers (`entry_bytes` each) fit the grouping's bytes, that keep every worker busy and
+// leave the busiest worker at most 5% more entries than the mean.
+size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
+                    size_t threads, bool online_unchunked, size_t entry_bytes) {
+  const BatchGrouping grouping = CurrentBatchGrouping();
+  const size_t N = sh.N, L = sh.L, St = sh.St;
+  if (grouping.rows == 0 || !online_unchunked || !aliasing.out_private || L == 0) return 0;
+  if (m.config.compute != Compute::kF32 || m.variants.qk_transform()) return 0;
+  const size_t group = std::min((grouping.rows + L - 1) / L, N);
+  if (group < 2 || group * entry_bytes > grouping.max_bytes) return 0;
+  const size_t groups = (N + group - 1) / group;
+  const size_t busiest = std::min((groups + threads - 1) / threads * group, N);
+  if (groups < threads || busiest * threads * 100 > N * 105) return 0;
+  const size_t E = m.E, kvE = m.kvE;
+  const bool prepacked =
+      MultipliesPrepacked(m.w_q, L, m.qd, E) && MultipliesPrepacked(m.w_k, St, m.kd, kvE) &&
+      MultipliesPrepacked(m.w_v, St, m.vd, kvE) && MultipliesPrepacked(m.w_o, L, E, E);
+  return prepacked ? group : 0;
+}
+
+}  // namespace
+
 ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
-                        size_t threads) {
+                        size_t threads, bool may_group) {
   const int64_t E = m.E, H = m.H, kvE = m.kvE, hd = m.hd, qd = m.qd, kd = m.kd, vd = m.vd;
   ForwardPlan plan;
   const size_t N = sh.N, L = sh.L, St = sh.St;
@@ -124,14 +190,26 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
                        : ForwardPath::kFullRows;
   plan.acc_in_output = chunked && aliasing.out_private;
   plan.fused = !chunked && aliasing.self_attention && m.qkv_adjacent;
+  // Bytes of one entry's projection buffers and concat, and the entries they hold: all N, or
+  // `threads` groups (batch-major).
+  const size_t fused_rows = std::max(L, St);
+  const size_t entry_bytes =
+      sizeof(float) * (L * E + (plan.fused ? fused_rows * (E + 2 * kvE) : L * E + 2 * St * kvE));
+  plan.batch_group =
+      may_group ? BatchGroupOf(m, sh, aliasing, threads, online && !chunked, entry_bytes) : 0;
+  // Grouped: as many groups as can run at once.
+  const size_t entries =
+      plan.batch_group > 0
+          ? std::min(threads, (N + plan.batch_group - 1) / plan.batch_group) * plan.batch_group
+          : N;
+  const int64_t layout_n = plan.batch_group > 0 ? 1 : static_cast<int64_t>(N);
   if (plan.fused) {
     // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
     // positions fit after the real ones.
     plan.q_ld = plan.kv_ld = E + 2 * kvE;
-    const size_t rows = std::max(L, St);
-    plan.q_layout = plan.kv_layout = BufferLayout(sh.q, N, rows, plan.q_ld);
+    plan.q_layout = plan.kv_layout = BufferLayout(sh.q, layout_n, fused_rows, plan.q_ld);
     plan.qkv = off;
-    off += FloatBytes(N * rows * plan.q_ld);
+    off += FloatBytes(entries * fused_rows * plan.q_ld);
   } else {
     // Q [tokens_q, E]; K and V [tokens_kv, kvE], or when chunked [N, chunk + extra, kvE]
     // (batch-major, a chunk's key k0 + i at row i).
@@ -139,15 +217,15 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
     const size_t kv_rows = chunked ? plan.chunk_keys + m.Extra() : St;
     plan.q_ld = E;
     plan.kv_ld = kvE;
-    plan.q_layout = BufferLayout(sh.q, N, L, E);
+    plan.q_layout = BufferLayout(sh.q, layout_n, L, E);
     plan.kv_layout = chunked ? TokenLayout{static_cast<ptrdiff_t>(kv_rows * kvE), kvE}
-                             : BufferLayout(sh.k, N, St, kvE);
+                             : BufferLayout(sh.k, layout_n, St, kvE);
     plan.q = off;
-    off += FloatBytes(N * L * E);
+    off += FloatBytes(entries * L * E);
     plan.k = off;
-    off += FloatBytes(N * kv_rows * kvE);
+    off += FloatBytes(entries * kv_rows * kvE);
     plan.v = off;
-    off += FloatBytes(N * kv_rows * kvE);
+    off += FloatBytes(entries * kv_rows * kvE);
   }
   if (chunked) {
     plan.row_max = off;
@@ -156,9 +234,9 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
     off += FloatBytes(N * H * L);
   }
   if (!plan.acc_in_output) {
-    plan.concat_layout = BufferLayout(sh.q, N, L, E);
+    plan.concat_layout = BufferLayout(sh.q, layout_n, L, E);
     plan.concat = off;
-    off += FloatBytes(N * L * E);
+    off += FloatBytes(entries * L * E);
   }
 
   // Masks are padded to S' columns (and causal folded into them) only when extra key positions
@@ -215,7 +293,8 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   }
   // The full-row path's partition depends only on shapes; the online path's follows the thread
   // count too, which its results do not depend on (see kMinOnlineTasksPerThread).
-  plan.query_block = std::min(qb, L);
+  // Grouped: one task per head (each packs its K^T and V once).
+  plan.query_block = plan.batch_group > 0 ? std::min(L, kMaxOnlineQueryBlock) : std::min(qb, L);
   // Per worker: the GEMM packing buffer, then the online path's strip scores, row state and
   // packed K^T and V (OnlineScratchLayout), or the full-row path's scores [block, S'] (unused
   // when the per-head weights are the scores); the key-chunked output projection uses the

@@ -50,6 +50,22 @@ inline constexpr size_t kChunkMinKvBytes = size_t{32} << 20;
 // Rows per task of the key-chunked path's output projection: a [rows, E] copy per worker.
 inline constexpr size_t kOutRows = 128;
 
+// The grouped forward (batch_groups.h): batch entries of short sequences run in groups of
+// ceil(kGroupRows / L) entries, each group on one worker from its input projections to its output
+// rows, when the group's Q, K, V and attention results (f32) take at most
+// kGroupCacheFraction x the core's L2 (runtime/README.md has the measurements: groups of 256
+// rows won 1.4-5.8% at 2-3 MiB on a 2 MiB L2; 128-row groups and 4 MiB ones did not).
+inline constexpr size_t kGroupRows = 256;
+inline constexpr double kGroupCacheFraction = 1.5;
+struct BatchGrouping {
+  size_t rows = 0;       // query rows a group aims for (kGroupRows); 0 turns grouping off
+  size_t max_bytes = 0;  // most bytes of a group's buffers (kGroupCacheFraction x L2)
+};
+BatchGrouping CurrentBatchGrouping();
+// Testing hook: replaces the process-wide setting (so that any shape can take the grouped
+// forward) and returns the previous one. Not for concurrent use with forwards or plans.
+BatchGrouping SetBatchGroupingForTesting(const BatchGrouping& grouping);
+
 // When Forward splits the keys into key chunks (the key-chunked path): no attention weights
 // requested, more than `chunk_keys` keys, and K and V buffers of all keys (N x S' x kvE f32
 // each) of at least `min_kv_bytes` together. The defaults are kChunkKeys and kChunkMinKvBytes.
@@ -85,6 +101,11 @@ struct ForwardPlan {
   ForwardPath path = ForwardPath::kOnline;
   bool chunked() const { return path == ForwardPath::kKeyChunked; }
 
+  // The grouped forward (batch_groups.h): batch entries per group, 0 when the forward runs
+  // stage by stage. Grouped, the projection buffers and concat below hold min(threads, groups)
+  // groups of batch_group entries each (batch-major), worker w's group from entry
+  // w x batch_group.
+  size_t batch_group = 0;
   // Projection buffers: Q, K and V in one [tokens, E + 2 kvE] buffer at `qkv` when `fused`
   // (self-attention with packed weights), else Q [tokens_q, E] at `q` and K, V [tokens_kv, kvE]
   // (key-chunked: [N, chunk_keys + extra, kvE], batch-major) at `k`, `v`.
@@ -119,9 +140,11 @@ struct ForwardPlan {
   size_t total = 0;  // workspace bytes
 };
 
-// The plan of a forward with these shapes and aliasing on `threads` workers.
+// The plan of a forward with these shapes and aliasing on `threads` workers. `may_group`: false
+// for a forward whose projected keys and values go to a sink before attention reads them
+// (a KV cache's prefill), which runs stage by stage.
 ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
-                        size_t threads);
+                        size_t threads, bool may_group = true);
 
 // The most workspace any forward with sh's shapes needs, whatever its pointers: the maximum of
 // PlanForward over every Aliasing those shapes allow. MultiheadAttention::Plan returns it.

@@ -103,6 +103,20 @@ void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weig
   AddBias(c, bias);
 }
 
+void MultiplyPrepackedJob(const GemmJob& job, void* scratch) {
+  const kernels::GemmRoute route = kernels::ChooseGemmRoute(
+      {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kPrepacked});
+  assert(job.b_packed.data != nullptr && OverPackedB(route) &&
+         "MultiplyPrepackedJob: a product over prepacked weights");
+  for (size_t batch = 0; batch < job.batches; ++batch) {
+    kernels::ConstMatrixView a = job.a;
+    kernels::MatrixView c = job.c;
+    a.data += static_cast<ptrdiff_t>(batch) * job.a_batch_stride;
+    c.data += static_cast<ptrdiff_t>(batch) * job.c_batch_stride;
+    MultiplyPackedB(route, a, job.b_packed, job.bias, c, scratch);
+  }
+}
+
 PanelShape PanelsOf(const GemmJob& job) {
   if (job.c.rows <= kernels::kGemvMaxRows) return {kPanelRows, kFewRowsPanelCols};
   const uint64_t large_tasks = job.batches * CeilDiv(job.c.rows, kLargePanelRows) *

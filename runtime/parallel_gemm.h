@@ -192,6 +192,12 @@ void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_
                   size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
                   size_t packed_bytes = 0);
 
+// Runs every batch of `job` on the calling thread over its prepacked f32 weights (b_packed), on
+// the route kernels::ChooseGemmRoute gives each batch's product (kDirectPackedB or
+// kBlisPackedB, which give the same bits: kernels/gemm_direct.h), so the bits of ParallelGemm's
+// result for the job. Not for Strassen's route. scratch: WorkerGemmScratchBytes().
+void MultiplyPrepackedJob(const GemmJob& job, void* scratch);
+
 // Bytes `packed` needs to pack the weights b [k, n] of one job (a multiple of 64).
 size_t PackedJobBytes(size_t k, size_t n);
 

@@ -84,22 +84,37 @@ void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs&
   }
   ParallelGemm(PoolOf(ctx), jobs, num_jobs, buf.scratch, ws.scratch_per_worker, TraceOf(ctx),
                buf.packed_w, ws.packed_w_bytes);
-  if (pos < 0) return;
-  // Appended key/value positions: bias_k / bias_v at S, zeros at S (or S + 1) for add_zero_attn.
+  if (pos >= 0) AppendKeyValuePositions(m, k_buf, v_buf, ws.kv_layout, N, pos);
+}
+
+void AppendKeyValuePositions(const LayerWeights& m, float* k_buf, float* v_buf,
+                             const TokenLayout& layout, size_t N, int64_t pos) {
+  const int64_t kvE = m.kvE;
   for (size_t n = 0; n < N; ++n) {
     int64_t p = pos;
     if (m.config.add_bias_kv) {
-      std::memcpy(k_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, m.bias_k,
-                  kvE * sizeof(float));
-      std::memcpy(v_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, m.bias_v,
-                  kvE * sizeof(float));
+      std::memcpy(k_buf + n * layout.batch + p * layout.token, m.bias_k, kvE * sizeof(float));
+      std::memcpy(v_buf + n * layout.batch + p * layout.token, m.bias_v, kvE * sizeof(float));
       ++p;
     }
     if (m.config.add_zero_attn) {
-      std::memset(k_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, 0, kvE * sizeof(float));
-      std::memset(v_buf + n * ws.kv_layout.batch + p * ws.kv_layout.token, 0, kvE * sizeof(float));
+      std::memset(k_buf + n * layout.batch + p * layout.token, 0, kvE * sizeof(float));
+      std::memset(v_buf + n * layout.batch + p * layout.token, 0, kvE * sizeof(float));
     }
   }
+}
+
+void ProjectGroupInputs(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                        float* q, float* k, float* v, int64_t n0, size_t count, void* scratch) {
+  const ForwardShapes& sh = args.shapes;
+  const GemmJob jobs[3] = {ProjectionJob(sh.q, args.q + n0 * sh.q.layout.batch, count, m.w_q, m.b_q,
+                                         m.E, q, plan.q_layout, plan.q_ld),
+                           ProjectionJob(sh.k, args.k + n0 * sh.k.layout.batch, count, m.w_k, m.b_k,
+                                         m.kvE, k, plan.kv_layout, plan.kv_ld),
+                           ProjectionJob(sh.v, args.v + n0 * sh.v.layout.batch, count, m.w_v, m.b_v,
+                                         m.kvE, v, plan.kv_layout, plan.kv_ld)};
+  for (const GemmJob& job : jobs) MultiplyPrepackedJob(job, scratch);
+  AppendKeyValuePositions(m, k, v, plan.kv_layout, count, sh.S);
 }
 
 GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat_in,

@@ -33,6 +33,18 @@ GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat, TokenLay
 void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
                          const ForwardPlan& plan, const ForwardBuffers& buf, const KeyChunk* keys);
 
+// The appended key/value positions of entries [0, N) of k_buf and v_buf (`layout`, the first
+// at row pos): bias_k / bias_v at pos, then zeros for add_zero_attn.
+void AppendKeyValuePositions(const LayerWeights& m, float* k_buf, float* v_buf,
+                             const TokenLayout& layout, size_t N, int64_t pos);
+
+// The grouped forward's input projections on the calling thread: Q, K and V of batch entries
+// [n0, n0 + count) into q, k, v, which hold those entries from their first (plan.q_layout,
+// plan.kv_layout), then their appended key/value positions. Prepacked weights only
+// (MultiplyPrepackedJob); the bits of RunInputProjections.
+void ProjectGroupInputs(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                        float* q, float* k, float* v, int64_t n0, size_t count, void* scratch);
+
 // Project's tasks over (q/k/v, n, head): out[n, h] [T, hd] = X_n [T, in] x W_h^T + b_h, then the
 // appended positions of k and v. Worker w's GEMM scratch at scratch + w * scratch_stride.
 void RunHeadProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& args,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/gemm_route.h"
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
@@ -46,6 +47,30 @@ void RunMha(const Problem& p, size_t threads, Views* v, bool in_place = false) {
   s = mha->Forward(*ctx, v->in, v->out);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
   EXPECT_LE(ctx->arena_high_water(), bytes + 64);
+}
+
+// Self-attention of N batch-first entries of L tokens (E, H), prepacked weights, filled from rng.
+Problem SelfAttention(std::mt19937* rng, int64_t E, int64_t H, int64_t N, int64_t L) {
+  Problem p;
+  p.config.embed_dim = E;
+  p.config.num_heads = H;
+  p.config.batch_first = true;
+  p.config.prepack = WeightPrepack::kOn;
+  p.N = N;
+  p.L = p.S = L;
+  p.self_attention = true;
+  testing_util::FillProblem(&p, rng);
+  return p;
+}
+
+// Runs `p` on 2 threads into a separate output and in place (the query's storage): the same
+// bits.
+void ExpectInPlaceGivesTheSameBits(const Problem& p) {
+  Views want, got;
+  RunMha(p, 2, &want);
+  RunMha(p, 2, &got, /*in_place=*/true);
+  if (::testing::Test::HasFatalFailure()) return;
+  ASSERT_EQ(0, std::memcmp(got.output.data(), want.output.data(), got.output.size() * 4));
 }
 
 // Runs `p` on 2 threads against the reference, and on 1 thread for the same bits.
@@ -306,20 +331,10 @@ TEST(AttentionChunkedTest, LongSequencesMatchReferenceOnTwoThreads) {
 // read the input: such a forward keeps them in the workspace, with the same bits.
 TEST(AttentionChunkedTest, OutputAliasingTheQueryKeepsRunningSumsInTheWorkspace) {
   std::mt19937 rng(31);
-  Problem p;
-  p.config.embed_dim = 8;
-  p.config.num_heads = 2;
-  p.config.batch_first = true;
-  p.L = p.S = 50;
-  p.self_attention = true;
-  testing_util::FillProblem(&p, &rng);
-  Views want, got;
+  const Problem p = SelfAttention(&rng, 8, 2, 1, 50);
   ScopedKeyChunking forced(8);
   ASSERT_TRUE(TakesChunkedPath(p, 8));
-  RunMha(p, 2, &want);
-  RunMha(p, 2, &got, /*in_place=*/true);
-  if (HasFatalFailure()) return;
-  ASSERT_EQ(0, std::memcmp(got.output.data(), want.output.data(), got.output.size() * 4));
+  ExpectInPlaceGivesTheSameBits(p);
 }
 
 // (1, 8192, 1024, 16) self-attention into a separate output uses at most 64 MiB of workspace
@@ -381,6 +396,150 @@ TEST_P(AttentionRandomTargetTest, MatchesDoubleReference) {
 }
 
 MHA_INSTANTIATE_PER_TARGET(AttentionRandomTargetTest);
+
+// ---------------------------------------------------------------------------------------------
+// The grouped forward (runtime/batch_groups.h: groups of whole batch entries, each on one worker
+// from its input to its output rows), reached with small shapes through ScopedBatchGrouping.
+
+using testing_util::ScopedBatchGrouping;
+
+// Whether p's forward (into a separate output) on `threads` threads runs grouped, with groups of
+// ceil(rows / L) entries.
+bool TakesGroupedPath(const Problem& p, size_t rows, size_t threads) {
+  ScopedBatchGrouping forced(rows);
+  std::unique_ptr<MultiheadAttention> mha;
+  EXPECT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
+  Views v;
+  MakeViews(p, &v);
+  size_t group = 0;
+  EXPECT_TRUE(ForwardBatchGroupForTesting(*mha, v.in, v.out, threads, &group).ok());
+  return group > 0;
+}
+
+// Random configurations (masks of every kind, causal, cross-attention with kdim/vdim, GQA,
+// bias_kv/zero_attn, batch_first, strided inputs, windows, ALiBi, sinks, softcap, positions)
+// in groups of 1 to 3 entries: the grouped forward gives the staged forward's bits on 1 and 2
+// threads, and matches the double reference.
+TEST(AttentionGroupedTest, RandomConfigsGiveTheStagedBits) {
+  std::mt19937 rng(4096);
+  int grouped = 0;
+  for (int i = 0; i < 300; ++i) {
+    Problem p = RandomProblem(&rng, 40);
+    p.need_weights = false;
+    if (p.config.prepack == WeightPrepack::kOff) p.config.prepack = WeightPrepack::kOn;
+    // Random problems have 1 to 3 entries: more threads than groups keep the staged forward.
+    const size_t threads = 1 + i % 2;
+    const size_t rows = static_cast<size_t>(p.L) * (1 + i % 3);
+    Views want, got;
+    {
+      ScopedBatchGrouping never(0);
+      RunMha(p, threads, &want);
+    }
+    {
+      ScopedBatchGrouping forced(rows);
+      RunMha(p, threads, &got);
+    }
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(0, std::memcmp(want.output.data(), got.output.data(), got.output.size() * 4))
+        << "random problem #" << i << ", " << threads << " threads\n"
+        << p.Describe();
+    testing_util::ExpectMatchesReference(p, got);
+    if (HasFailure()) {
+      ADD_FAILURE() << "random problem #" << i;
+      return;
+    }
+    grouped += TakesGroupedPath(p, rows, threads);
+  }
+  EXPECT_GT(grouped, 40);  // the others: one entry, weights not prepacked, RoPE, bf16, ...
+}
+
+// Groups that split the batch unevenly (the last one shorter), seq-major and batch-major
+// layouts, cross-attention with longer keys, GQA, masks and the appended positions.
+TEST(AttentionGroupedTest, UnevenGroupsAndLayoutsMatchReference) {
+  std::mt19937 rng(77);
+  for (int variant = 0; variant < 6; ++variant) {
+    Problem p;
+    p.config.embed_dim = 24;
+    p.config.num_heads = 4;
+    p.config.prepack = WeightPrepack::kOn;
+    p.config.batch_first = variant % 2 == 0;
+    p.N = 7;
+    p.self_attention = variant < 3;
+    p.L = 10 + variant;
+    p.S = p.self_attention ? p.L : 33;
+    if (!p.self_attention) {
+      p.packed = false;
+      p.config.num_kv_heads = 2;
+      p.config.kdim = 12;
+      p.config.vdim = 20;
+    }
+    p.causal = variant == 1 || variant == 4;
+    p.config.add_bias_kv = variant == 2 || variant == 5;
+    p.config.add_zero_attn = variant == 3;
+    p.kpm = variant == 2 ? testing_util::MaskChoice::kBool : testing_util::MaskChoice::kNone;
+    testing_util::FillProblem(&p, &rng);
+    // Groups of 3, 3 and 1 entries: grouped on one thread; two would leave one worker 6 of the 7
+    // entries, so that forward runs stage by stage, and both give the same bits.
+    const size_t rows = 3 * static_cast<size_t>(p.L);
+    ASSERT_TRUE(TakesGroupedPath(p, rows, 1)) << p.Describe();
+    ASSERT_FALSE(TakesGroupedPath(p, rows, 2)) << p.Describe();
+    ScopedBatchGrouping forced(rows);
+    CheckTwoThreadsAndOne(p);
+    if (HasFailure()) return;
+  }
+}
+
+// An output that shares memory with an input cannot be written group by group while later
+// groups still read their inputs: such a forward runs stage by stage, with the same bits.
+TEST(AttentionGroupedTest, OutputAliasingTheQueryRunsStageByStage) {
+  std::mt19937 rng(5);
+  const Problem p = SelfAttention(&rng, 16, 2, 4, 12);
+  ScopedBatchGrouping forced(2 * p.L);
+  ASSERT_TRUE(TakesGroupedPath(p, 2 * p.L, 2));
+  ExpectInPlaceGivesTheSameBits(p);
+}
+
+// The plan's rule at the measured setting (groups of 256 rows within 3 MiB, a 2 MiB L2): the
+// suite's (32, 64, 512, 8) groups 4 entries on 2 threads, but not on 16 (fewer groups than
+// workers), not with 33 entries on 2 (one worker would get 20 of 33), not in bf16, and not
+// with 512 tokens (one entry is a group); (8, 64, 768, 12) groups 4 entries (3 MiB).
+TEST(AttentionGroupedTest, PlanGroupsManyShortSequences) {
+  const BatchGrouping previous = SetBatchGroupingForTesting({kGroupRows, size_t{3} << 20});
+  std::mt19937 rng(9);
+  struct Case {
+    int64_t N, L, E, H;
+    size_t threads;
+    bool bf16;
+    size_t group;
+  };
+  const Case cases[] = {{32, 64, 512, 8, 2, false, 4}, {32, 64, 512, 8, 16, false, 0},
+                        {33, 64, 512, 8, 2, false, 0}, {32, 64, 512, 8, 2, true, 0},
+                        {4, 512, 512, 8, 2, false, 0}, {8, 64, 768, 12, 2, false, 4},
+                        {32, 64, 512, 8, 1, false, 4}};
+  for (const Case& c : cases) {
+    Problem p;
+    p.config.embed_dim = c.E;
+    p.config.num_heads = c.H;
+    p.config.batch_first = true;
+    p.config.prepack = WeightPrepack::kOn;
+    if (c.bf16) p.config.compute = Compute::kBF16;
+    p.N = c.N;
+    p.L = p.S = c.L;
+    p.self_attention = true;
+    p.need_weights = false;
+    testing_util::FillProblem(&p, &rng);
+    std::unique_ptr<MultiheadAttention> mha;
+    ASSERT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
+    Views v;
+    MakeViews(p, &v);
+    size_t group = 0;
+    ASSERT_TRUE(ForwardBatchGroupForTesting(*mha, v.in, v.out, c.threads, &group).ok());
+    // Where f32 weights cannot be prepacked, nothing groups.
+    const size_t want = kernels::WeightsPrepackable(DType::kF32) ? c.group : 0;
+    EXPECT_EQ(group, want) << p.Describe() << " threads " << c.threads;
+  }
+  SetBatchGroupingForTesting(previous);
+}
 
 }  // namespace
 }  // namespace mha

@@ -117,6 +117,21 @@ class ScopedKeyChunking {
   KeyChunking previous_;
 };
 
+// Sets the operator's batch grouping (runtime/forward_plan.h) for one scope: groups of
+// ceil(rows / L) entries whatever their buffers' bytes, so small shapes take the grouped
+// forward; or, with rows 0, never grouped.
+class ScopedBatchGrouping {
+ public:
+  explicit ScopedBatchGrouping(size_t rows)
+      : previous_(SetBatchGroupingForTesting({rows, std::numeric_limits<size_t>::max()})) {}
+  ~ScopedBatchGrouping() { SetBatchGroupingForTesting(previous_); }
+  ScopedBatchGrouping(const ScopedBatchGrouping&) = delete;
+  ScopedBatchGrouping& operator=(const ScopedBatchGrouping&) = delete;
+
+ private:
+  BatchGrouping previous_;
+};
+
 }  // namespace testing_util
 }  // namespace mha
 
