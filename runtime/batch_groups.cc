@@ -8,6 +8,7 @@
 #include "runtime/masks.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/projections.h"
+#include "runtime/qk_transform.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -34,6 +35,7 @@ void RunBatchGroups(Context& ctx, const LayerWeights& m, const ForwardArgs& args
     {
       const TraceSpan span(trace, worker, Stage::kQkvProjection, n0, -1, -1);
       ProjectGroupInputs(m, args, plan, gb.q, gb.k, gb.v, n0, count, scratch);
+      TransformGroupQk(m, args, plan, gb, n0, count, worker);
     }
     RunGroupAttentionTasks(m, args, plan, gb, masks, trace, n0, count, worker);
     const TraceSpan span(trace, worker, Stage::kOutProjection, n0, -1, -1);

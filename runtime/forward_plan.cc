@@ -145,8 +145,8 @@ bool MultipliesPrepacked(const WeightMatrix& w, size_t rows, size_t in, size_t o
 
 // Entries per group of the grouped forward (ForwardPlan::batch_group), 0 to run it stage by
 // stage. Grouped: online and unchunked, an output that shares no memory with the inputs (a
-// group writes its output rows while later groups still read their inputs), f32 compute, no
-// QK-norm / RoPE, every product over prepacked f32 weights; groups of at least two entries
+// group writes its output rows while later groups still read their inputs), f32 compute,
+// every product over prepacked f32 weights; groups of at least two entries
 // whose buffers (`entry_bytes` each) fit the grouping's bytes, that keep every worker busy and
 // leave the busiest worker at most 5% more entries than the mean.
 size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
@@ -154,7 +154,7 @@ size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasi
   const BatchGrouping grouping = CurrentBatchGrouping();
   const size_t N = sh.N, L = sh.L, St = sh.St;
   if (grouping.rows == 0 || !online_unchunked || !aliasing.out_private || L == 0) return 0;
-  if (m.config.compute != Compute::kF32 || m.variants.qk_transform()) return 0;
+  if (m.config.compute != Compute::kF32) return 0;
   const size_t group = std::min((grouping.rows + L - 1) / L, N);
   if (group < 2 || group * entry_bytes > grouping.max_bytes) return 0;
   const size_t groups = (N + group - 1) / group;

@@ -50,6 +50,41 @@ void TransformRows(const LayerWeights& m, bool is_key, float* x, size_t rows, pt
   }
 }
 
+// Token block [r0, r0 + kQkBlockRows) of entry n of set s, with one worker's scratch `ws`
+// (cos and sin tables, `table` bytes, then for strided heads a dense copy of the block).
+void TransformBlock(const LayerWeights& m, const QkRows& s, int64_t n, int64_t r0, size_t table,
+                    uint8_t* ws) {
+  const ptrdiff_t hd = static_cast<ptrdiff_t>(m.hd);
+  const size_t rows = static_cast<size_t>(std::min(kQkBlockRows, s.rows - r0));
+  float* cos = reinterpret_cast<float*>(ws);
+  float* sin = reinterpret_cast<float*>(ws + table / 2);
+  const int32_t* pos =
+      s.positions != nullptr ? s.positions + n * s.positions_batch_stride + r0 : nullptr;
+  float* x = s.data + n * s.batch_stride + r0 * s.row_stride;
+  if (s.head_stride == 0 || s.head_stride == hd) {
+    TransformRows(m, s.is_key, x, rows, s.row_stride, pos, s.pos0 + r0, cos, sin);
+    return;
+  }
+  // Heads apart (Project's [N, heads, T, hd]): transform a dense copy of the block's tokens,
+  // so the values are those of the forward's buffers bit for bit.
+  const int64_t heads = s.is_key ? m.KVH : m.H;
+  const ptrdiff_t width = heads * hd;
+  float* dense = reinterpret_cast<float*>(ws + table);
+  for (size_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(dense + r * width + h * hd, x + r * s.row_stride + h * s.head_stride,
+                  hd * sizeof(float));
+    }
+  }
+  TransformRows(m, s.is_key, dense, rows, width, pos, s.pos0 + r0, cos, sin);
+  for (size_t r = 0; r < rows; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::memcpy(x + r * s.row_stride + h * s.head_stride, dense + r * width + h * hd,
+                  hd * sizeof(float));
+    }
+  }
+}
+
 }  // namespace
 
 size_t QkTransformScratchBytes(const LayerWeights& m, size_t threads, bool strided_heads) {
@@ -84,47 +119,19 @@ void RunQkTransform(Context& ctx, const LayerWeights& m, const QkRows* sets, siz
       if (task < set_tasks) break;
       task -= set_tasks;
     }
-    const QkRows& s = sets[i];
-    const int64_t n = static_cast<int64_t>(task / blocks);
-    const int64_t r0 = static_cast<int64_t>(task % blocks) * kQkBlockRows;
-    const size_t rows = static_cast<size_t>(std::min(kQkBlockRows, s.rows - r0));
-    uint8_t* ws = scratch + worker * per_worker;
-    float* cos = reinterpret_cast<float*>(ws);
-    float* sin = reinterpret_cast<float*>(ws + table / 2);
-    const int32_t* pos =
-        s.positions != nullptr ? s.positions + n * s.positions_batch_stride + r0 : nullptr;
-    float* x = s.data + n * s.batch_stride + r0 * s.row_stride;
-    if (s.head_stride == 0 || s.head_stride == hd) {
-      TransformRows(m, s.is_key, x, rows, s.row_stride, pos, s.pos0 + r0, cos, sin);
-      return;
-    }
-    // Heads apart (Project's [N, heads, T, hd]): transform a dense copy of the block's tokens,
-    // so the values are those of the forward's buffers bit for bit.
-    const int64_t heads = s.is_key ? m.KVH : m.H;
-    const ptrdiff_t width = heads * hd;
-    float* dense = reinterpret_cast<float*>(ws + table);
-    for (size_t r = 0; r < rows; ++r) {
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(dense + r * width + h * hd, x + r * s.row_stride + h * s.head_stride,
-                    hd * sizeof(float));
-      }
-    }
-    TransformRows(m, s.is_key, dense, rows, width, pos, s.pos0 + r0, cos, sin);
-    for (size_t r = 0; r < rows; ++r) {
-      for (int64_t h = 0; h < heads; ++h) {
-        std::memcpy(x + r * s.row_stride + h * s.head_stride, dense + r * width + h * hd,
-                    hd * sizeof(float));
-      }
-    }
+    TransformBlock(m, sets[i], static_cast<int64_t>(task / blocks),
+                   static_cast<int64_t>(task % blocks) * kQkBlockRows, table,
+                   scratch + worker * per_worker);
   });
 }
 
-void RunForwardQkTransform(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
-                           const ForwardPlan& plan, const ForwardBuffers& buf,
-                           const KeyChunk* keys) {
-  if (!m.variants.qk_transform()) return;
+namespace {
+
+// The forward's row sets in buf (RunForwardQkTransform): Q unless keys is given, K's real keys
+// unless the plan is key-chunked without keys. Returns the count.
+size_t ForwardQkSets(const ForwardArgs& args, const ForwardPlan& plan, const ForwardBuffers& buf,
+                     const KeyChunk* keys, QkRows sets[2]) {
   const ForwardShapes& sh = args.shapes;
-  QkRows sets[2];
   size_t count = 0;
   if (keys == nullptr) {
     QkRows& q = sets[count++];
@@ -151,7 +158,35 @@ void RunForwardQkTransform(Context& ctx, const LayerWeights& m, const ForwardArg
     k.positions_batch_stride = sh.S;
     k.pos0 = begin;
   }
+  return count;
+}
+
+}  // namespace
+
+void RunForwardQkTransform(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
+                           const ForwardPlan& plan, const ForwardBuffers& buf,
+                           const KeyChunk* keys) {
+  if (!m.variants.qk_transform()) return;
+  QkRows sets[2];
+  const size_t count = ForwardQkSets(args, plan, buf, keys, sets);
   RunQkTransform(ctx, m, sets, count, buf.qk_scratch);
+}
+
+void TransformGroupQk(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                      const ForwardBuffers& group_buf, int64_t n0, size_t count, size_t worker) {
+  if (!m.variants.qk_transform()) return;
+  QkRows sets[2];
+  const size_t num_sets = ForwardQkSets(args, plan, group_buf, nullptr, sets);
+  const size_t table = TableBytes(m);
+  uint8_t* ws = group_buf.qk_scratch + worker * table;
+  for (size_t i = 0; i < num_sets; ++i) {
+    QkRows s = sets[i];
+    // The group's buffers start at entry n0; positions are the whole batch's.
+    if (s.positions != nullptr) s.positions += n0 * s.positions_batch_stride;
+    for (int64_t n = 0; n < static_cast<int64_t>(count); ++n) {
+      for (int64_t r0 = 0; r0 < s.rows; r0 += kQkBlockRows) TransformBlock(m, s, n, r0, table, ws);
+    }
+  }
 }
 
 void RunProjectQkTransform(Context& ctx, const LayerWeights& m, const ForwardArgs& args,

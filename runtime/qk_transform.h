@@ -55,6 +55,13 @@ void RunForwardQkTransform(Context& ctx, const LayerWeights& m, const ForwardArg
                            const ForwardPlan& plan, const ForwardBuffers& buf,
                            const KeyChunk* keys);
 
+// The grouped forward's transform on the calling worker (batch_groups.h): Q [L] and K's real
+// keys [S] of batch entries [n0, n0 + count), which group_buf's q and k hold from their first
+// (the plan's layouts), with worker `worker`'s part of group_buf.qk_scratch. The bits of
+// RunForwardQkTransform.
+void TransformGroupQk(const LayerWeights& m, const ForwardArgs& args, const ForwardPlan& plan,
+                      const ForwardBuffers& group_buf, int64_t n0, size_t count, size_t worker);
+
 // Project's transform in its outputs q [N, H, L, hd] and k [N, KVH, S', hd] (the real keys
 // [0, S) only), positions as RunForwardQkTransform's (null: index positions); scratch from
 // QkTransformScratchBytes(m, threads, /*strided_heads=*/true).

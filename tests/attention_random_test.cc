@@ -403,23 +403,10 @@ MHA_INSTANTIATE_PER_TARGET(AttentionRandomTargetTest);
 
 using testing_util::ScopedBatchGrouping;
 
-// Whether p's forward (into a separate output) on `threads` threads runs grouped, with groups of
-// ceil(rows / L) entries.
-bool TakesGroupedPath(const Problem& p, size_t rows, size_t threads) {
-  ScopedBatchGrouping forced(rows);
-  std::unique_ptr<MultiheadAttention> mha;
-  EXPECT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
-  Views v;
-  MakeViews(p, &v);
-  size_t group = 0;
-  EXPECT_TRUE(ForwardBatchGroupForTesting(*mha, v.in, v.out, threads, &group).ok());
-  return group > 0;
-}
-
 // Random configurations (masks of every kind, causal, cross-attention with kdim/vdim, GQA,
-// bias_kv/zero_attn, batch_first, strided inputs, windows, ALiBi, sinks, softcap, positions)
-// in groups of 1 to 3 entries: the grouped forward gives the staged forward's bits on 1 and 2
-// threads, and matches the double reference.
+// bias_kv/zero_attn, batch_first, strided inputs; the variants: variants_test.cc) in groups of 1 to
+// 3 entries: the grouped forward gives the staged forward's bits on 1 and 2 threads, and matches
+// the double reference.
 TEST(AttentionGroupedTest, RandomConfigsGiveTheStagedBits) {
   std::mt19937 rng(4096);
   int grouped = 0;
@@ -448,9 +435,9 @@ TEST(AttentionGroupedTest, RandomConfigsGiveTheStagedBits) {
       ADD_FAILURE() << "random problem #" << i;
       return;
     }
-    grouped += TakesGroupedPath(p, rows, threads);
+    grouped += testing_util::RunsGrouped(p, rows, threads);
   }
-  EXPECT_GT(grouped, 40);  // the others: one entry, weights not prepacked, RoPE, bf16, ...
+  EXPECT_GT(grouped, 40);  // the others: one entry, groups of one, Strassen, bf16, ...
 }
 
 // Groups that split the batch unevenly (the last one shorter), seq-major and batch-major
@@ -481,8 +468,8 @@ TEST(AttentionGroupedTest, UnevenGroupsAndLayoutsMatchReference) {
     // Groups of 3, 3 and 1 entries: grouped on one thread; two would leave one worker 6 of the 7
     // entries, so that forward runs stage by stage, and both give the same bits.
     const size_t rows = 3 * static_cast<size_t>(p.L);
-    ASSERT_TRUE(TakesGroupedPath(p, rows, 1)) << p.Describe();
-    ASSERT_FALSE(TakesGroupedPath(p, rows, 2)) << p.Describe();
+    ASSERT_TRUE(testing_util::RunsGrouped(p, rows, 1)) << p.Describe();
+    ASSERT_FALSE(testing_util::RunsGrouped(p, rows, 2)) << p.Describe();
     ScopedBatchGrouping forced(rows);
     CheckTwoThreadsAndOne(p);
     if (HasFailure()) return;
@@ -495,7 +482,7 @@ TEST(AttentionGroupedTest, OutputAliasingTheQueryRunsStageByStage) {
   std::mt19937 rng(5);
   const Problem p = SelfAttention(&rng, 16, 2, 4, 12);
   ScopedBatchGrouping forced(2 * p.L);
-  ASSERT_TRUE(TakesGroupedPath(p, 2 * p.L, 2));
+  ASSERT_TRUE(testing_util::RunsGrouped(p, 2 * p.L, 2));
   ExpectInPlaceGivesTheSameBits(p);
 }
 

@@ -487,5 +487,16 @@ float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64
   return out[(l * p.N + n) * E + e];
 }
 
+bool RunsGrouped(const Problem& p, size_t rows, size_t threads) {
+  ScopedBatchGrouping forced(rows);
+  std::unique_ptr<MultiheadAttention> mha;
+  EXPECT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
+  Views v;
+  MakeViews(p, &v);
+  size_t group = 0;
+  EXPECT_TRUE(ForwardBatchGroupForTesting(*mha, v.in, v.out, threads, &group).ok());
+  return group > 0;
+}
+
 }  // namespace testing_util
 }  // namespace mha

@@ -132,6 +132,10 @@ class ScopedBatchGrouping {
   BatchGrouping previous_;
 };
 
+// Whether p's forward (into a separate output) on `threads` threads runs grouped when groups
+// are ceil(rows / L) entries (ScopedBatchGrouping).
+bool RunsGrouped(const Problem& p, size_t rows, size_t threads);
+
 }  // namespace testing_util
 }  // namespace mha
 

@@ -276,6 +276,43 @@ TEST(VariantsTest, BitwiseIdenticalForOneTwoThreeThreads) {
   }
 }
 
+// The grouped forward (runtime/batch_groups.h) with every variant, QK-norm and RoPE applied in
+// each group's buffers and explicit positions of the group's entries: the staged forward's bits
+// on 1 and 2 threads, and the reference.
+TEST(VariantsTest, GroupedForwardGivesTheStagedBits) {
+  std::mt19937 rng(3033);
+  int transformed = 0;  // grouped problems with QK-norm or RoPE
+  for (int i = 0; i < 300; ++i) {
+    Problem p = RandomVariantProblem(&rng, 30);
+    p.need_weights = false;
+    p.config.prepack = WeightPrepack::kOn;
+    const size_t threads = 1 + i % 2;
+    const size_t rows = static_cast<size_t>(p.L) * (1 + i % 3);
+    Views staged, grouped;
+    {
+      testing_util::ScopedBatchGrouping never(0);
+      RunForward(p, threads, &staged);
+    }
+    {
+      testing_util::ScopedBatchGrouping forced(rows);
+      RunForward(p, threads, &grouped);
+    }
+    if (HasFatalFailure()) return;
+    ASSERT_EQ(0, std::memcmp(staged.output.data(), grouped.output.data(),
+                             staged.output.size() * sizeof(float)))
+        << "random problem #" << i << ", " << threads << " threads\n"
+        << p.Describe();
+    ExpectMatchesReference(p, grouped);
+    if (HasFailure()) {
+      ADD_FAILURE() << "random problem #" << i;
+      return;
+    }
+    const bool qk = p.config.rope != RopeStyle::kNone || !p.q_norm.empty();
+    transformed += qk && testing_util::RunsGrouped(p, rows, threads);
+  }
+  EXPECT_GT(transformed, 20);
+}
+
 // Self-attention long enough for windows around the online path's key block (512) and the
 // key chunk (1024), causal and not, with and without weights, unchunked and chunked; plus a
 // window over explicit offset positions.
