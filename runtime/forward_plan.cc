@@ -197,11 +197,8 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
       sizeof(float) * (L * E + (plan.fused ? fused_rows * (E + 2 * kvE) : L * E + 2 * St * kvE));
   plan.batch_group =
       may_group ? BatchGroupOf(m, sh, aliasing, threads, online && !chunked, entry_bytes) : 0;
-  // Grouped: as many groups as can run at once.
-  const size_t entries =
-      plan.batch_group > 0
-          ? std::min(threads, (N + plan.batch_group - 1) / plan.batch_group) * plan.batch_group
-          : N;
+  // Grouped: one group per worker (there are at least as many groups as workers).
+  const size_t entries = plan.batch_group > 0 ? threads * plan.batch_group : N;
   const int64_t layout_n = plan.batch_group > 0 ? 1 : static_cast<int64_t>(N);
   if (plan.fused) {
     // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value

@@ -102,9 +102,9 @@ struct ForwardPlan {
   bool chunked() const { return path == ForwardPath::kKeyChunked; }
 
   // The grouped forward (batch_groups.h): batch entries per group, 0 when the forward runs
-  // stage by stage. Grouped, the projection buffers and concat below hold min(threads, groups)
-  // groups of batch_group entries each (batch-major), worker w's group from entry
-  // w x batch_group.
+  // stage by stage. Grouped, the projection buffers and concat below hold `threads` groups of
+  // batch_group entries each (batch-major), worker w's group from entry w x batch_group (a
+  // grouped plan has at least as many groups as workers).
   size_t batch_group = 0;
   // Projection buffers: Q, K and V in one [tokens, E + 2 kvE] buffer at `qkv` when `fused`
   // (self-attention with packed weights), else Q [tokens_q, E] at `q` and K, V [tokens_kv, kvE]
