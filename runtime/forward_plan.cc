@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/gemm.h"
@@ -30,13 +33,37 @@ size_t L2Bytes() {
 #endif
 }
 
-BatchGrouping DefaultBatchGrouping() {
-  const size_t l2 = L2Bytes();
-  return {l2 > 0 ? kGroupRows : 0, static_cast<size_t>(kGroupCacheFraction * l2)};
+// The value of environment variable `name` as a non-negative integer in `*value`; false (with a
+// note on stderr when it is set but not such a number) otherwise.
+bool EnvSize(const char* name, size_t* value) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(env, &end, 10);
+  if (errno != 0 || *end != '\0' || *env == '-') {
+    std::fprintf(stderr, "mha: %s=%s: expected a non-negative integer; ignored\n", name, env);
+    return false;
+  }
+  *value = static_cast<size_t>(v);
+  return true;
 }
 
-std::atomic<size_t> g_group_rows{DefaultBatchGrouping().rows};
-std::atomic<size_t> g_group_max_bytes{DefaultBatchGrouping().max_bytes};
+// kGroupRows and kGroupCacheFraction x L2, or the environment's MHA_GROUP_ROWS (0: never
+// grouped) and MHA_GROUP_MAX_KIB (the group buffers' bound in KiB), so that the grouped forward
+// can be measured against the staged one on any CPU.
+BatchGrouping DefaultBatchGrouping() {
+  const size_t l2 = L2Bytes();
+  BatchGrouping g{l2 > 0 ? kGroupRows : 0, static_cast<size_t>(kGroupCacheFraction * l2)};
+  size_t v = 0;
+  if (EnvSize("MHA_GROUP_ROWS", &v)) g.rows = v;
+  if (EnvSize("MHA_GROUP_MAX_KIB", &v)) g.max_bytes = v << 10;
+  return g;
+}
+
+const BatchGrouping g_default_grouping = DefaultBatchGrouping();
+std::atomic<size_t> g_group_rows{g_default_grouping.rows};
+std::atomic<size_t> g_group_max_bytes{g_default_grouping.max_bytes};
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 
 #include <sstream>
 
+#include "kernels/gemm_route.h"
 #include "tests/random_util.h"
 
 namespace mha {
@@ -486,6 +487,8 @@ float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64
   if (p.config.batch_first) return out[(n * p.L + l) * E + e];
   return out[(l * p.N + n) * E + e];
 }
+
+bool GroupingPossible() { return kernels::WeightsPrepackable(DType::kF32); }
 
 bool RunsGrouped(const Problem& p, size_t rows, size_t threads) {
   ScopedBatchGrouping forced(rows);

@@ -136,6 +136,11 @@ class ScopedBatchGrouping {
 // are ceil(rows / L) entries (ScopedBatchGrouping).
 bool RunsGrouped(const Problem& p, size_t rows, size_t threads);
 
+// Whether any forward can run grouped on this CPU: the grouped forward multiplies prepacked f32
+// weights, which BLIS's configurations that store column-major C tiles (e.g. generic, on
+// aarch64) cannot have. Elsewhere every forward runs stage by stage.
+bool GroupingPossible();
+
 }  // namespace testing_util
 }  // namespace mha
 

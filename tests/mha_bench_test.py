@@ -334,6 +334,31 @@ class OtherShapes(unittest.TestCase):
         self.assertEqual(doc["header"]["fma_peak_gflops"], {})
         self.assertLess(r["max_abs_err"], 1e-3)
 
+    def test_group_environment(self):
+        # MHA_GROUP_ROWS / MHA_GROUP_MAX_KIB (runtime/forward_plan.h): 8 entries of 16 tokens in
+        # groups of 2 on one thread take one group's buffers instead of all 8 entries'; 0 turns
+        # the grouped forward off; a value that is no number is reported and ignored.
+        args = ["--batch", "8", "--seq", "16", "--embed", "64", "--heads", "2", "--threads", "1",
+                "--min-time", "0", "--min-runs", "1", "--rounds", "1", "--sgemm-size", "0"]
+
+        def arena(env):
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "r.json")
+                p = subprocess.run(WRAPPER + [BENCH] + args + ["--json", path],
+                                   capture_output=True, text=True, timeout=120,
+                                   env=dict(os.environ, **env))
+                self.assertEqual(p.returncode, 0, p.stderr)
+                with open(path) as f:
+                    (r,) = json.load(f)["results"]
+            return r["arena_high_water"], p.stderr
+
+        staged, _ = arena({"MHA_GROUP_ROWS": "0"})
+        grouped, _ = arena({"MHA_GROUP_ROWS": "32", "MHA_GROUP_MAX_KIB": "65536"})
+        self.assertLess(grouped, staged)
+        _, err = arena({"MHA_GROUP_ROWS": "many"})
+        self.assertIn("MHA_GROUP_ROWS=many", err)
+        self.assertIn("ignored", err)
+
     def test_error_above_tolerance_exits_3(self):
         # f32 results never match the double reference exactly on every element, so a zero
         # tolerance must fail the run (exit 3) after still printing the row.

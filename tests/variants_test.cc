@@ -310,7 +310,9 @@ TEST(VariantsTest, GroupedForwardGivesTheStagedBits) {
     const bool qk = p.config.rope != RopeStyle::kNone || !p.q_norm.empty();
     transformed += qk && testing_util::RunsGrouped(p, rows, threads);
   }
-  EXPECT_GT(transformed, 20);
+  if (testing_util::GroupingPossible()) {
+    EXPECT_GT(transformed, 20);
+  }
 }
 
 // Self-attention long enough for windows around the online path's key block (512) and the
