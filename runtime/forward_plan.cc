@@ -57,7 +57,7 @@ BatchGrouping DefaultBatchGrouping() {
   BatchGrouping g{l2 > 0 ? kGroupRows : 0, static_cast<size_t>(kGroupCacheFraction * l2)};
   size_t v = 0;
   if (EnvSize("MHA_GROUP_ROWS", &v)) g.rows = v;
-  if (EnvSize("MHA_GROUP_MAX_KIB", &v)) g.max_bytes = v << 10;
+  if (EnvSize("MHA_GROUP_MAX_KIB", &v)) g.max_bytes = v > (SIZE_MAX >> 10) ? SIZE_MAX : v << 10;
   return g;
 }
 
@@ -182,7 +182,7 @@ size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasi
   const size_t N = sh.N, L = sh.L, St = sh.St;
   if (grouping.rows == 0 || !online_unchunked || !aliasing.out_private || L == 0) return 0;
   if (m.config.compute != Compute::kF32) return 0;
-  const size_t group = std::min((grouping.rows + L - 1) / L, N);
+  const size_t group = std::min(grouping.rows / L + (grouping.rows % L != 0), N);
   if (group < 2 || group * entry_bytes > grouping.max_bytes) return 0;
   const size_t groups = (N + group - 1) / group;
   const size_t busiest = std::min((groups + threads - 1) / threads * group, N);
