@@ -103,17 +103,22 @@ void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weig
   AddBias(c, bias);
 }
 
-void MultiplyPrepackedJob(const GemmJob& job, void* scratch) {
-  const kernels::GemmRoute route = kernels::ChooseGemmRoute(
+namespace {
+
+// The route of `job`'s product over prepacked f32 weights (one batch's shape).
+kernels::GemmRoute PrepackedRouteOf(const GemmJob& job) {
+  return kernels::ChooseGemmRoute(
       {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kPrepacked});
+}
+
+}  // namespace
+
+void MultiplyPrepackedJob(const GemmJob& job, void* scratch) {
+  const kernels::GemmRoute route = PrepackedRouteOf(job);
   assert(job.b_packed.data != nullptr && OverPackedB(route) &&
          "MultiplyPrepackedJob: a product over prepacked weights");
   for (size_t batch = 0; batch < job.batches; ++batch) {
-    kernels::ConstMatrixView a = job.a;
-    kernels::MatrixView c = job.c;
-    a.data += static_cast<ptrdiff_t>(batch) * job.a_batch_stride;
-    c.data += static_cast<ptrdiff_t>(batch) * job.c_batch_stride;
-    MultiplyPackedB(route, a, job.b_packed, job.bias, c, scratch);
+    MultiplyPackedB(route, job.BatchA(batch), job.b_packed, job.bias, job.BatchC(batch), scratch);
   }
 }
 
@@ -271,10 +276,8 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
                       kernels::GemmRoute plain, uint8_t* scratch, SumsCache* cache) {
   const PanelTask p = PanelTaskOf(HalfColumns(job), panel, t);
   const size_t n2 = job.b_strassen.half_n();
-  kernels::ConstMatrixView a = job.a;
-  a.data += static_cast<ptrdiff_t>(p.batch) * job.a_batch_stride;
-  kernels::MatrixView c = job.c;
-  c.data += static_cast<ptrdiff_t>(p.batch) * job.c_batch_stride;
+  const kernels::ConstMatrixView a = job.BatchA(p.batch);
+  const kernels::MatrixView c = job.BatchC(p.batch);
   const float* const bias_left = job.bias != nullptr ? job.bias + p.c0 : nullptr;
   const float* const bias_right = job.bias != nullptr ? job.bias + n2 + p.c0 : nullptr;
   float* const sums = reinterpret_cast<float*>(scratch);
@@ -328,8 +331,7 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     route[j] = kernels::GemmRoute::kBlisPackAB;
     panels[j] = PanelsOf(job);
     uint64_t packs = 0;
-    const kernels::GemmRoute prepacked = kernels::ChooseGemmRoute(
-        {job.c.rows, job.c.cols, job.a.cols, DType::kF32, kernels::BPacking::kPrepacked});
+    const kernels::GemmRoute prepacked = PrepackedRouteOf(job);
     if (job.b_bf16.data != nullptr) {
       route[j] = kernels::GemmRoute::kBf16PackedB;
       panels[j] = Bf16PanelsOf(job);
@@ -408,10 +410,8 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));
 
-    kernels::ConstMatrixView a = job.a;
-    a.data += static_cast<ptrdiff_t>(p.batch) * job.a_batch_stride;
-    kernels::MatrixView c = job.c;
-    c.data += static_cast<ptrdiff_t>(p.batch) * job.c_batch_stride;
+    const kernels::ConstMatrixView a = job.BatchA(p.batch);
+    const kernels::MatrixView c = job.BatchC(p.batch);
     const kernels::ConstMatrixView a_blk = a.Block(p.r0, 0, p.nr, a.cols);
     const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;

@@ -151,6 +151,18 @@ struct GemmJob {
   // b = w^T for the weight rows [0, out) of `w`, `in` columns, in whichever storage w has,
   // and its prepacking when w has one of exactly that shape.
   void SetWeights(const WeightMatrix& w, size_t out, size_t in);
+
+  // a and c of batch `batch` (< batches).
+  kernels::ConstMatrixView BatchA(size_t batch) const {
+    kernels::ConstMatrixView v = a;
+    v.data += static_cast<ptrdiff_t>(batch) * a_batch_stride;
+    return v;
+  }
+  kernels::MatrixView BatchC(size_t batch) const {
+    kernels::MatrixView v = c;
+    v.data += static_cast<ptrdiff_t>(batch) * c_batch_stride;
+    return v;
+  }
 };
 
 // Jobs one ParallelGemm call runs as one flat task range (their per-job state lives on the
