@@ -416,20 +416,7 @@ TEST(AttentionGroupedTest, RandomConfigsGiveTheStagedBits) {
     // Random problems have 1 to 3 entries: more threads than groups keep the staged forward.
     const size_t threads = 1 + i % 2;
     const size_t rows = static_cast<size_t>(p.L) * (1 + i % 3);
-    Views want, got;
-    {
-      ScopedBatchGrouping never(0);
-      RunMha(p, threads, &want);
-    }
-    {
-      ScopedBatchGrouping forced(rows);
-      RunMha(p, threads, &got);
-    }
-    if (HasFatalFailure()) return;
-    ASSERT_EQ(0, std::memcmp(want.output.data(), got.output.data(), got.output.size() * 4))
-        << "random problem #" << i << ", " << threads << " threads\n"
-        << p.Describe();
-    testing_util::ExpectMatchesReference(p, got);
+    testing_util::ExpectGroupedGivesStagedBits(p, threads, rows);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i;
       return;
@@ -494,7 +481,7 @@ TEST(AttentionGroupedTest, OutputAliasingTheQueryRunsStageByStage) {
 // workers), not with 33 entries on 2 (one worker would get 20 of 33), not in bf16, and not
 // with 512 tokens (one entry is a group); (8, 64, 768, 12) groups 4 entries (3 MiB).
 TEST(AttentionGroupedTest, PlanGroupsManyShortSequences) {
-  const BatchGrouping previous = SetBatchGroupingForTesting({kGroupRows, size_t{3} << 20});
+  const ScopedBatchGrouping measured(kGroupRows, size_t{3} << 20);
   std::mt19937 rng(9);
   struct Case {
     int64_t N, L, E, H;
@@ -507,27 +494,12 @@ TEST(AttentionGroupedTest, PlanGroupsManyShortSequences) {
                         {4, 512, 512, 8, 2, false, 0}, {8, 64, 768, 12, 2, false, 4},
                         {32, 64, 512, 8, 1, false, 4}};
   for (const Case& c : cases) {
-    Problem p;
-    p.config.embed_dim = c.E;
-    p.config.num_heads = c.H;
-    p.config.batch_first = true;
-    p.config.prepack = WeightPrepack::kOn;
+    Problem p = SelfAttention(&rng, c.E, c.H, c.N, c.L);
     if (c.bf16) p.config.compute = Compute::kBF16;
-    p.N = c.N;
-    p.L = p.S = c.L;
-    p.self_attention = true;
-    p.need_weights = false;
-    testing_util::FillProblem(&p, &rng);
-    std::unique_ptr<MultiheadAttention> mha;
-    ASSERT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
-    Views v;
-    MakeViews(p, &v);
-    size_t group = 0;
-    ASSERT_TRUE(ForwardBatchGroupForTesting(*mha, v.in, v.out, c.threads, &group).ok());
     const size_t want = testing_util::GroupingPossible() ? c.group : 0;
-    EXPECT_EQ(group, want) << p.Describe() << " threads " << c.threads;
+    EXPECT_EQ(testing_util::ForwardBatchGroup(p, c.threads), want)
+        << p.Describe() << " threads " << c.threads;
   }
-  SetBatchGroupingForTesting(previous);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <sstream>
 
 #include "kernels/gemm_route.h"
@@ -490,15 +491,38 @@ float OutputAt(const Problem& p, const std::vector<float>& out, int64_t n, int64
 
 bool GroupingPossible() { return kernels::WeightsPrepackable(DType::kF32); }
 
-bool RunsGrouped(const Problem& p, size_t rows, size_t threads) {
-  ScopedBatchGrouping forced(rows);
+size_t ForwardBatchGroup(const Problem& p, size_t threads) {
   std::unique_ptr<MultiheadAttention> mha;
   EXPECT_TRUE(MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha).ok());
   Views v;
   MakeViews(p, &v);
   size_t group = 0;
   EXPECT_TRUE(ForwardBatchGroupForTesting(*mha, v.in, v.out, threads, &group).ok());
-  return group > 0;
+  return group;
+}
+
+bool RunsGrouped(const Problem& p, size_t rows, size_t threads) {
+  ScopedBatchGrouping forced(rows);
+  return ForwardBatchGroup(p, threads) > 0;
+}
+
+void ExpectGroupedGivesStagedBits(const Problem& p, size_t threads, size_t rows) {
+  Views staged, grouped;
+  {
+    ScopedBatchGrouping never(0);
+    RunForward(p, threads, &staged);
+  }
+  {
+    ScopedBatchGrouping forced(rows);
+    RunForward(p, threads, &grouped);
+  }
+  if (::testing::Test::HasFatalFailure()) return;
+  ASSERT_EQ(0, std::memcmp(staged.output.data(), grouped.output.data(),
+                           staged.output.size() * sizeof(float)))
+      << "grouped (" << rows << " rows per group) and staged outputs differ on " << threads
+      << " threads\n"
+      << p.Describe();
+  ExpectMatchesReference(p, grouped);
 }
 
 }  // namespace testing_util

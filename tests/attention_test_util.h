@@ -118,12 +118,12 @@ class ScopedKeyChunking {
 };
 
 // Sets the operator's batch grouping (runtime/forward_plan.h) for one scope: groups of
-// ceil(rows / L) entries whatever their buffers' bytes, so small shapes take the grouped
-// forward; or, with rows 0, never grouped.
+// ceil(rows / L) entries whose buffers take at most max_bytes (by default whatever their bytes),
+// so small shapes take the grouped forward; or, with rows 0, never grouped.
 class ScopedBatchGrouping {
  public:
-  explicit ScopedBatchGrouping(size_t rows)
-      : previous_(SetBatchGroupingForTesting({rows, std::numeric_limits<size_t>::max()})) {}
+  explicit ScopedBatchGrouping(size_t rows, size_t max_bytes = std::numeric_limits<size_t>::max())
+      : previous_(SetBatchGroupingForTesting({rows, max_bytes})) {}
   ~ScopedBatchGrouping() { SetBatchGroupingForTesting(previous_); }
   ScopedBatchGrouping(const ScopedBatchGrouping&) = delete;
   ScopedBatchGrouping& operator=(const ScopedBatchGrouping&) = delete;
@@ -132,9 +132,17 @@ class ScopedBatchGrouping {
   BatchGrouping previous_;
 };
 
+// The entries per group of p's forward (into a separate output) on `threads` threads with the
+// current batch grouping (ForwardPlan::batch_group; 0: stage by stage).
+size_t ForwardBatchGroup(const Problem& p, size_t threads);
+
 // Whether p's forward (into a separate output) on `threads` threads runs grouped when groups
 // are ceil(rows / L) entries (ScopedBatchGrouping).
 bool RunsGrouped(const Problem& p, size_t rows, size_t threads);
+
+// Runs p on `threads` threads stage by stage and in groups of ceil(rows / L) entries: the same
+// output bits (gtest failures name the problem), and the grouped output against the reference.
+void ExpectGroupedGivesStagedBits(const Problem& p, size_t threads, size_t rows);
 
 // Whether any forward can run grouped on this CPU: the grouped forward multiplies prepacked f32
 // weights, which BLIS's configurations that store column-major C tiles (e.g. generic, on

@@ -288,21 +288,7 @@ TEST(VariantsTest, GroupedForwardGivesTheStagedBits) {
     p.config.prepack = WeightPrepack::kOn;
     const size_t threads = 1 + i % 2;
     const size_t rows = static_cast<size_t>(p.L) * (1 + i % 3);
-    Views staged, grouped;
-    {
-      testing_util::ScopedBatchGrouping never(0);
-      RunForward(p, threads, &staged);
-    }
-    {
-      testing_util::ScopedBatchGrouping forced(rows);
-      RunForward(p, threads, &grouped);
-    }
-    if (HasFatalFailure()) return;
-    ASSERT_EQ(0, std::memcmp(staged.output.data(), grouped.output.data(),
-                             staged.output.size() * sizeof(float)))
-        << "random problem #" << i << ", " << threads << " threads\n"
-        << p.Describe();
-    ExpectMatchesReference(p, grouped);
+    testing_util::ExpectGroupedGivesStagedBits(p, threads, rows);
     if (HasFailure()) {
       ADD_FAILURE() << "random problem #" << i;
       return;
