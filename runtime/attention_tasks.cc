@@ -201,8 +201,9 @@ class OnlineTask {
   void Run();
 
  private:
-  // The task's Q rows as the scores product reads them (q_ or qp_).
-  void LoadQueryRows(bool one_block);
+  // The task's Q rows as the scores product reads them (q_ or qp_); in_place: the direct
+  // kernel reads them where they lie.
+  void LoadQueryRows(bool in_place);
   // Starts the softmax state (the block's first key chunk) or reloads the running output into
   // acc_.
   void LoadState();
@@ -265,19 +266,25 @@ void OnlineTask::Run() {
   // and the running output is the output itself (normalized there by the finish), which
   // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
   // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
-  const bool one_block = !plan.chunked() && ((kend - kbegin <= kb && tail >= keys.end) ||
-                                             (kend <= kbegin && keys.end - tail <= kb));
-  acc_ = one_block ? out_
-                   : MatrixView{reinterpret_cast<float*>(scratch + os.acc_rows), rows_,
-                                static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
-  LoadQueryRows(one_block);
-  LoadState();
   // A window over index positions (masks.banded()): key blocks of at most WindowKeyBlock keys
   // from the one holding the band's start; the blocks before it are never packed or multiplied.
   // The block grid starts at keys.begin whatever the task's rows (which follow the thread
   // count), so a row's blocks, and its results, do not depend on them.
   const int64_t bk = t_.masks.banded() ? WindowKeyBlock(kb) : kb;
-  for (int64_t k0 = keys.begin + (kbegin - keys.begin) / bk * bk; k0 < kend; k0 += bk) {
+  const int64_t k_first = keys.begin + (kbegin - keys.begin) / bk * bk;
+  const int64_t blocks = (kend > k_first ? (kend - k_first + bk - 1) / bk : 0) + (tail < keys.end);
+  const bool one_block = !plan.chunked() && ((kend - kbegin <= kb && tail >= keys.end) ||
+                                             (kend <= kbegin && keys.end - tail <= kb));
+  acc_ = one_block ? out_
+                   : MatrixView{reinterpret_cast<float*>(scratch + os.acc_rows), rows_,
+                                static_cast<size_t>(hd), static_cast<ptrdiff_t>(hd), 1};
+  // With concat_in_q, out_ is the task's Q rows: the strips read them in place only when each
+  // strip's scores product comes before anything writes its rows of acc_: one key block
+  // (a window's one_block may take several), and no sink (LoadState zeroes acc_ for it).
+  const bool sink = t_.masks.sinks != nullptr && t_.masks.sinks[h_] > kNegInf;
+  LoadQueryRows(one_block && blocks <= 1 && !(init_ && sink));
+  LoadState();
+  for (int64_t k0 = k_first; k0 < kend; k0 += bk) {
     UpdateKeyBlock(k0, std::min(bk, kend - k0), true);
   }
   if (tail < keys.end) UpdateKeyBlock(tail, keys.end - tail, false);
@@ -294,7 +301,7 @@ void OnlineTask::Run() {
   Record(t0, Stage::kWeightedSum);
 }
 
-void OnlineTask::LoadQueryRows(bool one_block) {
+void OnlineTask::LoadQueryRows(bool in_place) {
   const int64_t hd = t_.m.hd;
   const int64_t t0 = t_.Now();
   if (bf16_) {
@@ -307,7 +314,7 @@ void OnlineTask::LoadQueryRows(bool one_block) {
       std::memcpy(q_.data + r * hd, src.data + r * src.row_stride, hd * sizeof(float));
       kernels::ScaleBy(t_.m.scale, q_.data + r * hd, hd);
     }
-  } else if (direct_ && one_block) {
+  } else if (direct_ && in_place) {
     q_ = t_.QView(n_, h_, q0_, rows_);
   } else if (direct_) {
     const MatrixView src = t_.QView(n_, h_, q0_, rows_);

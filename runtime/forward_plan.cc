@@ -118,6 +118,19 @@ TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, 
   return {rows_per_batch * ld, ld};
 }
 
+// Row stride (floats) of a projection buffer of `cols` columns: an odd number of whole cache
+// lines. The attention tasks write their results over Q's rows (concat_in_q) while the next
+// strip's scores product loads rows a strip further on; at a stride of an even number of lines
+// those loads and the pending stores fell on the same offsets modulo 4 KiB (at E = 512, strips
+// of 24 rows of the 6 KiB qkv rows are 36 x 4 KiB apart), and the CPU made each load wait for
+// the stores it might alias (runtime/README.md, "Attention results over Q").
+size_t PaddedRowFloats(size_t cols) {
+  constexpr size_t kLineFloats = 64 / sizeof(float);
+  size_t lines = (cols + kLineFloats - 1) / kLineFloats;
+  if (lines % 2 == 0) ++lines;
+  return lines * kLineFloats;
+}
+
 // The online path's per-worker scratch (OnlineScratch) for a plan's query and key blocks.
 OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd, Compute compute) {
   OnlineScratch l;
@@ -217,35 +230,40 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
                        : ForwardPath::kFullRows;
   plan.acc_in_output = chunked && aliasing.out_private;
   plan.fused = !chunked && aliasing.self_attention && m.qkv_adjacent;
-  // Bytes of one entry's projection buffers and concat, and the entries they hold: all N, or
-  // `threads` groups (batch-major).
+  // Online and unchunked, the attention results overwrite Q (concat_in_q); the key-chunked
+  // path rereads Q after writing results, and the full-row path keeps them apart.
+  plan.concat_in_q = online && !chunked;
+  // Row strides: Q's (fused: the qkv buffer's), padded by PaddedRowFloats under the results.
+  const size_t q_cols = plan.fused ? E + 2 * kvE : E;
+  plan.q_ld = plan.concat_in_q ? PaddedRowFloats(q_cols) : q_cols;
+  plan.kv_ld = plan.fused ? plan.q_ld : kvE;
+  // Bytes of one entry's projection buffers and concat (unless over Q), and the entries they
+  // hold: all N, or `threads` groups (batch-major).
   const size_t fused_rows = std::max(L, St);
   const size_t entry_bytes =
-      sizeof(float) * (L * E + (plan.fused ? fused_rows * (E + 2 * kvE) : L * E + 2 * St * kvE));
+      sizeof(float) * ((plan.concat_in_q ? 0 : L * E) +
+                       (plan.fused ? fused_rows * plan.q_ld : L * plan.q_ld + 2 * St * kvE));
   plan.batch_group =
       may_group ? BatchGroupOf(m, sh, aliasing, threads, online && !chunked, entry_bytes) : 0;
   // Grouped: one group per worker (there are at least as many groups as workers).
   const size_t entries = plan.batch_group > 0 ? threads * plan.batch_group : N;
   const int64_t layout_n = plan.batch_group > 0 ? 1 : static_cast<int64_t>(N);
   if (plan.fused) {
-    // One [tokens, E + 2 kvE] buffer; rows per batch = max(L, S') so the appended key/value
-    // positions fit after the real ones.
-    plan.q_ld = plan.kv_ld = E + 2 * kvE;
+    // One [tokens, q_ld >= E + 2 kvE] buffer; rows per batch = max(L, S') so the appended
+    // key/value positions fit after the real ones.
     plan.q_layout = plan.kv_layout = BufferLayout(sh.q, layout_n, fused_rows, plan.q_ld);
     plan.qkv = off;
     off += FloatBytes(entries * fused_rows * plan.q_ld);
   } else {
-    // Q [tokens_q, E]; K and V [tokens_kv, kvE], or when chunked [N, chunk + extra, kvE]
-    // (batch-major, a chunk's key k0 + i at row i).
+    // Q [tokens_q, q_ld >= E]; K and V [tokens_kv, kvE], or when chunked [N, chunk + extra,
+    // kvE] (batch-major, a chunk's key k0 + i at row i).
     plan.chunk_keys = chunked ? chunking.chunk_keys : 0;
     const size_t kv_rows = chunked ? plan.chunk_keys + m.Extra() : St;
-    plan.q_ld = E;
-    plan.kv_ld = kvE;
-    plan.q_layout = BufferLayout(sh.q, layout_n, L, E);
+    plan.q_layout = BufferLayout(sh.q, layout_n, L, plan.q_ld);
     plan.kv_layout = chunked ? TokenLayout{static_cast<ptrdiff_t>(kv_rows * kvE), kvE}
                              : BufferLayout(sh.k, layout_n, St, kvE);
     plan.q = off;
-    off += FloatBytes(entries * L * E);
+    off += FloatBytes(entries * L * plan.q_ld);
     plan.k = off;
     off += FloatBytes(entries * kv_rows * kvE);
     plan.v = off;
@@ -257,7 +275,9 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
     plan.row_sum = off;
     off += FloatBytes(N * H * L);
   }
-  if (!plan.acc_in_output) {
+  if (plan.concat_in_q) {
+    plan.concat_layout = plan.q_layout;
+  } else if (!plan.acc_in_output) {
     plan.concat_layout = BufferLayout(sh.q, layout_n, L, E);
     plan.concat = off;
     off += FloatBytes(entries * L * E);
@@ -429,8 +449,13 @@ ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
     b.k = reinterpret_cast<float*>(base + plan.k);
     b.v = reinterpret_cast<float*>(base + plan.v);
   }
-  b.concat = plan.acc_in_output ? args.out : reinterpret_cast<float*>(base + plan.concat);
-  b.concat_layout = plan.acc_in_output ? args.shapes.out_layout : plan.concat_layout;
+  if (plan.acc_in_output) {
+    b.concat = args.out;
+    b.concat_layout = args.shapes.out_layout;
+  } else {
+    b.concat = plan.concat_in_q ? b.q : reinterpret_cast<float*>(base + plan.concat);
+    b.concat_layout = plan.concat_layout;
+  }
   b.attn_pad = base + plan.attn_pad;
   b.kpm_pad = base + plan.kpm_pad;
   b.row_max = reinterpret_cast<float*>(base + plan.row_max);

@@ -107,16 +107,23 @@ struct ForwardPlan {
   // batch_group entries each (batch-major), worker w's group from entry w x batch_group (a
   // grouped plan has at least as many groups as workers).
   size_t batch_group = 0;
-  // Projection buffers: Q, K and V in one [tokens, E + 2 kvE] buffer at `qkv` when `fused`
-  // (self-attention with packed weights), else Q [tokens_q, E] at `q` and K, V [tokens_kv, kvE]
-  // (key-chunked: [N, chunk_keys + extra, kvE], batch-major) at `k`, `v`.
+  // Projection buffers: Q, K and V in one [tokens, q_ld] buffer at `qkv` when `fused`
+  // (self-attention with packed weights), else Q [tokens_q, q_ld] at `q` and K, V
+  // [tokens_kv, kvE] (key-chunked: [N, chunk_keys + extra, kvE], batch-major) at `k`, `v`;
+  // q_ld is E + 2 kvE (fused) or E, padded to an odd number of cache lines under the results
+  // (concat_in_q; PaddedRowFloats).
   bool fused = false;
   size_t qkv = 0, q = 0, k = 0, v = 0;
   ptrdiff_t q_ld = 0, kv_ld = 0;  // element row strides
   TokenLayout q_layout, kv_layout;
-  // Attention results [tokens_q, E] (absent when acc_in_output).
+  // Attention results [tokens_q, E] (absent when acc_in_output or concat_in_q).
   size_t concat = 0;
   TokenLayout concat_layout;
+  // Online and unchunked: the attention results overwrite Q in place (concat_layout is
+  // q_layout). Each task reads its query rows of its head before it writes the same rows and
+  // columns (a strip's scores product before its P V; several key blocks: Q copied at the
+  // start), and no other task reads them.
+  bool concat_in_q = false;
   // Key-chunked: the running output lives in the caller's output rows (Aliasing::out_private),
   // not in concat; row max and sum [N, H, L] f32 persist from key chunk to key chunk.
   bool acc_in_output = false;
@@ -186,8 +193,8 @@ struct ForwardBuffers {
   float* q = nullptr;  // [tokens_q, q_ld] (fused: the qkv buffer)
   float* k = nullptr;  // head g at columns [g * hd, (g + 1) * hd)
   float* v = nullptr;
-  // Attention results [tokens_q, E] at concat_layout: the plan's concat, or the caller's output
-  // when acc_in_output.
+  // Attention results [tokens_q, E] at concat_layout: the plan's concat, Q's rows when
+  // concat_in_q, or the caller's output when acc_in_output.
   float* concat = nullptr;
   TokenLayout concat_layout;
   uint8_t* attn_pad = nullptr;

@@ -125,16 +125,21 @@ GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat_in,
   job.SetWeights(m.w_o, m.E, m.E);
   job.bias = m.b_o;
   job.stage = Stage::kOutProjection;
-  const bool concat_seq_major = N > 1 && concat_layout.token == static_cast<ptrdiff_t>(N * m.E);
+  // The N entries' rows as one matrix when concat and out order them alike: sequence-major
+  // (row stride = the batch stride) or batch-major (row stride = the token stride).
+  const bool concat_seq_major =
+      N > 1 && concat_layout.token == static_cast<ptrdiff_t>(N) * concat_layout.batch;
+  const bool concat_batch_major =
+      N == 1 || concat_layout.batch == static_cast<ptrdiff_t>(L) * concat_layout.token;
   const bool out_seq_major =
       N > 1 && out_layout.token == static_cast<ptrdiff_t>(N) * out_layout.batch;
   const bool out_batch_major =
       N == 1 || out_layout.batch == static_cast<ptrdiff_t>(L) * out_layout.token;
   if (concat_seq_major && out_seq_major) {
-    job.a = {concat, N * L, static_cast<size_t>(m.E), static_cast<ptrdiff_t>(m.E), 1};
+    job.a = {concat, N * L, static_cast<size_t>(m.E), concat_layout.batch, 1};
     job.c = {out, N * L, static_cast<size_t>(m.E), out_layout.batch, 1};
-  } else if (!concat_seq_major && out_batch_major) {
-    job.a = {concat, N * L, static_cast<size_t>(m.E), static_cast<ptrdiff_t>(m.E), 1};
+  } else if (concat_batch_major && out_batch_major) {
+    job.a = {concat, N * L, static_cast<size_t>(m.E), concat_layout.token, 1};
     job.c = {out, N * L, static_cast<size_t>(m.E), out_layout.token, 1};
   } else {
     job.a = {concat, L, static_cast<size_t>(m.E), concat_layout.token, 1};

@@ -289,10 +289,11 @@ Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
   args->aliasing.self_attention = same_view(q, kt) && same_view(kt, vt);
   sh->self_possible = same_shape(q, kt) && same_shape(kt, vt);
 
-  // Sizes must stay far from overflow: N * L * S' * H (the per-head weights) in 63 bits.
+  // Sizes must stay far from overflow: N * L * S' * H (the per-head weights) and the
+  // projection buffers (rows padded by up to 31 floats, PaddedRowFloats) in 63 bits.
   constexpr double kMaxElements = 9.0e18;
   if (static_cast<double>(sh->N) * sh->L * sh->St * H > kMaxElements ||
-      static_cast<double>(sh->N) * std::max(sh->L, sh->St) * (E + 2 * kvE) > kMaxElements) {
+      static_cast<double>(sh->N) * std::max(sh->L, sh->St) * (E + 2 * kvE + 32) > kMaxElements) {
     return InvalidArgument("query/key: sizes overflow 64-bit arithmetic (N " + Str(sh->N) + ", L " +
                            Str(sh->L) + ", S " + Str(sh->S) + ")");
   }

@@ -338,6 +338,45 @@ TEST(VariantsTest, WindowsAroundBlockSizes) {
   }
 }
 
+// Without attention weights and key chunks the results overwrite Q's rows in the workspace
+// (ForwardPlan::concat_in_q): a task may read its Q rows in place only while nothing has
+// written them. The cases where something could: a sink's state zeroes the results before the
+// first product; a window's band splits one key block into several; appended bias_kv / zero
+// keys run as a block of their own; several query blocks per head (long L, 2 threads); Q apart
+// from K and V (cross-attention) and sequence-major rows (the output projection reading the
+// results at Q's padded row stride). Each against the double reference on 1 and 2 threads.
+TEST(VariantsTest, ResultsOverQueryRowsMatchReference) {
+  std::mt19937 rng(3040);
+  for (int c = 0; c < 6; ++c) {
+    Problem p;
+    p.config.embed_dim = 64;
+    // Case 1: two heads of one entry, so the query blocks (>= 4 per thread) start off the
+    // window's key-block grid and a block's band straddles two key blocks.
+    p.config.num_heads = c == 1 ? 2 : 4;
+    p.config.batch_first = c != 5;
+    p.self_attention = c != 4;
+    p.N = c == 5 ? 3 : c == 1 ? 1 : 2;
+    p.L = c == 1 ? 600 : 130;
+    p.S = c == 4 ? 77 : p.L;
+    p.causal = c == 1;
+    p.config.window = c == 1 ? 7 : 0;
+    p.config.add_bias_kv = c == 2;
+    p.config.add_zero_attn = c == 2;
+    testing_util::FillProblem(&p, &rng);
+    if (c == 0) p.sinks = test::UniformFloats(p.config.num_heads, -2.0f, 2.0f, &rng);
+    for (size_t threads : {size_t{1}, size_t{2}}) {
+      Views v;
+      RunForward(p, threads, &v);
+      if (HasFatalFailure()) return;
+      ExpectMatchesReference(p, v);
+      if (HasFailure()) {
+        ADD_FAILURE() << "case " << c << ", " << threads << " thread(s)";
+        return;
+      }
+    }
+  }
+}
+
 // Cross-attention with many keys (online key blocks, default chunking and chunks of 1024), key
 // positions and every variant on.
 TEST(VariantsTest, LongCrossAttentionWithKeyPositions) {
