@@ -261,18 +261,19 @@ void OnlineTask::Run() {
   const int64_t tail = std::max(keys.begin, mask_end);
   out_ = t_.OutView(n_, h_, q0_, rows_);
   const int64_t kb = static_cast<int64_t>(plan.key_block);
-  // One key block for the whole task (S' <= key_block without key chunks, e.g. every S <= 512):
-  // each strip reads its Q rows once per product, so the direct kernel reads them in place,
-  // and the running output is the output itself (normalized there by the finish), which
-  // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
-  // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
   // A window over index positions (masks.banded()): key blocks of at most WindowKeyBlock keys
   // from the one holding the band's start; the blocks before it are never packed or multiplied.
   // The block grid starts at keys.begin whatever the task's rows (which follow the thread
   // count), so a row's blocks, and its results, do not depend on them.
   const int64_t bk = t_.masks.banded() ? WindowKeyBlock(kb) : kb;
+  // k_first: the first block's first key; blocks: the UpdateKeyBlock calls below.
   const int64_t k_first = keys.begin + (kbegin - keys.begin) / bk * bk;
   const int64_t blocks = (kend > k_first ? (kend - k_first + bk - 1) / bk : 0) + (tail < keys.end);
+  // One key block for the whole task (S' <= key_block without key chunks, e.g. every S <= 512):
+  // each strip reads its Q rows once per product, so the direct kernel reads them in place,
+  // and the running output is the output itself (normalized there by the finish), which
+  // saves the Q copy, the [rows, hd] copy out and its initialization (a block's first visible
+  // keys overwrite its rows of acc, OnlineSoftmaxUpdate).
   const bool one_block = !plan.chunked() && ((kend - kbegin <= kb && tail >= keys.end) ||
                                              (kend <= kbegin && keys.end - tail <= kb));
   acc_ = one_block ? out_
