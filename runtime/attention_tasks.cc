@@ -210,6 +210,8 @@ class OnlineTask {
   // Keys [k0, k0 + kc) of one key block; `masked` when they take the masks, the causal limit
   // and the window.
   void UpdateKeyBlock(int64_t k0, size_t kc, bool masked);
+  // The head's sink logit (-inf: none; a finite sink is the state's first logit).
+  float Sink() const { return t_.masks.sinks != nullptr ? t_.masks.sinks[h_] : kNegInf; }
   void Record(int64_t t0, Stage stage) const { t_.Record(t0, worker_, stage, n_, h_, blk_); }
 
   const TaskContext& t_;
@@ -282,8 +284,7 @@ void OnlineTask::Run() {
   // With concat_in_q, out_ is the task's Q rows: the strips read them in place only when each
   // strip's scores product comes before anything writes its rows of acc_: one key block
   // (a window's one_block may take several), and no sink (LoadState zeroes acc_ for it).
-  const bool sink = t_.masks.sinks != nullptr && t_.masks.sinks[h_] > kNegInf;
-  LoadQueryRows(one_block && blocks <= 1 && !(init_ && sink));
+  LoadQueryRows(one_block && blocks <= 1 && !(init_ && Sink() > kNegInf));
   LoadState();
   for (int64_t k0 = k_first; k0 < kend; k0 += bk) {
     UpdateKeyBlock(k0, std::min(bk, kend - k0), true);
@@ -334,7 +335,7 @@ void OnlineTask::LoadState() {
   // A sink (finite; -inf is none) is the state's first logit, whose value vector is zero: the
   // recurrence starts at (sink, 1) with acc zeroed, since OnlineSoftmaxUpdate scales acc rather
   // than overwriting it from a finite reference.
-  const float sink = t_.masks.sinks != nullptr ? t_.masks.sinks[h_] : kNegInf;
+  const float sink = Sink();
   const bool has_sink = sink > kNegInf;
   for (size_t r = 0; r < rows_; ++r) {
     float* acc_row = acc_.data + r * acc_.row_stride;

@@ -112,7 +112,7 @@ namespace {
 // Layout of a projection buffer that follows the input's token order when the input is dense in
 // batch-major or sequence-major order (so one GEMM covers all batches), batch-major otherwise.
 TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, ptrdiff_t ld) {
-  if (N > 1 && in.layout.token == N * in.layout.batch && in.tokens == rows_per_batch) {
+  if (in.layout.SequenceMajor(N) && in.tokens == rows_per_batch) {
     return {ld, N * ld};  // sequence-major, like the input
   }
   return {rows_per_batch * ld, ld};
@@ -232,19 +232,20 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   plan.fused = !chunked && aliasing.self_attention && m.qkv_adjacent;
   // Online and unchunked, the attention results overwrite Q (concat_in_q); the key-chunked
   // path rereads Q after writing results, and the full-row path keeps them apart.
-  plan.concat_in_q = online && !chunked;
+  const bool online_unchunked = online && !chunked;
+  plan.concat_in_q = online_unchunked;
   // Row strides: Q's (fused: the qkv buffer's), padded by PaddedRowFloats under the results.
   const size_t q_cols = plan.fused ? E + 2 * kvE : E;
   plan.q_ld = plan.concat_in_q ? PaddedRowFloats(q_cols) : q_cols;
   plan.kv_ld = plan.fused ? plan.q_ld : kvE;
-  // Bytes of one entry's projection buffers and concat (unless over Q), and the entries they
-  // hold: all N, or `threads` groups (batch-major).
+  // Bytes of one entry's projection buffers (the results lie over Q on the online unchunked
+  // path, the only one that groups), and the entries they hold: all N, or `threads` groups
+  // (batch-major).
   const size_t fused_rows = std::max(L, St);
   const size_t entry_bytes =
-      sizeof(float) * ((plan.concat_in_q ? 0 : L * E) +
-                       (plan.fused ? fused_rows * plan.q_ld : L * plan.q_ld + 2 * St * kvE));
+      sizeof(float) * (plan.fused ? fused_rows * plan.q_ld : L * plan.q_ld + 2 * St * kvE);
   plan.batch_group =
-      may_group ? BatchGroupOf(m, sh, aliasing, threads, online && !chunked, entry_bytes) : 0;
+      may_group ? BatchGroupOf(m, sh, aliasing, threads, online_unchunked, entry_bytes) : 0;
   // Grouped: one group per worker (there are at least as many groups as workers).
   const size_t entries = plan.batch_group > 0 ? threads * plan.batch_group : N;
   const int64_t layout_n = plan.batch_group > 0 ? 1 : static_cast<int64_t>(N);

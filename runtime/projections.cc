@@ -18,15 +18,11 @@ GemmJob ProjectionJob(const SeqShape& x, const float* x_data, size_t N, const We
   GemmJob job;
   job.SetWeights(w, out_cols, x.features);
   job.bias = bias;
-  const bool seq_major_all = N > 1 && dst_layout.token == static_cast<ptrdiff_t>(N) * ld &&
-                             x.layout.token == static_cast<ptrdiff_t>(N) * x.layout.batch;
-  const bool batch_major_all =
-      N == 1 || (x.layout.batch == static_cast<ptrdiff_t>(x.tokens) * x.layout.token &&
-                 dst_layout.batch == static_cast<ptrdiff_t>(x.tokens) * dst_layout.token);
-  if (seq_major_all) {
+  const int64_t n = static_cast<int64_t>(N);
+  if (x.layout.SequenceMajor(n) && dst_layout.SequenceMajor(n)) {
     job.a = {x_data, x.tokens * N, static_cast<size_t>(x.features), x.layout.batch, 1};
     job.c = {dst, x.tokens * N, out_cols, ld, 1};
-  } else if (batch_major_all) {
+  } else if (x.layout.BatchMajor(n, x.tokens) && dst_layout.BatchMajor(n, x.tokens)) {
     job.a = {x_data, x.tokens * N, static_cast<size_t>(x.features), x.layout.token, 1};
     job.c = {dst, x.tokens * N, out_cols, dst_layout.token, 1};
   } else {
@@ -125,20 +121,12 @@ GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat_in,
   job.SetWeights(m.w_o, m.E, m.E);
   job.bias = m.b_o;
   job.stage = Stage::kOutProjection;
-  // The N entries' rows as one matrix when concat and out order them alike: sequence-major
-  // (row stride = the batch stride) or batch-major (row stride = the token stride).
-  const bool concat_seq_major =
-      N > 1 && concat_layout.token == static_cast<ptrdiff_t>(N) * concat_layout.batch;
-  const bool concat_batch_major =
-      N == 1 || concat_layout.batch == static_cast<ptrdiff_t>(L) * concat_layout.token;
-  const bool out_seq_major =
-      N > 1 && out_layout.token == static_cast<ptrdiff_t>(N) * out_layout.batch;
-  const bool out_batch_major =
-      N == 1 || out_layout.batch == static_cast<ptrdiff_t>(L) * out_layout.token;
-  if (concat_seq_major && out_seq_major) {
+  // The N entries' rows as one matrix when concat and out order them alike.
+  const int64_t n = static_cast<int64_t>(N), l = static_cast<int64_t>(L);
+  if (concat_layout.SequenceMajor(n) && out_layout.SequenceMajor(n)) {
     job.a = {concat, N * L, static_cast<size_t>(m.E), concat_layout.batch, 1};
     job.c = {out, N * L, static_cast<size_t>(m.E), out_layout.batch, 1};
-  } else if (concat_batch_major && out_batch_major) {
+  } else if (concat_layout.BatchMajor(n, l) && out_layout.BatchMajor(n, l)) {
     job.a = {concat, N * L, static_cast<size_t>(m.E), concat_layout.token, 1};
     job.c = {out, N * L, static_cast<size_t>(m.E), out_layout.token, 1};
   } else {

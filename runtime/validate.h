@@ -22,6 +22,13 @@ std::string Str(int64_t v);
 struct TokenLayout {
   ptrdiff_t batch = 0;
   ptrdiff_t token = 0;
+
+  // Whether the rows of n > 1 entries interleave token by token (sequence-major: token t of
+  // every entry, then t + 1), so that they form one matrix of row stride `batch`.
+  bool SequenceMajor(int64_t n) const { return n > 1 && token == n * batch; }
+  // Whether the rows of n entries of `tokens` tokens follow entry by entry (batch-major; any
+  // layout when n is 1), so that they form one matrix of row stride `token`.
+  bool BatchMajor(int64_t n, int64_t tokens) const { return n == 1 || batch == tokens * token; }
 };
 
 // A validated input sequence: N batches of `tokens` tokens of `features` floats each, at
