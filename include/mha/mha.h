@@ -229,6 +229,24 @@ typedef enum mha_rope {
   MHA_ROPE_GPTJ = 2  /* pairs (x_{2i}, x_{2i+1}): GPT-J rotate_every_two */
 } mha_rope;
 
+/* mha_layer_config.rope_scaling (mha::RopeScaling; README "RoPE scaling"). */
+typedef enum mha_rope_scaling {
+  MHA_ROPE_SCALING_NONE = 0,
+  MHA_ROPE_SCALING_LINEAR = 1,
+  MHA_ROPE_SCALING_DYNAMIC = 2,
+  MHA_ROPE_SCALING_LLAMA3 = 3,
+  MHA_ROPE_SCALING_YARN = 4,
+  MHA_ROPE_SCALING_LONGROPE = 5
+} mha_rope_scaling;
+
+/* mha_layer_config.bias_projections: a mask of the biased projections. */
+enum {
+  MHA_BIAS_Q = 1,
+  MHA_BIAS_K = 2,
+  MHA_BIAS_V = 4,
+  MHA_BIAS_OUT = 8
+};
+
 /* Fields as mha::AttentionConfig; booleans are 0/1. A zero-initialized config is PyTorch's
  * defaults (with biases), as mha_layer_config_init gives; embed_dim and num_heads must be set.
  * ABI note: `no_bias` replaced `int32_t bias` (1 = biases) in 0.1.x so that 0 means the
@@ -272,6 +290,18 @@ typedef struct mha_layer_config {
   float qk_norm_eps;     /* 0 = 1e-6 */
   int32_t qk_norm_whole; /* 1: q/k norm weights [E] / [kvE] over the whole projection (OLMo 2) */
   int32_t compute;       /* an mha_compute: MHA_COMPUTE_F32 (0, the default) or MHA_COMPUTE_BF16 */
+  /* 0.3.0 (mha::AttentionConfig's fields of the same names): */
+  int64_t head_dim;           /* 0 = E / H; else A = H * head_dim may differ from E */
+  uint32_t bias_projections;  /* 0: no_bias decides; else a mask of MHA_BIAS_* */
+  int32_t rope_scaling;       /* an mha_rope_scaling */
+  float rope_factor;
+  int64_t rope_original_max_positions;
+  float rope_low_freq_factor;
+  float rope_high_freq_factor;
+  float rope_beta_fast;        /* 0 = 32 */
+  float rope_beta_slow;        /* 0 = 1 */
+  float rope_attention_factor; /* 0 = the scaling type's default */
+  int32_t rope_no_truncate;    /* yarn: 1 keeps the correction range unrounded */
 } mha_layer_config;
 
 /* Row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads * head_dim. Give
@@ -297,6 +327,13 @@ typedef struct mha_layer_weights {
   const float* alibi_slopes;  /* [H] (needs config alibi) */
   const float* q_norm_weight; /* [head_dim], or [E] with qk_norm_whole */
   const float* k_norm_weight; /* [head_dim], or [kvE] with qk_norm_whole */
+  /* 0.3.0: separate biases instead of in_proj_bias ([A], [kvE], [kvE]), longrope factors
+   * ([rotary_dim / 2]). */
+  const float* q_proj_bias;
+  const float* k_proj_bias;
+  const float* v_proj_bias;
+  const float* rope_short_factor;
+  const float* rope_long_factor;
 } mha_layer_weights;
 
 /* Options for mha_layer_create_from_safetensors: what the file cannot tell. Zero-initialized =
@@ -352,6 +389,33 @@ MHA_API mha_status mha_layer_create(const mha_layer_config* config,
 MHA_API mha_status mha_layer_create_from_safetensors(const char* path, const char* prefix,
                                                      const mha_load_options* options,
                                                      mha_layer** out);
+
+/* Options of mha_layer_create_from_hf (mha::HfOptions); zero-initialized = the defaults. */
+typedef struct mha_hf_options {
+  int32_t weight_dtype;   /* an mha_dtype for the layer's matrices: F32 (0), BF16, F16 */
+  int32_t compute;        /* an mha_compute */
+  int32_t prepack;        /* an mha_prepack */
+  int32_t view;           /* 1: view the mapped checkpoint (mha::WeightBinding::kView) where a
+                             tensor is usable as stored; 0: copy (the default) */
+  int32_t sequence_first; /* 1: inputs [L, N, hidden]; 0: batch first [N, L, hidden] */
+  const char* prefix;     /* non-NULL, non-empty: the attention module by state_dict prefix */
+} mha_hf_options;
+
+/* What mha_layer_create_from_hf found (mha::HfLayerInfo). */
+typedef struct mha_hf_layer_info {
+  char model_type[64];
+  char prefix[256];
+  int64_t hidden_size;
+  int32_t causal;          /* 1: run with causal = 1 (decoder self-attention) */
+  int32_t cross_attention; /* 1: keys and values from another sequence */
+} mha_hf_layer_info;
+
+/* Loads layer `layer_index`'s attention from a Hugging Face checkpoint folder (config.json and
+ * model.safetensors or a sharded index), as mha::MultiheadAttention::CreateFromHuggingFace.
+ * `options` may be NULL (defaults), `info` may be NULL. */
+MHA_API mha_status mha_layer_create_from_hf(const char* dir, int64_t layer_index,
+                                            const mha_hf_options* options, mha_layer** out,
+                                            mha_hf_layer_info* info);
 
 /* Accepts NULL. No forward on the layer may be running. */
 MHA_API void mha_layer_destroy(mha_layer* layer);

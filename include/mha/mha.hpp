@@ -139,6 +139,28 @@ enum class RopeStyle : int {
   kGptj = 2,  // pairs (x_{2i}, x_{2i+1}): GPT-J rotate_every_two (and Meta's Llama checkpoints)
 };
 
+// How RoPE's frequencies are scaled for long contexts (README "RoPE scaling" gives each formula;
+// they follow transformers' modeling_rope_utils.py). kDynamic and kLongRope depend on the
+// sequence length, seq_len = the call's largest position + 1 (a forward's, or a decode step's:
+// cached keys keep the rotation they were stored with, as transformers' cache does).
+enum class RopeScaling : int {
+  kNone = 0,
+  kLinear = 1,    // positions divided by rope_factor (the same as rope_scale)
+  kDynamic = 2,   // NTK-aware: base scaled once seq_len > rope_original_max_positions
+  kLlama3 = 3,    // Llama 3.1: low frequencies divided by rope_factor, a smooth band between
+  kYarn = 4,      // YaRN: per-frequency blend of interpolation and extrapolation, cos/sin scaled
+  kLongRope = 5,  // Phi-3: per-frequency short/long factors (AttentionWeights), cos/sin scaled
+};
+
+// Projections that add a bias (AttentionConfig::bias_projections).
+enum ProjectionBias : uint32_t {
+  kBiasQ = 1,
+  kBiasK = 2,
+  kBiasV = 4,
+  kBiasOut = 8,
+  kBiasAll = 15,
+};
+
 // Arithmetic of the layer's matrix products (README "bf16 compute").
 enum class Compute : int {
   kF32 = 0,   // f32 products (16-bit weights widened exactly): the results stated above
@@ -156,7 +178,7 @@ enum class Compute : int {
 
 struct AttentionConfig {
   int64_t embed_dim = 0;     // E: model width, output width
-  int64_t num_heads = 0;     // H: E % H == 0, head_dim = E / H
+  int64_t num_heads = 0;     // H: E % H == 0 when head_dim is 0 (then head_dim = E / H)
   int64_t num_kv_heads = 0;  // grouped-query attention: H % num_kv_heads == 0; 0 = num_heads
   int64_t q_dim = 0;         // query input features; 0 = E (nn.MultiheadAttention requires E)
   int64_t kdim = 0;          // key input features; 0 = E
@@ -198,6 +220,25 @@ struct AttentionConfig {
   // QK-norm weights span the whole projection ([E] for q, [kvE] for k, one RMS per token: OLMo
   // 2) instead of one head ([head_dim], one RMS per token and head: Qwen3, Gemma 3).
   bool qk_norm_whole = false;
+
+  // Per-head width; 0 = embed_dim / num_heads. The attention width A = num_heads * head_dim
+  // may differ from embed_dim (Gemma, Qwen3, gpt-oss): q_proj [A, q_dim], k/v_proj [kvH *
+  // head_dim, kdim / vdim], out_proj [E, A]; q_dim, kdim and vdim still default to E.
+  int64_t head_dim = 0;
+  // 0: `bias` decides (all four projections or none). Else the biased projections, a mask of
+  // ProjectionBias (Qwen2: q | k | v; Whisper: q | v | out), and `bias` is ignored.
+  uint32_t bias_projections = 0;
+
+  // RoPE scaling (see RopeScaling; 0 in a field = that type's default, as in transformers).
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  float rope_factor = 0.0f;                  // the scaling factor (linear, dynamic, llama3, yarn)
+  int64_t rope_original_max_positions = 0;   // original_max_position_embeddings
+  float rope_low_freq_factor = 0.0f;         // llama3
+  float rope_high_freq_factor = 0.0f;        // llama3
+  float rope_beta_fast = 0.0f;               // yarn; 0 = 32
+  float rope_beta_slow = 0.0f;               // yarn; 0 = 1
+  float rope_attention_factor = 0.0f;        // yarn, longrope: cos and sin scaled; 0 = default
+  bool rope_no_truncate = false;             // yarn: keep the correction range unrounded
 };
 
 // Weights in nn.Linear layout ([out_features, in_features], row-major). kvE = num_kv_heads *
@@ -226,6 +267,13 @@ struct AttentionWeights {
   const float* alibi_slopes = nullptr;   // [H]: ALiBi slopes (needs config.alibi)
   const float* q_norm_weight = nullptr;  // [head_dim] ([E] with qk_norm_whole): QK-norm of q
   const float* k_norm_weight = nullptr;  // [head_dim] ([kvE] with qk_norm_whole): of k
+  // Separate biases ([A], [kvE], [kvE]) instead of in_proj_bias, when the weights are separate.
+  const float* q_proj_bias = nullptr;
+  const float* k_proj_bias = nullptr;
+  const float* v_proj_bias = nullptr;
+  // RopeScaling::kLongRope: [rotary_dim / 2] per-frequency factors (copied).
+  const float* rope_short_factor = nullptr;
+  const float* rope_long_factor = nullptr;
 };
 
 enum class WeightBinding : int {
@@ -316,6 +364,29 @@ struct LoadOptions {
   bool qk_norm_add_one = false;
 };
 
+// Options of CreateFromHuggingFace: what the checkpoint does not decide.
+struct HfOptions {
+  DType weight_dtype = DType::kF32;  // storage of the layer's matrices (kF32, kBF16, kF16)
+  Compute compute = Compute::kF32;
+  WeightPrepack prepack = WeightPrepack::kOn;
+  // kView: the layer views the mapped checkpoint (and keeps it mapped) where a stored tensor is
+  // usable as it is; kCopy copies (16-bit tensors of weight_dtype are never widened to f32).
+  WeightBinding binding = WeightBinding::kCopy;
+  bool batch_first = true;  // inputs [N, L, hidden]
+  // Non-empty: the attention module by its state_dict prefix, with its trailing dot (e.g.
+  // "model.decoder.layers.0.encoder_attn."), instead of layer_index's self-attention.
+  std::string prefix;
+};
+
+// What CreateFromHuggingFace found.
+struct HfLayerInfo {
+  std::string model_type;        // config.json's model_type
+  std::string prefix;            // the state_dict prefix of the module read
+  int64_t hidden_size = 0;       // input and output width
+  bool causal = false;           // decoder self-attention: run with AttentionInputs::causal
+  bool cross_attention = false;  // keys and values from another sequence (Whisper encoder_attn)
+};
+
 class MHA_API MultiheadAttention {
  public:
   static Status Create(const AttentionConfig& config, const AttentionWeights& weights,
@@ -331,6 +402,17 @@ class MHA_API MultiheadAttention {
   static Status CreateFromSafeTensors(const std::string& path, const std::string& prefix,
                                       const LoadOptions& options,
                                       std::unique_ptr<MultiheadAttention>* out);
+  // Loads the attention of layer `layer_index` (its self-attention; the decoder's in an
+  // encoder-decoder model) from a Hugging Face checkpoint folder as transformers writes it:
+  // config.json and model.safetensors, or shards named by model.safetensors.index.json. Every
+  // setting comes from config.json (README "Hugging Face checkpoints" lists the families);
+  // only the layer's tensors are read. Errors: IoError (a file cannot be read), FormatError
+  // (malformed config or checkpoint, tensors that disagree with the config), Unsupported (a
+  // model_type or setting mha cannot honour, named), InvalidArgument (arguments).
+  static Status CreateFromHuggingFace(const std::string& dir, int64_t layer_index,
+                                      const HfOptions& options,
+                                      std::unique_ptr<MultiheadAttention>* out,
+                                      HfLayerInfo* info = nullptr);
   ~MultiheadAttention();
   MultiheadAttention(const MultiheadAttention&) = delete;
   MultiheadAttention& operator=(const MultiheadAttention&) = delete;
