@@ -266,7 +266,8 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   const std::pair<int64_t, const char*> dims[] = {{c.num_kv_heads, "config->num_kv_heads"},
                                                    {c.q_dim, "config->q_dim"},
                                                    {c.kdim, "config->kdim"},
-                                                   {c.vdim, "config->vdim"}};
+                                                   {c.vdim, "config->vdim"},
+                                                   {c.head_dim, "config->head_dim"}};
   for (const auto& d : dims) {
     if (d.first < 0) {
       return InvalidArgument(std::string(d.second) + ": expected >= 0 (0 = default), got " +
@@ -279,7 +280,9 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   out->q_dim = c.q_dim;
   out->kdim = c.kdim;
   out->vdim = c.vdim;
+  out->head_dim = c.head_dim;
   out->bias = c.no_bias == 0;
+  out->bias_projections = c.bias_projections;
   out->add_bias_kv = c.add_bias_kv != 0;
   out->add_zero_attn = c.add_zero_attn != 0;
   out->batch_first = c.batch_first != 0;
@@ -419,6 +422,9 @@ mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weig
     w.alibi_slopes = weights->alibi_slopes;
     w.q_norm_weight = weights->q_norm_weight;
     w.k_norm_weight = weights->k_norm_weight;
+    w.q_proj_bias = weights->q_proj_bias;
+    w.k_proj_bias = weights->k_proj_bias;
+    w.v_proj_bias = weights->v_proj_bias;
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::Create(c, w, static_cast<mha::WeightBinding>(b), &handle->impl);
     if (!s.ok()) return s;
@@ -486,7 +492,9 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.q_dim = c.q_dim;
     r.kdim = c.kdim;
     r.vdim = c.vdim;
+    r.head_dim = c.head_dim;
     r.no_bias = c.bias ? 0 : 1;
+    r.bias_projections = c.bias_projections;
     r.add_bias_kv = c.add_bias_kv ? 1 : 0;
     r.add_zero_attn = c.add_zero_attn ? 1 : 0;
     r.batch_first = c.batch_first ? 1 : 0;

@@ -203,7 +203,7 @@ size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasi
   const size_t E = m.E, kvE = m.kvE;
   const bool prepacked =
       MultipliesPrepacked(m.w_q, L, m.qd, E) && MultipliesPrepacked(m.w_k, St, m.kd, kvE) &&
-      MultipliesPrepacked(m.w_v, St, m.vd, kvE) && MultipliesPrepacked(m.w_o, L, E, E);
+      MultipliesPrepacked(m.w_v, St, m.vd, kvE) && MultipliesPrepacked(m.w_o, L, E, m.D);
   return prepacked ? group : 0;
 }
 
@@ -228,7 +228,8 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   plan.path = chunked  ? ForwardPath::kKeyChunked
               : online ? ForwardPath::kOnline
                        : ForwardPath::kFullRows;
-  plan.acc_in_output = chunked && aliasing.out_private;
+  // The running sums are [tokens_q, E]: they fit the output's rows when D == E.
+  plan.acc_in_output = chunked && aliasing.out_private && m.D == m.E;
   plan.fused = !chunked && aliasing.self_attention && m.qkv_adjacent;
   // Online and unchunked, the attention results overwrite Q (concat_in_q); the key-chunked
   // path rereads Q after writing results, and the full-row path keeps them apart.

@@ -59,9 +59,9 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
     for (int64_t h = 0; h < H; ++h) {
       kernels::OnlineSoftmaxFinish(a + h * hd, rows, hd, E, row_sum + (n * H + h) * L + r0);
     }
-    const MatrixView c{out, rows, static_cast<size_t>(E), sh.out_layout.token, 1};
+    const MatrixView c{out, rows, static_cast<size_t>(m.D), sh.out_layout.token, 1};
     MultiplyWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, m.w_o,
-                    static_cast<size_t>(E), m.b_o, c, gemm_scratch);
+                    static_cast<size_t>(m.D), m.b_o, c, gemm_scratch);
   });
 }
 

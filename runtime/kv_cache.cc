@@ -585,7 +585,7 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
     if (!s.ok()) return s;
   }
   if (forward) {
-    s = ValidateBatchFirstSeq(*output, op, "output", N, T, m.E, &out);
+    s = ValidateBatchFirstSeq(*output, op, "output", N, T, m.D, &out);
     if (!s.ok()) return s;
   }
   // Lengths after the append, and the first query position of each entry.
@@ -701,7 +701,8 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
   if (counts != nullptr) {
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t i = counts[n]; i < T; ++i) {
-        std::memset(out.data + n * out.batch_stride + i * out.token_stride, 0, E * sizeof(float));
+        std::memset(out.data + n * out.batch_stride + i * out.token_stride, 0,
+                    m.D * sizeof(float));
       }
     }
   }

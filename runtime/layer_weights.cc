@@ -51,38 +51,60 @@ constexpr const char* kOp = "MultiheadAttention::Create: ";
 Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWeights& m) {
   const char* op = kOp;
   m.config = config;
-  m.E = config.embed_dim;
+  m.D = config.embed_dim;
   m.H = config.num_heads;
-  if (m.E <= 0)
-    return InvalidArgument(std::string(op) + "embed_dim: expected > 0, got " + Str(m.E));
+  if (m.D <= 0)
+    return InvalidArgument(std::string(op) + "embed_dim: expected > 0, got " + Str(m.D));
   if (m.H <= 0)
     return InvalidArgument(std::string(op) + "num_heads: expected > 0, got " + Str(m.H));
-  if (m.E % m.H != 0) {
+  if (config.head_dim < 0) {
+    return InvalidArgument(std::string(op) + "head_dim: expected > 0 (or 0 for embed_dim / " +
+                           "num_heads), got " + Str(config.head_dim));
+  }
+  if (config.head_dim == 0 && m.D % m.H != 0) {
     return InvalidArgument(std::string(op) + "embed_dim: expected a multiple of num_heads (" +
-                           Str(m.H) + "), got " + Str(m.E));
+                           Str(m.H) + "), got " + Str(m.D) + " (or a nonzero head_dim)");
   }
   m.KVH = config.num_kv_heads == 0 ? m.H : config.num_kv_heads;
   if (m.KVH <= 0 || m.H % m.KVH != 0) {
     return InvalidArgument(std::string(op) + "num_kv_heads: expected a divisor of num_heads (" +
                            Str(m.H) + ") or 0, got " + Str(config.num_kv_heads));
   }
-  m.hd = m.E / m.H;
-  m.kvE = m.KVH * m.hd;
-  m.qd = config.q_dim == 0 ? m.E : config.q_dim;
-  m.kd = config.kdim == 0 ? m.E : config.kdim;
-  m.vd = config.vdim == 0 ? m.E : config.vdim;
   // Dimensions are bounded so that every size product below fits comfortably in 64 bits.
   constexpr int64_t kMaxDim = int64_t{1} << 24;
+  if (config.head_dim > kMaxDim || m.H > kMaxDim) {
+    return InvalidArgument(std::string(op) + "head_dim, num_heads: expected each 1.." +
+                           Str(kMaxDim) + ", got " + Str(config.head_dim) + ", " + Str(m.H));
+  }
+  m.hd = config.head_dim == 0 ? m.D / m.H : config.head_dim;
+  m.E = m.H * m.hd;
+  m.kvE = m.KVH * m.hd;
+  m.qd = config.q_dim == 0 ? m.D : config.q_dim;
+  m.kd = config.kdim == 0 ? m.D : config.kdim;
+  m.vd = config.vdim == 0 ? m.D : config.vdim;
   const struct {
     const char* name;
     int64_t v;
-  } dims[] = {{"embed_dim", m.E}, {"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}};
+  } dims[] = {{"embed_dim", m.D},
+              {"num_heads * head_dim", m.E},
+              {"q_dim", m.qd},
+              {"kdim", m.kd},
+              {"vdim", m.vd}};
   for (const auto& d : dims) {
     if (d.v <= 0 || d.v > kMaxDim) {
       return InvalidArgument(std::string(op) + d.name + ": expected 1.." + Str(kMaxDim) +
                              " (or 0 for embed_dim), got " + Str(d.v));
     }
   }
+  if (config.bias_projections > kBiasAll) {
+    return InvalidArgument(std::string(op) +
+                           "bias_projections: expected 0 or a mask of kBiasQ | kBiasK | kBiasV | "
+                           "kBiasOut (<= 15), got " +
+                           Str(config.bias_projections));
+  }
+  m.biases = config.bias_projections != 0 ? config.bias_projections
+             : config.bias               ? static_cast<uint32_t>(kBiasAll)
+                                         : 0u;
   if (!(config.scale >= 0.0f) || std::isinf(config.scale)) {
     return InvalidArgument(std::string(op) +
                            "scale: expected a finite value >= 0 (0 = default), got " +
@@ -90,6 +112,7 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
   }
   m.scale = config.scale > 0 ? config.scale : 1.0f / std::sqrt(static_cast<float>(m.hd));
   m.config.num_kv_heads = m.KVH;
+  m.config.head_dim = m.hd;
   m.config.q_dim = m.qd;
   m.config.kdim = m.kd;
   m.config.vdim = m.vd;
@@ -151,19 +174,58 @@ Status CheckWeightArrays(const LayerWeights& m, const AttentionWeights& w) {
                            "qkv_layout: kPerHead applies to a packed in_proj_weight only");
   }
   if (w.out_proj_weight == nullptr) {
-    return InvalidArgument(std::string(op) + "out_proj_weight: expected [E, E] weights, got null");
-  }
-  if (config.bias && (w.in_proj_bias == nullptr || w.out_proj_bias == nullptr)) {
     return InvalidArgument(std::string(op) +
-                           "bias is true: expected in_proj_bias [E + 2 kvE] and "
-                           "out_proj_bias [E], got " +
-                           (w.in_proj_bias    ? "in_proj_bias only"
-                            : w.out_proj_bias ? "out_proj_bias only"
-                                              : "neither"));
+                           "out_proj_weight: expected [embed_dim, num_heads * head_dim] weights, "
+                           "got null");
   }
-  if (!config.bias && (w.in_proj_bias != nullptr || w.out_proj_bias != nullptr)) {
+  if ((w.q_proj_bias || w.k_proj_bias || w.v_proj_bias) && packed &&
+      w.qkv_layout == QkvLayout::kPerHead) {
     return InvalidArgument(std::string(op) +
-                           "bias is false: expected no in_proj_bias/out_proj_bias");
+                           "q/k/v_proj_bias: a kPerHead in_proj_weight takes its bias as "
+                           "in_proj_bias in the same layout");
+  }
+  const bool separate_bias = w.q_proj_bias || w.k_proj_bias || w.v_proj_bias;
+  if (config.bias_projections == 0 && !separate_bias) {
+    if (config.bias && (w.in_proj_bias == nullptr || w.out_proj_bias == nullptr)) {
+      return InvalidArgument(std::string(op) +
+                             "bias is true: expected in_proj_bias [E + 2 kvE] and "
+                             "out_proj_bias [E], got " +
+                             (w.in_proj_bias    ? "in_proj_bias only"
+                              : w.out_proj_bias ? "out_proj_bias only"
+                                                : "neither"));
+    }
+    if (!config.bias && (w.in_proj_bias != nullptr || w.out_proj_bias != nullptr)) {
+      return InvalidArgument(std::string(op) +
+                             "bias is false: expected no in_proj_bias/out_proj_bias");
+    }
+  } else {
+    // Per-projection biases: each given exactly when its projection is biased.
+    if (w.in_proj_bias != nullptr && separate_bias) {
+      return InvalidArgument(std::string(op) +
+                             "weights: expected either in_proj_bias or q/k/v_proj_bias, got both");
+    }
+    const uint32_t qkv = kBiasQ | kBiasK | kBiasV;
+    if (w.in_proj_bias != nullptr && (m.biases & qkv) != qkv) {
+      return InvalidArgument(std::string(op) +
+                             "in_proj_bias: biases q, k and v together, but bias_projections (" +
+                             Str(m.biases) + ") leaves some unbiased: give q/k/v_proj_bias");
+    }
+    const struct {
+      const char* name;
+      uint32_t bit;
+      const float* given;
+    } biases[] = {{"q_proj_bias", kBiasQ, w.in_proj_bias ? w.in_proj_bias : w.q_proj_bias},
+                  {"k_proj_bias", kBiasK, w.in_proj_bias ? w.in_proj_bias : w.k_proj_bias},
+                  {"v_proj_bias", kBiasV, w.in_proj_bias ? w.in_proj_bias : w.v_proj_bias},
+                  {"out_proj_bias", kBiasOut, w.out_proj_bias}};
+    for (const auto& b : biases) {
+      const bool want = (m.biases & b.bit) != 0;
+      if (want != (b.given != nullptr)) {
+        return InvalidArgument(std::string(op) + b.name + ": expected " +
+                               (want ? "a bias" : "none") + " (bias_projections " +
+                               Str(m.biases) + "), got " + (want ? "null" : "a bias"));
+      }
+    }
   }
   if (config.add_bias_kv && (w.bias_k == nullptr || w.bias_v == nullptr)) {
     return InvalidArgument(std::string(op) + "add_bias_kv: expected bias_k and bias_v [kvE]");
@@ -349,7 +411,7 @@ void OwnBiases(LayerWeights& m) {
   const int64_t E = m.E, kvE = m.kvE;
   m.owned_biases.resize(static_cast<size_t>((m.b_q != nullptr ? E + 2 * kvE : 0) +
                                             (m.bias_k != nullptr ? 2 * kvE : 0) +
-                                            (m.b_o != nullptr ? E : 0)));
+                                            (m.b_o != nullptr ? m.D : 0)));
   float* p = m.owned_biases.data();
   auto take = [&p](const float* src, int64_t n) {
     std::memcpy(p, src, static_cast<size_t>(n) * sizeof(float));
@@ -366,7 +428,7 @@ void OwnBiases(LayerWeights& m) {
     m.bias_k = take(m.bias_k, kvE);
     m.bias_v = take(m.bias_v, kvE);
   }
-  if (m.b_o != nullptr) m.b_o = take(m.b_o, E);
+  if (m.b_o != nullptr) m.b_o = take(m.b_o, m.D);
 }
 
 // Binds owned copies in the storage dtype, reordering the per-head packed layout.
@@ -378,11 +440,12 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   // Owned copies in the storage dtype: the weights [w_q | w_k | w_v | w_o] (w_q..w_v adjacent
   // rows of one packed matrix when the input dims agree) in `owned` (f32) or `owned16`
   // (16-bit); the biases [in_proj | bias_kv | out_proj] in `owned_biases`.
-  const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd, n_wo = m.E * m.E;
+  const size_t n_wq = m.E * m.qd, n_wk = m.kvE * m.kd, n_wv = m.kvE * m.vd, n_wo = m.D * m.E;
   const size_t n_w = n_wq + n_wk + n_wv + n_wo;
-  const size_t n_b = config.bias ? qkv_rows : 0;
+  const bool qkv_bias = w.in_proj_bias != nullptr, out_bias = w.out_proj_bias != nullptr;
+  const size_t n_b = qkv_bias ? qkv_rows : 0;
   const size_t n_bkv = config.add_bias_kv ? 2 * m.kvE : 0;
-  const size_t n_bo = config.bias ? m.E : 0;
+  const size_t n_bo = out_bias ? m.D : 0;
   const bool f32 = st == DType::kF32;
   if (f32) {
     m.owned.resize(n_w);
@@ -410,18 +473,18 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
           const int64_t src = (h * 3 + part) * m.hd + d;
           const int64_t dst = part * m.E + h * m.hd + d;
           ConvertElements(src_w + src * m.qd * src_eb, w.dtype, wq + dst * m.qd * eb, st, m.qd);
-          if (config.bias) bias[dst] = w.in_proj_bias[src];
+          if (qkv_bias) bias[dst] = w.in_proj_bias[src];
         }
       }
     }
   } else if (packed) {
     ConvertElements(w.in_proj_weight, w.dtype, wq, st, qkv_rows * m.qd);
-    if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
+    if (qkv_bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
   } else {
     ConvertElements(w.q_proj_weight, w.dtype, wq, st, n_wq);
     ConvertElements(w.k_proj_weight, w.dtype, wk, st, n_wk);
     ConvertElements(w.v_proj_weight, w.dtype, wv, st, n_wv);
-    if (config.bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
+    if (qkv_bias) std::memcpy(bias, w.in_proj_bias, qkv_rows * sizeof(float));
   }
   if (config.add_bias_kv) {
     std::memcpy(bkv, w.bias_k, m.kvE * sizeof(float));
@@ -430,34 +493,48 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
     m.bias_v = bkv + m.kvE;
   }
   ConvertElements(w.out_proj_weight, w.dtype, wo, st, n_wo);
-  if (config.bias) std::memcpy(bo, w.out_proj_bias, m.E * sizeof(float));
+  if (out_bias) std::memcpy(bo, w.out_proj_bias, m.D * sizeof(float));
   m.w_q = {wq, st};
   m.w_k = {wk, st};
   m.w_v = {wv, st};
   // The three weights are adjacent rows of one [E + 2 kvE, in] matrix when the dims agree.
   m.qkv_adjacent = m.qd == m.kd && m.qd == m.vd;
   if (m.qkv_adjacent) m.w_packed = m.w_q;
-  if (config.bias) {
+  if (qkv_bias) {
     m.b_packed = bias;
     m.b_q = bias;
     m.b_k = bias + m.E;
     m.b_v = bias + m.E + m.kvE;
   }
   m.w_o = {wo, st};
-  m.b_o = config.bias ? bo : nullptr;
+  m.b_o = out_bias ? bo : nullptr;
 }
 
 }  // namespace
 
-Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w,
+Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& weights,
                         WeightBinding binding, LayerWeights* out) {
   LayerWeights& m = *out;
-  Status s = ResolveConfig(config, w.dtype, m);
+  Status s = ResolveConfig(config, weights.dtype, m);
   if (!s.ok()) return s;
-  s = CheckWeightArrays(m, w);
+  s = CheckWeightArrays(m, weights);
   if (!s.ok()) return s;
-  s = ResolveVariants(config, w, m);
+  s = ResolveVariants(config, weights, m);
   if (!s.ok()) return s;
+  // Separate q/k/v biases are gathered into one [E + 2 kvE] array in q, k, v order (zeros for
+  // an unbiased projection, whose pointer is nulled below), which every later step reads as it
+  // reads an in_proj_bias.
+  AttentionWeights w = weights;
+  if (w.q_proj_bias || w.k_proj_bias || w.v_proj_bias) {
+    m.qkv_bias.assign(static_cast<size_t>(m.E + 2 * m.kvE), 0.0f);
+    const float* parts[3] = {w.q_proj_bias, w.k_proj_bias, w.v_proj_bias};
+    const int64_t offsets[3] = {0, m.E, m.E + m.kvE}, sizes[3] = {m.E, m.kvE, m.kvE};
+    for (int i = 0; i < 3; ++i) {
+      if (parts[i] != nullptr) std::copy_n(parts[i], sizes[i], m.qkv_bias.data() + offsets[i]);
+    }
+    w.in_proj_bias = m.qkv_bias.data();
+    w.q_proj_bias = w.k_proj_bias = w.v_proj_bias = nullptr;
+  }
   const DType st = config.weight_dtype;
   // Copies are made when asked for, and always for the per-head packed layout, which is
   // reordered into PyTorch's (q, k, v) row order once here so every later path is the same.
@@ -480,8 +557,11 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
   } else {
     BindViews(w, m);
   }
-  if (!config.bias) m.b_packed = nullptr;
   if (pack_from_caller) OwnBiases(m);
+  // An unbiased q, k or v reads no bias; a fused product reads b_packed's zeros for it.
+  if ((m.biases & kBiasQ) == 0) m.b_q = nullptr;
+  if ((m.biases & kBiasK) == 0) m.b_k = nullptr;
+  if ((m.biases & kBiasV) == 0) m.b_v = nullptr;
   m.Prepack();
   if (copy) m.KeepOnlyPackings();
   return Status::Ok();
@@ -500,7 +580,7 @@ void PackBf16(LayerWeights* m) {
   // w^T [in, out] of each matrix packed, one after the other (each a multiple of 32 elements:
   // 64-byte aligned after the first).
   WeightMatrix* mats[4] = {&m->w_packed, &m->w_o, &m->w_k, &m->w_v};
-  int64_t ins[4] = {m->qd, m->E, m->kd, m->vd}, outs[4] = {qkv, m->E, m->kvE, m->kvE};
+  int64_t ins[4] = {m->qd, m->E, m->kd, m->vd}, outs[4] = {qkv, m->D, m->kvE, m->kvE};
   if (!fused) {
     mats[0] = &m->w_q;
     outs[0] = m->E;
@@ -547,7 +627,7 @@ void LayerWeights::Prepack() {
   }
   // w^T [in, out] of each matrix, one after the other (PackedBFloats keeps each 64-byte aligned).
   WeightMatrix* const mats[4] = {&w_q, &w_k, &w_v, &w_o};
-  const int64_t ins[4] = {qd, kd, vd, E}, outs[4] = {E, kvE, kvE, E};
+  const int64_t ins[4] = {qd, kd, vd, E}, outs[4] = {E, kvE, kvE, D};
   const bool strassen = config.prepack == WeightPrepack::kStrassen;
   size_t floats = 0, strassen_floats = 0, tmp_floats = 0;
   for (int i = 0; i < 4; ++i) {

@@ -34,11 +34,14 @@ struct LayerVariants {
   bool qk_transform() const { return rope != RopeStyle::kNone || !q_norm.empty(); }
 };
 
-// Dimensions: E = embed_dim, H heads, KVH key/value heads, hd = E / H, kvE = KVH * hd; qd, kd,
-// vd the input features of query, key, value (resolved: never 0).
+// Dimensions: D = embed_dim (the output's features), H heads, KVH key/value heads, hd the head
+// width (config.head_dim, or D / H), E = H * hd the attention width (q's and the attention
+// results' features: D unless head_dim says otherwise), kvE = KVH * hd; qd, kd, vd the input
+// features of query, key, value (resolved: never 0).
 struct LayerWeights {
   AttentionConfig config;
-  int64_t E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
+  int64_t D = 0, E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
+  uint32_t biases = 0;  // resolved ProjectionBias mask: which projections add a bias
   float scale = 1.0f;  // resolved score scale
   // Weights in nn.Linear layout ([out, in], row-major, config.weight_dtype): the caller's
   // arrays (kView) or owned copies (kCopy, and always for the per-head packed layout,
@@ -48,6 +51,8 @@ struct LayerWeights {
   std::vector<float> owned;
   std::vector<uint16_t> owned16;
   std::vector<float> owned_biases;
+  // Separate q/k/v biases gathered as one [E + 2 kvE] array (zeros for an unbiased part).
+  std::vector<float> qkv_bias;
   // w_q, w_k, w_v are adjacent rows of one [E + 2 kvE, qd] matrix (same input dims): the
   // self-attention projections may run as one product (w_packed).
   bool qkv_adjacent = false;
@@ -61,8 +66,8 @@ struct LayerWeights {
   const float* b_v = nullptr;       // [kvE] or null
   const float* bias_k = nullptr;    // [kvE] when add_bias_kv
   const float* bias_v = nullptr;
-  WeightMatrix w_o;            // [E, E]
-  const float* b_o = nullptr;  // [E] or null
+  WeightMatrix w_o;            // [D, E]
+  const float* b_o = nullptr;  // [D] or null
   LayerVariants variants;
   // config.prepack: the packings of w_q, w_k, w_v and w_o (their `packed` members point here;
   // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the

@@ -118,20 +118,20 @@ GemmJob OutputProjectionJob(const LayerWeights& m, const float* concat_in,
                             size_t L) {
   const float* concat = concat_in;
   GemmJob job;
-  job.SetWeights(m.w_o, m.E, m.E);
+  job.SetWeights(m.w_o, m.D, m.E);
   job.bias = m.b_o;
   job.stage = Stage::kOutProjection;
   // The N entries' rows as one matrix when concat and out order them alike.
   const int64_t n = static_cast<int64_t>(N), l = static_cast<int64_t>(L);
   if (concat_layout.SequenceMajor(n) && out_layout.SequenceMajor(n)) {
     job.a = {concat, N * L, static_cast<size_t>(m.E), concat_layout.batch, 1};
-    job.c = {out, N * L, static_cast<size_t>(m.E), out_layout.batch, 1};
+    job.c = {out, N * L, static_cast<size_t>(m.D), out_layout.batch, 1};
   } else if (concat_layout.BatchMajor(n, l) && out_layout.BatchMajor(n, l)) {
     job.a = {concat, N * L, static_cast<size_t>(m.E), concat_layout.token, 1};
-    job.c = {out, N * L, static_cast<size_t>(m.E), out_layout.token, 1};
+    job.c = {out, N * L, static_cast<size_t>(m.D), out_layout.token, 1};
   } else {
     job.a = {concat, L, static_cast<size_t>(m.E), concat_layout.token, 1};
-    job.c = {out, L, static_cast<size_t>(m.E), out_layout.token, 1};
+    job.c = {out, L, static_cast<size_t>(m.D), out_layout.token, 1};
     job.batches = N;
     job.a_batch_stride = concat_layout.batch;
     job.c_batch_stride = out_layout.batch;

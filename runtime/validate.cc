@@ -237,7 +237,7 @@ Status CheckDense4(const TensorView& t, const char* name, int64_t a, int64_t b, 
 Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
                        const AttentionOutputs* out, ForwardArgs* args) {
   const AttentionConfig& config = m.config;
-  const int64_t H = m.H, E = m.E, kvE = m.kvE, qd = m.qd, kd = m.kd, vd = m.vd;
+  const int64_t H = m.H, D = m.D, E = m.E, kvE = m.kvE, qd = m.qd, kd = m.kd, vd = m.vd;
   ForwardShapes* sh = &args->shapes;
   const TensorView& q = in.query;
   if (!q.present()) return InvalidArgument("query: expected a tensor, got absent (null data)");
@@ -313,10 +313,10 @@ Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
     return InvalidArgument(std::string("output: expected dtype f32, got ") + DTypeName(o.dtype));
   }
   const bool shape_ok = o.rank == q.rank && o.shape[0] == q.shape[0] &&
-                        (q.rank == 2 || o.shape[1] == q.shape[1]) && o.shape[o.rank - 1] == E;
+                        (q.rank == 2 || o.shape[1] == q.shape[1]) && o.shape[o.rank - 1] == D;
   if (!shape_ok) {
     std::string want =
-        "[" + Str(q.shape[0]) + ", " + (q.rank == 3 ? Str(q.shape[1]) + ", " : "") + Str(E) + "]";
+        "[" + Str(q.shape[0]) + ", " + (q.rank == 3 ? Str(q.shape[1]) + ", " : "") + Str(D) + "]";
     return InvalidArgument("output: expected shape " + want + " f32, got " + Dims(o));
   }
   if (o.strides[o.rank - 1] != 1) {
@@ -331,12 +331,12 @@ Status ValidateForward(const LayerWeights& m, const AttentionInputs& in,
     sh->out_layout = {static_cast<ptrdiff_t>(o.strides[bdim]),
                       static_cast<ptrdiff_t>(o.strides[1 - bdim])};
   }
-  // Rows of E floats are disjoint when one stride steps over whole rows and the other over all
+  // Rows of D floats are disjoint when one stride steps over whole rows and the other over all
   // of the first's (batch-major or sequence-major); strides are never negative.
   const ptrdiff_t tok = sh->out_layout.token, bat = sh->out_layout.batch;
   const bool rows_disjoint = (sh->N == 1 && sh->L == 1) ||
-                             (tok >= E && (sh->N == 1 || bat >= (sh->L - 1) * tok + E)) ||
-                             (bat >= E && (sh->L == 1 || tok >= (sh->N - 1) * bat + E));
+                             (tok >= D && (sh->N == 1 || bat >= (sh->L - 1) * tok + D)) ||
+                             (bat >= D && (sh->L == 1 || tok >= (sh->N - 1) * bat + D));
   args->aliasing.out_private = rows_disjoint && !MayOverlap(o, q) && !MayOverlap(o, kt) &&
                                !MayOverlap(o, vt) && !MayOverlap(o, in.attn_mask) &&
                                !MayOverlap(o, in.key_padding_mask);

@@ -402,6 +402,56 @@ MHA_INSTANTIATE_PER_TARGET(AttentionRandomTargetTest);
 
 using testing_util::ScopedBatchGrouping;
 
+// A random problem given a head width independent of embed_dim (A = H * head_dim != E, as
+// Gemma's) and, half of the time, biases on a random subset of the projections (Qwen2: q, k, v;
+// Whisper: q, v, out), then refilled for those shapes.
+Problem HeadWidthAndBiasProblem(std::mt19937* rng, int64_t max_len) {
+  Problem p = RandomProblem(rng, max_len);
+  const int64_t H = p.config.num_heads;
+  do {
+    p.config.head_dim = testing_util::Pick(rng, 1, 9);
+  } while (H * p.config.head_dim == p.config.embed_dim);
+  if (testing_util::Coin(rng)) {
+    p.config.bias_projections = static_cast<uint32_t>(testing_util::Pick(rng, 1, 15));
+    if (p.layout == QkvLayout::kPerHead) p.layout = QkvLayout::kPyTorch;
+  }
+  testing_util::FillProblem(&p, rng);
+  return p;
+}
+
+// head_dim != embed_dim / num_heads and per-projection biases on every path: the double
+// reference on 1-4 threads (online, full rows with weights, key-chunked), the same bits for 1
+// and 3 threads, and the grouped forward's bits equal the staged forward's.
+TEST(AttentionRandomTest, HeadWidthAndProjectionBiasesMatchDoubleReference) {
+  std::mt19937 rng(20261127);
+  for (int i = 0; i < 150; ++i) {
+    Problem p = HeadWidthAndBiasProblem(&rng, 24);
+    Views v;
+    RunMha(p, 1 + i % 4, &v);
+    if (HasFatalFailure()) return;
+    testing_util::ExpectMatchesReference(p, v);
+    Views v3;
+    RunMha(p, 3, &v3);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(0, std::memcmp(v.output.data(), v3.output.data(), v.output.size() * 4))
+        << p.Describe();
+    p.need_weights = false;
+    {
+      testing_util::ScopedKeyChunking forced(1 + i % 5);
+      Views vc;
+      RunMha(p, 2, &vc);
+      if (HasFatalFailure()) return;
+      testing_util::ExpectMatchesReference(p, vc);
+    }
+    if (p.config.prepack == WeightPrepack::kOff) p.config.prepack = WeightPrepack::kOn;
+    testing_util::ExpectGroupedGivesStagedBits(p, 1 + i % 2, static_cast<size_t>(p.L) * 2);
+    if (HasFailure()) {
+      ADD_FAILURE() << "random problem #" << i;
+      return;
+    }
+  }
+}
+
 // Random configurations (masks of every kind, causal, cross-attention with kdim/vdim, GQA,
 // bias_kv/zero_attn, batch_first, strided inputs; the variants: variants_test.cc) in groups of 1 to
 // 3 entries: the grouped forward gives the staged forward's bits on 1 and 2 threads, and matches

@@ -117,6 +117,62 @@ TEST(AttentionValidationTest, ConfigErrors) {
   EXPECT_EQ(m, nullptr);
 }
 
+// head_dim and per-projection biases: each error names the field, the expected and the actual.
+TEST(AttentionValidationTest, HeadWidthAndProjectionBiasErrors) {
+  float dummy[512] = {};
+  AttentionWeights w;
+  w.q_proj_weight = w.k_proj_weight = w.v_proj_weight = w.out_proj_weight = dummy;
+  std::unique_ptr<MultiheadAttention> m;
+  AttentionConfig c;
+  c.embed_dim = 6;
+  c.num_heads = 4;
+  c.head_dim = -1;
+  c.bias = false;
+  Status s = MultiheadAttention::Create(c, w, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("head_dim: expected > 0 (or 0 for embed_dim / num_heads), got -1"),
+            std::string::npos)
+      << s.message();
+  c.head_dim = 3;  // A = 12 != E = 6: no divisibility needed
+  s = MultiheadAttention::Create(c, w, WeightBinding::kView, &m);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(m->head_dim(), 3);
+  EXPECT_EQ(m->config().head_dim, 3);
+  c.bias_projections = 16;
+  s = MultiheadAttention::Create(c, w, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("bias_projections: expected 0 or a mask"), std::string::npos)
+      << s.message();
+  c.bias_projections = kBiasQ | kBiasV;
+  AttentionWeights b = w;
+  b.q_proj_bias = dummy;
+  s = MultiheadAttention::Create(c, b, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("v_proj_bias: expected a bias (bias_projections 5), got null"),
+            std::string::npos)
+      << s.message();
+  b.v_proj_bias = dummy;
+  b.k_proj_bias = dummy;
+  s = MultiheadAttention::Create(c, b, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("k_proj_bias: expected none (bias_projections 5), got a bias"),
+            std::string::npos)
+      << s.message();
+  b.k_proj_bias = nullptr;
+  b.out_proj_bias = dummy;
+  s = MultiheadAttention::Create(c, b, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("out_proj_bias: expected none"), std::string::npos) << s.message();
+  b.out_proj_bias = nullptr;
+  b.in_proj_bias = dummy;
+  s = MultiheadAttention::Create(c, b, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("either in_proj_bias or q/k/v_proj_bias"), std::string::npos)
+      << s.message();
+  AttentionWeights packed_bias = w;
+  packed_bias.in_proj_bias = dummy;
+  s = MultiheadAttention::Create(c, packed_bias, WeightBinding::kView, &m);
+  EXPECT_NE(s.message().find("in_proj_bias: biases q, k and v together"), std::string::npos)
+      << s.message();
+  b.in_proj_bias = nullptr;
+  s = MultiheadAttention::Create(c, b, WeightBinding::kView, &m);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
 // Creates the 8-wide, 2-head layer of `cfg` (its other fields set here) with variant weights
 // `vw` (their projection weights are filled in); returns the status.
 Status CreateVariant(AttentionConfig cfg, AttentionWeights vw,

@@ -64,7 +64,8 @@ std::string Problem::Describe() const {
   std::ostringstream os;
   os << "E=" << config.embed_dim << " H=" << config.num_heads << " KVH=" << config.num_kv_heads
      << " qd=" << config.q_dim << " kd=" << config.kdim << " vd=" << config.vdim
-     << " bias=" << config.bias << " bias_kv=" << config.add_bias_kv
+     << " bias=" << config.bias << " bias_projections=" << config.bias_projections
+     << " head_dim=" << config.head_dim << " bias_kv=" << config.add_bias_kv
      << " zero_attn=" << config.add_zero_attn << " batch_first=" << config.batch_first
      << " packed=" << packed << " layout=" << static_cast<int>(layout)
      << " copy=" << (binding == WeightBinding::kCopy) << " batched=" << batched
@@ -100,10 +101,10 @@ std::string Problem::Describe() const {
 void FillProblem(Problem* pp, std::mt19937* rng) {
   Problem& p = *pp;
   const AttentionConfig& c = p.config;
-  const int64_t E = c.embed_dim, H = c.num_heads;
+  const int64_t D = c.embed_dim, H = c.num_heads;
   const int64_t KVH = c.num_kv_heads ? c.num_kv_heads : H;
-  const int64_t hd = E / H, kvE = KVH * hd;
-  const int64_t qd = c.q_dim ? c.q_dim : E, kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
+  const int64_t hd = c.head_dim ? c.head_dim : D / H, E = H * hd, kvE = KVH * hd;
+  const int64_t qd = c.q_dim ? c.q_dim : D, kd = c.kdim ? c.kdim : D, vd = c.vdim ? c.vdim : D;
   const float ws = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(qd, 1)));
   if (p.packed) {
     p.in_proj_w = test::SymmetricFloats(3 * E * qd, ws, rng);
@@ -112,13 +113,25 @@ void FillProblem(Problem* pp, std::mt19937* rng) {
     p.wk = test::SymmetricFloats(kvE * kd, 1.0f / std::sqrt(static_cast<float>(kd)), rng);
     p.wv = test::SymmetricFloats(kvE * vd, 1.0f / std::sqrt(static_cast<float>(vd)), rng);
   }
-  if (c.bias) p.in_proj_b = test::SymmetricFloats(E + 2 * kvE, 0.5f, rng);
+  // Per-projection biases (bias_projections) are separate arrays; else one in_proj_bias.
+  const uint32_t biases = c.bias_projections;
+  p.bq.clear();
+  p.bk.clear();
+  p.bv.clear();
+  if (biases != 0) {
+    if (biases & kBiasQ) p.bq = test::SymmetricFloats(E, 0.5f, rng);
+    if (biases & kBiasK) p.bk = test::SymmetricFloats(kvE, 0.5f, rng);
+    if (biases & kBiasV) p.bv = test::SymmetricFloats(kvE, 0.5f, rng);
+  } else if (c.bias) {
+    p.in_proj_b = test::SymmetricFloats(E + 2 * kvE, 0.5f, rng);
+  }
   if (c.add_bias_kv) {
     p.bias_k = test::SymmetricFloats(kvE, 1.0f, rng);
     p.bias_v = test::SymmetricFloats(kvE, 1.0f, rng);
   }
-  p.wo = test::SymmetricFloats(E * E, 1.0f / std::sqrt(static_cast<float>(E)), rng);
-  if (c.bias) p.bo = test::SymmetricFloats(E, 0.5f, rng);
+  p.wo = test::SymmetricFloats(D * E, 1.0f / std::sqrt(static_cast<float>(E)), rng);
+  p.bo.clear();
+  if (biases != 0 ? (biases & kBiasOut) != 0 : c.bias) p.bo = test::SymmetricFloats(D, 0.5f, rng);
 
   p.query = RandomSeq(p, p.L, qd, rng);
   if (!p.self_attention) {
@@ -212,10 +225,14 @@ AttentionWeights WeightsOf(const Problem& p) {
     w.k_proj_weight = p.wk.data();
     w.v_proj_weight = p.wv.data();
   }
-  if (p.config.bias) {
+  if (p.config.bias_projections != 0) {
+    if (!p.bq.empty()) w.q_proj_bias = p.bq.data();
+    if (!p.bk.empty()) w.k_proj_bias = p.bk.data();
+    if (!p.bv.empty()) w.v_proj_bias = p.bv.data();
+  } else if (p.config.bias) {
     w.in_proj_bias = p.in_proj_b.data();
-    w.out_proj_bias = p.bo.data();
   }
+  if (!p.bo.empty()) w.out_proj_bias = p.bo.data();
   if (p.config.add_bias_kv) {
     w.bias_k = p.bias_k.data();
     w.bias_v = p.bias_v.data();
@@ -230,12 +247,13 @@ AttentionWeights WeightsOf(const Problem& p) {
 
 void RunReference(const Problem& p, reference::Outputs* out) {
   const AttentionConfig& c = p.config;
-  const int64_t E = c.embed_dim, H = c.num_heads;
+  const int64_t Dm = c.embed_dim, H = c.num_heads;
   const int64_t KVH = c.num_kv_heads ? c.num_kv_heads : H;
-  const int64_t hd = E / H, kvE = KVH * hd;
-  const int64_t qd = c.q_dim ? c.q_dim : E, kd = c.kdim ? c.kdim : E, vd = c.vdim ? c.vdim : E;
+  const int64_t hd = c.head_dim ? c.head_dim : Dm / H, E = H * hd, kvE = KVH * hd;
+  const int64_t qd = c.q_dim ? c.q_dim : Dm, kd = c.kdim ? c.kdim : Dm, vd = c.vdim ? c.vdim : Dm;
   reference::Config rc;
-  rc.embed_dim = E;
+  rc.embed_dim = Dm;
+  rc.head_dim = hd;
   rc.num_heads = H;
   rc.num_kv_heads = KVH;
   rc.q_dim = qd;
@@ -263,7 +281,7 @@ void RunReference(const Problem& p, reference::Outputs* out) {
   rc.qk_norm_eps = c.qk_norm_eps;
   reference::Weights w;
   std::vector<double> bias(E + 2 * kvE, 0.0);
-  if (c.bias) bias = D(p.in_proj_b);
+  if (c.bias && c.bias_projections == 0) bias = D(p.in_proj_b);
   if (p.packed) {
     // Bring the per-head interleaved rows into q, k, v order.
     std::vector<double> rows(3 * E * qd);
@@ -286,12 +304,16 @@ void RunReference(const Problem& p, reference::Outputs* out) {
     w.wk = D(p.wk);
     w.wv = D(p.wv);
   }
-  if (c.bias) {
+  if (c.bias_projections != 0) {
+    w.bq = D(p.bq);
+    w.bk = D(p.bk);
+    w.bv = D(p.bv);
+  } else if (c.bias) {
     w.bq.assign(bias.begin(), bias.begin() + E);
     w.bk.assign(bias.begin() + E, bias.begin() + E + kvE);
     w.bv.assign(bias.begin() + E + kvE, bias.end());
-    w.bo = D(p.bo);
   }
+  w.bo = D(p.bo);
   w.wo = D(p.wo);
   if (c.add_bias_kv) {
     w.bias_k = D(p.bias_k);

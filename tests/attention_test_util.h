@@ -48,6 +48,8 @@ struct Problem {
 
   // Weights as mha sees them.
   std::vector<float> in_proj_w, in_proj_b, wq, wk, wv, bias_k, bias_v, wo, bo;
+  // Separate q, k, v biases when config.bias_projections is set (empty = unbiased).
+  std::vector<float> bq, bk, bv;
   // Inputs in the layout described by batched / batch_first.
   std::vector<float> query, key, value;
   std::vector<float> attn_mask_f;

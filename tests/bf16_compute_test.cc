@@ -171,6 +171,32 @@ TEST_P(Bf16KernelTest, RandomProblemsWithinBound) {
               kernels::Bf16KernelName(GetParam()), worst.output, worst.weights);
 }
 
+// head_dim apart from embed_dim (A = H * hd != E: the bf16 packing of out_proj is [E, A]) and
+// per-projection biases, on each kernel.
+TEST_P(Bf16KernelTest, HeadWidthAndProjectionBiasesWithinBound) {
+  std::mt19937 rng(2027);
+  Errors worst;
+  for (int i = 0; i < 40; ++i) {
+    Problem p = RandomBf16Problem(&rng, 40);
+    const int64_t hd = Pick(&rng, 1, 70);
+    if (p.config.num_heads * hd == p.config.embed_dim) continue;
+    p.config.head_dim = hd;
+    if (p.config.rotary_dim > hd) p.config.rotary_dim = hd / 2 * 2;
+    if (p.config.rope != RopeStyle::kNone && p.config.rotary_dim < 2) {
+      p.config.rope = RopeStyle::kNone;
+      p.config.rotary_dim = 0;
+    }
+    if (Coin(&rng)) {
+      p.config.bias_projections = static_cast<uint32_t>(Pick(&rng, 1, 15));
+      if (p.layout == QkvLayout::kPerHead) p.layout = QkvLayout::kPyTorch;
+    }
+    testing_util::FillProblem(&p, &rng);
+    Views v;
+    RunForward(p, 1 + i % 3, &v);
+    ExpectWithinBf16Bound(p, v, &worst);
+  }
+}
+
 TEST_P(Bf16KernelTest, KeyChunkedPathWithinBound) {
   ScopedKeyChunking chunking(48);
   std::mt19937 rng(8);

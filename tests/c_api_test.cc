@@ -71,6 +71,8 @@ mha_layer_config ConfigOf(const AttentionConfig& c) {
   r.softcap = c.softcap;
   r.qk_norm_eps = c.qk_norm_eps;
   r.qk_norm_whole = c.qk_norm_whole;
+  r.head_dim = c.head_dim;
+  r.bias_projections = c.bias_projections;
   return r;
 }
 
@@ -87,6 +89,9 @@ mha_layer_weights WeightsOfC(const AttentionWeights& w) {
   r.bias_v = w.bias_v;
   r.out_proj_weight = w.out_proj_weight;
   r.out_proj_bias = w.out_proj_bias;
+  r.q_proj_bias = w.q_proj_bias;
+  r.k_proj_bias = w.k_proj_bias;
+  r.v_proj_bias = w.v_proj_bias;
   r.dtype = static_cast<int32_t>(w.dtype);
   r.sinks = w.sinks;
   r.alibi_slopes = w.alibi_slopes;
@@ -861,6 +866,8 @@ std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionCon
   EXPECT_EQ(back.softcap, cc.softcap);
   EXPECT_EQ(back.qk_norm_eps, cc.qk_norm_eps);
   EXPECT_EQ(back.qk_norm_whole, cc.qk_norm_whole);
+  EXPECT_EQ(back.bias_projections, cc.bias_projections);
+  if (cc.head_dim != 0) EXPECT_EQ(back.head_dim, cc.head_dim);
   mha_context* ctx = NewContext(2);
   const mha_attention_inputs c_in = InputsOfC(in);
   const mha_tensor c_out = Dense(got.data(), MHA_DTYPE_F32, {VP::L, VP::N, VP::E});
@@ -937,6 +944,18 @@ TEST(CApiTest, VariantsMatchCppApiBitwise) {
          c->qk_norm_whole = true;
          w->q_norm_weight = p.q_norm_whole.data();
          w->k_norm_weight = p.k_norm_whole.data();
+       },
+       DType::kF32},
+      // A = H * head_dim = 8 != E = 16: q [8, 16], k/v [4, 16], out [16, 8] within the arrays.
+      {"head_dim_2",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->head_dim = 2; },
+       DType::kF32},
+      {"bias_projections_q_v_out",
+       [](const VariantProblem& p, AttentionConfig* c, AttentionWeights* w) {
+         c->bias_projections = kBiasQ | kBiasV | kBiasOut;
+         w->in_proj_bias = nullptr;
+         w->q_proj_bias = p.b.data();
+         w->v_proj_bias = p.b.data() + VariantProblem::E + VariantProblem::KVH * VariantProblem::hd;
        },
        DType::kF32},
   };

@@ -71,13 +71,15 @@ struct Problem {
 
 void MakeProblem(Problem* p, uint32_t seed) {
   std::mt19937 rng(seed);
-  const int64_t hd = p->E / p->H, kvE = p->KVH * hd;
+  // A = H * hd, the attention width (E unless the variant sets head_dim).
+  const AttentionConfig& v = p->var.config;
+  const int64_t hd = v.head_dim != 0 ? v.head_dim : p->E / p->H, kvE = p->KVH * hd, A = p->H * hd;
   const float wb = 1.0f / std::sqrt(static_cast<float>(p->E));
-  p->wq = test::SymmetricFloats(p->E * p->E, wb, &rng);
+  p->wq = test::SymmetricFloats(A * p->E, wb, &rng);
   p->wk = test::SymmetricFloats(kvE * p->E, wb, &rng);
   p->wv = test::SymmetricFloats(kvE * p->E, wb, &rng);
-  p->bias = test::SymmetricFloats(p->E + 2 * kvE, wb, &rng);
-  p->wo = test::SymmetricFloats(p->E * p->E, wb, &rng);
+  p->bias = test::SymmetricFloats(A + 2 * kvE, wb, &rng);
+  p->wo = test::SymmetricFloats(p->E * A, wb, &rng);
   p->bo = test::SymmetricFloats(p->E, wb, &rng);
   p->x = test::SymmetricFloats(p->N * p->S * p->E, 1.0f, &rng);
   AttentionConfig c;
@@ -85,7 +87,8 @@ void MakeProblem(Problem* p, uint32_t seed) {
   c.num_heads = p->H;
   c.num_kv_heads = p->KVH;
   c.batch_first = p->batch_first;
-  const AttentionConfig& v = p->var.config;
+  c.head_dim = v.head_dim;
+  c.bias_projections = v.bias_projections;
   c.rope = v.rope;
   c.rope_theta = v.rope_theta;
   c.rotary_dim = v.rotary_dim;
@@ -104,7 +107,7 @@ void MakeProblem(Problem* p, uint32_t seed) {
   }
   if (p->var.qk_norm) {
     std::uniform_real_distribution<float> u(0.5f, 1.5f);
-    for (int64_t i = 0; i < (v.qk_norm_whole ? p->E : hd); ++i) p->q_norm.push_back(u(rng));
+    for (int64_t i = 0; i < (v.qk_norm_whole ? A : hd); ++i) p->q_norm.push_back(u(rng));
     for (int64_t i = 0; i < (v.qk_norm_whole ? kvE : hd); ++i) p->k_norm.push_back(u(rng));
     w.q_norm_weight = p->q_norm.data();
     w.k_norm_weight = p->k_norm.data();
@@ -112,9 +115,17 @@ void MakeProblem(Problem* p, uint32_t seed) {
   w.q_proj_weight = p->wq.data();
   w.k_proj_weight = p->wk.data();
   w.v_proj_weight = p->wv.data();
-  w.in_proj_bias = p->bias.data();
   w.out_proj_weight = p->wo.data();
-  w.out_proj_bias = p->bo.data();
+  if (v.bias_projections == 0) {
+    w.in_proj_bias = p->bias.data();
+    w.out_proj_bias = p->bo.data();
+  } else {
+    // The drawn biases of the projections the mask names (the same draws as all four).
+    if (v.bias_projections & kBiasQ) w.q_proj_bias = p->bias.data();
+    if (v.bias_projections & kBiasK) w.k_proj_bias = p->bias.data() + A;
+    if (v.bias_projections & kBiasV) w.v_proj_bias = p->bias.data() + A + kvE;
+    if (v.bias_projections & kBiasOut) w.out_proj_bias = p->bo.data();
+  }
   const Status created = MultiheadAttention::Create(c, w, WeightBinding::kView, &p->layer);
   ASSERT_TRUE(created.ok()) << created.ToString();
   ContextOptions o;
@@ -743,6 +754,19 @@ std::vector<VariantCase> VariantCases() {
     v->config.rope = RopeStyle::kNeox;
     v->config.window = 7;
     v->sinks = true;
+  });
+  add("gemma-like: head_dim 24 (A 96 != E 64) + GQA + neox + qk-norm", 2, [](Variants* v) {
+    v->config.head_dim = 24;
+    v->config.rope = RopeStyle::kNeox;
+    v->qk_norm = true;
+  });
+  add("qwen2-like: q, k, v biased, out not + GQA + neox", 2, [](Variants* v) {
+    v->config.bias_projections = kBiasQ | kBiasK | kBiasV;
+    v->config.rope = RopeStyle::kNeox;
+  });
+  add("whisper-like: k unbiased + head_dim 8 (A 32 != E 64)", 4, [](Variants* v) {
+    v->config.bias_projections = kBiasQ | kBiasV | kBiasOut;
+    v->config.head_dim = 8;
   });
   add("gemma2-like: neox + softcap 0.3 + window 6", 4, [](Variants* v) {
     v->config.rope = RopeStyle::kNeox;

@@ -457,7 +457,7 @@ class Checker:
     @staticmethod
     def variant_reference(x, w, heads, kv_heads, causal=False, rope=None, theta=10000.0,
                           rotary_dim=0, rope_scale=1.0, alibi=False, window=0, softcap=0.0,
-                          qk_eps=1e-6, positions=None):
+                          qk_eps=1e-6, positions=None, scale=None):
         """float64 self-attention of x [L, N, E] (seq-first) with the variants applied in the
         README's order: QK-norm, RoPE, scale, softcap, ALiBi, masks (causal by index, window by
         position), softmax with the sink logit. positions: [N, L] ints (default 0..L-1)."""
@@ -499,7 +499,8 @@ class Checker:
         out = np.zeros((L, N, E))
         for h in range(heads):
             g = h // (heads // kv_heads)
-            s = np.einsum("lnd,snd->nls", q[:, :, h], k[:, :, g]) / np.sqrt(hd)
+            s = np.einsum("lnd,snd->nls", q[:, :, h], k[:, :, g]) * (
+                scale if scale is not None else 1.0 / np.sqrt(hd))
             if softcap:
                 s = softcap * np.tanh(s / softcap)
             d = p[:, :, None] - p[:, None, :]  # p_i - p_j, [N, L, S]
@@ -571,6 +572,7 @@ class Checker:
              dict(window=3, causal=True)),
             ("window_bidirectional", [], None, ["--window", "2"], dict(window=2)),
             ("softcap", [], None, ["--softcap", "0.7"], dict(softcap=0.7)),
+            ("scale", [], None, ["--scale", "0.0625", "--causal"], dict(scale=0.0625, causal=True)),
             ("sinks", ["sinks"], None, ["--causal"], dict(causal=True)),
             ("qk_norm", ["q_norm.weight", "k_norm.weight"], None, ["--qk-norm-eps", "1e-5"],
              dict(qk_eps=1e-5)),

@@ -3,7 +3,7 @@
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
-//           [--weights-dtype f32|bf16|f16] [--compute f32|bf16]
+//           [--scale F] [--weights-dtype f32|bf16|f16] [--compute f32|bf16]
 //           [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
 //           [--rope neox|gptj] [--rope-theta F] [--rotary-dim N] [--rope-scale F] [--alibi]
 //           [--window W] [--softcap F] [--qk-norm-eps F] [--qk-norm-add-one] [--threads N]
@@ -94,6 +94,7 @@ const char kHelp[] =
     "  --weights-dtype T     how the layer stores its weight matrices: f32 (default), bf16\n"
     "                        or f16. BF16/F16 tensors of that type are used as stored;\n"
     "                        others are rounded (nearest even). Arithmetic is f32\n"
+    "  --scale F             score scale (default 1 / sqrt(head_dim))\n"
     "  --compute T           the products' arithmetic: f32 (default) or bf16 (inputs of\n"
     "                        each product rounded to bf16, f32 sums; README \"bf16\n"
     "                        compute\"; --version names the kernel)\n"
@@ -147,6 +148,7 @@ struct RunOptions {
   // The attention variants' settings (LoadOptions' fields of those names).
   RopeStyle rope = RopeStyle::kNone;
   float rope_theta = 0.0f, rope_scale = 0.0f, softcap = 0.0f, qk_norm_eps = 0.0f;
+  float scale = 0.0f;  // score scale; 0 = 1 / sqrt(head_dim)
   int64_t rotary_dim = 0, window = 0;
   bool alibi = false, qk_norm_add_one = false;
 };
@@ -294,12 +296,13 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
         }
       }
     } else if (arg == "--rope-theta" || arg == "--rope-scale" || arg == "--softcap" ||
-               arg == "--qk-norm-eps") {
+               arg == "--qk-norm-eps" || arg == "--scale") {
       s = take(&text);
       const bool eps = arg == "--qk-norm-eps";
       float* dst = arg == "--rope-theta"   ? &o->rope_theta
                    : arg == "--rope-scale" ? &o->rope_scale
                    : arg == "--softcap"    ? &o->softcap
+                   : arg == "--scale"      ? &o->scale
                                            : &o->qk_norm_eps;
       if (s.ok() && !ParsePositiveFloat(text, /*allow_zero=*/eps, dst)) {
         return InvalidArgument(arg + ": expected a finite number " + (eps ? ">= 0" : "> 0") +
@@ -617,6 +620,7 @@ std::string FlagOf(const RunOptions& o, const std::string& message) {
       {"window", "--window " + std::to_string(o.window)},
       {"softcap", "--softcap " + f(o.softcap)},
       {"qk_norm_eps", "--qk-norm-eps " + f(o.qk_norm_eps)},
+      {"scale", "--scale " + f(o.scale)},
       {"sinks", "--weights " + o.weights},
       {"alibi_slopes", "--weights " + o.weights},
       {"norm_weight", "--weights " + o.weights},
@@ -647,6 +651,7 @@ Status Run(const RunOptions& o) {
   load.softcap = o.softcap;
   load.qk_norm_eps = o.qk_norm_eps;
   load.qk_norm_add_one = o.qk_norm_add_one;
+  load.scale = o.scale;
   std::unique_ptr<MultiheadAttention> layer;
   Status s = MultiheadAttention::CreateFromSafeTensors(o.weights, o.prefix, load, &layer);
   if (s.code() == StatusCode::kInvalidArgument) {

@@ -106,7 +106,7 @@ typedef struct mha_tensor {
 
 /* ---- Library information ------------------------------------------------------------------ */
 
-/* "0.2.0". */
+/* "0.3.0". */
 MHA_API const char* mha_version(void);
 /* The Highway target the kernels dispatch to on this CPU, e.g. "AVX2", "AVX3_DL", "NEON". */
 MHA_API const char* mha_simd_target(void);
@@ -255,7 +255,9 @@ enum {
  * mha_attention_inputs and mha_kv_cache_options, and `compute` to mha_layer_config and
  * mha_load_options: the structs grew, so programs built against
  * 0.1.x must be recompiled (zero-initialized new fields keep 0.1.x's results); the library's
- * soname carries the minor version (libmha.so.0.2) so that such a program cannot load it. */
+ * soname carries the minor version (libmha.so.0.2) so that such a program cannot load it.
+ * 0.3.0 appended head_dim, bias_projections and the RoPE scaling fields to mha_layer_config and
+ * the separate biases and longrope factors to mha_layer_weights (libmha.so.0.3). */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */

@@ -66,13 +66,14 @@ std::vector<double> StandardAlibiSlopes(int64_t n) {
 }
 
 void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out) {
-  const int64_t E = c.embed_dim, H = c.num_heads;
+  const int64_t D = c.embed_dim, H = c.num_heads;
   const int64_t KVH = c.num_kv_heads > 0 ? c.num_kv_heads : H;
-  const int64_t hd = E / H;
+  const int64_t hd = c.head_dim > 0 ? c.head_dim : D / H;
+  const int64_t E = H * hd;
   const int64_t kvE = KVH * hd;
-  const int64_t qd = c.q_dim > 0 ? c.q_dim : E;
-  const int64_t kd = c.kdim > 0 ? c.kdim : E;
-  const int64_t vd = c.vdim > 0 ? c.vdim : E;
+  const int64_t qd = c.q_dim > 0 ? c.q_dim : D;
+  const int64_t kd = c.kdim > 0 ? c.kdim : D;
+  const int64_t vd = c.vdim > 0 ? c.vdim : D;
   const int64_t N = in.batch, L = in.tgt_len, S = in.src_len;
   const int64_t St = S + (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(hd));
@@ -221,7 +222,7 @@ void Attention(const Config& c, const Weights& w, const Inputs& in, Outputs* out
       }
     }
   }
-  out->output = Linear(concat, N * L, E, w.wo, w.bo, E);
+  out->output = Linear(concat, N * L, E, w.wo, w.bo, D);
 }
 
 }  // namespace reference

@@ -49,6 +49,7 @@ struct Config {
   int64_t q_dim = 0;         // 0 = embed_dim
   int64_t kdim = 0;          // 0 = embed_dim
   int64_t vdim = 0;          // 0 = embed_dim
+  int64_t head_dim = 0;      // 0 = embed_dim / num_heads; E = num_heads * head_dim
   bool bias = true;
   bool add_bias_kv = false;
   bool add_zero_attn = false;
@@ -72,8 +73,8 @@ struct Config {
 
 struct Weights {
   std::vector<double> wq, wk, wv;  // [E, q_dim], [kvE, kdim], [kvE, vdim]; kvE = kv_heads * hd
-  std::vector<double> bq, bk, bv;  // [E], [kvE], [kvE] (empty when !bias)
-  std::vector<double> wo, bo;      // [E, E], [E]
+  std::vector<double> bq, bk, bv;  // [E], [kvE], [kvE] (each empty when unbiased)
+  std::vector<double> wo, bo;      // [D, E], [D] (D = embed_dim)
   std::vector<double> bias_k, bias_v;  // [kvE] when add_bias_kv
 };
 
