@@ -19,7 +19,7 @@ HWY_EXPORT(ApplyRope);
 HWY_EXPORT(RmsNormRows);
 
 void RopeAngles(const int32_t* positions, int64_t pos0, size_t rows, const double* inv_freq,
-                size_t half, float* cos, float* sin) {
+                size_t half, float* cos, float* sin, double attention) {
   for (size_t r = 0; r < rows; ++r) {
     const double p = static_cast<double>(positions ? positions[r] : pos0 + static_cast<int64_t>(r));
     float* c = cos + r * half;
@@ -27,9 +27,10 @@ void RopeAngles(const int32_t* positions, int64_t pos0, size_t rows, const doubl
     for (size_t i = 0; i < half; ++i) {
       // libm reduces the argument exactly, so the only error before the f32 rounding is the
       // product's (relative 2^-53) and libm's (< 1 ULP in double).
+      // HF multiplies the f32 cos and sin by attention_scaling; here one rounding, after it.
       const double angle = p * inv_freq[i];
-      c[i] = static_cast<float>(std::cos(angle));
-      s[i] = static_cast<float>(std::sin(angle));
+      c[i] = static_cast<float>(std::cos(angle) * attention);
+      s[i] = static_cast<float>(std::sin(angle) * attention);
     }
   }
 }

@@ -14,12 +14,14 @@ namespace kernels {
 
 // The cos and sin of row r's angles: angle_i = positions[r] * inv_freq[i] for i < half
 // (positions null: pos0 + r), formed in double, its cos and sin taken in double (libm, whose
-// argument reduction modulo 2 pi is exact), then rounded to f32: within one f32 rounding of the
-// exact values plus |angle| * 2^-52 (the product's rounding; 2.3e-10 rad at 2^20 * 1.0), and
-// the same on every target. cos and sin are [rows, half] dense. inv_freq[i] =
-// theta^(-2i / rotary_dim) / rope_scale.
+// argument reduction modulo 2 pi is exact) and multiplied by `attention` in double, then
+// rounded to f32: within one f32 rounding of the exact values plus |angle| * 2^-52 (the
+// product's rounding; 2.3e-10 rad at 2^20 * 1.0), and the same on every target. cos and sin
+// are [rows, half] dense. inv_freq[i] = theta^(-2i / rotary_dim) / rope_scale, or a RoPE
+// scaling's (runtime/rope_scaling.h), whose attention factor is `attention` (1: unscaled, the
+// same bits as without it).
 void RopeAngles(const int32_t* positions, int64_t pos0, size_t rows, const double* inv_freq,
-                size_t half, float* cos, float* sin);
+                size_t half, float* cos, float* sin, double attention = 1.0);
 
 // Rotates the first rotary_dim (= 2 * half) components of every head of every row in place,
 // with row r's cos/sin [half] at cos + r * half: for each pair (a, b),

@@ -93,9 +93,10 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   void* base = nullptr;
   s = arena.Allocate(plan.total, &base, "forward workspace");
   if (!s.ok()) return s;
-  const ForwardBuffers buf = BindForwardPlan(plan, m, args, static_cast<uint8_t*>(base));
+  ForwardBuffers buf = BindForwardPlan(plan, m, args, static_cast<uint8_t*>(base));
 
   FillPositions(args, buf.q_pos, buf.k_pos);
+  buf.rope_len = RopeCallLength(m, args.shapes, buf.q_pos, buf.k_pos);
   if (plan.batch_group > 0) {
     RunBatchGroups(ctx, m, args, plan, buf);
     return TakeDispatchError(ctx);

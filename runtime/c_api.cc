@@ -29,6 +29,13 @@ static_assert(static_cast<int>(MHA_DTYPE_I32) == static_cast<int>(DType::kI32) &
 static_assert(static_cast<int>(MHA_ROPE_NEOX) == static_cast<int>(RopeStyle::kNeox) &&
                   static_cast<int>(MHA_ROPE_GPTJ) == static_cast<int>(RopeStyle::kGptj),
               "mha_rope values must equal mha::RopeStyle values");
+static_assert(
+    static_cast<int>(MHA_ROPE_SCALING_LINEAR) == static_cast<int>(RopeScaling::kLinear) &&
+        static_cast<int>(MHA_ROPE_SCALING_DYNAMIC) == static_cast<int>(RopeScaling::kDynamic) &&
+        static_cast<int>(MHA_ROPE_SCALING_LLAMA3) == static_cast<int>(RopeScaling::kLlama3) &&
+        static_cast<int>(MHA_ROPE_SCALING_YARN) == static_cast<int>(RopeScaling::kYarn) &&
+        static_cast<int>(MHA_ROPE_SCALING_LONGROPE) == static_cast<int>(RopeScaling::kLongRope),
+    "mha_rope_scaling values must equal mha::RopeScaling values");
 static_assert(static_cast<int>(MHA_QKV_LAYOUT_PER_HEAD) == static_cast<int>(QkvLayout::kPerHead),
               "mha_qkv_layout values must equal mha::QkvLayout values");
 static_assert(MHA_MAX_RANK == kMaxRank, "MHA_MAX_RANK must equal mha::kMaxRank");
@@ -252,6 +259,29 @@ Status ToVariants(const CStruct& c, const char* owner, Out* out) {
   return Status::Ok();
 }
 
+// mha_layer_config's RoPE scaling fields (values range-checked by the C++ API; the enum and
+// the boolean here).
+Status ToRopeScaling(const mha_layer_config& c, AttentionConfig* out) {
+  if (c.rope_scaling < MHA_ROPE_SCALING_NONE || c.rope_scaling > MHA_ROPE_SCALING_LONGROPE) {
+    return InvalidArgument(
+        "config->rope_scaling: expected MHA_ROPE_SCALING_NONE (0), _LINEAR (1), _DYNAMIC (2), "
+        "_LLAMA3 (3), _YARN (4) or _LONGROPE (5), got " +
+        std::to_string(c.rope_scaling));
+  }
+  const Status s = CheckBool(c.rope_no_truncate, "config->rope_no_truncate");
+  if (!s.ok()) return s;
+  out->rope_scaling = static_cast<RopeScaling>(c.rope_scaling);
+  out->rope_factor = c.rope_factor;
+  out->rope_original_max_positions = c.rope_original_max_positions;
+  out->rope_low_freq_factor = c.rope_low_freq_factor;
+  out->rope_high_freq_factor = c.rope_high_freq_factor;
+  out->rope_beta_fast = c.rope_beta_fast;
+  out->rope_beta_slow = c.rope_beta_slow;
+  out->rope_attention_factor = c.rope_attention_factor;
+  out->rope_no_truncate = c.rope_no_truncate != 0;
+  return Status::Ok();
+}
+
 Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   const std::pair<int32_t, const char*> flags[] = {{c.no_bias, "config->no_bias"},
                                                    {c.add_bias_kv, "config->add_bias_kv"},
@@ -297,6 +327,8 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   if (!s.ok()) return s;
   out->compute = static_cast<Compute>(c.compute);
   out->qk_norm_whole = c.qk_norm_whole != 0;
+  s = ToRopeScaling(c, out);
+  if (!s.ok()) return s;
   return ToVariants(c, "config", out);
 }
 
@@ -425,6 +457,8 @@ mha_status mha_layer_create(const mha_layer_config* config, const mha_layer_weig
     w.q_proj_bias = weights->q_proj_bias;
     w.k_proj_bias = weights->k_proj_bias;
     w.v_proj_bias = weights->v_proj_bias;
+    w.rope_short_factor = weights->rope_short_factor;
+    w.rope_long_factor = weights->rope_long_factor;
     auto handle = std::make_unique<mha_layer>();
     s = mha::MultiheadAttention::Create(c, w, static_cast<mha::WeightBinding>(b), &handle->impl);
     if (!s.ok()) return s;
@@ -511,6 +545,15 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.qk_norm_eps = c.qk_norm_eps;
     r.qk_norm_whole = c.qk_norm_whole ? 1 : 0;
     r.compute = static_cast<int32_t>(c.compute);
+    r.rope_scaling = static_cast<int32_t>(c.rope_scaling);
+    r.rope_factor = c.rope_factor;
+    r.rope_original_max_positions = c.rope_original_max_positions;
+    r.rope_low_freq_factor = c.rope_low_freq_factor;
+    r.rope_high_freq_factor = c.rope_high_freq_factor;
+    r.rope_beta_fast = c.rope_beta_fast;
+    r.rope_beta_slow = c.rope_beta_slow;
+    r.rope_attention_factor = c.rope_attention_factor;
+    r.rope_no_truncate = c.rope_no_truncate ? 1 : 0;
     *config = r;
     return Status::Ok();
   });

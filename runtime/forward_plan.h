@@ -211,6 +211,9 @@ struct ForwardBuffers {
   int32_t* k_pos = nullptr;
   // QK-norm / RoPE scratch (QkTransformScratchBytes).
   uint8_t* qk_scratch = nullptr;
+  // The call's length for RoPE scaling (qk_transform.h's RopeCallLength), set after the
+  // positions are filled.
+  int64_t rope_len = 0;
 };
 
 ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,

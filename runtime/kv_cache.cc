@@ -5,7 +5,9 @@
 //   1. Projections (ParallelGemm, bias fused): Q [N*T, E], new K and V [N*T, kvE], f32, in the
 //      arena, token-major (row n * T + t); then the layer's QK-norm and RoPE on Q and the new K
 //      (RunQkTransform) at the tokens' positions: query i at len_n - count_n + i (len_n after
-//      the append), new key t at len_n + t (before it).
+//      the append), new key t at len_n + t (before it); RoPE scaling's dynamic and longrope
+//      frequencies by the step's length, max len_n after the append (keys stored earlier keep
+//      the rotation of their step, as in transformers' cache).
 //   2. Store: tasks over (entry, kv head) convert the new K/V rows into the cache's storage type
 //      at positions len_n .. len_n + count_n - 1 (slot = position mod capacity in a ring).
 //   3. Attention over the cache (cache_attention.h): split over spans of positions then merged
@@ -651,12 +653,16 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
   if (m.variants.qk_transform()) {
     // Positions (kv_cache.hpp): new key t of entry n at len_n + t, query i at len_n' - count_n
     // + i with len_n' the length after the append (padding rows: any valid position).
+    // The step's length for RoPE scaling (rope_scaling.h): its largest real position + 1, the
+    // longest entry's length after the append (padding rows and empty entries left out).
     int32_t* q_pos = reinterpret_cast<int32_t*>(base + ws.q_pos);
     int32_t* k_pos = reinterpret_cast<int32_t*>(base + ws.k_pos);
+    int64_t rope_len = 0;
     for (int64_t n = 0; n < N; ++n) {
       const int64_t len = lengths[static_cast<size_t>(n)];
       const int64_t c = counts != nullptr ? counts[n] : T;
       const int64_t q_first = len + (append ? c : 0) - c;
+      if (c > 0) rope_len = std::max(rope_len, q_first + c);
       for (int64_t t = 0; t < T; ++t) {
         k_pos[n * T + t] = static_cast<int32_t>(len + std::min(t, c));
         q_pos[n * T + t] = static_cast<int32_t>(q_first + std::min(t, c));
@@ -666,6 +672,7 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
     size_t num_sets = 0;
     if (forward) sets[num_sets++] = {q_buf, N * T, static_cast<ptrdiff_t>(E), false, q_pos, 0};
     if (append) sets[num_sets++] = {k_new, N * T, static_cast<ptrdiff_t>(kvE), true, k_pos, 0};
+    for (size_t i = 0; i < num_sets; ++i) sets[i].rope_len = rope_len;
     RunQkTransform(ctx, m, sets, num_sets, base + ws.qk_scratch);
   }
 

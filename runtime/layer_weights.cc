@@ -310,16 +310,12 @@ Status ResolveVariants(const AttentionConfig& c, const AttentionWeights& w, Laye
     Status s = finite_nonneg(c.rope_theta, "rope_theta", "10000");
     if (s.ok()) s = finite_nonneg(c.rope_scale, "rope_scale", "1");
     if (!s.ok()) return s;
-    const double theta = c.rope_theta > 0.0f ? c.rope_theta : 10000.0;
-    const double scale = c.rope_scale > 0.0f ? c.rope_scale : 1.0;
     v.rope = c.rope;
     v.rotary_dim = rd;
-    v.inv_freq.resize(static_cast<size_t>(rd / 2));
-    for (int64_t i = 0; i < rd / 2; ++i) {
-      v.inv_freq[i] =
-          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd)) / scale;
-    }
   }
+  // inv_freq and rope_scaling (rope_scaling.h); checks the scaling fields also without RoPE.
+  const Status rope_status = ResolveRopeScaling(c, w, v.rotary_dim, &v.rope_scaling, &v.inv_freq);
+  if (!rope_status.ok()) return rope_status;
 
   if (w.alibi_slopes != nullptr && !c.alibi) {
     return InvalidArgument(op + "weights.alibi_slopes: given but config.alibi is false");

@@ -11,6 +11,7 @@
 
 #include "mha/mha.hpp"
 #include "runtime/parallel_gemm.h"
+#include "runtime/rope_scaling.h"
 
 namespace mha {
 
@@ -19,7 +20,10 @@ namespace mha {
 struct LayerVariants {
   RopeStyle rope = RopeStyle::kNone;
   int64_t rotary_dim = 0;             // resolved (head_dim when 0 was given); 0 without RoPE
-  std::vector<double> inv_freq;       // [rotary_dim / 2]: theta^(-2i / rotary_dim) / rope_scale
+  // [rotary_dim / 2]: theta^(-2i / rotary_dim) / rope_scale, or rope_scaling's frequencies
+  // (kDynamic, kLongRope: those of calls up to rope_original_max_positions; rope_scaling.h).
+  std::vector<double> inv_freq;
+  RopeScalingParams rope_scaling;     // resolved; its attention factor scales cos and sin
   std::vector<float> alibi_slopes;    // [H], given or the ALiBi paper's; empty without ALiBi
   std::vector<float> sinks;           // [H] or empty
   std::vector<float> q_norm, k_norm;  // [hd] ([E] / [kvE] when qk_norm_whole) or empty

@@ -7,6 +7,7 @@
 #include "kernels/rope.h"
 #include "runtime/context_internal.h"
 #include "runtime/forward_plan.h"
+#include "runtime/rope_scaling.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -18,21 +19,28 @@ namespace {
 // L1 at rotary_dim 128 (64 KiB at most) and are reused by every head of those tokens.
 constexpr int64_t kQkBlockRows = 64;
 
-// Per-worker scratch: cos then sin [kQkBlockRows, half], then (strided heads) one token block's
-// rows copied dense [kQkBlockRows, max(E, kvE)].
+// Per-worker scratch: cos then sin [kQkBlockRows, half], then (RopeScaling::kDynamic) the
+// call's inverse frequencies [half] in double, then (strided heads) one token block's rows
+// copied dense [kQkBlockRows, max(E, kvE)].
+size_t CosBytes(const LayerWeights& m) {
+  return FloatBytes(kQkBlockRows * static_cast<size_t>(m.variants.rotary_dim / 2));
+}
 size_t TableBytes(const LayerWeights& m) {
-  return m.variants.rope == RopeStyle::kNone
-             ? 0
-             : 2 * FloatBytes(kQkBlockRows * static_cast<size_t>(m.variants.rotary_dim / 2));
+  if (m.variants.rope == RopeStyle::kNone) return 0;
+  const bool dynamic = m.variants.rope_scaling.type == RopeScaling::kDynamic;
+  return 2 * CosBytes(m) +
+         (dynamic ? FloatBytes(2 * static_cast<size_t>(m.variants.rotary_dim / 2)) : 0);
 }
 size_t GatherBytes(const LayerWeights& m) {
   return FloatBytes(kQkBlockRows * static_cast<size_t>(std::max(m.E, m.kvE)));
 }
 
 // QK-norm then RoPE of `rows` dense-headed tokens at x (row stride `stride`): heads * hd values
-// per token, positions as in QkRows (positions already offset to the first token).
+// per token, positions as in QkRows (positions already offset to the first token), at the
+// call's frequencies inv_freq [rd / 2].
 void TransformRows(const LayerWeights& m, bool is_key, float* x, size_t rows, ptrdiff_t stride,
-                   const int32_t* positions, int64_t pos0, float* cos, float* sin) {
+                   const int32_t* positions, int64_t pos0, const double* inv_freq, float* cos,
+                   float* sin) {
   const LayerVariants& v = m.variants;
   const size_t hd = static_cast<size_t>(m.hd);
   const size_t heads = static_cast<size_t>(is_key ? m.KVH : m.H);
@@ -44,25 +52,34 @@ void TransformRows(const LayerWeights& m, bool is_key, float* x, size_t rows, pt
   }
   if (v.rope != RopeStyle::kNone) {
     const size_t half = static_cast<size_t>(v.rotary_dim / 2);
-    kernels::RopeAngles(positions, pos0, rows, v.inv_freq.data(), half, cos, sin);
+    kernels::RopeAngles(positions, pos0, rows, inv_freq, half, cos, sin, v.rope_scaling.attention);
     kernels::ApplyRope(x, rows, stride, heads, hd, static_cast<size_t>(v.rotary_dim),
                        /*interleaved=*/v.rope == RopeStyle::kGptj, cos, sin);
   }
 }
 
 // Token block [r0, r0 + kQkBlockRows) of entry n of set s, with one worker's scratch `ws`
-// (cos and sin tables, `table` bytes, then for strided heads a dense copy of the block).
+// (cos and sin tables and the dynamic frequencies, `table` bytes, then for strided heads a
+// dense copy of the block).
 void TransformBlock(const LayerWeights& m, const QkRows& s, int64_t n, int64_t r0, size_t table,
                     uint8_t* ws) {
   const ptrdiff_t hd = static_cast<ptrdiff_t>(m.hd);
   const size_t rows = static_cast<size_t>(std::min(kQkBlockRows, s.rows - r0));
   float* cos = reinterpret_cast<float*>(ws);
-  float* sin = reinterpret_cast<float*>(ws + table / 2);
+  float* sin = reinterpret_cast<float*>(ws + (table > 0 ? CosBytes(m) : 0));
+  // The call's frequencies: the layer's, or (kDynamic past its original length) computed here,
+  // once per task: rd/2 pow() against the block's rows x rd/2 cos and sin.
+  const double* inv_freq = nullptr;
+  if (table > 0) {
+    const LayerVariants& v = m.variants;
+    double* buf = reinterpret_cast<double*>(ws + 2 * CosBytes(m));
+    inv_freq = RopeCallInvFreq(v.rope_scaling, v.inv_freq, s.rope_len, buf);
+  }
   const int32_t* pos =
       s.positions != nullptr ? s.positions + n * s.positions_batch_stride + r0 : nullptr;
   float* x = s.data + n * s.batch_stride + r0 * s.row_stride;
   if (s.head_stride == 0 || s.head_stride == hd) {
-    TransformRows(m, s.is_key, x, rows, s.row_stride, pos, s.pos0 + r0, cos, sin);
+    TransformRows(m, s.is_key, x, rows, s.row_stride, pos, s.pos0 + r0, inv_freq, cos, sin);
     return;
   }
   // Heads apart (Project's [N, heads, T, hd]): transform a dense copy of the block's tokens,
@@ -76,7 +93,7 @@ void TransformBlock(const LayerWeights& m, const QkRows& s, int64_t n, int64_t r
                   hd * sizeof(float));
     }
   }
-  TransformRows(m, s.is_key, dense, rows, width, pos, s.pos0 + r0, cos, sin);
+  TransformRows(m, s.is_key, dense, rows, width, pos, s.pos0 + r0, inv_freq, cos, sin);
   for (size_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       std::memcpy(x + r * s.row_stride + h * s.head_stride, dense + r * width + h * hd,
@@ -86,6 +103,18 @@ void TransformBlock(const LayerWeights& m, const QkRows& s, int64_t n, int64_t r
 }
 
 }  // namespace
+
+int64_t RopeCallLength(const LayerWeights& m, const ForwardShapes& sh, const int32_t* q_pos,
+                       const int32_t* k_pos) {
+  if (!m.variants.rope_scaling.LengthDependent()) return 0;
+  if (q_pos == nullptr) return std::max(sh.L, sh.S);
+  int32_t top = 0;
+  for (int64_t i = 0; i < sh.N * sh.L; ++i) top = std::max(top, q_pos[i]);
+  if (k_pos != nullptr) {
+    for (int64_t i = 0; i < sh.N * sh.S; ++i) top = std::max(top, k_pos[i]);
+  }
+  return int64_t{top} + 1;
+}
 
 size_t QkTransformScratchBytes(const LayerWeights& m, size_t threads, bool strided_heads) {
   if (!m.variants.qk_transform()) return 0;
@@ -142,6 +171,7 @@ size_t ForwardQkSets(const ForwardArgs& args, const ForwardPlan& plan, const For
     q.batch_stride = plan.q_layout.batch;
     q.positions = buf.q_pos;
     q.positions_batch_stride = sh.L;
+    q.rope_len = buf.rope_len;
   }
   if (keys != nullptr || !plan.chunked()) {
     // The real keys only: appended positions (bias_k, zero attention) are not projections.
@@ -157,6 +187,7 @@ size_t ForwardQkSets(const ForwardArgs& args, const ForwardPlan& plan, const For
     k.positions = buf.k_pos != nullptr ? buf.k_pos + begin : nullptr;
     k.positions_batch_stride = sh.S;
     k.pos0 = begin;
+    k.rope_len = buf.rope_len;
   }
   return count;
 }
@@ -195,6 +226,7 @@ void RunProjectQkTransform(Context& ctx, const LayerWeights& m, const ForwardArg
   if (!m.variants.qk_transform()) return;
   const ForwardShapes& sh = args.shapes;
   const int64_t hd = m.hd;
+  const int64_t rope_len = RopeCallLength(m, sh, q_pos, k_pos);
   QkRows sets[2];
   const struct {
     float* data;
@@ -213,6 +245,7 @@ void RunProjectQkTransform(Context& ctx, const LayerWeights& m, const ForwardArg
     s.batch_stride = kinds[i].heads * kinds[i].rows_total * hd;
     s.positions_batch_stride = kinds[i].rows;
     s.head_stride = kinds[i].rows_total * hd;
+    s.rope_len = rope_len;
   }
   RunQkTransform(ctx, m, sets, 2, scratch);
 }

@@ -78,6 +78,10 @@ std::string Problem::Describe() const {
   if (config.rope != RopeStyle::kNone) {
     os << " rope=" << static_cast<int>(config.rope) << " theta=" << config.rope_theta
        << " rd=" << config.rotary_dim << " rope_scale=" << config.rope_scale;
+    if (config.rope_scaling != RopeScaling::kNone) {
+      os << " rope_scaling=" << static_cast<int>(config.rope_scaling)
+         << " factor=" << config.rope_factor << " original=" << config.rope_original_max_positions;
+    }
   }
   if (config.alibi) os << " alibi" << (alibi_slopes.empty() ? "" : "(slopes)");
   if (config.window) os << " window=" << config.window;
@@ -242,6 +246,8 @@ AttentionWeights WeightsOf(const Problem& p) {
   if (!p.alibi_slopes.empty()) w.alibi_slopes = p.alibi_slopes.data();
   if (!p.q_norm.empty()) w.q_norm_weight = p.q_norm.data();
   if (!p.k_norm.empty()) w.k_norm_weight = p.k_norm.data();
+  if (!p.rope_short_factor.empty()) w.rope_short_factor = p.rope_short_factor.data();
+  if (!p.rope_long_factor.empty()) w.rope_long_factor = p.rope_long_factor.data();
   return w;
 }
 
@@ -270,6 +276,8 @@ void RunReference(const Problem& p, reference::Outputs* out) {
   rc.rope_theta = c.rope_theta;
   rc.rotary_dim = c.rotary_dim;
   rc.rope_scale = c.rope_scale;
+  rc.rope_inv_freq = p.ref_rope_inv_freq;
+  rc.rope_attention = p.ref_rope_attention;
   rc.alibi = c.alibi;
   rc.alibi_slopes = D(p.alibi_slopes);
   rc.window = c.window;

@@ -42,6 +42,12 @@ struct Problem {
   // vector for the whole batch, given to mha as a rank-1 tensor), key_positions [N, S]; passed
   // to mha as pos_dtype (kI32 or kI64).
   std::vector<float> sinks, alibi_slopes, q_norm, k_norm;
+  // RoPE scaling: kLongRope's factor arrays (empty = absent), and the frequencies and attention
+  // factor the reference rotates with (empty = theta / rope_scale's; tests compute a scaling's
+  // from their own transcription of transformers).
+  std::vector<float> rope_short_factor, rope_long_factor;
+  std::vector<double> ref_rope_inv_freq;
+  double ref_rope_attention = 1.0;
   std::vector<int64_t> positions, key_positions;
   bool positions_shared = false;
   DType pos_dtype = DType::kI32;

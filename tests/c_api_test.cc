@@ -73,6 +73,15 @@ mha_layer_config ConfigOf(const AttentionConfig& c) {
   r.qk_norm_whole = c.qk_norm_whole;
   r.head_dim = c.head_dim;
   r.bias_projections = c.bias_projections;
+  r.rope_scaling = static_cast<int32_t>(c.rope_scaling);
+  r.rope_factor = c.rope_factor;
+  r.rope_original_max_positions = c.rope_original_max_positions;
+  r.rope_low_freq_factor = c.rope_low_freq_factor;
+  r.rope_high_freq_factor = c.rope_high_freq_factor;
+  r.rope_beta_fast = c.rope_beta_fast;
+  r.rope_beta_slow = c.rope_beta_slow;
+  r.rope_attention_factor = c.rope_attention_factor;
+  r.rope_no_truncate = c.rope_no_truncate ? 1 : 0;
   return r;
 }
 
@@ -97,6 +106,8 @@ mha_layer_weights WeightsOfC(const AttentionWeights& w) {
   r.alibi_slopes = w.alibi_slopes;
   r.q_norm_weight = w.q_norm_weight;
   r.k_norm_weight = w.k_norm_weight;
+  r.rope_short_factor = w.rope_short_factor;
+  r.rope_long_factor = w.rope_long_factor;
   return r;
 }
 
@@ -456,6 +467,27 @@ TEST(CApiTest, InvalidConfigs) {
   c.window = -1;
   EXPECT_INVALID(create(c), "window");
   c.window = 0;
+  // RoPE scaling: the enum and the boolean here, the rest through the C++ checks.
+  c.rope_scaling = 6;
+  EXPECT_INVALID(create(c), "config->rope_scaling: expected MHA_ROPE_SCALING_NONE (0)");
+  c.rope_scaling = MHA_ROPE_SCALING_YARN;
+  c.rope_no_truncate = 2;
+  EXPECT_INVALID(create(c), "config->rope_no_truncate: expected 0 or 1, got 2");
+  c.rope_no_truncate = 0;
+  c.rope_factor = 4.0f;
+  c.rope_original_max_positions = 4096;
+  EXPECT_STATUS(create(c), MHA_STATUS_UNSUPPORTED, "rope_scaling: yarn scales RoPE's frequencies");
+  c.rope = MHA_ROPE_NEOX;
+  c.rope_factor = 0.0f;
+  EXPECT_INVALID(create(c), "rope_factor: expected > 0 with rope_scaling yarn, got 0");
+  c.rope_scaling = MHA_ROPE_SCALING_LONGROPE;
+  c.rope_factor = 4.0f;
+  EXPECT_STATUS(create(c), MHA_STATUS_UNSUPPORTED,
+                "rope_scaling longrope needs both [rotary_dim / 2] arrays, got neither");
+  c.rope = MHA_ROPE_NONE;
+  c.rope_scaling = MHA_ROPE_SCALING_NONE;
+  c.rope_factor = 0.0f;
+  c.rope_original_max_positions = 0;
   EXPECT_EQ(layer, nullptr);
 
   mha_context* ctx = nullptr;
@@ -763,7 +795,7 @@ TEST(CApiTest, ForwardAndProjectMatchCppApiBitwise) {
 struct VariantProblem {
   static constexpr int64_t E = 16, H = 4, KVH = 2, hd = 4, L = 6, N = 2;
   std::vector<float> wq, wk, wv, b, wo, bo, sinks, slopes, q_norm, k_norm, q_norm_whole,
-      k_norm_whole, query;
+      k_norm_whole, query, rope_short, rope_long;
   std::vector<int32_t> pos32;
   std::vector<int64_t> pos64;
 
@@ -787,6 +819,8 @@ struct VariantProblem {
     fill(&q_norm_whole, E, 1.0f);
     fill(&k_norm_whole, KVH * hd, 1.0f);
     fill(&query, L * N * E, 0.0f);
+    fill(&rope_short, hd / 2, 1.0f);
+    fill(&rope_long, hd / 2, 3.0f);
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t i = 0; i < L; ++i) {
         pos32.push_back(static_cast<int32_t>(7 * n + 2 * i));
@@ -868,6 +902,15 @@ std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionCon
   EXPECT_EQ(back.qk_norm_whole, cc.qk_norm_whole);
   EXPECT_EQ(back.bias_projections, cc.bias_projections);
   if (cc.head_dim != 0) EXPECT_EQ(back.head_dim, cc.head_dim);
+  EXPECT_EQ(back.rope_scaling, cc.rope_scaling);
+  EXPECT_EQ(back.rope_factor, cc.rope_factor);
+  EXPECT_EQ(back.rope_original_max_positions, cc.rope_original_max_positions);
+  EXPECT_EQ(back.rope_low_freq_factor, cc.rope_low_freq_factor);
+  EXPECT_EQ(back.rope_high_freq_factor, cc.rope_high_freq_factor);
+  EXPECT_EQ(back.rope_beta_fast, cc.rope_beta_fast);
+  EXPECT_EQ(back.rope_beta_slow, cc.rope_beta_slow);
+  EXPECT_EQ(back.rope_attention_factor, cc.rope_attention_factor);
+  EXPECT_EQ(back.rope_no_truncate, cc.rope_no_truncate);
   mha_context* ctx = NewContext(2);
   const mha_attention_inputs c_in = InputsOfC(in);
   const mha_tensor c_out = Dense(got.data(), MHA_DTYPE_F32, {VP::L, VP::N, VP::E});
@@ -909,6 +952,54 @@ TEST(CApiTest, VariantsMatchCppApiBitwise) {
          c->rope = RopeStyle::kGptj;
        },
        DType::kI64},
+      // RoPE scaling (positions up to 17: dynamic and longrope past their original 8).
+      {"rope_scaling_linear",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) {
+         c->rope = RopeStyle::kNeox;
+         c->rope_scaling = RopeScaling::kLinear;
+         c->rope_factor = 2.0f;
+       },
+       DType::kI32},
+      {"rope_scaling_dynamic",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) {
+         c->rope = RopeStyle::kNeox;
+         c->rope_scaling = RopeScaling::kDynamic;
+         c->rope_factor = 2.0f;
+         c->rope_original_max_positions = 8;
+       },
+       DType::kI64},
+      {"rope_scaling_llama3",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) {
+         c->rope = RopeStyle::kGptj;
+         c->rope_scaling = RopeScaling::kLlama3;
+         c->rope_factor = 8.0f;
+         c->rope_low_freq_factor = 1.0f;
+         c->rope_high_freq_factor = 4.0f;
+         c->rope_original_max_positions = 64;
+       },
+       DType::kI32},
+      {"rope_scaling_yarn_unrounded_betas_attention",
+       [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) {
+         c->rope = RopeStyle::kNeox;
+         c->rope_scaling = RopeScaling::kYarn;
+         c->rope_factor = 4.0f;
+         c->rope_original_max_positions = 64;
+         c->rope_beta_fast = 16.0f;
+         c->rope_beta_slow = 2.0f;
+         c->rope_attention_factor = 1.2f;
+         c->rope_no_truncate = true;
+       },
+       DType::kF32},
+      {"rope_scaling_longrope",
+       [](const VariantProblem& p, AttentionConfig* c, AttentionWeights* w) {
+         c->rope = RopeStyle::kNeox;
+         c->rope_scaling = RopeScaling::kLongRope;
+         c->rope_factor = 4.0f;
+         c->rope_original_max_positions = 8;
+         w->rope_short_factor = p.rope_short.data();
+         w->rope_long_factor = p.rope_long.data();
+       },
+       DType::kI32},
       {"alibi_standard",
        [](const VariantProblem&, AttentionConfig* c, AttentionWeights*) { c->alibi = true; },
        DType::kF32},

@@ -89,6 +89,28 @@ TEST(RopeAnglesTest, MatchesLongDouble) {
   }
 }
 
+// The attention factor (RoPE scaling's) multiplies cos and sin in double before their one f32
+// rounding; 1 gives the unscaled bits.
+TEST(RopeAnglesTest, AttentionFactorScalesBeforeRounding) {
+  const std::vector<double> inv_freq = InvFreq(64, 10000.0, 1.0);
+  const size_t half = 32, rows = 3;
+  const int32_t pos[rows] = {0, 77, 123456};
+  std::vector<float> c(rows * half), s(rows * half), c1(rows * half), s1(rows * half);
+  kernels::RopeAngles(pos, 0, rows, inv_freq.data(), half, c.data(), s.data());
+  kernels::RopeAngles(pos, 0, rows, inv_freq.data(), half, c1.data(), s1.data(), 1.0);
+  EXPECT_EQ(std::memcmp(c.data(), c1.data(), c.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(s.data(), s1.data(), s.size() * sizeof(float)), 0);
+  const double a = 0.1 * std::log(4.0) + 1.0;  // YaRN's default at factor 4
+  kernels::RopeAngles(pos, 0, rows, inv_freq.data(), half, c.data(), s.data(), a);
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t i = 0; i < half; ++i) {
+      const double angle = pos[r] * inv_freq[i];
+      EXPECT_EQ(c[r * half + i], static_cast<float>(std::cos(angle) * a)) << r << " " << i;
+      EXPECT_EQ(s[r * half + i], static_cast<float>(std::sin(angle) * a)) << r << " " << i;
+    }
+  }
+}
+
 // One ApplyRope case: rows of `heads` heads, padded and misaligned.
 struct RopeCase {
   size_t rows, heads, head_dim, rotary_dim;

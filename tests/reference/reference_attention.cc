@@ -38,9 +38,12 @@ void Rotate(const Config& c, int64_t hd, int64_t p, double* x) {
   const double theta = c.rope_theta > 0 ? c.rope_theta : 10000.0;
   const double factor = c.rope_scale > 0 ? c.rope_scale : 1.0;
   for (int64_t i = 0; i < rd / 2; ++i) {
-    const double angle = static_cast<double>(p) / factor *
-                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd));
-    const double cs = std::cos(angle), sn = std::sin(angle);
+    const double angle =
+        c.rope_inv_freq.empty()
+            ? static_cast<double>(p) / factor *
+                  std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(rd))
+            : static_cast<double>(p) * c.rope_inv_freq[i];
+    const double cs = std::cos(angle) * c.rope_attention, sn = std::sin(angle) * c.rope_attention;
     const int64_t ia = c.rope == Rope::kNeox ? i : 2 * i;
     const int64_t ib = c.rope == Rope::kNeox ? i + rd / 2 : 2 * i + 1;
     const double a = x[ia], b = x[ib];

@@ -9,9 +9,11 @@
 // Attention variants (issue #30 "Exact conventions"), all in double, per head, in this order:
 //   QK-norm: x <- x / sqrt(mean(x^2) + eps) * w on the projected q and k (bias included), over
 //            one head's hd values, or over the whole row ([E] for q, [kvE] for k) when whole;
-//   RoPE:    on q and k (not v), angle_i = p / rope_scale * theta^(-2i/rd) for i < rd/2; neox
-//            rotates the pairs (x_i, x_{i+rd/2}), gptj (x_{2i}, x_{2i+1}); components >= rd
-//            stay; (a, b) <- (a cos - b sin, b cos + a sin);
+//   RoPE:    on q and k (not v), angle_i = p / rope_scale * theta^(-2i/rd) for i < rd/2 (or
+//            p * rope_inv_freq[i] when given: a RoPE scaling's frequencies, which the tests
+//            compute); neox rotates the pairs (x_i, x_{i+rd/2}), gptj (x_{2i}, x_{2i+1});
+//            components >= rd stay; (a, b) <- (a cos - b sin, b cos + a sin), cos and sin
+//            multiplied by rope_attention (a scaling's attention factor; 1 by default);
 //   s = scale * q.k; softcap c: s <- c * tanh(s / c); ALiBi: s <- s - m_h * |p_i - p_j|;
 //   additive masks; bool masks, causal (index based: j <= i) and the window give -inf; the
 //   window with causal keeps p_i - W < p_j <= p_i, without causal |p_i - p_j| < W;
@@ -61,6 +63,8 @@ struct Config {
   double rope_theta = 0;   // <= 0: 10000
   int64_t rotary_dim = 0;  // 0: head_dim
   double rope_scale = 0;   // <= 0: 1
+  std::vector<double> rope_inv_freq;  // [rd / 2]; non-empty: replaces theta and rope_scale
+  double rope_attention = 1;          // cos and sin multiplied by it
   bool alibi = false;
   std::vector<double> alibi_slopes;    // [H]; empty: StandardAlibiSlopes(H)
   int64_t window = 0;                  // 0: none
