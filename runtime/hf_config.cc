@@ -171,6 +171,17 @@ std::vector<double> AlibiSlopes(int64_t heads) {
   return s;
 }
 
+// `x` rounded to the nearest bf16 value (ties to even), as torch's .bfloat16().
+double RoundToBf16(double x) {
+  const float f = static_cast<float>(x);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &bits, 4);
+  return r;
+}
+
 // YaRN's default attention factor (_compute_yarn_parameters' get_mscale).
 double YarnMscale(double scale, double mscale) {
   return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
@@ -770,9 +781,12 @@ Status HfConfig::ModuleSettings(const HfModuleKind& kind, int64_t layer,
   if (alibi_on) {
     c.alibi = true;
     if (f.alibi == HfAlibi::kFalconConfig) {
-      // FalconAttention: (q.k + slope * j) * (1 / sqrt(hd)).
+      // FalconModel adds alibi / sqrt(hd) to the scores, its slopes rounded to bf16 first
+      // (build_alibi_tensor: slopes.bfloat16() * key index).
       const double inv_norm = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-      for (double m : AlibiSlopes(H)) s.alibi_slopes.push_back(static_cast<float>(m * inv_norm));
+      for (double m : AlibiSlopes(H)) {
+        s.alibi_slopes.push_back(static_cast<float>(RoundToBf16(m) * inv_norm));
+      }
     }
   }
 
