@@ -101,6 +101,12 @@ Status FindModule(const HfConfig& config, const HfCheckpoint& ckpt, int64_t laye
   if (!given_prefix.empty()) {
     std::string p = given_prefix;
     if (p.back() != '.') p += '.';
+    if (InOtherTower(p)) {
+      // Its settings are not in the text model's config: refused rather than misread.
+      return InvalidArgument("HfOptions::prefix \"" + given_prefix +
+                             "\" is in a vision or audio tower; mha reads the text model's "
+                             "attention modules");
+    }
     for (const HfModuleKind& k : f.modules) {
       if (MatchPattern(p, k.pattern, layer)) {
         *kind = &k;

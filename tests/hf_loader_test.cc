@@ -467,6 +467,35 @@ TEST(HfLoader, Gpt2Conv1DIsTransposed) {
   auto ref = Direct(RefConfig(E, 2, 2, true), w);
   ExpectSameLayer(*layer, *ref, E, 2, 2, true);
 
+  // The cross-attention of add_cross_attention, by prefix: q_attn [E, E] and c_attn [E, 2E]
+  // (k | v columns), both Conv1D.
+  {
+    TempFolder cross;
+    Checkpoint cc;
+    const auto q_attn = cc.Add("h.0.crossattention.q_attn.weight", {E, E});
+    cc.Add("h.0.crossattention.q_attn.bias", {E});
+    const auto kv_attn = cc.Add("h.0.crossattention.c_attn.weight", {E, 2 * E});
+    const auto kv_bias = cc.Add("h.0.crossattention.c_attn.bias", {2 * E});
+    cc.Add("h.0.crossattention.c_proj.weight", {E, E});
+    cc.Add("h.0.crossattention.c_proj.bias", {E});
+    cc.Write(cross.path(), R"({"model_type": "gpt2", "n_embd": 32, "n_head": 2, "n_layer": 1,
+        "add_cross_attention": true})");
+    HfOptions o;
+    o.prefix = "h.0.crossattention.";
+    HfLayer l;
+    const Status s = Read(cross.path(), 0, &l, o);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_TRUE(l.info.cross_attention);
+    EXPECT_FALSE(l.info.causal);
+    const std::vector<float> kv = Transpose(kv_attn, E, 2 * E);
+    ExpectArray(l.weights.q_proj_weight, l.weights.dtype, Transpose(q_attn, E, E), "cross q");
+    ExpectArray(l.weights.k_proj_weight, l.weights.dtype, Rows(kv, E, 0, E), "cross k");
+    ExpectArray(l.weights.v_proj_weight, l.weights.dtype, Rows(kv, E, E, E), "cross v");
+    ASSERT_NE(l.weights.in_proj_bias, nullptr);
+    EXPECT_EQ(l.weights.in_proj_bias[E + 3], kv_bias[3]);
+    EXPECT_EQ(l.weights.in_proj_bias[2 * E + 1], kv_bias[E + 1]);
+  }
+
   // scale_attn_by_inverse_layer_idx divides by layer + 1; scale_attn_weights false gives 1.
   HfConfig cfg;
   HfModuleSettings s;
@@ -907,6 +936,11 @@ TEST(HfLoader, Gemma3MultimodalReadsTextConfigAndSkipsTheVisionTower) {
   EXPECT_EQ(r.info.prefix, "model.language_model.layers.0.self_attn.");
   ExpectArray(r.weights.q_proj_weight, r.weights.dtype, l[0].q, "text q");
   EXPECT_EQ(r.config.rope_theta, 10000.0f);  // layer 0 is a sliding layer: the local base
+  HfOptions o;
+  o.prefix = "model.vision_tower.vision_model.encoder.layers.0.self_attn.";
+  const Status tower = Read(dir.path(), 0, &r, o);
+  EXPECT_EQ(tower.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(tower.message().find("vision or audio tower"), std::string::npos) << tower.message();
 }
 
 TEST(HfLoader, Gemma2ScaleSoftcapAndAlternatingWindow) {
@@ -1074,6 +1108,23 @@ Status LlamaSettings(const std::string& extra, HfModuleSettings* s) {
                                   extra + "}",
                               "config.json", &cfg);
   return st.ok() ? cfg.ModuleSettings(cfg.family().modules[0], 0, s) : st;
+}
+
+TEST(HfConfig, EveryRowsDefaultsAreAValidConfiguration) {
+  // config.json holding only model_type: transformers' class defaults, every module kind.
+  EXPECT_EQ(HfFamilies().size(), 21u);
+  for (const HfFamily& f : HfFamilies()) {
+    HfConfig cfg;
+    Status s = HfConfig::Parse(std::string("{\"model_type\": \"") + f.model_type + "\"}",
+                               "config.json", &cfg);
+    ASSERT_TRUE(s.ok()) << f.model_type << ": " << s.ToString();
+    for (const HfModuleKind& kind : f.modules) {
+      HfModuleSettings m;
+      s = cfg.ModuleSettings(kind, 0, &m);
+      EXPECT_TRUE(s.ok()) << f.model_type << " " << kind.pattern << ": " << s.ToString();
+      EXPECT_EQ(m.config.embed_dim, m.hidden_size);
+    }
+  }
 }
 
 TEST(HfConfig, RopeScalingClassicAndRopeParameters) {
