@@ -33,8 +33,10 @@ std::string Show(const Json* v) {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-constexpr double kAny = std::numeric_limits<double>::lowest();
-constexpr double kNoMax = std::numeric_limits<double>::max();
+// mha's settings are floats: every number read lies in float's range (kAny, kNoMax: no other
+// bound), so narrowing it is exact-or-rounded, never undefined.
+constexpr double kAny = -static_cast<double>(std::numeric_limits<float>::max());
+constexpr double kNoMax = std::numeric_limits<float>::max();
 
 std::string Num(double v) {
   char buf[32];
@@ -333,6 +335,11 @@ Status ReadRope(const Fields& settings, const Fields& rope, const Fields& top, c
       attention = has_mscale && has_mscale_all && mscale != 0.0 && mscale_all != 0.0
                       ? YarnMscale(fac, mscale) / YarnMscale(fac, mscale_all)
                       : YarnMscale(fac, 1.0);
+      if (!(attention > 0.0 && attention <= kNoMax)) {
+        return rope.Error("mscale", "values giving a positive attention factor (get_mscale(" +
+                                        Num(fac) + ", mscale) / get_mscale(" + Num(fac) +
+                                        ", mscale_all_dim) = " + Num(attention) + ")");
+      }
     }
     if ((beta_fast != 0.0 ? beta_fast : 32.0) < (beta_slow != 0.0 ? beta_slow : 1.0)) {
       return rope.Error("beta_fast", "a number >= beta_slow");
@@ -367,6 +374,10 @@ Status ReadRope(const Fields& settings, const Fields& rope, const Fields& top, c
       attention = fac <= 1.0
                       ? 1.0
                       : std::sqrt(1.0 + std::log(fac) / std::log(static_cast<double>(original)));
+      if (!(attention <= kNoMax)) {  // transformers divides by log(1) = 0 here
+        return Unsupported(settings.label() + ": longrope with original_max_position_embeddings " +
+                           Str(original) + " has no attention factor (log(original) = 0)");
+      }
     }
     const size_t n = static_cast<size_t>(rd / 2);
     for (const char* key : {"short_factor", "long_factor"}) {
@@ -378,7 +389,7 @@ Status ReadRope(const Fields& settings, const Fields& rope, const Fields& top, c
           std::strcmp(key, "short_factor") == 0 ? s->rope_short_factor : s->rope_long_factor;
       dst.clear();
       for (const Json& x : *v) {
-        if (!x.is_number() || !std::isfinite(x.get<double>()) || !(x.get<double>() > 0.0)) {
+        if (!x.is_number() || !(x.get<double>() > 0.0 && x.get<double>() <= kNoMax)) {
           return rope.Error(key, expected);
         }
         dst.push_back(static_cast<float>(x.get<double>()));
@@ -598,6 +609,9 @@ Status HfConfig::ModuleSettings(const HfModuleKind& kind, int64_t layer,
     double q = 0.0;
     st = cfg.Number("query_pre_attn_scalar", 0.0, kNoMax, true, &q);
     if (!st.ok()) return st;
+    if (!(1.0 / std::sqrt(q) <= kNoMax)) {
+      return cfg.Error("query_pre_attn_scalar", "a number whose ^-1/2 is a float");
+    }
     c.scale = static_cast<float>(1.0 / std::sqrt(q));
   } else if (f.scale == HfScale::kGpt2) {
     bool by_weights = true, by_layer = false;
