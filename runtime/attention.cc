@@ -23,7 +23,11 @@
 
 namespace mha {
 
-struct MultiheadAttention::Impl : LayerWeights {};
+struct MultiheadAttention::Impl : LayerWeights {
+  // What viewed weights live in (CreateKeepingAlive: a mapped checkpoint), released with the
+  // layer.
+  std::shared_ptr<const void> keep_alive;
+};
 
 MultiheadAttention::MultiheadAttention(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MultiheadAttention::~MultiheadAttention() = default;
@@ -38,6 +42,17 @@ Status MultiheadAttention::Create(const AttentionConfig& config, const Attention
   const Status s = BindLayerWeights(config, weights, binding, impl.get());
   if (!s.ok()) return s;
   out->reset(new MultiheadAttention(std::move(impl)));
+  return Status::Ok();
+}
+
+Status CreateKeepingAlive(const AttentionConfig& config, const AttentionWeights& weights,
+                          WeightBinding binding, std::shared_ptr<const void> keep_alive,
+                          std::unique_ptr<MultiheadAttention>* out) {
+  std::unique_ptr<MultiheadAttention> layer;
+  const Status s = MultiheadAttention::Create(config, weights, binding, &layer);
+  if (!s.ok()) return s;
+  InternalAccess::Of(*layer).keep_alive = std::move(keep_alive);
+  *out = std::move(layer);
   return Status::Ok();
 }
 

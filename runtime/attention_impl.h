@@ -6,6 +6,7 @@
 #define MHA_RUNTIME_ATTENTION_IMPL_H_
 
 #include <cstddef>
+#include <memory>
 
 #include "mha/mha.hpp"
 #include "runtime/forward_plan.h"
@@ -16,6 +17,12 @@ namespace mha {
 
 // The layer's resolved weights.
 const LayerWeights& LayerWeightsOf(const MultiheadAttention& layer);
+
+// Create, the layer then holding `keep_alive` until it is destroyed: what its viewed weight
+// arrays live in (CreateFromHuggingFace with WeightBinding::kView: the mapped checkpoint).
+Status CreateKeepingAlive(const AttentionConfig& config, const AttentionWeights& weights,
+                          WeightBinding binding, std::shared_ptr<const void> keep_alive,
+                          std::unique_ptr<MultiheadAttention>* out);
 
 // Forward that also hands its projected keys and values to `sink` (KvCache's prefill: the
 // prompt runs the forward's tiled path and the cache stores the keys as they are produced).

@@ -3,6 +3,7 @@
 // records the outcome in a thread-local message.
 #include "mha/mha.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -506,6 +507,50 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     s = mha::MultiheadAttention::CreateFromSafeTensors(path, prefix == nullptr ? "" : prefix, lo,
                                                        &handle->impl);
     if (!s.ok()) return s;
+    *out = handle.release();
+    return Status::Ok();
+  });
+}
+
+mha_status mha_layer_create_from_hf(const char* dir, int64_t layer_index,
+                                    const mha_hf_options* options, mha_layer** out,
+                                    mha_hf_layer_info* info) {
+  return Guard("mha_layer_create_from_hf", [&]() -> Status {
+    if (dir == nullptr) return NullArg("dir");
+    if (out == nullptr) return NullArg("out");
+    mha::HfOptions o;
+    if (options != nullptr) {
+      Status s = mha::CheckWeightDtype(options->weight_dtype, "options->weight_dtype");
+      if (s.ok()) s = mha::CheckCompute(options->compute, "options->compute");
+      if (s.ok()) s = mha::CheckPrepack(options->prepack, "options->prepack");
+      if (s.ok()) s = mha::CheckBool(options->view, "options->view");
+      if (s.ok()) s = mha::CheckBool(options->sequence_first, "options->sequence_first");
+      if (!s.ok()) return s;
+      o.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
+      o.compute = static_cast<mha::Compute>(options->compute);
+      o.prepack = static_cast<mha::WeightPrepack>(options->prepack);
+      o.binding = options->view != 0 ? mha::WeightBinding::kView : mha::WeightBinding::kCopy;
+      o.batch_first = options->sequence_first == 0;
+      if (options->prefix != nullptr) o.prefix = options->prefix;
+    }
+    auto handle = std::make_unique<mha_layer>();
+    mha::HfLayerInfo found;
+    Status s = mha::MultiheadAttention::CreateFromHuggingFace(dir, layer_index, o, &handle->impl,
+                                                              &found);
+    if (!s.ok()) return s;
+    if (info != nullptr) {
+      // Strings truncated to the arrays, always NUL-terminated.
+      auto copy = [](const std::string& from, char* to, size_t size) {
+        const size_t n = std::min(from.size(), size - 1);
+        std::memcpy(to, from.data(), n);
+        std::memset(to + n, 0, size - n);
+      };
+      copy(found.model_type, info->model_type, sizeof(info->model_type));
+      copy(found.prefix, info->prefix, sizeof(info->prefix));
+      info->hidden_size = found.hidden_size;
+      info->causal = found.causal ? 1 : 0;
+      info->cross_attention = found.cross_attention ? 1 : 0;
+    }
     *out = handle.release();
     return Status::Ok();
   });

@@ -27,6 +27,7 @@ struct InternalAccess {
   using LayerImpl = MultiheadAttention::Impl;
   static Context::Impl& Of(Context& context) { return *context.impl_; }
   static const LayerImpl& Of(const MultiheadAttention& layer) { return *layer.impl_; }
+  static LayerImpl& Of(MultiheadAttention& layer) { return *layer.impl_; }
 };
 
 inline ThreadPool& PoolOf(Context& context) { return *InternalAccess::Of(context).pool; }
