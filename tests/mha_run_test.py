@@ -658,6 +658,95 @@ class Checker:
                                                 "--num-heads", str(H), "--inputs", plain], 1,
                           f"tensor '{prefix}q_norm.weight': expected shape [{hd}]")
 
+    # -- Hugging Face checkpoints (tests/data/hf: transformers' own outputs) -------------------
+
+    HF_ATOL = 1e-4
+    HF_RTOL = 1e-4
+
+    def hf_checkpoints(self):
+        """mha-run --hf on every fixture case exactly as a user types it: --layer or --prefix,
+        the case's inputs file, attn_output against transformers within 1e-4 + 1e-4 |x|; the
+        causal modules also through --kv-dtype f32 against transformers' token-by-token run
+        (inputs without positions: the cache's positions are 0..L-1; entries that start
+        elsewhere are compared where the attention depends only on p_i - p_j)."""
+        import json
+        hf_dir = os.path.join(os.path.dirname(os.path.abspath(self.golden_dir)), "hf")
+        cases = sorted(d for d in os.listdir(hf_dir) if os.path.isdir(os.path.join(hf_dir, d)))
+        if len(cases) < 25:
+            fail(f"hf: expected the fixture cases under {hf_dir}, found {len(cases)}")
+            return
+        ran = decoded = 0
+        for case in cases:
+            d = os.path.join(hf_dir, case)
+            meta = json.load(open(os.path.join(d, "case.json")))
+            config = json.load(open(os.path.join(d, "checkpoint", "config.json")))
+            rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+            rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+            length_dependent = rope_type in ("dynamic", "longrope", "su")
+            expected, _ = self.st.load_file(os.path.join(d, "expected.safetensors"))
+            inputs_path = os.path.join(d, "inputs.safetensors")
+            inputs, _ = self.st.load_file(inputs_path)
+            for m in meta["modules"]:
+                which = (["--prefix", m["prefix"]] if m["prefix"] is not None
+                         else ["--layer", str(m["layer"])])
+                label = f"hf_{case}_{m['name']}"
+                got = self.run_ok(label, ["--hf", os.path.join(d, "checkpoint")] + which +
+                                  ["--inputs", inputs_path], self.path(label + ".safetensors"))
+                if got is None:
+                    continue
+                want = expected[m["name"] + ".attn_output"]
+                self.hf_compare(label, got["attn_output"], want)
+                ran += 1
+                if m["name"] + ".decode_output" not in expected:
+                    continue
+                query_only = self.path(label + "_query.safetensors")
+                self.st.save_file({"query": inputs["query"]}, query_only)
+                got = self.run_ok(label + "_decode", ["--hf", os.path.join(d, "checkpoint")] +
+                                  which + ["--inputs", query_only, "--kv-dtype", "f32"],
+                                  self.path(label + "_decode.safetensors"))
+                if got is None:
+                    continue
+                want = expected[m["name"] + ".decode_output"]
+                pos = inputs.get("positions")
+                L = want.shape[1]
+                rows = [n for n in range(want.shape[0])
+                        if pos is None or (pos[n] == np.arange(L)).all()]
+                if length_dependent and len(rows) < want.shape[0]:
+                    continue  # the batch's largest position sets the length (README)
+                rows = range(want.shape[0]) if not length_dependent else rows
+                for n in rows:
+                    self.hf_compare(f"{label}_decode[{n}]", got["attn_output"][n], want[n])
+                decoded += 1
+        if ran < 35 or decoded < 20:
+            fail(f"hf: ran {ran} modules and decoded {decoded}, expected >= 35 and >= 20")
+        print(f"ok: mha-run --hf on {len(cases)} checkpoints: {ran} modules, {decoded} decoded")
+        d = os.path.join(hf_dir, "llama")
+        args = ["--hf", os.path.join(d, "checkpoint"), "--inputs",
+                os.path.join(d, "inputs.safetensors")]
+        self.expect_error("hf_no_layer", args, 2, "--layer, --prefix: expected exactly one")
+        self.expect_error("hf_num_heads", args + ["--layer", "1", "--num-heads", "4"], 2,
+                          "--num-heads: not with --hf")
+        self.expect_error("hf_weights", args + ["--layer", "1", "--weights", "x.safetensors"], 2,
+                          "--weights: not with --hf")
+        self.expect_error("hf_layer_without_hf", ["--weights", "w.safetensors", "--num-heads", "2",
+                                                  "--layer", "1", "--inputs", "i.safetensors"], 2,
+                          "--layer: needs --hf DIR")
+        self.expect_error("hf_layer_out_of_range", args + ["--layer", "7"], 1, "layer")
+        self.expect_error("hf_missing_folder", ["--hf", self.path("no_such_dir"), "--layer", "0",
+                                                "--inputs", os.path.join(d, "inputs.safetensors")],
+                          1, "config.json")
+        self.expect_error("hf_kv_positions", args + ["--layer", "1", "--kv-dtype", "f32"], 1,
+                          "positions other than 0..L-1")
+
+    def hf_compare(self, label, got, want):
+        if got.shape != want.shape:
+            fail(f"{label}: shape {got.shape}, want {want.shape}")
+            return
+        bad = np.abs(got - want) > self.HF_ATOL + self.HF_RTOL * np.abs(want)
+        if bad.any():
+            i = tuple(np.argwhere(bad)[0])
+            fail(f"{label}: attn_output{i} = {got[i]}, want {want[i]} ({int(bad.sum())} off)")
+
 
 def main():
     if len(sys.argv) != 4:
@@ -670,6 +759,7 @@ def main():
         c.golden()
         c.grouped_query_and_16bit()
         c.variants()
+        c.hf_checkpoints()
         try:
             import torch  # noqa: F401
         except ImportError:

@@ -1,5 +1,9 @@
-// mha-run: one nn.MultiheadAttention forward pass (eval mode) from safetensors files.
+// mha-run: one attention forward pass (eval mode) from safetensors files: an
+// nn.MultiheadAttention state_dict, or one attention layer of a Hugging Face checkpoint folder.
 //
+//   mha-run --hf DIR (--layer I | --prefix P) --inputs I.safetensors --output O.safetensors
+//           [--weights-dtype f32|bf16|f16] [--compute f32|bf16] [--kv-dtype T] [--threads N]
+//           [--need-weights] [--no-average-weights] [--weights-png FILE]
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
@@ -11,6 +15,13 @@
 //
 // With --kv-dtype the query is decoded token by token through a KV cache of that storage type
 // (self-attention, causal), as an application generating text would run the layer.
+//
+// --hf reads everything from the checkpoint's config.json (MultiheadAttention::
+// CreateFromHuggingFace): inputs are batch-first, `query` [N, L, hidden], optional `positions`
+// [N, L], `key_padding_mask` [N, L] and, for a cross-attention module (--prefix of Whisper's
+// encoder_attn), `key` [N, S, hidden] (ignored by a self-attention module, so that one inputs
+// file serves every module); a decoder's self-attention runs causal. The flags that
+// would restate the config (--num-heads, the variants, --causal, ...) are refused with it.
 //
 // Weights are read by state_dict name (MultiheadAttention::CreateFromSafeTensors, with the
 // variants' `sinks`, `alibi_slopes`, `q_norm.weight`, `k_norm.weight`); inputs by name: `query`,
@@ -58,10 +69,24 @@ constexpr int kExitFailure = 1;  // a file could not be read or written, or the 
 constexpr int kExitUsage = 2;    // bad command line
 
 const char kHelp[] =
-    "usage: mha-run --weights W.safetensors [--prefix P] --num-heads H\n"
+    "usage: mha-run --hf DIR (--layer I | --prefix P) --inputs I.safetensors\n"
+    "               --output O.safetensors [options]\n"
+    "       mha-run --weights W.safetensors [--prefix P] --num-heads H\n"
     "               --inputs I.safetensors --output O.safetensors [options]\n"
     "\n"
-    "Runs one torch.nn.MultiheadAttention forward pass (eval mode) with mha.\n"
+    "Runs one attention forward pass (eval mode) with mha: of a Hugging Face checkpoint's\n"
+    "layer, or of a torch.nn.MultiheadAttention state_dict.\n"
+    "\n"
+    "  --hf DIR              a Hugging Face checkpoint folder (config.json and\n"
+    "                        model.safetensors or a sharded index); every setting comes\n"
+    "                        from config.json (README \"Hugging Face checkpoints\")\n"
+    "  --layer I             with --hf: layer I's self-attention (the decoder's in an\n"
+    "                        encoder-decoder model), causal in a decoder\n"
+    "  --prefix P            with --hf: the attention module by state_dict prefix, e.g.\n"
+    "                        'model.decoder.layers.0.encoder_attn.' (cross-attention:\n"
+    "                        the inputs hold 'key' [N, S, hidden]). Inputs with --hf are\n"
+    "                        batch-first: 'query' [N, L, hidden], optional 'positions'\n"
+    "                        [N, L] and 'key_padding_mask' [N, L]\n"
     "\n"
     "  --weights FILE        safetensors file with the module's state_dict tensors\n"
     "                        (in_proj_weight or q/k/v_proj_weight, in_proj_bias,\n"
@@ -151,6 +176,12 @@ struct RunOptions {
   float scale = 0.0f;  // score scale; 0 = 1 / sqrt(head_dim)
   int64_t rotary_dim = 0, window = 0;
   bool alibi = false, qk_norm_add_one = false;
+  // --hf: a Hugging Face checkpoint folder and the layer whose attention runs (or --prefix).
+  std::string hf;
+  int64_t layer = -1;
+  bool have_prefix = false;
+  // Flags given that restate what --hf reads from config.json (refused with --hf).
+  std::vector<std::string> config_flags;
 };
 
 enum class Action { kRun, kHelp, kVersion };
@@ -210,6 +241,14 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
     };
     Status s;
     std::string text;
+    static const char* const kConfigFlags[] = {
+        "--num-heads", "--kv-heads",  "--qkv-layout", "--rope",          "--rope-theta",
+        "--rope-scale", "--rotary-dim", "--alibi",    "--window",        "--softcap",
+        "--qk-norm-eps", "--qk-norm-add-one", "--scale", "--add-zero-attn", "--causal",
+        "--batch-first", "--kv-ring"};
+    for (const char* f : kConfigFlags) {
+      if (arg == f) o->config_flags.push_back(arg);
+    }
     if (arg == "--help" || arg == "-h") {
       *action = Action::kHelp;
       return Status::Ok();
@@ -218,7 +257,15 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
       return Status::Ok();
     } else if (arg == "--weights") {
       s = take(&o->weights);
+    } else if (arg == "--hf") {
+      s = take(&o->hf);
+    } else if (arg == "--layer") {
+      s = take(&text);
+      if (s.ok() && !ParseInt(text, 0, int64_t{1} << 20, &o->layer)) {
+        return InvalidArgument("--layer: expected an integer in 0..1048576, got '" + text + "'");
+      }
     } else if (arg == "--prefix") {
+      o->have_prefix = true;
       if (!inline_value) {
         if (i + 1 >= argc) return InvalidArgument(arg + ": expected a value, got end of arguments");
         value = argv[++i];
@@ -354,12 +401,30 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
     }
     if (!s.ok()) return s;
   }
+  if (!o->hf.empty()) {
+    if (!o->weights.empty()) {
+      return InvalidArgument("--weights: not with --hf (the checkpoint folder holds the weights)");
+    }
+    if (!o->config_flags.empty()) {
+      return InvalidArgument(o->config_flags[0] +
+                             ": not with --hf (the checkpoint's config.json decides it)");
+    }
+    if ((o->layer >= 0) == o->have_prefix) {
+      return InvalidArgument(std::string("--layer, --prefix: expected exactly one with --hf, got ") +
+                             (o->have_prefix ? "both" : "neither"));
+    }
+    o->batch_first = true;
+  } else if (o->layer >= 0) {
+    return InvalidArgument("--layer: needs --hf DIR");
+  }
   const std::pair<const std::string*, const char*> required[] = {
-      {&o->weights, "--weights"}, {&o->inputs, "--inputs"}, {&o->output, "--output"}};
+      {o->hf.empty() ? &o->weights : &o->hf, "--weights"},
+      {&o->inputs, "--inputs"},
+      {&o->output, "--output"}};
   for (const auto& r : required) {
     if (r.first->empty()) return InvalidArgument(std::string(r.second) + ": required, not given");
   }
-  if (!have_heads) return InvalidArgument("--num-heads: required, not given");
+  if (!have_heads && o->hf.empty()) return InvalidArgument("--num-heads: required, not given");
   if (!o->average_weights && !o->need_weights) {
     return InvalidArgument("--no-average-weights: needs --need-weights");
   }
@@ -563,13 +628,32 @@ Status RenderHeatmap(const std::vector<float>& w, int64_t panel_rows, int64_t pa
 
 // --kv-dtype: Step each token of the query [N, L, E] (any layout) through a KV cache, writing
 // its output row; the cache takes batch-first [N, 1, E] views at the query's strides.
+// Whether `positions` ([N, L] or [L], i32/i64) are 0..L-1 in every entry: the positions the
+// KV cache gives its tokens.
+bool DefaultPositions(const TensorView& positions) {
+  const int64_t L = positions.shape[positions.rank - 1];
+  const int64_t rows = positions.rank == 2 ? positions.shape[0] : 1;
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t at = (positions.rank == 2 ? n * positions.strides[0] : 0) +
+                         l * positions.strides[positions.rank - 1];
+      const int64_t p = positions.dtype == DType::kI32 ? static_cast<const int32_t*>(positions.data)[at]
+                                                       : static_cast<const int64_t*>(positions.data)[at];
+      if (p != l) return false;
+    }
+  }
+  return true;
+}
+
 Status DecodeThroughCache(const MultiheadAttention& layer, Context& ctx, const RunOptions& o,
                           const AttentionInputs& in, const AttentionOutputs& out) {
+  const bool other_positions = in.positions.present() && !DefaultPositions(in.positions);
   if (in.key.present() || in.attn_mask.present() || in.key_padding_mask.present() ||
-      in.need_weights || in.positions.present() || in.key_positions.present()) {
+      in.need_weights || other_positions || in.key_positions.present()) {
     return InvalidArgument(
-        "--kv-dtype: expected self-attention without masks, positions or --need-weights (a KV "
-        "cache decodes causally over its own keys at positions 0, 1, ...), got " +
+        "--kv-dtype: expected self-attention without masks, positions other than 0..L-1 or "
+        "--need-weights (a KV cache decodes causally over its own keys at positions 0, 1, ...), "
+        "got " +
         std::string(in.key.present()                                       ? "a 'key' tensor"
                     : in.need_weights                                      ? "--need-weights"
                     : in.positions.present() || in.key_positions.present() ? "a positions tensor"
@@ -633,7 +717,21 @@ std::string FlagOf(const RunOptions& o, const std::string& message) {
   return "--num-heads " + std::to_string(o.num_heads);
 }
 
-Status Run(const RunOptions& o) {
+// The layer of a Hugging Face checkpoint (--hf), with what the loader found.
+Status CreateHfLayer(const RunOptions& o, std::unique_ptr<MultiheadAttention>* layer,
+                     HfLayerInfo* info) {
+  HfOptions options;
+  options.weight_dtype = o.weights_dtype;
+  options.compute = o.compute;
+  options.prefix = o.prefix;
+  const Status s = MultiheadAttention::CreateFromHuggingFace(o.hf, o.have_prefix ? 0 : o.layer,
+                                                             options, layer, info);
+  if (!s.ok()) return Status(s.code(), "--hf " + o.hf + ": " + s.message());
+  return s;
+}
+
+// The layer of an nn.MultiheadAttention state_dict (--weights).
+Status CreateStateDictLayer(const RunOptions& o, std::unique_ptr<MultiheadAttention>* layer) {
   LoadOptions load;
   load.num_heads = o.num_heads;
   load.add_zero_attn = o.add_zero_attn;
@@ -652,11 +750,17 @@ Status Run(const RunOptions& o) {
   load.qk_norm_eps = o.qk_norm_eps;
   load.qk_norm_add_one = o.qk_norm_add_one;
   load.scale = o.scale;
-  std::unique_ptr<MultiheadAttention> layer;
-  Status s = MultiheadAttention::CreateFromSafeTensors(o.weights, o.prefix, load, &layer);
+  const Status s = MultiheadAttention::CreateFromSafeTensors(o.weights, o.prefix, load, layer);
   if (s.code() == StatusCode::kInvalidArgument) {
     return Status(s.code(), FlagOf(o, s.message()) + ": " + s.message());
   }
+  return s;
+}
+
+Status Run(const RunOptions& o) {
+  std::unique_ptr<MultiheadAttention> layer;
+  HfLayerInfo hf;
+  Status s = o.hf.empty() ? CreateStateDictLayer(o, &layer) : CreateHfLayer(o, &layer, &hf);
   if (!s.ok()) return s;
   const AttentionConfig& config = layer->config();
 
@@ -687,7 +791,17 @@ Status Run(const RunOptions& o) {
   in.key_padding_mask = kpm.view;
   in.positions = positions.view;
   in.key_positions = key_positions.view;
-  in.causal = o.causal;
+  in.causal = o.hf.empty() ? o.causal : hf.causal;
+  if (hf.cross_attention && !in.key.present()) {
+    return InvalidArgument("inputs '" + o.inputs + "': missing tensor 'key' [N, S, hidden] for " +
+                           "the cross-attention module '" + hf.prefix + "'");
+  }
+  if (!o.hf.empty() && !hf.cross_attention) {
+    // One inputs file may serve every module of a model: a self-attention module reads only
+    // its query (and positions, padding).
+    in.key = TensorView();
+    in.value = TensorView();
+  }
   in.need_weights = o.need_weights;
   in.average_attn_weights = o.average_weights;
 
@@ -708,7 +822,7 @@ Status Run(const RunOptions& o) {
   out_shape.back() = config.embed_dim;
   std::vector<int64_t> w_shape;
   if (batched) w_shape.push_back(N);
-  if (!o.average_weights) w_shape.push_back(o.num_heads);
+  if (!o.average_weights) w_shape.push_back(config.num_heads);
   w_shape.push_back(L);
   w_shape.push_back(St);
 
@@ -763,7 +877,7 @@ Status Run(const RunOptions& o) {
   std::string png_tmp;
   if (!o.weights_png.empty()) {
     png_tmp = o.weights_png + ".tmp." + std::to_string(getpid());
-    const int64_t panel_cols = o.average_weights ? 1 : o.num_heads;
+    const int64_t panel_cols = o.average_weights ? 1 : config.num_heads;
     s = RenderHeatmap(attn_weights, N, panel_cols, L, St, png_tmp);
     if (!s.ok()) {
       std::remove(png_tmp.c_str());
