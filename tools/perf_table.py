@@ -5,8 +5,8 @@
         [--command "build/tools/mha-bench --threads 2 --compare all --json suite.json"]
 
 Per file: a line naming the machine and the run (CPU model, SIMD target, BLIS architecture,
-threads, mha version, date, load average at the start), a line with the version and precision
-of every peer compared, then one row per case and thread count: the shape (B, L, E, H), causal,
+threads, mha version, date; not the load average, which a table of current facts does not
+hold), a line with the version and precision of every peer compared, then one row per case and thread count: the shape (B, L, E, H), causal,
 mha's median ms, its efficiency (GFLOP/s over the same run's BLIS sgemm, in percent), when the
 file has them (mha-bench measures it with the sgemm) mha's and the fastest agreeing f32 peer's
 percent of the multiply-add peak of the dispatched SIMD target ("peak %", "f32 peer peak %": the
@@ -84,8 +84,6 @@ def machine_line(h):
     if peak and h.get("compute") != "bf16":
         parts.append("multiply-add peak " + ", ".join(
             f"{g:.0f} GFLOP/s on {t} thread(s)" for t, g in sorted(peak.items())))
-    if isinstance(h.get("load_average"), (int, float)):
-        parts.append(f"load average {h['load_average']:.2f} at the start")
     if h.get("prepack") is False:
         parts.append("--no-prepack")
     elif h.get("strassen") is True:
