@@ -9,6 +9,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/gemm_route.h"
 #include "mha/mha.hpp"
 #include "tools/bench_args.h"
 #include "tools/bench_decode.h"
@@ -30,9 +31,16 @@ int Main(int argc, char** argv) {
       std::fputs(HelpText().c_str(), stdout);
       return kExitOk;
     case ParseAction::kVersion:
-      std::printf("mha-bench (mha %s)\nSIMD target: %s\nBLIS arch: %s\nbf16 kernel: %s\n",
-                  OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(),
-                  OrUnknown(BlasArch()).c_str(), OrUnknown(Bf16Kernel()).c_str());
+      // "f32 prepacking": whether f32 layers keep their weights packed at creation
+      // (WeightPrepack::kOn has effect), which the grouped forward of short sequences needs;
+      // "no" where BLIS's micro-kernel prefers column-major C tiles (kernels::WeightsPrepackable),
+      // as Debian's arm64 BLIS does under qemu (its cortexa57 configuration).
+      std::printf(
+          "mha-bench (mha %s)\nSIMD target: %s\nBLIS arch: %s\nbf16 kernel: %s\n"
+          "f32 prepacking: %s\n",
+          OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(),
+          OrUnknown(BlasArch()).c_str(), OrUnknown(Bf16Kernel()).c_str(),
+          kernels::WeightsPrepackable(DType::kF32) ? "yes" : "no");
       return kExitOk;
     case ParseAction::kRun:
       break;
