@@ -24,23 +24,6 @@ std::string Num(double v) {
   return buf;
 }
 
-const char* TypeName(RopeScaling t) {
-  switch (t) {
-    case RopeScaling::kLinear:
-      return "linear";
-    case RopeScaling::kDynamic:
-      return "dynamic";
-    case RopeScaling::kLlama3:
-      return "llama3";
-    case RopeScaling::kYarn:
-      return "yarn";
-    case RopeScaling::kLongRope:
-      return "longrope";
-    default:
-      return "none";
-  }
-}
-
 // The scaling fields, which types read them, and what 0 means.
 struct Field {
   const char* name;
@@ -81,6 +64,23 @@ Status CopyFactors(const float* src, int64_t n, const char* name, std::vector<do
 
 }  // namespace
 
+const char* RopeScalingName(RopeScaling t) {
+  switch (t) {
+    case RopeScaling::kLinear:
+      return "linear";
+    case RopeScaling::kDynamic:
+      return "dynamic";
+    case RopeScaling::kLlama3:
+      return "llama3";
+    case RopeScaling::kYarn:
+      return "yarn";
+    case RopeScaling::kLongRope:
+      return "longrope";
+    default:
+      return "none";
+  }
+}
+
 Status ResolveRopeScaling(const AttentionConfig& c, const AttentionWeights& w, int64_t rotary_dim,
                           RopeScalingParams* p, std::vector<double>* inv_freq) {
   const std::string op = kOp;
@@ -92,7 +92,7 @@ Status ResolveRopeScaling(const AttentionConfig& c, const AttentionWeights& w, i
                            Str(t));
   }
   const RopeScaling type = c.rope_scaling;
-  const std::string name = TypeName(type);
+  const std::string name = RopeScalingName(type);
   const bool is_linear = type == RopeScaling::kLinear, is_dynamic = type == RopeScaling::kDynamic;
   const bool is_llama3 = type == RopeScaling::kLlama3, is_yarn = type == RopeScaling::kYarn;
   const bool is_longrope = type == RopeScaling::kLongRope;

@@ -20,6 +20,9 @@
 
 namespace mha {
 
+// transformers' rope_type name of a scaling type ("llama3"; "none" for kNone).
+const char* RopeScalingName(RopeScaling type);
+
 // A layer's RoPE frequency settings, resolved (defaults applied, longrope factors copied).
 struct RopeScalingParams {
   RopeScaling type = RopeScaling::kNone;

@@ -901,7 +901,9 @@ std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionCon
   EXPECT_EQ(back.qk_norm_eps, cc.qk_norm_eps);
   EXPECT_EQ(back.qk_norm_whole, cc.qk_norm_whole);
   EXPECT_EQ(back.bias_projections, cc.bias_projections);
-  if (cc.head_dim != 0) EXPECT_EQ(back.head_dim, cc.head_dim);
+  if (cc.head_dim != 0) {
+    EXPECT_EQ(back.head_dim, cc.head_dim);
+  }
   EXPECT_EQ(back.rope_scaling, cc.rope_scaling);
   EXPECT_EQ(back.rope_factor, cc.rope_factor);
   EXPECT_EQ(back.rope_original_max_positions, cc.rope_original_max_positions);

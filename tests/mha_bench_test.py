@@ -67,6 +67,17 @@ def version_fields():
     return dict(line.split(": ", 1) for line in p.stdout.splitlines() if ": " in line)
 
 
+def run_json(test, args, timeout=240):
+    """mha-bench with `args` and --json; `test` asserts exit status 0; the process and the
+    document."""
+    with tempfile.TemporaryDirectory() as tmp:
+        jpath = os.path.join(tmp, "d.json")
+        p = run(args + ["--json", jpath], timeout=timeout)
+        test.assertEqual(p.returncode, 0, p.stderr)
+        with open(jpath) as f:
+            return p, json.load(f)
+
+
 class ArgumentErrors(unittest.TestCase):
     # (arguments, text the one-line message must contain)
     CASES = [
@@ -147,8 +158,8 @@ class HelpAndVersion(unittest.TestCase):
                      "is_causal=True", "unidirectional", "ScaledDotProductAttention",
                      "INFERENCE_PRECISION_HINT", "openvino-bf16", "5e-2"]:
             self.assertIn(flag, p.stdout)
-        self.assertIn("2*N*(L*q_dim*E + S*kdim*kvE + S*vdim*kvE + L*E*E)", p.stdout)
-        self.assertIn("4*N*L*S*E, halved when causal", p.stdout)
+        self.assertIn("2*N*(L*q_dim*A + S*kdim*kvE + S*vdim*kvE + L*A*E)", p.stdout)
+        self.assertIn("4*N*L*S*A, halved when causal", p.stdout)
 
     def test_sgemm_probe(self):
         # The child side of the skx baseline: "<GFLOP/s> <BLIS arch>", usage errors exit 2.
@@ -649,7 +660,7 @@ class Decode(unittest.TestCase):
                      "cache_bytes", "weight_bytes", "cache_gbs", "total_gbs", "copy_gbs",
                      "copy_ratio", "total_copy_ratio", "weights_dtype", "attn_ms", "attn_gbs",
                      "attn_copy_ratio", "read_gbs", "read_ratio", "total_read_ratio",
-                     "attn_read_ratio"}
+                     "attn_read_ratio", "head_dim"}
 
     def test_argument_errors(self):
         for args, text in [(["--decode", "--causal"], "--decode"),
@@ -746,12 +757,7 @@ class Decode(unittest.TestCase):
 
     def run_json(self, args, timeout=240):
         """mha-bench with `args` and --json; the process (exit status 0) and the document."""
-        with tempfile.TemporaryDirectory() as tmp:
-            jpath = os.path.join(tmp, "d.json")
-            p = run(args + ["--json", jpath], timeout=timeout)
-            self.assertEqual(p.returncode, 0, p.stderr)
-            with open(jpath) as f:
-                return p, json.load(f)
+        return run_json(self, args, timeout)
 
     def test_sixteen_bit_weights(self):
         p, doc = self.run_json(["--decode", "--contexts", "40", "--batches", "1", "--threads",
@@ -1144,6 +1150,135 @@ class Variants(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(p.returncode, 2)
         self.assertIn("unknown item 'window=x'", p.stderr)
+
+
+HF_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf")
+
+
+def hf_checkpoint(case):
+    return os.path.join(HF_DATA, case, "checkpoint")
+
+
+class HuggingFace(unittest.TestCase):
+    """--hf DIR --layer I / --prefix P: a committed tiny checkpoint's layer timed with its
+    config's shapes (forward and --decode), the report naming the model, FLOPs from the layer's
+    own widths, and the flags --hf refuses."""
+
+    QUICK = ["--threads", "1", "--min-time", "0", "--min-runs", "2", "--rounds", "1",
+             "--sgemm-size", "0"]
+
+    def run_json(self, args):
+        return run_json(self, args)
+
+    def check_flops(self, r, visible_pairs):
+        # 2*N*(L*E*A + 2*S*E*kvE + L*A*E) + 4*N*A*pairs; N = 1, pairs = L*S (halved when
+        # causal; with a window, the visible query-key pairs).
+        e, a = r["embed"], r["heads"] * r["head_dim"]
+        kve = r["kv_heads"] * r["head_dim"]
+        flops = (2 * (r["seq"] * e * a + 2 * r["kv_seq"] * e * kve + r["seq"] * a * e) +
+                 4 * a * visible_pairs)
+        self.assertAlmostEqual(r["gflops"], flops / (r["median_ms"] * 1e6),
+                               delta=1e-3 + 1e-3 * r["gflops"])
+
+    def test_llama_layer_forward(self):
+        p, doc = self.run_json(["--hf", hf_checkpoint("llama"), "--layer", "1", "--seq", "8"] +
+                               self.QUICK)
+        self.assertIn("llama, layer 1 (model.layers.1.self_attn.): hidden 64, 4 heads, "
+                      "2 kv heads, head_dim 16, causal", p.stdout)
+        self.assertIn("weights f32", p.stdout)
+        hf = doc["header"]["hf"]
+        self.assertEqual((hf["model_type"], hf["layer"], hf["prefix"], hf["hidden"], hf["heads"],
+                          hf["kv_heads"], hf["head_dim"], hf["causal"]),
+                         ("llama", 1, "model.layers.1.self_attn.", 64, 4, 2, 16, True))
+        self.assertGreater(hf["load_ms"], 0)
+        (r,) = doc["results"]
+        self.assertEqual((r["batch"], r["seq"], r["kv_seq"], r["embed"], r["heads"],
+                          r["kv_heads"], r["head_dim"], r["causal"]),
+                         (1, 8, 8, 64, 4, 2, 16, True))
+        self.assertIsNone(r["max_abs_err"])  # no double reference of a checkpoint's layer
+        self.assertEqual(r["rows_checked"], 0)
+        self.check_flops(r, visible_pairs=8 * 8 / 2)  # causal: half of L * S
+
+    def test_gemma2_head_dim_and_window(self):
+        # Layer 0 is a sliding layer (window 4) with heads * head_dim = 128 != hidden 64; its
+        # bf16 weights viewed where they are stored.
+        p, doc = self.run_json(["--hf", hf_checkpoint("gemma2"), "--layer", "0", "--seq", "12",
+                                "--weights-dtype", "bf16", "--binding", "view"] + self.QUICK)
+        self.assertIn("gemma2, layer 0", p.stdout)
+        self.assertIn("head_dim 32", p.stdout)
+        self.assertIn("weights bf16, viewed in place", p.stdout)
+        self.assertEqual(doc["header"]["hf"]["binding"], "view")
+        (r,) = doc["results"]
+        self.assertEqual((r["embed"], r["heads"], r["head_dim"], r["kv_heads"]), (64, 4, 32, 2))
+        self.assertIn("head_dim=32", r["variants"])
+        self.assertIn("window=4", r["variants"])
+        # L = 12, W = 4, causal: 1 + 2 + 3 + 4 * 9 = 42 visible pairs.
+        self.check_flops(r, visible_pairs=42)
+
+    def test_whisper_cross_attention_prefix(self):
+        _, doc = self.run_json(["--hf", hf_checkpoint("whisper"), "--prefix",
+                                "model.decoder.layers.0.encoder_attn.", "--seq", "3",
+                                "--kv-seq", "5"] + self.QUICK)
+        self.assertIs(doc["header"]["hf"]["cross_attention"], True)
+        self.assertIsNone(doc["header"]["hf"]["layer"])
+        (r,) = doc["results"]
+        self.assertEqual((r["seq"], r["kv_seq"], r["causal"]), (3, 5, False))
+        self.check_flops(r, visible_pairs=3 * 5)
+
+    def test_llama_layer_decode(self):
+        p, doc = self.run_json(["--hf", hf_checkpoint("llama"), "--layer", "1", "--decode",
+                                "--contexts", "16", "--batches", "1", "--kv-dtypes", "f32",
+                                "--prefill", "8", "--threads", "1", "--min-time", "0",
+                                "--min-runs", "1"])
+        self.assertIn("model: checkpoint ", p.stdout)
+        self.assertIn("llama, layer 1 (model.layers.1.self_attn.)", p.stdout)
+        self.assertEqual(doc["header"]["hf"]["model_type"], "llama")
+        (r,) = doc["results"]
+        self.assertEqual(r["error"], "")
+        self.assertEqual((r["context"], r["embed"], r["heads"], r["kv_heads"], r["head_dim"]),
+                         (16, 64, 4, 2, 16))
+        self.assertEqual(r["cache_bytes"], 2 * 2 * 16 * 16 * 4)
+        self.assertEqual(r["weight_bytes"], 4 * (2 * 64 * 64 + 2 * 2 * 16 * 64))
+        (pre,) = doc["prefill"]
+        self.assertEqual((pre["tokens"], pre["batch"], pre["embed"], pre["kv_heads"]),
+                         (8, 1, 64, 2))
+        self.assertLess(pre["max_abs_diff"], 1e-3)
+
+    def test_errors(self):
+        llama = hf_checkpoint("llama")
+        usage = [
+            (["--hf", llama, "--layer", "1", "--heads", "4"],
+             "--heads: not with --hf (the checkpoint's config.json decides it)"),
+            (["--hf", llama, "--layer", "1", "--rope", "neox"], "--rope: not with --hf"),
+            (["--hf", llama, "--layer", "1", "--causal"], "--causal: not with --hf"),
+            (["--hf", llama, "--layer", "1", "--compare", "torch"], "--compare: not with --hf"),
+            (["--hf", llama], "--layer, --prefix: expected exactly one with --hf, got neither"),
+            (["--hf", llama, "--layer", "0", "--prefix", "x."], "got both"),
+            (["--layer", "1"], "--layer: needs --hf DIR"),
+            (["--binding", "view"], "--binding: needs --hf DIR"),
+            (["--hf", llama, "--layer", "1", "--binding", "mmap"],
+             "--binding: expected copy or view, got 'mmap'"),
+            (["--hf", llama, "--layer", "1", "--kv-seq", "4"] + self.QUICK,
+             "--kv-seq: not with the self-attention module"),
+            (["--hf", hf_checkpoint("bert"), "--layer", "0", "--decode"],
+             "bidirectional self-attention"),
+        ]
+        failures = [
+            (["--hf", "/nonexistent-hf-folder", "--layer", "0"],
+             "--hf /nonexistent-hf-folder: "),
+            (["--hf", llama, "--layer", "7"], "layer"),
+            # f32 storage cannot view the stored bf16 tensors.
+            (["--hf", llama, "--layer", "1", "--binding", "view"], "binding kView"),
+        ]
+        for args, needle, code in [(a, n, 2) for a, n in usage] + [(a, n, 1) for a, n in failures]:
+            with self.subTest(args=args):
+                p = run(args, timeout=60)
+                self.assertEqual(p.returncode, code, p.stderr)
+                lines = p.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, p.stderr)
+                self.assertTrue(lines[0].startswith("mha-bench: "), lines[0])
+                self.assertIn(needle, lines[0])
+                self.assertEqual(p.stdout, "")
 
 
 if __name__ == "__main__":

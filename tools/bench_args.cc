@@ -31,6 +31,20 @@ constexpr int64_t kMaxDecodeBatch = 64;
 
 // Defaults of a custom shape for the shape flags not given.
 constexpr int64_t kDefaultBatch = 1, kDefaultSeq = 128, kDefaultEmbed = 512, kDefaultHeads = 8;
+// --hf: query tokens when --seq is not given (a prompt's length rather than the custom shape's).
+constexpr int64_t kHfDefaultSeq = 512;
+
+// Flags that restate what a checkpoint's config.json decides: refused with --hf.
+bool IsConfigFlag(const std::string& flag) {
+  static const char* const kFlags[] = {"--embed",       "--heads",      "--kv-heads",   "--rope",
+                                       "--rope-theta",  "--rotary-dim", "--rope-scale", "--alibi",
+                                       "--window",      "--softcap",    "--sinks",      "--qk-norm",
+                                       "--qk-norm-eps", "--causal"};
+  for (const char* f : kFlags) {
+    if (flag == f) return true;
+  }
+  return false;
+}
 
 std::string Quoted(const std::string& s) { return "'" + s + "'"; }
 
@@ -282,6 +296,10 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   bool kv_seq_given = false;
   bool compare_all = false;  // "all" in --compare: with --decode, every decode peer
   bool tolerance_given = false;
+  bool seq_given = false;
+  bool binding_given = false;
+  std::string compare_flag;               // --compare or --compare-torch, the first given
+  std::vector<std::string> config_flags;  // IsConfigFlag flags, in the order given
   o->shape.batch = kDefaultBatch;
   o->shape.seq = kDefaultSeq;
   o->shape.embed = kDefaultEmbed;
@@ -297,6 +315,10 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         arg = arg.substr(0, eq);
         has_inline_value = true;
       }
+    }
+    if (IsConfigFlag(arg)) config_flags.push_back(arg);
+    if ((arg == "--compare" || arg == "--compare-torch") && compare_flag.empty()) {
+      compare_flag = arg;
     }
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
@@ -336,7 +358,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         "--seed",       "--json",      "--csv",           "--trace",       "--contexts",
         "--batches",    "--kv-dtypes", "--weights-dtype", "--rounds",      "--compare",
         "--prefill",    "--kv-heads",  "--rope",          "--rope-theta",  "--rotary-dim",
-        "--rope-scale", "--window",    "--softcap",       "--qk-norm-eps", "--compute"};
+        "--rope-scale", "--window",    "--softcap",       "--qk-norm-eps", "--compute",
+        "--hf",         "--layer",     "--prefix",        "--binding"};
     bool known = false;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
@@ -359,7 +382,10 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!ParseInt(arg, value, 1, kMaxDim, &v, &e)) return r;
       o->custom_shape = true;
       if (arg == "--batch") o->shape.batch = v;
-      if (arg == "--seq") o->shape.seq = v;
+      if (arg == "--seq") {
+        o->shape.seq = v;
+        seq_given = true;
+      }
       if (arg == "--kv-seq") {
         o->shape.kv_seq = v;
         kv_seq_given = true;
@@ -452,6 +478,28 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     } else if (arg == "--seed") {
       if (!ParseInt(arg, value, 0, std::numeric_limits<int64_t>::max(), &v, &e)) return r;
       o->seed = static_cast<uint64_t>(v);
+    } else if (arg == "--hf") {
+      if (value.empty()) {
+        e = "--hf: expected a checkpoint folder, got ''";
+        return r;
+      }
+      o->hf_dir = value;
+    } else if (arg == "--binding") {
+      if (value != "copy" && value != "view") {
+        e = "--binding: expected copy or view, got " + Quoted(value);
+        return r;
+      }
+      o->hf_view = value == "view";
+      binding_given = true;
+    } else if (arg == "--layer") {
+      if (!ParseInt(arg, value, 0, kMaxDim, &o->hf_layer, &e)) return r;
+    } else if (arg == "--prefix") {
+      if (value.empty()) {
+        e = "--prefix: expected a state_dict prefix such as 'model.layers.0.self_attn.', got ''";
+        return r;
+      }
+      o->hf_prefix = value;
+      o->hf_prefix_given = true;
     } else if (arg == "--json" || arg == "--csv" || arg == "--trace") {
       if (value.empty()) {
         e = arg + ": expected a file name, got ''";
@@ -460,6 +508,31 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       (arg == "--json" ? o->json_path : arg == "--csv" ? o->csv_path : o->trace_path) = value;
     }
   }
+  const bool hf = !o->hf_dir.empty();
+  if (hf) {
+    if (!config_flags.empty()) {
+      r.error = config_flags[0] + ": not with --hf (the checkpoint's config.json decides it)";
+      return r;
+    }
+    if (!compare_flag.empty()) {
+      r.error = compare_flag +
+                ": not with --hf (the peers are given the suite's random-weight layers, not a "
+                "checkpoint's; --hf times mha alone)";
+      return r;
+    }
+    if ((o->hf_layer >= 0) == o->hf_prefix_given) {
+      r.error = std::string("--layer, --prefix: expected exactly one with --hf, got ") +
+                (o->hf_prefix_given ? "both" : "neither");
+      return r;
+    }
+  } else if (o->hf_layer >= 0 || o->hf_prefix_given || binding_given) {
+    r.error = std::string(o->hf_layer >= 0     ? "--layer"
+                          : o->hf_prefix_given ? "--prefix"
+                                               : "--binding") +
+              ": needs --hf DIR";
+    return r;
+  }
+  o->kv_seq_given = kv_seq_given;
   if (o->decode) {
     // The decode suite has its own shapes and reports; the forward-pass options do not apply.
     const struct {
@@ -504,8 +577,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
     if (o->decode_caches.empty()) o->decode_caches = {DType::kF32, DType::kBF16, DType::kI8};
     if (!o->prefill_given) o->prefill_tokens = {512, 2048};
-  } else if (o->decode_weights_given) {
-    r.error = "--weights-dtype: expected --decode as well, got --weights-dtype without --decode";
+  } else if (o->decode_weights_given && !hf) {
+    r.error =
+        "--weights-dtype: expected --decode or --hf as well, got --weights-dtype without either";
     return r;
   } else if (o->prefill_given) {
     r.error = "--prefill: expected --decode as well, got --prefill without --decode";
@@ -517,6 +591,11 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     r.error = std::string("--contexts/--batches: expected --decode as well, got ") +
               (o->decode_contexts.empty() ? "--batches" : "--contexts") + " without --decode";
     return r;
+  }
+  if (hf && !o->decode) {
+    // One case: N and L from the shape flags, everything else from the checkpoint once loaded.
+    o->custom_shape = true;
+    if (!seq_given) o->shape.seq = kHfDefaultSeq;
   }
   if (!kv_seq_given) o->shape.kv_seq = o->shape.seq;
   o->shape.causal = o->causal;
@@ -533,7 +612,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   // bf16 products round every operand to 8 significant bits: the default tolerance becomes the
   // one the bf16 peers are held to.
   if (o->bf16_compute && !tolerance_given) o->tolerance = kBf16PeerTolerance;
-  if (o->custom_shape && !ValidateShape(o->shape, &r.error)) return r;
+  // A checkpoint's shape is checked once it is loaded (HfShape).
+  if (o->custom_shape && !hf && !ValidateShape(o->shape, &r.error)) return r;
   if (o->threads.empty()) o->threads.push_back(HardwareThreads());
   r.action = ParseAction::kRun;
   return r;
@@ -605,6 +685,32 @@ ort runs causal variant cases through com.microsoft GroupQueryAttention (grouped
 RoPE, window, softcap, sinks as head_sink); the other peers, and ort for ALiBi, QK-norm or
 non-causal cases, skip them with a note.
 
+Hugging Face checkpoint (--hf: one case, a real layer instead of random weights):
+  --hf DIR           a checkpoint folder as transformers writes it: config.json and
+                     model.safetensors, or shards named by model.safetensors.index.json (only
+                     the layer's tensors are read; the header says how long loading took)
+  --layer I          layer I's self-attention (the decoder's in an encoder-decoder model)
+  --prefix P         or the attention module by state_dict prefix, with its trailing dot, e.g.
+                     model.decoder.layers.0.encoder_attn. (cross-attention: keys and values
+                     are random [N, S, hidden] with S = --kv-seq, default --seq)
+  --binding B        copy (default) or view: HfOptions::binding; view keeps the checkpoint
+                     mapped and the layer reads the stored tensors in place (needs
+                     --weights-dtype equal to their dtype, e.g. bf16, and no fused or
+                     transposed layout; else the load fails naming the tensor)
+  Everything else comes from config.json: heads, kv heads, head_dim, biases, RoPE and its
+  scaling, window, softcap, scale, causal or bidirectional. Inputs are random [N, L, hidden] in
+  U(-1, 1), N = --batch (default 1), L = --seq (default 512). --weights-dtype f32|bf16|f16
+  stores the layer's matrices in that type (default f32; a bf16 checkpoint's tensors are kept
+  as stored with bf16), and --compute, --no-prepack, --strassen and --need-weights apply. The
+  header names the model_type, the module, its heads, kv heads and head_dim; the FLOPs use the
+  layer's widths (A = heads * head_dim may differ from hidden). max_err shows '-': there is no
+  double reference of a checkpoint's layer here (tests/hf_fixtures_test checks every family
+  against transformers); a NaN or infinity in the output fails the case. With --decode: the
+  decode rows (--contexts, --batches, --kv-dtypes) and the prefill rows (batch 1) on that layer,
+  which must be causal self-attention. Refused with --hf: --embed, --heads, --causal and the
+  variant flags (config.json decides them), and --compare (the peers are given the suite's
+  random-weight layers).
+
 Measurement:
   --threads LIST     comma-separated thread counts, e.g. 1,2,4 (default: all hardware threads)
   --min-time SEC     measure each case for at least SEC seconds (default 0.5)
@@ -658,7 +764,8 @@ Incremental decoding (--decode runs this suite instead of the one above):
   --kv-dtypes LIST   cache storage types to run, of f32, bf16, f16, i8 (default f32,bf16,i8;
                      the peers run with the f32 rows, so without f32 they are not timed)
   --weights-dtype T  the layer's weight storage: f32 (default), bf16 or f16 (halves the
-                     weight bytes each step streams; the peers get the rounded weights in f32)
+                     weight bytes each step streams; the peers get the rounded weights in f32);
+                     also for a checkpoint's layer without --decode (--hf)
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
                      heads, threads), right after mha's, with the same threads, weights, cache
                      contents and token, --min-time and --min-runs: ort, sdpa or all
@@ -722,10 +829,12 @@ Output (a table on stdout always; progress on stderr when it is a terminal):
 Columns:
   median_ms p10_ms p90_ms  latency of one forward, milliseconds (10th/50th/90th percentile)
   GFLOP/s      flops / median, with
-                 flops = 2*N*(L*q_dim*E + S*kdim*kvE + S*vdim*kvE + L*E*E)  projections
-                       + 4*N*L*S*E, halved when causal                      attention core
-                 (kvE = kv heads * head_dim; with --window the core counts the visible
-                 query-key pairs instead of L*S)
+                 flops = 2*N*(L*q_dim*A + S*kdim*kvE + S*vdim*kvE + L*A*E)  projections
+                       + 4*N*L*S*A, halved when causal                      attention core
+                 (A = heads * head_dim, which is E except for some checkpoints' layers
+                 (--hf: Gemma, Qwen3); kvE = kv heads * head_dim; with --window, or a
+                 checkpoint's window, the core counts the visible query-key pairs instead of
+                 L*S)
                (q_dim = kdim = vdim = E here; softmax not counted; FlashAttention's convention)
   eff%         efficiency in percent: the median over the case's rounds of (the round's mha
                GFLOP/s, from the median of its runs) / (the sgemm measured at the round's

@@ -40,12 +40,23 @@ struct BenchOptions {
   std::vector<int64_t> decode_contexts;  // default {512, 1024, 2048, 4096, 8192}
   std::vector<int64_t> decode_batches;   // default {1, 4, 8}
   std::vector<DType> decode_caches;      // --kv-dtypes; default {kF32, kBF16, kI8}
-  DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage
+  DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage (--decode,
+                                         // or a checkpoint's layer with --hf)
   bool decode_weights_given = false;
   // --prefill: prompt lengths T of the prefill rows (KvCache::Step of T tokens into an empty
   // cache against the causal Forward); default {512, 2048}, empty after --prefill none.
   std::vector<int64_t> prefill_tokens;
   bool prefill_given = false;
+
+  // --hf DIR with --layer I or --prefix P: time that attention layer of a Hugging Face
+  // checkpoint (MultiheadAttention::CreateFromHuggingFace) instead of random-weight layers;
+  // the shape flags give N and L (and S of a cross-attention module), config.json the rest.
+  std::string hf_dir;
+  int64_t hf_layer = -1;
+  std::string hf_prefix;
+  bool hf_prefix_given = false;
+  bool hf_view = false;       // --binding view: the layer views the mapped checkpoint (kView)
+  bool kv_seq_given = false;  // --kv-seq (with --hf: only for a cross-attention module)
 
   bool breakdown = false;
   // --compare LIST (--compare-torch = --compare torch): peers timed after each case, in the

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/elementwise.h"
@@ -46,6 +47,7 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   m->embed = embed;
   m->heads = heads;
   m->kv_heads = kv_heads;
+  m->head_dim = hd;
   m->wq.resize(E * E);
   m->wk.resize(kvE * E);
   m->wv.resize(kvE * E);
@@ -79,6 +81,22 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   return MultiheadAttention::Create(c, w, WeightBinding::kCopy, &m->layer);
 }
 
+void MakeDecodeModelForLayer(std::unique_ptr<MultiheadAttention> layer, int64_t embed,
+                             int64_t max_batch, int64_t max_context, uint64_t seed,
+                             DecodeModel* m) {
+  const AttentionConfig& c = layer->config();
+  m->embed = embed;
+  m->heads = c.num_heads;
+  m->kv_heads = c.num_kv_heads > 0 ? c.num_kv_heads : c.num_heads;
+  m->head_dim = layer->head_dim();
+  m->layer = std::move(layer);
+  m->max_batch = max_batch;
+  m->max_context = max_context;
+  Random rng(seed + static_cast<uint64_t>(m->kv_heads));
+  m->kv.resize(2 * static_cast<size_t>(max_batch * m->kv_heads * max_context * m->head_dim));
+  rng.Fill(&m->kv, 1.0f);
+}
+
 DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
                            size_t threads, const BenchOptions& o, PeerComparison* peers,
                            const std::function<void(const std::string&)>& status) {
@@ -89,7 +107,10 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.dtype = dtype;
   r.weights = m.layer->config().weight_dtype;
   r.threads = threads;
-  const int64_t E = m.embed, hd = E / m.heads, kvh = m.kv_heads;
+  r.embed = m.embed;
+  r.heads = m.heads;
+  r.head_dim = m.head_dim;
+  const int64_t E = m.embed, hd = m.head_dim, kvh = m.kv_heads, A = m.heads * hd;
   ContextOptions co;
   co.num_threads = threads;
   std::unique_ptr<Context> ctx;
@@ -170,15 +191,16 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   const double sec = r.median_ms * 1e-3;
   r.tokens_per_s = static_cast<double>(batch) / sec;
   r.cache_bytes = 2.0 * static_cast<double>(batch * kvh * context) * CacheRowBytes(dtype, hd);
-  // The weights a step streams: as stored, or their bf16 packing with bf16 compute.
+  // The weights a step streams: as stored, or their bf16 packing with bf16 compute; q_proj
+  // [A, E], k/v_proj [kvh * hd, E], o_proj [E, A].
   const AttentionConfig& c = m.layer->config();
   const size_t weight_size = c.compute == Compute::kBF16 ? 2 : DTypeSize(c.weight_dtype);
   r.weight_bytes =
-      static_cast<double>(weight_size) * static_cast<double>(2 * E * E + 2 * kvh * hd * E);
+      static_cast<double>(weight_size) * static_cast<double>(2 * A * E + 2 * kvh * hd * E);
   r.cache_gbs = r.cache_bytes / sec * 1e-9;
   r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
   r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;
-  if (peers != nullptr && dtype == DType::kF32) {
+  if (peers != nullptr && dtype == DType::kF32 && !m.wq.empty()) {
     // mha's threads and cache go first: the peers get the machine as mha had it.
     ctx.reset();
     cache.reset();

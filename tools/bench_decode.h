@@ -25,6 +25,7 @@ inline constexpr int64_t kDecodeHeads = 16;
 
 struct DecodeResult {
   int64_t context = 0, batch = 0, kv_heads = 0;
+  int64_t embed = 0, heads = 0, head_dim = 0;  // the layer's
   DType dtype = DType::kF32;    // cache storage
   DType weights = DType::kF32;  // the layer's weight storage
   size_t threads = 1;
@@ -48,11 +49,11 @@ double CacheRowBytes(DType dtype, int64_t hd);
 
 // A layer with separate q/k/v weights (the GQA layout, kept for kv_heads = heads too) and random
 // weights, plus random projected keys/values for the largest batch and context (none for the
-// prefill rows), viewed per case.
+// prefill rows), viewed per case. A checkpoint's layer (--hf) has no weight arrays here.
 struct DecodeModel {
-  int64_t embed = 0, heads = 0, kv_heads = 0;
+  int64_t embed = 0, heads = 0, kv_heads = 0, head_dim = 0;
   // The weights as the layer holds them: a 16-bit layer's matrices rounded to its dtype (and
-  // widened back), so that the peers get the very values mha multiplies.
+  // widened back), so that the peers get the very values mha multiplies. Empty with --hf.
   std::vector<float> wq, wk, wv, bias, wo, bo;
   std::unique_ptr<MultiheadAttention> layer;
   std::vector<float> kv;  // [2][max_batch, kv_heads, max_context, hd]
@@ -65,6 +66,11 @@ struct DecodeModel {
 Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
                        int64_t max_context, uint64_t seed, DType weights, Compute compute,
                        DecodeModel* m);
+
+// A model around a layer made elsewhere (a checkpoint's, of input width `embed`), with random
+// projected keys/values for max_batch x max_context.
+void MakeDecodeModelForLayer(std::unique_ptr<MultiheadAttention> layer, int64_t embed,
+                             int64_t max_batch, int64_t max_context, uint64_t seed, DecodeModel* m);
 
 // Times KvCache::Step of one token per entry over `context` - 1 cached positions; with `peers`
 // (an f32 cache only), then the peers' step on the same layer, cache contents and token.

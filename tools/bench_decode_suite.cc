@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "mha/mha.hpp"
 #include "tools/bench_bandwidth.h"
 #include "tools/bench_decode.h"
+#include "tools/bench_hf.h"
 #include "tools/bench_host.h"
 #include "tools/bench_output.h"
 #include "tools/bench_report.h"
@@ -26,8 +28,10 @@ Compute DecodeCompute(const BenchOptions& o) {
   return o.bf16_compute ? Compute::kBF16 : Compute::kF32;
 }
 
-// The prefill rows of --decode: prints their table, fills *results; false if any failed.
-bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillResult>* results) {
+// The prefill rows of --decode: prints their table, fills *results; false if any failed. With
+// `hf` (a checkpoint's layer), its rows at batch 1 instead of kPrefillShapes'.
+bool RunPrefill(const BenchOptions& o, const DecodeModel* hf, Progress* progress,
+                std::vector<PrefillResult>* results) {
   std::printf(
       "\nprefill: KvCache::Step of `tokens` prompt tokens per entry into an empty f32 cache "
       "against MultiheadAttention::Forward with causal of the same shape (same layer, input and "
@@ -37,10 +41,13 @@ bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillRe
               "kvh", "threads", "step_ms", "forward_ms", "step/fwd", "max_diff");
   std::fflush(stdout);
   bool ok = true;
-  for (const PrefillShape& shape : kPrefillShapes) {
+  std::vector<PrefillShape> shapes(std::begin(kPrefillShapes), std::end(kPrefillShapes));
+  if (hf != nullptr) shapes = {{hf->embed, hf->heads, hf->kv_heads, 1}};
+  for (const PrefillShape& shape : shapes) {
     DecodeModel model;
     Status st;
-    bool made = false;
+    bool made = hf != nullptr;
+    const DecodeModel& layer_model = hf != nullptr ? *hf : model;
     for (int64_t tokens : o.prefill_tokens) {
       if (shape.batch > 1 && tokens > kPrefillBatchedMaxTokens) continue;
       if (!made) {
@@ -56,7 +63,7 @@ bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillRe
                        ", " + std::to_string(t) + " thread(s)");
         PrefillResult r;
         if (st.ok()) {
-          r = RunPrefillCase(model, tokens, shape.batch, t, o);
+          r = RunPrefillCase(layer_model, tokens, shape.batch, t, o);
         } else {
           r.tokens = tokens;
           r.batch = shape.batch;
@@ -115,12 +122,42 @@ int RunDecodeSuite(const BenchOptions& o) {
     return kExitUsage;
   }
   Progress progress;
+  const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
+  const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
+  // --hf: the checkpoint's layer is the only model, loaded before anything is measured.
+  std::unique_ptr<DecodeModel> hf;
+  HfModel hf_model;
+  if (!o.hf_dir.empty()) {
+    progress.Show("loading " + o.hf_dir + "...");
+    std::unique_ptr<MultiheadAttention> layer;
+    const Status st = LoadHfLayer(o, &layer, &hf_model);
+    progress.Clear();
+    if (!st.ok()) {
+      std::fprintf(stderr, "mha-bench: %s\n", OneLine(st.message()).c_str());
+      return kExitFailure;
+    }
+    std::string error;
+    if (!HfCanDecode(hf_model, &error)) {
+      std::fprintf(stderr, "mha-bench: %s\n", error.c_str());
+      return kExitUsage;
+    }
+    progress.Show("preparing random keys/values...");
+    hf = std::make_unique<DecodeModel>();
+    MakeDecodeModelForLayer(std::move(layer), hf_model.hidden, max_batch, max_context, o.seed,
+                            hf.get());
+    progress.Clear();
+  }
   std::printf("mha-bench --decode: mha %s, SIMD target %s, CPU %s, %s\n",
               OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(), CpuModel().c_str(),
               IsoDateUtc().c_str());
-  std::printf("model: E %lld, %lld heads of %lld; one new token per batch entry per step\n",
-              static_cast<long long>(kDecodeEmbed), static_cast<long long>(kDecodeHeads),
-              static_cast<long long>(kDecodeEmbed / kDecodeHeads));
+  if (hf != nullptr) {
+    std::printf("model: %s; one new token per batch entry per step\n",
+                HfModelLine(hf_model).c_str());
+  } else {
+    std::printf("model: E %lld, %lld heads of %lld; one new token per batch entry per step\n",
+                static_cast<long long>(kDecodeEmbed), static_cast<long long>(kDecodeHeads),
+                static_cast<long long>(kDecodeEmbed / kDecodeHeads));
+  }
   std::map<size_t, double> copy_gbs, read_gbs;
   progress.Show("allocating the read-bandwidth probe's buffer...");
   const ReadProbe read_probe;
@@ -154,17 +191,22 @@ int RunDecodeSuite(const BenchOptions& o) {
   }
   std::printf("\n");
   std::fflush(stdout);
-  const int64_t max_batch = *std::max_element(o.decode_batches.begin(), o.decode_batches.end());
-  const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
   std::vector<DecodeResult> results;
   bool failed = false;
-  for (int64_t kvh : {kDecodeHeads, int64_t{4}}) {
-    progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
-                  " layer and random keys/values...");
-    DecodeModel model;
-    const Status st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context,
-                                      o.seed, o.decode_weights, DecodeCompute(o), &model);
-    progress.Clear();
+  // The suite's MHA and GQA layers, or the checkpoint's (its kv heads).
+  std::vector<int64_t> kv_heads_list = {kDecodeHeads, 4};
+  if (hf != nullptr) kv_heads_list = {hf->kv_heads};
+  for (int64_t kvh : kv_heads_list) {
+    DecodeModel random_model;
+    Status st;
+    if (hf == nullptr) {
+      progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
+                    " layer and random keys/values...");
+      st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context, o.seed,
+                           o.decode_weights, DecodeCompute(o), &random_model);
+      progress.Clear();
+    }
+    const DecodeModel& model = hf != nullptr ? *hf : random_model;
     for (int64_t context : o.decode_contexts) {
       for (int64_t batch : o.decode_batches) {
         // The peers' results of the f32 rows, by thread count, for the other cache types' rows.
@@ -179,6 +221,9 @@ int RunDecodeSuite(const BenchOptions& o) {
               r.context = context;
               r.batch = batch;
               r.kv_heads = kvh;
+              r.embed = kDecodeEmbed;
+              r.heads = kDecodeHeads;
+              r.head_dim = kDecodeEmbed / kDecodeHeads;
               r.dtype = dtype;
               r.threads = t;
               r.error = "MultiheadAttention::Create: " + st.ToString();
@@ -242,7 +287,7 @@ int RunDecodeSuite(const BenchOptions& o) {
   }
   std::vector<PrefillResult> prefill;
   bool prefill_ok = true;
-  if (!o.prefill_tokens.empty()) prefill_ok = RunPrefill(o, &progress, &prefill);
+  if (!o.prefill_tokens.empty()) prefill_ok = RunPrefill(o, hf.get(), &progress, &prefill);
   bool inaccurate = false;
   for (const PrefillResult& r : prefill) {
     if (r.error.empty() && !(r.max_abs_diff <= o.tolerance)) {
@@ -259,9 +304,10 @@ int RunDecodeSuite(const BenchOptions& o) {
     nlohmann::ordered_json j;
     j["context"] = r.context;
     j["batch"] = r.batch;
-    j["embed"] = kDecodeEmbed;
-    j["heads"] = kDecodeHeads;
+    j["embed"] = r.embed;
+    j["heads"] = r.heads;
     j["kv_heads"] = r.kv_heads;
+    j["head_dim"] = r.head_dim;
     j["cache_dtype"] = DTypeName(r.dtype);
     j["weights_dtype"] = DTypeName(r.weights);
     j["threads"] = r.threads;
@@ -299,6 +345,7 @@ int RunDecodeSuite(const BenchOptions& o) {
     doc["header"]["tolerance"] = o.tolerance;
     doc["header"]["compute"] = o.bf16_compute ? "bf16" : "f32";
     doc["header"]["bf16_kernel"] = OrUnknown(Bf16Kernel());
+    if (hf != nullptr) doc["header"]["hf"] = HfModelJson(hf_model);
     AddPeersHeaderJson(peer_header, &doc["header"]);
     doc["results"] = nlohmann::ordered_json::array();
     for (const DecodeResult& r : results) {

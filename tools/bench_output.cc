@@ -44,6 +44,13 @@ void Progress::Clear() {
   shown_ = false;
 }
 
+std::string OneLine(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
 bool OpenOutput(const char* flag, const std::string& path, std::ofstream* out) {
   if (path.empty()) return true;
   out->open(path, std::ios::out | std::ios::trunc);

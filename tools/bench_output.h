@@ -34,6 +34,9 @@ class Progress {
   bool shown_ = false;
 };
 
+// `text` with its line breaks turned into spaces: an error message stays one line on stderr.
+std::string OneLine(std::string text);
+
 // Opens an output file at start-up, so that a bad path fails before a long run, not after. An
 // empty path is no file. Errors are printed, naming `flag`.
 bool OpenOutput(const char* flag, const std::string& path, std::ofstream* out);

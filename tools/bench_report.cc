@@ -129,6 +129,7 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
     }
   }
   std::fprintf(out, "\n");
+  if (!h.model.empty()) std::fprintf(out, "%s\n", h.model.c_str());
 }
 
 // "  1 thread X GFLOP/s  2 threads Y GFLOP/s" and the line's end.
@@ -200,6 +201,7 @@ void PrintRow(std::FILE* out, const RunHeader& h, const CaseResult& r) {
       std::isfinite(r.efficiency) ? FormatFixed(100.0 * r.efficiency, 1) : std::string("-");
   char err[32];
   std::snprintf(err, sizeof(err), "%.1e", r.max_abs_err);
+  if (!r.checked) std::snprintf(err, sizeof(err), "-");
   const std::string sgemm =
       r.sgemm_gflops > 0 ? FormatFixed(r.sgemm_gflops, 1) : std::string("-");
   const std::string peak =
@@ -288,6 +290,7 @@ json HeaderJson(const RunHeader& h) {
             {"bf16_kernel", h.bf16_kernel},
             {"peak_rss_method", h.peak_rss_method},
             {"load_average", Number(h.load_average)}};
+  if (!h.model_json.is_null()) j["hf"] = h.model_json;
   AddPeersHeaderJson(h, &j);
   return j;
 }
@@ -311,6 +314,7 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
             {"causal", s.causal},
             {"need_weights", s.need_weights},
             {"kv_heads", s.kv_heads()},
+            {"head_dim", s.hd()},
             {"variants", VariantsLabel(s).empty() ? "" : VariantsLabel(s).substr(1)},
             {"threads", r.threads}};
   if (!r.error.empty()) {
@@ -341,7 +345,7 @@ json ResultJson(const RunHeader& h, const CaseResult& r) {
   j["workspace_bytes"] = r.workspace_bytes;
   j["arena_high_water"] = r.arena_high_water;
   j["peak_rss_mib"] = Rounded(r.peak_rss_mib, 3);
-  j["max_abs_err"] = Number(r.max_abs_err);
+  j["max_abs_err"] = r.checked ? Number(r.max_abs_err) : json(nullptr);
   j["rows_checked"] = r.rows_checked;
   if (r.has_breakdown) j["breakdown"] = BreakdownJson(r.breakdown);
   if (!h.compare.empty()) {
@@ -387,6 +391,7 @@ void WriteCsv(std::ostream& out, const RunHeader& header, const std::vector<Case
                                         "causal",
                                         "need_weights",
                                         "kv_heads",
+                                        "head_dim",
                                         "variants",
                                         "threads",
                                         "median_ms",

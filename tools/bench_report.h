@@ -46,6 +46,10 @@ struct RunHeader {
   std::string bf16_kernel;      // the kernel bf16 products run on (mha::Bf16Kernel())
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
   bool breakdown = false;
+  // --hf: the checkpoint's layer, one line for the table (HfModelLine) and the JSON header's
+  // "hf" object (null without --hf).
+  std::string model;
+  nlohmann::ordered_json model_json;
   std::vector<std::string> compare;  // --compare: the peers, in column order
   std::string peer_python;           // the interpreter that ran them
   // By peer name, as the peers reported them (a peer that never ran has no entry).
@@ -106,6 +110,9 @@ struct CaseResult {
   double peak_rss_mib = 0;
   double max_abs_err = 0;
   int64_t rows_checked = 0;
+  // Whether max_abs_err was measured: a checkpoint's layer (--hf) has no double reference here
+  // (max_err shows "-", JSON null).
+  bool checked = true;
   bool has_breakdown = false;
   Breakdown breakdown;
   std::map<std::string, PeerResult> peers;  // by peer name, for every --compare peer

@@ -54,11 +54,19 @@ struct Shape {
   bool prepack = true;   // AttentionConfig::prepack kOn or kPlain (false: kOff)
   bool strassen = false;  // with prepack: kStrassen (false: kOn)
   bool bf16 = false;      // AttentionConfig::compute kBF16 (false: kF32)
+  // Per-head width; 0 = embed / heads. A checkpoint's layer (mha-bench --hf) may have
+  // heads * head_dim != embed (Gemma, Qwen3): the attention width A differs from embed.
+  int64_t head_dim = 0;
+  // A cross-attention layer read from a checkpoint (mha-bench --hf --prefix of an encoder_attn
+  // module): key/value inputs even when kv_seq == seq.
+  bool cross = false;
   Variants variants;
 
-  bool self_attention() const { return kv_seq == seq; }
+  bool self_attention() const { return kv_seq == seq && !cross; }
   int64_t kv_heads() const { return variants.kv_heads > 0 ? variants.kv_heads : heads; }
-  int64_t kv_embed() const { return kv_heads() * (embed / heads); }  // kvE
+  int64_t hd() const { return head_dim > 0 ? head_dim : embed / heads; }
+  int64_t attn_embed() const { return heads * hd(); }     // A
+  int64_t kv_embed() const { return kv_heads() * hd(); }  // kvE
 };
 
 // The default suite: (batch, seq, embed, heads), each without and with causal.
@@ -124,24 +132,26 @@ inline double VisiblePairs(const Shape& s) {
   return pairs;
 }
 
-// Floating-point operations of one forward pass, a multiply and an add counting as two:
-//   projections  2*N*(L*q_dim*E + S*kdim*kvE + S*vdim*kvE + L*E*E)
-//   core         4*N*L*S*E  (Q*K^T and P*V), halved when causal; with a window 4*N*E times
+// Floating-point operations of one forward pass, a multiply and an add counting as two, with
+// A = heads * head_dim (= E unless a checkpoint says otherwise) and kvE = kv_heads * head_dim:
+//   projections  2*N*(L*q_dim*A + S*kdim*kvE + S*vdim*kvE + L*A*E)
+//   core         4*N*L*S*A  (Q*K^T and P*V), halved when causal; with a window 4*N*A times
 //                the visible query-key pairs
 // The causal halving is FlashAttention's convention: only about half of the score matrix is
 // needed. Softmax, weight averaging, RoPE and QK-norm are not counted.
 inline double AttentionFlops(const Shape& s) {
   const double n = static_cast<double>(s.batch), l = static_cast<double>(s.seq),
                kv = static_cast<double>(s.kv_seq), e = static_cast<double>(s.embed),
-               kve = static_cast<double>(s.kv_embed());
-  const double projections = 2.0 * n * (l * e * e + kv * e * kve + kv * e * kve + l * e * e);
-  double core = 4.0 * n * l * kv * e;
+               a = static_cast<double>(s.attn_embed()), kve = static_cast<double>(s.kv_embed());
+  const double projections = 2.0 * n * (l * e * a + kv * e * kve + kv * e * kve + l * a * e);
+  double core = 4.0 * n * l * kv * a;
   if (s.causal) core *= 0.5;
-  if (s.variants.window > 0) core = 4.0 * n * e * VisiblePairs(s);
+  if (s.variants.window > 0) core = 4.0 * n * a * VisiblePairs(s);
   return projections + core;
 }
 
-// " kv_heads=8 rope=neox window=1024 sinks": the case's variants, "" without any.
+// " kv_heads=8 rope=neox window=1024 sinks": the case's variants (and a head_dim that is not
+// embed / heads), "" without any.
 inline std::string VariantsLabel(const Shape& s) {
   const Variants& v = s.variants;
   auto number = [](double x) {
@@ -150,6 +160,9 @@ inline std::string VariantsLabel(const Shape& s) {
     return std::string(b);
   };
   std::string label;
+  if (s.head_dim > 0 && s.head_dim * s.heads != s.embed) {
+    label += " head_dim=" + std::to_string(s.head_dim);
+  }
   if (v.kv_heads > 0) label += " kv_heads=" + std::to_string(v.kv_heads);
   if (v.rope != RopeStyle::kNone) {
     label += v.rope == RopeStyle::kNeox ? " rope=neox" : " rope=gptj";
@@ -207,6 +220,8 @@ inline constexpr uint64_t kDefaultSeed = 42;
 // A layer with random weights (nn.MultiheadAttention-like scale: U(-1/sqrt(E), 1/sqrt(E)), so
 // activations stay O(1)) and random inputs in U(-1, 1) for one shape, plus the output buffers.
 // The layer views the weight arrays (WeightBinding::kView); the object owns them all.
+// FromLayer instead takes a layer made elsewhere (a checkpoint's, mha-bench --hf): random
+// inputs and output buffers only, and no weight arrays for a reference to read.
 class Workload {
  public:
   static Status Create(const Shape& shape, uint64_t seed, std::unique_ptr<Workload>* out) {
@@ -216,8 +231,24 @@ class Workload {
     *out = std::move(w);
     return Status::Ok();
   }
+  // `shape` describes `layer` (embed = its input width, heads, head_dim, kv heads); inputs are
+  // drawn from `seed`.
+  static Status FromLayer(const Shape& shape, std::unique_ptr<MultiheadAttention> layer,
+                          uint64_t seed, std::unique_ptr<Workload>* out) {
+    std::unique_ptr<Workload> w(new Workload(shape));
+    w->layer_ = std::move(layer);
+    Random rng(seed);
+    w->FillInputs(&rng);
+    Status s = w->BindViews();
+    if (!s.ok()) return s;
+    *out = std::move(w);
+    return Status::Ok();
+  }
 
   const Shape& shape() const { return shape_; }
+  // Whether the weights are this object's random arrays (a double reference can check the
+  // output); false for FromLayer.
+  bool has_weights() const { return !in_proj_weight_.empty(); }
   const MultiheadAttention& layer() const { return *layer_; }
   const AttentionInputs& inputs() const { return inputs_; }
   const AttentionOutputs& outputs() const { return outputs_; }
@@ -251,9 +282,8 @@ class Workload {
 
   Status Init(uint64_t seed) {
     const Shape& s = shape_;
-    const size_t n = static_cast<size_t>(s.batch), l = static_cast<size_t>(s.seq),
-                 kv = static_cast<size_t>(s.kv_seq), e = static_cast<size_t>(s.embed),
-                 kve = static_cast<size_t>(s.kv_embed()), hd = e / static_cast<size_t>(s.heads);
+    const size_t e = static_cast<size_t>(s.embed), kve = static_cast<size_t>(s.kv_embed()),
+                 hd = e / static_cast<size_t>(s.heads);
     Random rng(seed);
     const float weight_bound = 1.0f / std::sqrt(static_cast<float>(e));
     in_proj_weight_.resize((e + 2 * kve) * e);
@@ -264,16 +294,7 @@ class Workload {
     rng.Fill(&in_proj_bias_, weight_bound);
     rng.Fill(&out_proj_weight_, weight_bound);
     rng.Fill(&out_proj_bias_, weight_bound);
-    query_.resize(n * l * e);
-    rng.Fill(&query_, 1.0f);
-    if (!s.self_attention()) {
-      key_.resize(n * kv * e);
-      value_.resize(n * kv * e);
-      rng.Fill(&key_, 1.0f);
-      rng.Fill(&value_, 1.0f);
-    }
-    output_.assign(n * l * e, 0.0f);
-    if (s.need_weights) attn_weights_.assign(n * l * kv, 0.0f);
+    FillInputs(&rng);
     // Drawn last, so that a case without variants keeps the weights and inputs of its seed.
     const Variants& v = s.variants;
     if (v.sinks) {
@@ -324,9 +345,31 @@ class Workload {
     weights.out_proj_bias = out_proj_bias_.data();
     Status st = MultiheadAttention::Create(config, weights, WeightBinding::kView, &layer_);
     if (!st.ok()) return st;
+    return BindViews();
+  }
 
+  // Random inputs in U(-1, 1) (key/value only for cross-attention) and zeroed outputs.
+  void FillInputs(Random* rng) {
+    const Shape& s = shape_;
+    const size_t n = static_cast<size_t>(s.batch), l = static_cast<size_t>(s.seq),
+                 kv = static_cast<size_t>(s.kv_seq), e = static_cast<size_t>(s.embed);
+    query_.resize(n * l * e);
+    rng->Fill(&query_, 1.0f);
+    if (!s.self_attention()) {
+      key_.resize(n * kv * e);
+      value_.resize(n * kv * e);
+      rng->Fill(&key_, 1.0f);
+      rng->Fill(&value_, 1.0f);
+    }
+    output_.assign(n * l * e, 0.0f);
+    if (s.need_weights) attn_weights_.assign(n * l * kv, 0.0f);
+  }
+
+  // The inputs' and outputs' views over this object's arrays.
+  Status BindViews() {
+    const Shape& s = shape_;
     const int64_t q_shape[3] = {s.batch, s.seq, s.embed};
-    st = TensorView::Dense(query_.data(), DType::kF32, 3, q_shape, &inputs_.query, "query");
+    Status st = TensorView::Dense(query_.data(), DType::kF32, 3, q_shape, &inputs_.query, "query");
     if (!st.ok()) return st;
     if (!s.self_attention()) {
       // Self-attention leaves key/value absent (key = query), the API's self-attention form.
