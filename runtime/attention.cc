@@ -86,14 +86,10 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   if (!s.ok()) return s;
   const ForwardPlan plan =
       PlanForward(m, args.shapes, args.aliasing, ctx.num_threads(), sink == nullptr);
-  s = ReserveArena(ctx, plan.total);
+  uint8_t* base = nullptr;
+  s = TakeWorkspace(ctx, plan.total, "forward workspace", &base);
   if (!s.ok()) return s;
-  Arena& arena = ArenaOf(ctx);
-  arena.Reset();
-  void* base = nullptr;
-  s = arena.Allocate(plan.total, &base, "forward workspace");
-  if (!s.ok()) return s;
-  ForwardBuffers buf = BindForwardPlan(plan, m, args, static_cast<uint8_t*>(base));
+  ForwardBuffers buf = BindForwardPlan(plan, m, args, base);
 
   FillPositions(args, buf.q_pos, buf.k_pos);
   buf.rope_len = RopeCallLength(m, args.shapes, buf.q_pos, buf.k_pos);
@@ -148,13 +144,9 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   Status s = ValidateProject(*impl_, inputs, outputs, &args);
   if (!s.ok()) return s;
   const ProjectPlan plan = PlanProjectWorkspace(*impl_, args.shapes, ctx.num_threads());
-  s = ReserveArena(ctx, plan.total);
+  uint8_t* base = nullptr;
+  s = TakeWorkspace(ctx, plan.total, "projection workspace", &base);
   if (!s.ok()) return s;
-  ArenaOf(ctx).Reset();
-  void* workspace = nullptr;
-  s = ArenaOf(ctx).Allocate(plan.total, &workspace, "projection workspace");
-  if (!s.ok()) return s;
-  uint8_t* base = static_cast<uint8_t*>(workspace);
   RunHeadProjections(ctx, *impl_, args, outputs, base, plan.scratch_per_worker);
   int32_t* q_pos = nullptr;
   int32_t* k_pos = nullptr;

@@ -79,6 +79,17 @@ Status ReserveArena(Context& context, size_t bytes) {
   return c.arena.Init(bytes);
 }
 
+Status TakeWorkspace(Context& context, size_t bytes, const char* what, uint8_t** base) {
+  Status s = ReserveArena(context, bytes);
+  if (!s.ok()) return s;
+  Arena& arena = ArenaOf(context);
+  arena.Reset();
+  void* p = nullptr;
+  s = arena.Allocate(bytes, &p, what);
+  if (s.ok()) *base = static_cast<uint8_t*>(p);
+  return s;
+}
+
 const char* Version() { return MHA_VERSION; }
 
 const char* SimdTarget() { return kernels::TargetName(kernels::ActiveTarget()); }

@@ -5,6 +5,7 @@
 #define MHA_RUNTIME_CONTEXT_INTERNAL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "mha/mha.hpp"
@@ -44,6 +45,10 @@ inline const InternalAccess::LayerImpl& ImplOf(const MultiheadAttention& layer) 
 // Ensures the arena can serve `bytes`: grows an owned arena (one allocation), or returns
 // OutOfMemory naming the bytes needed for a caller-provided buffer too small.
 Status ReserveArena(Context& context, size_t bytes);
+// The workspace of one call: reserves `bytes` (ReserveArena), frees whatever the previous call
+// left in the arena and returns the start of `bytes` 64-byte-aligned bytes in *base. `what`
+// names the workspace in the error message. On error *base is unchanged.
+Status TakeWorkspace(Context& context, size_t bytes, const char* what, uint8_t** base);
 // The executor's breach of its contract (see Executor) since the last call, which clears it;
 // Ok for a context with its own pool. An entry point that dispatched tasks returns it.
 Status TakeDispatchError(Context& context);

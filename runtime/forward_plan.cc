@@ -84,6 +84,25 @@ KeyChunking CurrentKeyChunking() {
           g_chunk_keys.load(std::memory_order_relaxed)};
 }
 
+namespace {
+
+// Bytes of f32 K and V buffers of N entries of St keys, kvE floats a row each.
+size_t KeyValueBytes(size_t N, size_t St, size_t kvE) { return 2 * N * St * kvE * sizeof(float); }
+
+}  // namespace
+
+bool RunsKeyChunked(const KeyChunking& chunking, size_t N, int64_t S, size_t St, size_t kvE) {
+  return S > chunking.chunk_keys && KeyValueBytes(N, St, kvE) >= chunking.min_kv_bytes;
+}
+
+int64_t LongestUnchunkedKeys(const KeyChunking& chunking, size_t N, size_t kvE) {
+  // Unchunked: S <= chunk_keys, or KeyValueBytes(N, S, kvE) < min_kv_bytes.
+  if (chunking.min_kv_bytes == 0) return chunking.chunk_keys;
+  const size_t below = (chunking.min_kv_bytes - 1) / KeyValueBytes(N, 1, kvE);
+  return std::max<int64_t>(chunking.chunk_keys,
+                           static_cast<int64_t>(std::min<size_t>(below, INT64_MAX)));
+}
+
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking) {
   const KeyChunking previous = CurrentKeyChunking();
   g_chunk_min_kv_bytes.store(chunking.min_kv_bytes, std::memory_order_relaxed);
@@ -223,8 +242,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   // (+ 32 for concat) instead of 4 x 32 MiB (plus per-worker scratch).
   const KeyChunking chunking = CurrentKeyChunking();
   const bool online = !sh.need_weights;
-  const bool chunked = online && sh.S > chunking.chunk_keys &&
-                       2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
+  const bool chunked = online && RunsKeyChunked(chunking, N, sh.S, St, kvE);
   plan.path = chunked  ? ForwardPath::kKeyChunked
               : online ? ForwardPath::kOnline
                        : ForwardPath::kFullRows;
@@ -427,15 +445,19 @@ void FillPositions(const ForwardArgs& args, int32_t* q_pos, int32_t* k_pos) {
   if (args.positions.present()) {
     PositionsToInt32(args.positions, N, L, q_pos);
   } else {
-    for (int64_t i = 0; i < N * L; ++i) q_pos[i] = static_cast<int32_t>(i % L);
+    for (int64_t n = 0; n < N; ++n) FillPositionRun(0, L, L, q_pos + n * L);
   }
   if (args.key_positions.present()) {
     PositionsToInt32(args.key_positions, N, S, k_pos);
   } else if (args.aliasing.self_attention) {
     std::memcpy(k_pos, q_pos, N * L * sizeof(int32_t));
   } else {
-    for (int64_t i = 0; i < N * S; ++i) k_pos[i] = static_cast<int32_t>(i % S);
+    for (int64_t n = 0; n < N; ++n) FillPositionRun(0, S, S, k_pos + n * S);
   }
+}
+
+void FillPositionRun(int64_t first, int64_t count, int64_t rows, int32_t* dst) {
+  for (int64_t t = 0; t < rows; ++t) dst[t] = static_cast<int32_t>(first + std::min(t, count));
 }
 
 ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,

@@ -75,6 +75,13 @@ struct KeyChunking {
   int64_t chunk_keys = 0;
 };
 KeyChunking CurrentKeyChunking();
+// The rule above for a forward of N entries of S keys (St with the appended positions) and K, V
+// rows of kvE floats that requests no weights.
+bool RunsKeyChunked(const KeyChunking& chunking, size_t N, int64_t S, size_t St, size_t kvE);
+// The most keys per entry such a forward of N entries without appended positions keeps
+// unchunked: every S up to it runs unchunked, every longer one key-chunked (the KV cache's
+// prefill bound).
+int64_t LongestUnchunkedKeys(const KeyChunking& chunking, size_t N, size_t kvE);
 // Testing hook: replaces the process-wide setting (so small shapes reach the key-chunked path)
 // and returns the previous one. Not for concurrent use with forwards or plans.
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
@@ -223,6 +230,10 @@ ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
 // [N, L] and k_pos [N, S]: the given positions, else queries 0..L-1 and keys the query
 // positions (self-attention) or 0..S-1. Nothing otherwise.
 void FillPositions(const ForwardArgs& args, int32_t* q_pos, int32_t* k_pos);
+
+// dst[t] = first + min(t, count) for t < rows: `count` consecutive positions from `first`, the
+// rows past them (padding) repeating the position after the last (any valid position does).
+void FillPositionRun(int64_t first, int64_t count, int64_t rows, int32_t* dst);
 
 }  // namespace mha
 
