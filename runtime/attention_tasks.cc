@@ -5,6 +5,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
@@ -409,8 +410,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     } else if (direct_) {
       const bool ran =
           kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
-      assert(ran && "the direct kernel runs where it was chosen");
-      (void)ran;
+      MHA_CHECK(ran, "online scores: the direct kernel did not run where it was chosen");
     } else {
       kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_band);
     }
@@ -429,8 +429,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
       kernels::GemmBf16PackedB(1.0f, s_band, vp16.Rows(c0, cols - c0), 1.0f, nullptr, a_view, gs);
     } else if (direct_) {
       const bool ran = kernels::GemmDirectPackedB(1.0f, s_band, v_rows, 1.0f, a_view);
-      assert(ran && "the direct kernel runs where it was chosen");
-      (void)ran;
+      MHA_CHECK(ran, "online P V: the direct kernel did not run where it was chosen");
     } else {
       kernels::GemmBlisPackedB(1.0f, s_band, v_rows, 1.0f, a_view, gs);
     }
