@@ -182,6 +182,8 @@ bool Avx512DirectTiles(const Config& cfg) {
 }
 
 Config MakeConfig() {
+  // MHA_TARGETS may ask BLIS for another configuration: before BLIS's first use (targets.h).
+  TargetsFromEnvironment();
   bli_init();
   Config cfg;
   cfg.cntx = bli_gks_query_cntx();

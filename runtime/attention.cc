@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/targets.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
@@ -34,6 +35,9 @@ int64_t MultiheadAttention::head_dim() const { return impl_->hd; }
 Status MultiheadAttention::Create(const AttentionConfig& config, const AttentionWeights& weights,
                                   WeightBinding binding, std::unique_ptr<MultiheadAttention>* out) {
   if (out == nullptr) return InvalidArgument("MultiheadAttention::Create: out is null");
+  // MHA_TARGETS (kernels/targets.h) holds from the first layer on: its conversions and packing
+  // dispatch.
+  kernels::TargetsFromEnvironment();
   auto impl = std::make_unique<Impl>();
   const Status s = BindLayerWeights(config, weights, binding, impl.get());
   if (!s.ok()) return s;

@@ -37,6 +37,8 @@ Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* 
     }
     threads = workers;
   }
+  // The environment's developer overrides, read once, at the first context or layer.
+  kernels::TargetsFromEnvironment();
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   auto impl = std::make_unique<Context::Impl>();
   if (options.arena_buffer != nullptr) {

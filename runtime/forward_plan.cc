@@ -61,21 +61,29 @@ BatchGrouping DefaultBatchGrouping() {
   return g;
 }
 
-const BatchGrouping g_default_grouping = DefaultBatchGrouping();
-std::atomic<size_t> g_group_rows{g_default_grouping.rows};
-std::atomic<size_t> g_group_max_bytes{g_default_grouping.max_bytes};
+// SetBatchGroupingForTesting's setting, once a test made one (constant-initialized: nothing runs
+// at load).
+std::atomic<bool> g_grouping_replaced{false};
+std::atomic<size_t> g_group_rows{0};
+std::atomic<size_t> g_group_max_bytes{0};
 
 }  // namespace
 
 BatchGrouping CurrentBatchGrouping() {
-  return {g_group_rows.load(std::memory_order_relaxed),
-          g_group_max_bytes.load(std::memory_order_relaxed)};
+  if (g_grouping_replaced.load(std::memory_order_relaxed)) {
+    return {g_group_rows.load(std::memory_order_relaxed),
+            g_group_max_bytes.load(std::memory_order_relaxed)};
+  }
+  // The defaults and the environment's overrides, read once, at the first plan.
+  static const BatchGrouping defaults = DefaultBatchGrouping();
+  return defaults;
 }
 
 BatchGrouping SetBatchGroupingForTesting(const BatchGrouping& grouping) {
   const BatchGrouping previous = CurrentBatchGrouping();
   g_group_rows.store(grouping.rows, std::memory_order_relaxed);
   g_group_max_bytes.store(grouping.max_bytes, std::memory_order_relaxed);
+  g_grouping_replaced.store(true, std::memory_order_relaxed);
   return previous;
 }
 

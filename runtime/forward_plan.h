@@ -55,7 +55,8 @@ inline constexpr size_t kOutRows = 128;
 // rows, when the group's Q, K, V and attention results (f32) take at most
 // kGroupCacheFraction x the core's L2 (runtime/README.md has the measurements: groups of 256
 // rows won 1.4-5.8% at 2-3 MiB on a 2 MiB L2; 128-row groups and 4 MiB ones did not). The
-// environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them for the process.
+// environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them for the process: a
+// developer's override, read once at the first plan (never at load).
 inline constexpr size_t kGroupRows = 256;
 inline constexpr double kGroupCacheFraction = 1.5;
 struct BatchGrouping {
