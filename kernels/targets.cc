@@ -20,6 +20,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <strings.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 
@@ -54,7 +55,17 @@ bool ActiveTargetIsAvx512() {
 #endif
 }
 
-void ForceTarget(int64_t target) { hwy::SetSupportedTargetsForTest(target); }
+namespace {
+std::atomic<uint64_t> g_dispatch_epoch{0};
+}  // namespace
+
+uint64_t DispatchEpoch() { return g_dispatch_epoch.load(std::memory_order_relaxed); }
+void AdvanceDispatchEpoch() { g_dispatch_epoch.fetch_add(1, std::memory_order_relaxed); }
+
+void ForceTarget(int64_t target) {
+  hwy::SetSupportedTargetsForTest(target);
+  AdvanceDispatchEpoch();
+}
 
 int64_t SupportedTargetByName(const char* name) {
   for (int64_t t : SupportedTargets()) {

@@ -23,6 +23,11 @@ bool ActiveTargetIsAvx512();
 // Affects the whole process: for tests and benchmarks, not for concurrent use.
 void ForceTarget(int64_t target);
 
+// A counter that ForceTarget and ForceBf16Kernel advance: a plan made before a different value
+// may have chosen kernels the process no longer dispatches (the plan caches' key).
+uint64_t DispatchEpoch();
+void AdvanceDispatchEpoch();
+
 // The supported target whose Highway name is `name` (case-insensitive), or 0.
 int64_t SupportedTargetByName(const char* name);
 

@@ -88,8 +88,17 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   ForwardArgs args;
   Status s = ValidateForward(m, inputs, &outputs, &args);
   if (!s.ok()) return s;
-  const ForwardPlan plan =
-      PlanForward(m, args.shapes, args.aliasing, ctx.num_threads(), sink == nullptr);
+  // The plan of these shapes on this context: made once, then reused (plan_cache.h).
+  ForwardPlanKey key;
+  key.layer = m.id;
+  key.epoch = PlanSettingsEpoch();
+  key.shapes = args.shapes;
+  key.aliasing = args.aliasing;
+  key.threads = ctx.num_threads();
+  key.may_group = sink == nullptr;
+  const ForwardPlan& plan = ForwardPlansOf(ctx).Get(key, [&] {
+    return PlanForward(m, args.shapes, args.aliasing, key.threads, key.may_group);
+  });
   uint8_t* base = nullptr;
   s = TakeWorkspace(ctx, plan.total, "forward workspace", &base);
   if (!s.ok()) return s;

@@ -10,6 +10,7 @@
 
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
+#include "runtime/plan_cache.h"
 #include "runtime/thread_pool.h"
 
 namespace mha {
@@ -21,6 +22,7 @@ struct Context::Impl {
   Arena arena;                       // every temporary of a forward pass
   bool borrowed = false;             // arena over a caller-provided buffer: never grows
   TraceRecorder* trace = nullptr;    // mha-bench's --breakdown / --trace; null = off
+  ForwardPlanCache forward_plans;    // plans of the forwards run here, reused (plan_cache.h)
 };
 
 // The one friend of Context and MultiheadAttention; the free functions below are its interface.
@@ -33,6 +35,9 @@ struct InternalAccess {
 inline ThreadPool& PoolOf(Context& context) { return *InternalAccess::Of(context).pool; }
 inline Arena& ArenaOf(Context& context) { return InternalAccess::Of(context).arena; }
 inline TraceRecorder* TraceOf(Context& context) { return InternalAccess::Of(context).trace; }
+inline ForwardPlanCache& ForwardPlansOf(Context& context) {
+  return InternalAccess::Of(context).forward_plans;
+}
 // Installs (or, with null, removes) a recorder; see runtime/trace.h.
 inline void SetTrace(Context& context, TraceRecorder* trace) {
   InternalAccess::Of(context).trace = trace;

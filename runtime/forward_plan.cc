@@ -12,6 +12,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/gemm_direct.h"
+#include "kernels/targets.h"
 #include "runtime/arena.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/qk_transform.h"
@@ -20,6 +21,7 @@ namespace mha {
 
 namespace {
 
+std::atomic<uint64_t> g_settings_epoch{0};
 std::atomic<size_t> g_chunk_min_kv_bytes{kChunkMinKvBytes};
 std::atomic<int64_t> g_chunk_keys{kChunkKeys};
 
@@ -84,7 +86,12 @@ BatchGrouping SetBatchGroupingForTesting(const BatchGrouping& grouping) {
   g_group_rows.store(grouping.rows, std::memory_order_relaxed);
   g_group_max_bytes.store(grouping.max_bytes, std::memory_order_relaxed);
   g_grouping_replaced.store(true, std::memory_order_relaxed);
+  g_settings_epoch.fetch_add(1, std::memory_order_relaxed);
   return previous;
+}
+
+uint64_t PlanSettingsEpoch() {
+  return g_settings_epoch.load(std::memory_order_relaxed) + kernels::DispatchEpoch();
 }
 
 KeyChunking CurrentKeyChunking() {
@@ -115,6 +122,7 @@ KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking) {
   const KeyChunking previous = CurrentKeyChunking();
   g_chunk_min_kv_bytes.store(chunking.min_kv_bytes, std::memory_order_relaxed);
   g_chunk_keys.store(std::max<int64_t>(chunking.chunk_keys, 1), std::memory_order_relaxed);
+  g_settings_epoch.fetch_add(1, std::memory_order_relaxed);
   return previous;
 }
 

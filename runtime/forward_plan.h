@@ -87,6 +87,11 @@ int64_t LongestUnchunkedKeys(const KeyChunking& chunking, size_t N, size_t kvE);
 // and returns the previous one. Not for concurrent use with forwards or plans.
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
 
+// Advances whenever a process-wide setting a plan reads changes (the testing hooks above,
+// kernels::ForceTarget, kernels::ForceBf16Kernel): a plan made at another value is not reused
+// (plan_cache.h).
+uint64_t PlanSettingsEpoch();
+
 enum class ForwardPath {
   kFullRows,    // attention weights requested: scores of whole rows, masked softmax, P V
   kOnline,      // no weights: online softmax over key blocks, query blocks in strips

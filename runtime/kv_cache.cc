@@ -18,6 +18,7 @@
 #include "runtime/decode_step.h"
 #include "runtime/kv_storage.h"
 #include "runtime/layer_weights.h"
+#include "runtime/plan_cache.h"
 #include "runtime/step_plan.h"
 #include "runtime/thread_pool.h"
 #include "runtime/validate.h"
@@ -114,6 +115,7 @@ struct __attribute__((visibility("hidden"))) KvCache::Impl {
   // whose slot still holds it (positions [floor_n, len_n) are readable).
   int64_t window = 0;
   std::vector<int64_t> floor;
+  StepPlanCache plans;  // the plans of the calls made so far, reused (plan_cache.h)
 };
 
 KvCache::KvCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -351,14 +353,19 @@ Status KvCache::Impl::Execute(Context& ctx, const MultiheadAttention& layer,
     Commit(ends.data(), m.variants.window);
     return Status::Ok();
   }
-  StepShapes shapes;
-  shapes.N = batch;
-  shapes.T = args.T;
-  shapes.capacity = storage.capacity;
-  shapes.ring = storage.ring;
-  shapes.append = args.append;
-  shapes.forward = args.forward;
-  const StepPlan plan = PlanStep(m, shapes, ctx.num_threads());
+  // The plan of these shapes: made once, then reused (plan_cache.h).
+  StepPlanKey plan_key;
+  plan_key.layer = m.id;
+  plan_key.epoch = PlanSettingsEpoch();
+  plan_key.shapes.N = batch;
+  plan_key.shapes.T = args.T;
+  plan_key.shapes.capacity = storage.capacity;
+  plan_key.shapes.ring = storage.ring;
+  plan_key.shapes.append = args.append;
+  plan_key.shapes.forward = args.forward;
+  plan_key.threads = ctx.num_threads();
+  const StepPlan& plan =
+      plans.Get(plan_key, [&] { return PlanStep(m, plan_key.shapes, plan_key.threads); });
   uint8_t* base = nullptr;
   s = TakeWorkspace(ctx, plan.total, "KV cache workspace", &base);
   if (!s.ok()) return s;

@@ -50,6 +50,9 @@ inline int64_t WindowBandStart(int64_t q, int64_t window) {
 // results' features: D unless head_dim says otherwise), kvE = KVH * hd; qd, kd, vd the input
 // features of query, key, value (resolved: never 0).
 struct LayerWeights {
+  // Unique per layer in the process, never reused (BindLayerWeights): the plan caches' key
+  // (plan_cache.h) for everything a plan reads from the layer.
+  uint64_t id = 0;
   AttentionConfig config;
   int64_t D = 0, E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
   uint32_t biases = 0;  // resolved ProjectionBias mask: which projections add a bias

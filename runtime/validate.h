@@ -76,6 +76,30 @@ struct Aliasing {
   bool out_private = false;
 };
 
+// Field-by-field equality (the plan caches' keys, plan_cache.h): extend with the structs.
+inline bool operator==(const TokenLayout& a, const TokenLayout& b) {
+  return a.batch == b.batch && a.token == b.token;
+}
+inline bool operator==(const SeqShape& a, const SeqShape& b) {
+  return a.tokens == b.tokens && a.features == b.features && a.layout == b.layout;
+}
+inline bool operator==(const MaskShape& a, const MaskShape& b) {
+  return a.type == b.type && a.per_head == b.per_head && a.stride0 == b.stride0 &&
+         a.row_stride == b.row_stride;
+}
+inline bool operator==(const ForwardShapes& a, const ForwardShapes& b) {
+  return a.batched == b.batched && a.N == b.N && a.L == b.L && a.S == b.S && a.St == b.St &&
+         a.q == b.q && a.k == b.k && a.v == b.v && a.self_possible == b.self_possible &&
+         a.attn == b.attn && a.kpm == b.kpm && a.causal == b.causal &&
+         a.need_weights == b.need_weights && a.average == b.average &&
+         a.out_layout == b.out_layout && a.w_stride[0] == b.w_stride[0] &&
+         a.w_stride[1] == b.w_stride[1] && a.w_stride[2] == b.w_stride[2] &&
+         a.has_positions == b.has_positions;
+}
+inline bool operator==(const Aliasing& a, const Aliasing& b) {
+  return a.self_attention == b.self_attention && a.out_private == b.out_private;
+}
+
 // A validated forward (or Project) call.
 struct ForwardArgs {
   ForwardShapes shapes;
