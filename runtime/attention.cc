@@ -56,28 +56,34 @@ Status MultiheadAttention::Plan(const AttentionInputs& inputs, const AttentionOu
   return Status::Ok();
 }
 
+Status ForwardPlanForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
+                             const AttentionOutputs& outputs, size_t num_threads,
+                             ForwardPlan* plan) {
+  ForwardArgs args;
+  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
+  if (!s.ok()) return s;
+  *plan =
+      PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1));
+  return Status::Ok();
+}
+
 Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
                                        const AttentionInputs& inputs,
                                        const AttentionOutputs& outputs, size_t num_threads,
                                        size_t* bytes) {
-  ForwardArgs args;
-  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
-  if (!s.ok()) return s;
-  *bytes = PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1))
-               .total;
-  return Status::Ok();
+  ForwardPlan plan;
+  const Status s = ForwardPlanForTesting(layer, inputs, outputs, num_threads, &plan);
+  if (s.ok()) *bytes = plan.total;
+  return s;
 }
 
 Status ForwardBatchGroupForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
                                    const AttentionOutputs& outputs, size_t num_threads,
                                    size_t* batch_group) {
-  ForwardArgs args;
-  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
-  if (!s.ok()) return s;
-  *batch_group =
-      PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1))
-          .batch_group;
-  return Status::Ok();
+  ForwardPlan plan;
+  const Status s = ForwardPlanForTesting(layer, inputs, outputs, num_threads, &plan);
+  if (s.ok()) *batch_group = plan.batch_group;
+  return s;
 }
 
 namespace {
