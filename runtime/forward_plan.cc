@@ -158,7 +158,7 @@ TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, 
 // strip's scores product loads rows a strip further on; at a stride of an even number of lines
 // those loads and the pending stores fell on the same offsets modulo 4 KiB (at E = 512, strips
 // of 24 rows of the 6 KiB qkv rows are 36 x 4 KiB apart), and the CPU made each load wait for
-// the stores it might alias (runtime/README.md, "Attention results over Q").
+// the stores it might alias (bench/README.md, "Attention results over Q").
 size_t PaddedRowFloats(size_t cols) {
   constexpr size_t kLineFloats = 64 / sizeof(float);
   size_t lines = (cols + kLineFloats - 1) / kLineFloats;
@@ -345,7 +345,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   }
 
   // Without weights, the online path at every length: its strips beat the full-row path's
-  // scores [block, S'] at short lengths too (runtime/README.md).
+  // scores [block, S'] at short lengths too (bench/README.md).
   plan.key_block = std::max<size_t>(std::min(kKeyBlock, St), 1);
   // Query rows per task: the full-row path's scores block [block, S'] within
   // kScoresBlockFloats; the online path's as kMinOnlineTasksPerThread says.

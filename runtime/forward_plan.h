@@ -2,7 +2,7 @@
 // and key block sizes, and the workspace layout as named byte offsets, computed from the
 // validated shapes, the aliasing of the arguments and the thread count; then the binding of a
 // workspace's pointers to it (setup). Every tuning constant of the forward lives here; the
-// measurements behind them are in runtime/README.md. Internal: not installed.
+// measurements behind them are in bench/README.md. Internal: not installed.
 #ifndef MHA_RUNTIME_FORWARD_PLAN_H_
 #define MHA_RUNTIME_FORWARD_PLAN_H_
 
@@ -53,7 +53,7 @@ inline constexpr size_t kOutRows = 128;
 // The grouped forward (batch_groups.h): batch entries of short sequences run in groups of
 // ceil(kGroupRows / L) entries, each group on one worker from its input projections to its output
 // rows, when the group's Q, K, V and attention results (f32) take at most
-// kGroupCacheFraction x the core's L2 (runtime/README.md has the measurements: groups of 256
+// kGroupCacheFraction x the core's L2 (bench/README.md has the measurements: groups of 256
 // rows won 1.4-5.8% at 2-3 MiB on a 2 MiB L2; 128-row groups and 4 MiB ones did not). The
 // environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them for the process: a
 // developer's override, read once at the first plan (never at load).
