@@ -87,8 +87,8 @@ namespace {
 // bli_arch_query_id and bli_arch_string only; bli_arch_set_id takes no argument, and neither
 // bli_gks_lookup_nat_cntx nor the per-configuration bli_cntx_init_<arch> are exported (checked
 // against blis.h and `nm -D libblis.so.4`). It runs once, from TargetsFromEnvironment, before
-// BLIS's first use and never at load; only for MHA_TARGETS naming a target below AVX3 on x86,
-// a developer's request for measurements. setenv is not thread-safe against getenv in other
+// BLIS's first use and never at load; only for MHA_TARGETS naming a target below AVX3, a
+// developer's request for measurements; on other architectures it does nothing. setenv is not thread-safe against getenv in other
 // threads: it runs inside the process's first mha call (context or layer creation, or the first
 // kernel), as a developer override should.
 void SelectBlisAvx2ConfigurationThroughEnvironment() {
@@ -112,10 +112,9 @@ std::string ApplyTargetsFromEnvironment() {
     std::fprintf(stderr, "mha: %s\n", message.c_str());
     return message;
   }
-#if HWY_ARCH_X86
-  // BLIS's AVX-512 configurations (skx, knl) would keep AVX-512 kernels under an AVX2 target.
+  // BLIS's AVX-512 configurations (skx, knl) would keep AVX-512 kernels under an AVX2 target
+  // (x86 only: elsewhere the call does nothing).
   if (target != HWY_AVX3 && target != HWY_AVX3_DL) SelectBlisAvx2ConfigurationThroughEnvironment();
-#endif
   ForceTarget(target);
   return std::string("MHA_TARGETS=") + TargetName(target);
 }
