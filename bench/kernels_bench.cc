@@ -5,7 +5,7 @@
 // - GEMM (kernels/gemm.h) for the scores Q K^T, the weighted sum P V and an input projection,
 //   and a projection split into ParallelGemm's panels with and without the weights packed once;
 //   products by a packed operand through BLIS's micro-kernel and mha's direct one
-//   (kernels/gemm_direct.h) at the operator's shapes;
+//   (kernels/gemm_direct.h) at the operator's shapes; Gemm against BLIS's bli_sgemm_ex;
 // - the bf16 compute product (kernels/gemm_bf16.h) per kernel (emulated, AVX512_BF16, AMX,
 //   BFDOT) at a projection's, the scores' and P V's shapes;
 // - the attention core of one head (scores, online softmax, P V in strips), on every target this
@@ -17,6 +17,7 @@
 //
 //   build-kernels/bench/kernels_bench --benchmark_min_time=0.1
 #include <benchmark/benchmark.h>
+#include <blis.h>
 
 #include <algorithm>
 #include <cassert>
@@ -403,6 +404,49 @@ void BM_GemmPV(benchmark::State& state) {
   RunGemm(state, RowMajor(p, len, len), RowMajor(v, len, kHeadDim), RowMajor(o, len, kHeadDim));
 }
 BENCHMARK(BM_GemmPV)->RangeMultiplier(2)->Range(128, 1024);
+
+// mha's Gemm (range(1) = 0) against BLIS's own bli_sgemm_ex (range(1) = 1) on one thread,
+// row-major operands, beta 0, at shapes from a tiny block to a large square (range(0) indexes
+// kGemmVersusBlisShapes): how mha's blocked driver over BLIS's micro-kernel compares with BLIS's
+// driver, which also allocates its control tree per call (kernels/gemm.h says why mha has its
+// own). Run the two alternately:
+//   build/bench/kernels_bench --benchmark_filter=GemmVersusBlis --benchmark_repetitions=5
+//     --benchmark_enable_random_interleaving=true
+struct GemmShape {
+  size_t m, n, k;
+};
+constexpr GemmShape kGemmVersusBlisShapes[] = {
+    {16, 16, 64}, {64, 1024, 64}, {128, 512, 64}, {512, 2304, 768}, {2048, 2048, 2048}};
+
+void BM_GemmVersusBlis(benchmark::State& state) {
+  const GemmShape& g = kGemmVersusBlisShapes[state.range(0)];
+  std::vector<float> a = RandomFloats(g.m * g.k, -1.0f, 1.0f, 12);
+  std::vector<float> b = RandomFloats(g.k * g.n, -1.0f, 1.0f, 13);
+  std::vector<float> c(g.m * g.n);
+  if (state.range(1) == 0) {
+    RunGemm(state, RowMajor(a, g.m, g.k), RowMajor(b, g.k, g.n), RowMajor(c, g.m, g.n));
+    return;
+  }
+  kernels::GemmInit();
+  rntm_t rntm;
+  bli_rntm_init(&rntm);
+  bli_rntm_set_num_threads(1, &rntm);
+  float one = 1.0f, zero = 0.0f;
+  for (auto _ : state) {
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, static_cast<dim_t>(g.m),
+                 static_cast<dim_t>(g.n), static_cast<dim_t>(g.k), &one, a.data(),
+                 static_cast<inc_t>(g.k), 1, b.data(), static_cast<inc_t>(g.n), 1, &zero, c.data(),
+                 static_cast<inc_t>(g.n), 1, nullptr, &rntm);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
+                       static_cast<double>(g.k);
+  state.counters["FLOPS"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1000);
+  state.SetLabel(std::string("bli_sgemm_ex, ") + kernels::GemmArchName());
+}
+BENCHMARK(BM_GemmVersusBlis)->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1}});
 
 // The online attention path's two products for one strip of 24 query rows against a key block
 // of 512 keys packed once (PackB outside the timed loop, as the operator amortizes it over its

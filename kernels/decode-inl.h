@@ -114,7 +114,7 @@ HWY_INLINE void SumLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out
 // Four streams: both kernels split the n cache rows into four equal runs and read them side by
 // side (row i of each run in turn), then the n % 4 remaining rows in order: each stream gets its
 // own hardware prefetcher, and one sequential stream leaves a core well below the read
-// bandwidth (kernels/README.md). Each stream also requests its rows kPrefetchBytes ahead.
+// bandwidth (bench/README.md). Each stream also requests its rows kPrefetchBytes ahead.
 constexpr size_t kStreams = 4;
 // 512 bytes: 2 f32 or 4 bf16 rows of head_dim 64. A prefetch is a hint and never faults, so
 // running past the end of the cache is harmless.

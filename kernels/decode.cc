@@ -8,6 +8,8 @@
 #include "kernels/decode-inl.h"
 
 #if HWY_ONCE
+#include <cmath>
+
 #include "kernels/decode.h"
 
 namespace mha {
@@ -32,6 +34,23 @@ void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, c
   HWY_DYNAMIC_DISPATCH(AccumulateWeightedValues)
   (p, rows, p_stride, values, static_cast<int>(type), value_stride, value_scales, n, hd, acc,
    acc_stride);
+}
+
+void QuantizeRowI8(const float* x, size_t hd, int8_t* codes, float* scale) {
+  float amax = 0.0f;
+  for (size_t d = 0; d < hd; ++d) {
+    const float a = std::fabs(x[d]);
+    // A NaN, once met, stays (a later element compared with NaN would replace it).
+    if (!(a <= amax) && amax == amax) amax = a;
+  }
+  *scale = amax / 127.0f;
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (size_t d = 0; d < hd; ++d) {
+    float c = x[d] * inv;
+    c = c > 127.0f ? 127.0f : c < -127.0f ? -127.0f : c;
+    // nearbyint rounds half to even in the default rounding mode.
+    codes[d] = static_cast<int8_t>(c == c ? std::nearbyint(c) : 0.0f);
+  }
 }
 
 }  // namespace kernels

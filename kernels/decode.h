@@ -54,6 +54,14 @@ void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, c
                               DType type, ptrdiff_t value_stride, const float* value_scales,
                               size_t n, size_t hd, float* acc, ptrdiff_t acc_stride);
 
+// The int8 rows the kernels above read: symmetric codes of one row of hd f32 values x with one
+// f32 scale, scale = max_d |x_d| / 127 and codes[d] = round_half_even(x_d * (127 / max_d |x_d|))
+// in [-127, 127], so code_d * scale is within scale / 2 (plus the f32 roundings of the two
+// quotients) of x_d. A zero row gets scale 0 and codes 0; a row with a NaN gets a NaN scale (the
+// NaN reaches the scores and sums that read the row, as an f32 cache's would) and codes 0 where
+// x_d is NaN. Scalar code: every target stores the same bytes.
+void QuantizeRowI8(const float* x, size_t hd, int8_t* codes, float* scale);
+
 }  // namespace kernels
 }  // namespace mha
 

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/gemm_route.h"
@@ -181,6 +182,8 @@ bool Avx512DirectTiles(const Config& cfg) {
 }
 
 Config MakeConfig() {
+  // MHA_TARGETS may ask BLIS for another configuration: before BLIS's first use (targets.h).
+  TargetsFromEnvironment();
   bli_init();
   Config cfg;
   cfg.cntx = bli_gks_query_cntx();
@@ -401,8 +404,7 @@ void Driver(GemmRoute route, float alpha, const Operand& a, const Operand& b, si
         const ConstMatrixView a_blk{op_a.At(0, pc).f32, m, kc, op_a.row_stride, op_a.col_stride};
         const bool ran = GemmDirectPackedB(alpha, a_blk, PackedB{b_pack, kc, nc, nc, 0, kc},
                                            pc == 0 ? beta : 1.0f, op_c.Block(0, jc, m, nc));
-        assert(ran && "kDirectPackB: the route needs the direct kernel");
-        (void)ran;
+        MHA_CHECK(ran, "kDirectPackB: the direct kernel did not run where the route chose it");
       }
     }
     return;

@@ -20,6 +20,7 @@
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_bf16_native.h"
 #include "kernels/pack_bf16.h"
+#include "kernels/targets.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -289,6 +290,7 @@ void ForceBf16Kernel(Bf16Kernel kernel) {
   assert(Bf16KernelAvailable(kernel) && "ForceBf16Kernel: kernel not available");
   g_forced.store(kernel == Bf16DefaultKernel() ? -1 : static_cast<int>(kernel),
                  std::memory_order_relaxed);
+  AdvanceDispatchEpoch();
 }
 
 size_t GemmBf16ScratchBytes() { return kARowsBytes + kBf16BlockScratchBytes; }

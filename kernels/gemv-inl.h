@@ -36,7 +36,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // x86 below AVX-512 has 16 vector registers: 4 rows x 4 columns (21 registers) would spill, so
 // those targets take 2 x 4 (13) when a has fewer than kWideRows rows, and 6 x 2 (15: twelve
 // accumulator chains instead of eight) otherwise. Eight chains of 4-cycle multiply-adds at two
-// per cycle leave no slack, so any stall idles an FMA unit (kernels/README.md has the figures).
+// per cycle leave no slack, so any stall idles an FMA unit (bench/README.md has the figures).
 // Other targets have 32 registers and take 4 x 4.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr size_t kTileRows = 2;

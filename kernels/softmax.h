@@ -50,6 +50,9 @@
 namespace mha {
 namespace kernels {
 
+// A logit that never contributes: a masked score, an absent sink, an empty row's maximum.
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
 // Masks applied to a block of score rows. Every pointer may be null (absent).
 struct SoftmaxMasks {
   // Up to two additive f32 masks (attn_mask and key_padding_mask, say), each [rows, cols] with
@@ -80,7 +83,7 @@ struct SoftmaxMasks {
   // SoftmaxRows only: one more logit per row whose value vector is zero (attention sinks); the
   // row's p_j sum to 1 - exp(sink - m) / sum. -inf = none. OnlineSoftmaxUpdate ignores it: the
   // online recurrence takes a sink as its initial state instead (see there).
-  float sink = -std::numeric_limits<float>::infinity();
+  float sink = kNegInf;
 };
 
 // Columns [begin, end) of row r that the index predicates leave visible: the causal limit and,
@@ -170,6 +173,20 @@ void SoftmaxRows(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, 
 void OnlineSoftmaxUpdate(float* scores, size_t rows, size_t cols, ptrdiff_t row_stride, float scale,
                          const SoftmaxMasks& masks, float* row_max, float* row_sum, float* acc,
                          size_t acc_cols, ptrdiff_t acc_row_stride);
+
+// The state (row_max, row_sum) a row of OnlineSoftmaxUpdate starts from. An attention sink s is
+// one more logit whose value vector is zero: the recurrence starts from (s, 1) with acc zeroed
+// (the update rescales acc by exp(m_old - m_new) instead of overwriting it once m_old is finite).
+// A head without one (s = -inf) starts from (-inf, 0): the first visible keys set the state. A
+// merge of partial states seeds its max with row_max and its sum with row_sum * exp(row_max - m).
+struct OnlineSoftmaxState {
+  float row_max;
+  float row_sum;
+  bool has_sink() const { return row_sum > 0.0f; }
+};
+inline OnlineSoftmaxState SinkSeededState(float sink) {
+  return sink > kNegInf ? OnlineSoftmaxState{sink, 1.0f} : OnlineSoftmaxState{kNegInf, 0.0f};
+}
 
 // acc[r, :] /= row_sum[r]; rows whose sum is 0 (fully masked) become zeros.
 void OnlineSoftmaxFinish(float* acc, size_t rows, size_t acc_cols, ptrdiff_t acc_row_stride,

@@ -23,16 +23,24 @@ bool ActiveTargetIsAvx512();
 // Affects the whole process: for tests and benchmarks, not for concurrent use.
 void ForceTarget(int64_t target);
 
+// A counter that ForceTarget and ForceBf16Kernel advance: a plan made before a different value
+// may have chosen kernels the process no longer dispatches (the plan caches' key).
+uint64_t DispatchEpoch();
+void AdvanceDispatchEpoch();
+
 // The supported target whose Highway name is `name` (case-insensitive), or 0.
 int64_t SupportedTargetByName(const char* name);
 
 // The environment variable MHA_TARGETS=NAME (e.g. AVX2 on an AVX-512 CPU, to measure the AVX2
-// paths) restricts dispatch to that one target for the whole process, from the moment the
-// library is loaded. On x86 a target below AVX3 also asks BLIS for its AVX2 kernels
-// (BLIS_ARCH_TYPE, unless the variable is already set; BLIS reads it at its first use), so
-// every kernel runs its AVX2 code. Returns the restriction applied ("" when MHA_TARGETS is unset)
-// or, for a name that is not a compiled and supported target, an error message naming it and
-// the supported ones (nothing is changed then; the message is also printed once on stderr).
+// paths), a developer's override: it restricts dispatch to that one target for the whole process.
+// Read once, at the first call of this function, which ActiveTarget, BLIS's first use
+// (gemm.cc), Context::Create and MultiheadAttention::Create make; never at load. On x86 a target
+// below AVX3 also asks BLIS for its AVX2 kernels (BLIS_ARCH_TYPE, unless the variable is already
+// set; SelectBlisAvx2ConfigurationThroughEnvironment in targets.cc says why that takes an
+// environment variable), so every kernel runs its AVX2 code. Returns the restriction applied (""
+// when MHA_TARGETS is unset) or, for a name that is not a compiled and supported target, an
+// error message naming it and the supported ones (nothing is changed then; the message is also
+// printed once on stderr).
 const std::string& TargetsFromEnvironment();
 
 }  // namespace kernels

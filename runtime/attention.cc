@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/targets.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
 #include "runtime/attention_impl.h"
@@ -38,6 +39,9 @@ int64_t MultiheadAttention::head_dim() const { return impl_->hd; }
 Status MultiheadAttention::Create(const AttentionConfig& config, const AttentionWeights& weights,
                                   WeightBinding binding, std::unique_ptr<MultiheadAttention>* out) {
   if (out == nullptr) return InvalidArgument("MultiheadAttention::Create: out is null");
+  // MHA_TARGETS (kernels/targets.h) holds from the first layer on: its conversions and packing
+  // dispatch.
+  kernels::TargetsFromEnvironment();
   auto impl = std::make_unique<Impl>();
   const Status s = BindLayerWeights(config, weights, binding, impl.get());
   if (!s.ok()) return s;
@@ -67,28 +71,34 @@ Status MultiheadAttention::Plan(const AttentionInputs& inputs, const AttentionOu
   return Status::Ok();
 }
 
+Status ForwardPlanForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
+                             const AttentionOutputs& outputs, size_t num_threads,
+                             ForwardPlan* plan) {
+  ForwardArgs args;
+  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
+  if (!s.ok()) return s;
+  *plan =
+      PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1));
+  return Status::Ok();
+}
+
 Status ForwardWorkspaceBytesForTesting(const MultiheadAttention& layer,
                                        const AttentionInputs& inputs,
                                        const AttentionOutputs& outputs, size_t num_threads,
                                        size_t* bytes) {
-  ForwardArgs args;
-  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
-  if (!s.ok()) return s;
-  *bytes = PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1))
-               .total;
-  return Status::Ok();
+  ForwardPlan plan;
+  const Status s = ForwardPlanForTesting(layer, inputs, outputs, num_threads, &plan);
+  if (s.ok()) *bytes = plan.total;
+  return s;
 }
 
 Status ForwardBatchGroupForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
                                    const AttentionOutputs& outputs, size_t num_threads,
                                    size_t* batch_group) {
-  ForwardArgs args;
-  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
-  if (!s.ok()) return s;
-  *batch_group =
-      PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1))
-          .batch_group;
-  return Status::Ok();
+  ForwardPlan plan;
+  const Status s = ForwardPlanForTesting(layer, inputs, outputs, num_threads, &plan);
+  if (s.ok()) *batch_group = plan.batch_group;
+  return s;
 }
 
 namespace {
@@ -99,16 +109,21 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   ForwardArgs args;
   Status s = ValidateForward(m, inputs, &outputs, &args);
   if (!s.ok()) return s;
-  const ForwardPlan plan =
-      PlanForward(m, args.shapes, args.aliasing, ctx.num_threads(), sink == nullptr);
-  s = ReserveArena(ctx, plan.total);
+  // The plan of these shapes on this context: made once, then reused (plan_cache.h).
+  ForwardPlanKey key;
+  key.layer = m.id;
+  key.epoch = PlanSettingsEpoch();
+  key.shapes = args.shapes;
+  key.aliasing = args.aliasing;
+  key.threads = ctx.num_threads();
+  key.may_group = sink == nullptr;
+  const ForwardPlan& plan = ForwardPlansOf(ctx).Get(key, [&] {
+    return PlanForward(m, args.shapes, args.aliasing, key.threads, key.may_group);
+  });
+  uint8_t* base = nullptr;
+  s = TakeWorkspace(ctx, plan.total, "forward workspace", &base);
   if (!s.ok()) return s;
-  Arena& arena = ArenaOf(ctx);
-  arena.Reset();
-  void* base = nullptr;
-  s = arena.Allocate(plan.total, &base, "forward workspace");
-  if (!s.ok()) return s;
-  ForwardBuffers buf = BindForwardPlan(plan, m, args, static_cast<uint8_t*>(base));
+  ForwardBuffers buf = BindForwardPlan(plan, m, args, base);
 
   FillPositions(args, buf.q_pos, buf.k_pos);
   buf.rope_len = RopeCallLength(m, args.shapes, buf.q_pos, buf.k_pos);
@@ -163,13 +178,9 @@ Status MultiheadAttention::Project(Context& ctx, const AttentionInputs& inputs,
   Status s = ValidateProject(*impl_, inputs, outputs, &args);
   if (!s.ok()) return s;
   const ProjectPlan plan = PlanProjectWorkspace(*impl_, args.shapes, ctx.num_threads());
-  s = ReserveArena(ctx, plan.total);
+  uint8_t* base = nullptr;
+  s = TakeWorkspace(ctx, plan.total, "projection workspace", &base);
   if (!s.ok()) return s;
-  ArenaOf(ctx).Reset();
-  void* workspace = nullptr;
-  s = ArenaOf(ctx).Allocate(plan.total, &workspace, "projection workspace");
-  if (!s.ok()) return s;
-  uint8_t* base = static_cast<uint8_t*>(workspace);
   RunHeadProjections(ctx, *impl_, args, outputs, base, plan.scratch_per_worker);
   int32_t* q_pos = nullptr;
   int32_t* k_pos = nullptr;

@@ -30,6 +30,12 @@ Status ForwardWithKvSink(const MultiheadAttention& layer, Context& ctx,
                          const AttentionInputs& inputs, const AttentionOutputs& outputs,
                          KvSinkFn sink, void* user);
 
+// This very forward's plan (its pointers decide the aliasing): the path, block sizes and
+// workspace. For tests: it runs nothing.
+Status ForwardPlanForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
+                             const AttentionOutputs& outputs, size_t num_threads,
+                             ForwardPlan* plan);
+
 // The workspace bytes this very forward, its pointers included, takes from the arena (Plan
 // returns the bound over every pointer arrangement of the same shapes). For tests: it runs
 // nothing.

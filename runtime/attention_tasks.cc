@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
-#include <limits>
 
+#include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
@@ -22,7 +22,7 @@ using kernels::MatrixView;
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using kernels::kNegInf;
 
 // Keys per key block of the online path with a window over index positions (see
 // OnlineTask::Run): at most one KC block of the GEMM configuration, so that a strip's P V can
@@ -284,7 +284,8 @@ void OnlineTask::Run() {
   // With concat_in_q, out_ is the task's Q rows: the strips read them in place only when each
   // strip's scores product comes before anything writes its rows of acc_: one key block
   // (a window's one_block may take several), and no sink (LoadState zeroes acc_ for it).
-  LoadQueryRows(one_block && blocks <= 1 && !(init_ && Sink() > kNegInf));
+  LoadQueryRows(one_block && blocks <= 1 &&
+                !(init_ && kernels::SinkSeededState(Sink()).has_sink()));
   LoadState();
   for (int64_t k0 = k_first; k0 < kend; k0 += bk) {
     UpdateKeyBlock(k0, std::min(bk, kend - k0), true);
@@ -332,23 +333,18 @@ void OnlineTask::LoadQueryRows(bool in_place) {
 void OnlineTask::LoadState() {
   const int64_t hd = t_.m.hd;
   const int64_t t0 = t_.Now();
-  // A sink (finite; -inf is none) is the state's first logit, whose value vector is zero: the
-  // recurrence starts at (sink, 1) with acc zeroed, since OnlineSoftmaxUpdate scales acc rather
-  // than overwriting it from a finite reference.
-  const float sink = Sink();
-  const bool has_sink = sink > kNegInf;
+  // The first key chunk starts from the head's seed (a sink zeroes acc: SinkSeededState); later
+  // ones continue the running output.
+  const kernels::OnlineSoftmaxState seed = kernels::SinkSeededState(Sink());
   for (size_t r = 0; r < rows_; ++r) {
     float* acc_row = acc_.data + r * acc_.row_stride;
     if (!init_) {
       std::memcpy(acc_row, out_.data + r * out_.row_stride, hd * sizeof(float));
-    } else if (has_sink) {
-      row_max_[r] = sink;
-      row_sum_[r] = 1.0f;
-      std::memset(acc_row, 0, hd * sizeof(float));
-    } else {
-      row_max_[r] = kNegInf;
-      row_sum_[r] = 0.0f;
+      continue;
     }
+    row_max_[r] = seed.row_max;
+    row_sum_[r] = seed.row_sum;
+    if (seed.has_sink()) std::memset(acc_row, 0, hd * sizeof(float));
   }
   Record(t0, Stage::kWeightedSum);
 }
@@ -414,8 +410,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     } else if (direct_) {
       const bool ran =
           kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
-      assert(ran && "the direct kernel runs where it was chosen");
-      (void)ran;
+      MHA_CHECK(ran, "online scores: the direct kernel did not run where it was chosen");
     } else {
       kernels::GemmBlisPackedAB(t_.m.scale, qp_.Rows(r0, sr), k_cols, 0.0f, s_band);
     }
@@ -434,8 +429,7 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
       kernels::GemmBf16PackedB(1.0f, s_band, vp16.Rows(c0, cols - c0), 1.0f, nullptr, a_view, gs);
     } else if (direct_) {
       const bool ran = kernels::GemmDirectPackedB(1.0f, s_band, v_rows, 1.0f, a_view);
-      assert(ran && "the direct kernel runs where it was chosen");
-      (void)ran;
+      MHA_CHECK(ran, "online P V: the direct kernel did not run where it was chosen");
     } else {
       kernels::GemmBlisPackedB(1.0f, s_band, v_rows, 1.0f, a_view, gs);
     }

@@ -37,6 +37,8 @@ Status Context::Create(const ContextOptions& options, std::unique_ptr<Context>* 
     }
     threads = workers;
   }
+  // The environment's developer overrides, read once, at the first context or layer.
+  kernels::TargetsFromEnvironment();
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   auto impl = std::make_unique<Context::Impl>();
   if (options.arena_buffer != nullptr) {
@@ -77,6 +79,17 @@ Status ReserveArena(Context& context, size_t bytes) {
                        std::to_string(c.arena.capacity()) + " usable bytes");
   }
   return c.arena.Init(bytes);
+}
+
+Status TakeWorkspace(Context& context, size_t bytes, const char* what, uint8_t** base) {
+  Status s = ReserveArena(context, bytes);
+  if (!s.ok()) return s;
+  Arena& arena = ArenaOf(context);
+  arena.Reset();
+  void* p = nullptr;
+  s = arena.Allocate(bytes, &p, what);
+  if (s.ok()) *base = static_cast<uint8_t*>(p);
+  return s;
 }
 
 const char* Version() { return MHA_VERSION; }

@@ -5,10 +5,12 @@
 #define MHA_RUNTIME_CONTEXT_INTERNAL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
+#include "runtime/plan_cache.h"
 #include "runtime/thread_pool.h"
 
 namespace mha {
@@ -20,6 +22,7 @@ struct Context::Impl {
   Arena arena;                       // every temporary of a forward pass
   bool borrowed = false;             // arena over a caller-provided buffer: never grows
   TraceRecorder* trace = nullptr;    // mha-bench's --breakdown / --trace; null = off
+  ForwardPlanCache forward_plans;    // plans of the forwards run here, reused (plan_cache.h)
 };
 
 // The one friend of Context and MultiheadAttention; the free functions below are its interface.
@@ -33,6 +36,9 @@ struct InternalAccess {
 inline ThreadPool& PoolOf(Context& context) { return *InternalAccess::Of(context).pool; }
 inline Arena& ArenaOf(Context& context) { return InternalAccess::Of(context).arena; }
 inline TraceRecorder* TraceOf(Context& context) { return InternalAccess::Of(context).trace; }
+inline ForwardPlanCache& ForwardPlansOf(Context& context) {
+  return InternalAccess::Of(context).forward_plans;
+}
 // Installs (or, with null, removes) a recorder; see runtime/trace.h.
 inline void SetTrace(Context& context, TraceRecorder* trace) {
   InternalAccess::Of(context).trace = trace;
@@ -45,6 +51,10 @@ inline const InternalAccess::LayerImpl& ImplOf(const MultiheadAttention& layer) 
 // Ensures the arena can serve `bytes`: grows an owned arena (one allocation), or returns
 // OutOfMemory naming the bytes needed for a caller-provided buffer too small.
 Status ReserveArena(Context& context, size_t bytes);
+// The workspace of one call: reserves `bytes` (ReserveArena), frees whatever the previous call
+// left in the arena and returns the start of `bytes` 64-byte-aligned bytes in *base. `what`
+// names the workspace in the error message. On error *base is unchanged.
+Status TakeWorkspace(Context& context, size_t bytes, const char* what, uint8_t** base);
 // The executor's breach of its contract (see Executor) since the last call, which clears it;
 // Ok for a context with its own pool. An entry point that dispatched tasks returns it.
 Status TakeDispatchError(Context& context);

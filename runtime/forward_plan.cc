@@ -12,6 +12,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/gemm_direct.h"
+#include "kernels/targets.h"
 #include "runtime/arena.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/qk_transform.h"
@@ -20,6 +21,7 @@ namespace mha {
 
 namespace {
 
+std::atomic<uint64_t> g_settings_epoch{0};
 std::atomic<size_t> g_chunk_min_kv_bytes{kChunkMinKvBytes};
 std::atomic<int64_t> g_chunk_keys{kChunkKeys};
 
@@ -61,22 +63,35 @@ BatchGrouping DefaultBatchGrouping() {
   return g;
 }
 
-const BatchGrouping g_default_grouping = DefaultBatchGrouping();
-std::atomic<size_t> g_group_rows{g_default_grouping.rows};
-std::atomic<size_t> g_group_max_bytes{g_default_grouping.max_bytes};
+// SetBatchGroupingForTesting's setting, once a test made one (constant-initialized: nothing runs
+// at load).
+std::atomic<bool> g_grouping_replaced{false};
+std::atomic<size_t> g_group_rows{0};
+std::atomic<size_t> g_group_max_bytes{0};
 
 }  // namespace
 
 BatchGrouping CurrentBatchGrouping() {
-  return {g_group_rows.load(std::memory_order_relaxed),
-          g_group_max_bytes.load(std::memory_order_relaxed)};
+  if (g_grouping_replaced.load(std::memory_order_relaxed)) {
+    return {g_group_rows.load(std::memory_order_relaxed),
+            g_group_max_bytes.load(std::memory_order_relaxed)};
+  }
+  // The defaults and the environment's overrides, read once, at the first plan.
+  static const BatchGrouping defaults = DefaultBatchGrouping();
+  return defaults;
 }
 
 BatchGrouping SetBatchGroupingForTesting(const BatchGrouping& grouping) {
   const BatchGrouping previous = CurrentBatchGrouping();
   g_group_rows.store(grouping.rows, std::memory_order_relaxed);
   g_group_max_bytes.store(grouping.max_bytes, std::memory_order_relaxed);
+  g_grouping_replaced.store(true, std::memory_order_relaxed);
+  g_settings_epoch.fetch_add(1, std::memory_order_relaxed);
   return previous;
+}
+
+uint64_t PlanSettingsEpoch() {
+  return g_settings_epoch.load(std::memory_order_relaxed) + kernels::DispatchEpoch();
 }
 
 KeyChunking CurrentKeyChunking() {
@@ -84,10 +99,30 @@ KeyChunking CurrentKeyChunking() {
           g_chunk_keys.load(std::memory_order_relaxed)};
 }
 
+namespace {
+
+// Bytes of f32 K and V buffers of N entries of St keys, kvE floats a row each.
+size_t KeyValueBytes(size_t N, size_t St, size_t kvE) { return 2 * N * St * kvE * sizeof(float); }
+
+}  // namespace
+
+bool RunsKeyChunked(const KeyChunking& chunking, size_t N, int64_t S, size_t St, size_t kvE) {
+  return S > chunking.chunk_keys && KeyValueBytes(N, St, kvE) >= chunking.min_kv_bytes;
+}
+
+int64_t LongestUnchunkedKeys(const KeyChunking& chunking, size_t N, size_t kvE) {
+  // Unchunked: S <= chunk_keys, or KeyValueBytes(N, S, kvE) < min_kv_bytes.
+  if (chunking.min_kv_bytes == 0) return chunking.chunk_keys;
+  const size_t below = (chunking.min_kv_bytes - 1) / KeyValueBytes(N, 1, kvE);
+  return std::max<int64_t>(chunking.chunk_keys,
+                           static_cast<int64_t>(std::min<size_t>(below, INT64_MAX)));
+}
+
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking) {
   const KeyChunking previous = CurrentKeyChunking();
   g_chunk_min_kv_bytes.store(chunking.min_kv_bytes, std::memory_order_relaxed);
   g_chunk_keys.store(std::max<int64_t>(chunking.chunk_keys, 1), std::memory_order_relaxed);
+  g_settings_epoch.fetch_add(1, std::memory_order_relaxed);
   return previous;
 }
 
@@ -123,7 +158,7 @@ TokenLayout BufferLayout(const SeqShape& in, int64_t N, int64_t rows_per_batch, 
 // strip's scores product loads rows a strip further on; at a stride of an even number of lines
 // those loads and the pending stores fell on the same offsets modulo 4 KiB (at E = 512, strips
 // of 24 rows of the 6 KiB qkv rows are 36 x 4 KiB apart), and the CPU made each load wait for
-// the stores it might alias (runtime/README.md, "Attention results over Q").
+// the stores it might alias (bench/README.md, "Attention results over Q").
 size_t PaddedRowFloats(size_t cols) {
   constexpr size_t kLineFloats = 64 / sizeof(float);
   size_t lines = (cols + kLineFloats - 1) / kLineFloats;
@@ -223,8 +258,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   // (+ 32 for concat) instead of 4 x 32 MiB (plus per-worker scratch).
   const KeyChunking chunking = CurrentKeyChunking();
   const bool online = !sh.need_weights;
-  const bool chunked = online && sh.S > chunking.chunk_keys &&
-                       2 * N * St * kvE * sizeof(float) >= chunking.min_kv_bytes;
+  const bool chunked = online && RunsKeyChunked(chunking, N, sh.S, St, kvE);
   plan.path = chunked  ? ForwardPath::kKeyChunked
               : online ? ForwardPath::kOnline
                        : ForwardPath::kFullRows;
@@ -311,7 +345,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   }
 
   // Without weights, the online path at every length: its strips beat the full-row path's
-  // scores [block, S'] at short lengths too (runtime/README.md).
+  // scores [block, S'] at short lengths too (bench/README.md).
   plan.key_block = std::max<size_t>(std::min(kKeyBlock, St), 1);
   // Query rows per task: the full-row path's scores block [block, S'] within
   // kScoresBlockFloats; the online path's as kMinOnlineTasksPerThread says.
@@ -427,15 +461,19 @@ void FillPositions(const ForwardArgs& args, int32_t* q_pos, int32_t* k_pos) {
   if (args.positions.present()) {
     PositionsToInt32(args.positions, N, L, q_pos);
   } else {
-    for (int64_t i = 0; i < N * L; ++i) q_pos[i] = static_cast<int32_t>(i % L);
+    for (int64_t n = 0; n < N; ++n) FillPositionRun(0, L, L, q_pos + n * L);
   }
   if (args.key_positions.present()) {
     PositionsToInt32(args.key_positions, N, S, k_pos);
   } else if (args.aliasing.self_attention) {
     std::memcpy(k_pos, q_pos, N * L * sizeof(int32_t));
   } else {
-    for (int64_t i = 0; i < N * S; ++i) k_pos[i] = static_cast<int32_t>(i % S);
+    for (int64_t n = 0; n < N; ++n) FillPositionRun(0, S, S, k_pos + n * S);
   }
+}
+
+void FillPositionRun(int64_t first, int64_t count, int64_t rows, int32_t* dst) {
+  for (int64_t t = 0; t < rows; ++t) dst[t] = static_cast<int32_t>(first + std::min(t, count));
 }
 
 ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,

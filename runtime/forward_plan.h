@@ -2,7 +2,7 @@
 // and key block sizes, and the workspace layout as named byte offsets, computed from the
 // validated shapes, the aliasing of the arguments and the thread count; then the binding of a
 // workspace's pointers to it (setup). Every tuning constant of the forward lives here; the
-// measurements behind them are in runtime/README.md. Internal: not installed.
+// measurements behind them are in bench/README.md. Internal: not installed.
 #ifndef MHA_RUNTIME_FORWARD_PLAN_H_
 #define MHA_RUNTIME_FORWARD_PLAN_H_
 
@@ -53,9 +53,10 @@ inline constexpr size_t kOutRows = 128;
 // The grouped forward (batch_groups.h): batch entries of short sequences run in groups of
 // ceil(kGroupRows / L) entries, each group on one worker from its input projections to its output
 // rows, when the group's Q, K, V and attention results (f32) take at most
-// kGroupCacheFraction x the core's L2 (runtime/README.md has the measurements: groups of 256
+// kGroupCacheFraction x the core's L2 (bench/README.md has the measurements: groups of 256
 // rows won 1.4-5.8% at 2-3 MiB on a 2 MiB L2; 128-row groups and 4 MiB ones did not). The
-// environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them for the process.
+// environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them for the process: a
+// developer's override, read once at the first plan (never at load).
 inline constexpr size_t kGroupRows = 256;
 inline constexpr double kGroupCacheFraction = 1.5;
 struct BatchGrouping {
@@ -75,9 +76,21 @@ struct KeyChunking {
   int64_t chunk_keys = 0;
 };
 KeyChunking CurrentKeyChunking();
+// The rule above for a forward of N entries of S keys (St with the appended positions) and K, V
+// rows of kvE floats that requests no weights.
+bool RunsKeyChunked(const KeyChunking& chunking, size_t N, int64_t S, size_t St, size_t kvE);
+// The most keys per entry such a forward of N entries without appended positions keeps
+// unchunked: every S up to it runs unchunked, every longer one key-chunked (the KV cache's
+// prefill bound).
+int64_t LongestUnchunkedKeys(const KeyChunking& chunking, size_t N, size_t kvE);
 // Testing hook: replaces the process-wide setting (so small shapes reach the key-chunked path)
 // and returns the previous one. Not for concurrent use with forwards or plans.
 KeyChunking SetKeyChunkingForTesting(const KeyChunking& chunking);
+
+// Advances whenever a process-wide setting a plan reads changes (the testing hooks above,
+// kernels::ForceTarget, kernels::ForceBf16Kernel): a plan made at another value is not reused
+// (plan_cache.h).
+uint64_t PlanSettingsEpoch();
 
 enum class ForwardPath {
   kFullRows,    // attention weights requested: scores of whole rows, masked softmax, P V
@@ -223,6 +236,10 @@ ForwardBuffers BindForwardPlan(const ForwardPlan& plan, const LayerWeights& m,
 // [N, L] and k_pos [N, S]: the given positions, else queries 0..L-1 and keys the query
 // positions (self-attention) or 0..S-1. Nothing otherwise.
 void FillPositions(const ForwardArgs& args, int32_t* q_pos, int32_t* k_pos);
+
+// dst[t] = first + min(t, count) for t < rows: `count` consecutive positions from `first`, the
+// rows past them (padding) repeating the position after the last (any valid position does).
+void FillPositionRun(int64_t first, int64_t count, int64_t rows, int32_t* dst);
 
 }  // namespace mha
 

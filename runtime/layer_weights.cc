@@ -4,6 +4,7 @@
 #include "runtime/layer_weights.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -511,6 +512,8 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
 Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& weights,
                         WeightBinding binding, LayerWeights* out) {
   LayerWeights& m = *out;
+  static std::atomic<uint64_t> last_id{0};
+  m.id = last_id.fetch_add(1, std::memory_order_relaxed) + 1;
   Status s = ResolveConfig(config, weights.dtype, m);
   if (!s.ok()) return s;
   s = CheckWeightArrays(m, weights);

@@ -5,6 +5,7 @@
 #ifndef MHA_RUNTIME_LAYER_WEIGHTS_H_
 #define MHA_RUNTIME_LAYER_WEIGHTS_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -38,11 +39,20 @@ struct LayerVariants {
   bool qk_transform() const { return rope != RopeStyle::kNone || !q_norm.empty(); }
 };
 
+// The first key position a causal query at position q sees through a window of W positions
+// (p_q - W < p_k <= p_q): q - W + 1, at least 0; 0 without a window (W = 0).
+inline int64_t WindowBandStart(int64_t q, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, q - window + 1) : 0;
+}
+
 // Dimensions: D = embed_dim (the output's features), H heads, KVH key/value heads, hd the head
 // width (config.head_dim, or D / H), E = H * hd the attention width (q's and the attention
 // results' features: D unless head_dim says otherwise), kvE = KVH * hd; qd, kd, vd the input
 // features of query, key, value (resolved: never 0).
 struct LayerWeights {
+  // Unique per layer in the process, never reused (BindLayerWeights): the plan caches' key
+  // (plan_cache.h) for everything a plan reads from the layer.
+  uint64_t id = 0;
   AttentionConfig config;
   int64_t D = 0, E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
   uint32_t biases = 0;  // resolved ProjectionBias mask: which projections add a bias

@@ -1,13 +1,11 @@
 // Masks of the attention tasks (masks.h).
 #include "runtime/masks.h"
 
-#include <limits>
-
 namespace mha {
 
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using kernels::kNegInf;
 
 MaskInput Unpadded(const MaskShape& shape, const void* data) {
   MaskInput mi;

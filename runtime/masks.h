@@ -45,7 +45,7 @@ struct AttentionMasks {
   // consecutive keys (BandStart, BandLimit), so the tasks skip the keys outside it.
   bool banded() const { return window > 0 && q_pos == nullptr; }
   // The first key a query row q sees: q - W + 1 in a band, else 0.
-  int64_t BandStart(int64_t q) const { return banded() ? std::max<int64_t>(0, q - window + 1) : 0; }
+  int64_t BandStart(int64_t q) const { return banded() ? WindowBandStart(q, window) : 0; }
   // One past the last key of St that some row of [q0, q0 + rows) sees: the causal limit
   // q0 + rows, the non-causal band's q0 + rows - 1 + W, or St.
   int64_t BandLimit(int64_t q0, int64_t rows, int64_t St) const {

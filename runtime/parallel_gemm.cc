@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
 
@@ -292,8 +293,7 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
     const bool ran = kernels::GemmStrassenPackedB(
         cache->sums, job.b_strassen.Columns(p.c0, p.nc), bias_left, bias_right,
         c.Block(p.r0, p.c0, even, p.nc), c.Block(p.r0, n2 + p.c0, even, p.nc));
-    assert(ran && "kStrassenPackedB: the route needs the direct kernel");
-    (void)ran;
+    MHA_CHECK(ran, "kStrassenPackedB: the direct kernel did not run where the route chose it");
     done = even;
   }
   if (done == p.nr) return;

@@ -2,9 +2,12 @@
 #include "runtime/validate.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
+
+#include "runtime/step_plan.h"
 
 namespace mha {
 
@@ -427,18 +430,56 @@ Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* na
   return Status::Ok();
 }
 
-Status ValidateCacheLayer(const char* op, const LayerWeights& m, int64_t kv_heads,
-                          int64_t head_dim) {
-  if (m.KVH != kv_heads || m.hd != head_dim) {
-    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(kv_heads) +
-                           " and head_dim " + Str(head_dim) + " (the cache's), got " + Str(m.KVH) +
-                           " and " + Str(m.hd));
+namespace {
+
+// Ring, a call whose queries attend the cache: entry n's `count` tokens must see their whole
+// window in the ring (count <= capacity - window + 1, and no position below the entry's floor
+// after the append).
+Status ValidateRingQueries(const char* op, const CacheState& cache, int64_t n, int64_t count,
+                           bool append, int64_t w) {
+  if (!cache.ring || count == 0) return Status::Ok();
+  const int64_t capacity = cache.capacity;
+  if (count > capacity - w + 1) {
+    return InvalidArgument(
+        std::string(op) + "counts[" + Str(n) +
+        "]: a step over a ring needs at most capacity - window + 1 = " + Str(capacity - w + 1) +
+        " tokens (capacity " + Str(capacity) + ", window " + Str(w) + "), got " + Str(count));
+  }
+  const int64_t len = cache.lengths[n] + (append ? count : 0);
+  const int64_t lowest = append ? std::max(cache.floor[n], len - capacity) : cache.floor[n];
+  const int64_t band = WindowBandStart(len - count, w);
+  if (band < lowest) {
+    return InvalidArgument(std::string(op) + "ring: batch entry " + Str(n) +
+                           "'s first query (position " + Str(len - count) + ", window " + Str(w) +
+                           ") needs positions from " + Str(band) + ", expected >= " + Str(lowest) +
+                           " (the oldest position the ring still holds)");
   }
   return Status::Ok();
 }
 
-Status ValidateTokenCount(const char* op, int64_t n, int64_t count, int64_t T, int64_t length,
-                          int64_t capacity, bool append) {
+}  // namespace
+
+Status ValidateCacheLayer(const char* op, const LayerWeights& m, const CacheState& cache) {
+  if (m.KVH != cache.kv_heads || m.hd != cache.head_dim) {
+    return InvalidArgument(std::string(op) + "layer: expected num_kv_heads " + Str(cache.kv_heads) +
+                           " and head_dim " + Str(cache.head_dim) + " (the cache's), got " +
+                           Str(m.KVH) + " and " + Str(m.hd));
+  }
+  const int64_t w = m.variants.window;
+  if (cache.ring && (w <= 0 || cache.capacity < w)) {
+    return InvalidArgument(std::string(op) +
+                           "ring: expected a layer with window > 0 and capacity >= window, got "
+                           "window " +
+                           Str(w) + " and capacity " + Str(cache.capacity));
+  }
+  return Status::Ok();
+}
+
+Status ValidateTokenCount(const char* op, const CacheState& cache, int64_t n, int64_t count,
+                          int64_t T, bool append, bool prompt) {
+  const int64_t length = cache.lengths[n];
+  // A ring's lengths are logical: they may grow past the capacity.
+  const int64_t capacity = cache.ring ? INT64_MAX : cache.capacity;
   if (count < 0 || count > T) {
     return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: expected 0.." + Str(T) +
                            " (tokens per entry), got " + Str(count));
@@ -454,6 +495,76 @@ Status ValidateTokenCount(const char* op, int64_t n, int64_t count, int64_t T, i
         std::string(op) + "counts[" + Str(n) + "]: query tokens sit at the last " + Str(count) +
         " cached positions, but batch entry " + Str(n) + " has length " + Str(length));
   }
+  if (cache.ring && append && !prompt && count > cache.capacity) {
+    return InvalidArgument(std::string(op) + "counts[" + Str(n) + "]: a ring of capacity " +
+                           Str(cache.capacity) + " stores at most " + Str(cache.capacity) +
+                           " tokens per call, got " + Str(count));
+  }
+  return Status::Ok();
+}
+
+Status ValidateCacheCall(const char* op, const LayerWeights& m, const CacheState& cache,
+                         const TensorView* query, const TensorView* key, const TensorView* value,
+                         const TensorView* output, const int64_t* counts, CacheCallArgs* args) {
+  if (m.config.add_bias_kv || m.config.add_zero_attn) {
+    return Unsupported(std::string(op) +
+                       "layer: add_bias_kv / add_zero_attn append key positions at the end "
+                       "of every sequence, which a KV cache cannot express; got add_bias_kv " +
+                       (m.config.add_bias_kv ? "true" : "false") + ", add_zero_attn " +
+                       (m.config.add_zero_attn ? "true" : "false"));
+  }
+  Status s = ValidateCacheLayer(op, m, cache);
+  if (!s.ok()) return s;
+  CacheCallArgs a;
+  a.append = key != nullptr;
+  a.forward = query != nullptr;
+  a.counts = counts;
+  a.N = cache.batch;
+  const int64_t N = a.N;
+  if (a.forward) {
+    s = ValidateBatchFirstSeq(*query, op, a.append ? "x" : "query", N, 0, m.qd, &a.q);
+    if (!s.ok()) return s;
+    a.T = a.q.tokens;
+  }
+  if (a.append) {
+    if (a.forward && (m.kd != m.qd || m.vd != m.qd)) {
+      return InvalidArgument(std::string(op) +
+                             "layer: Step (self-attention) needs q_dim == kdim == vdim, got " +
+                             Str(m.qd) + ", " + Str(m.kd) + ", " + Str(m.vd));
+    }
+    s = ValidateBatchFirstSeq(*key, op, a.forward ? "x" : "key", N, a.T, m.kd, &a.k);
+    if (!s.ok()) return s;
+    a.T = a.k.tokens;
+    s = ValidateBatchFirstSeq(*value, op, a.forward ? "x" : "value", N, a.T, m.vd, &a.v);
+    if (!s.ok()) return s;
+  }
+  if (a.forward) {
+    s = ValidateBatchFirstSeq(*output, op, "output", N, a.T, m.D, &a.out);
+    if (!s.ok()) return s;
+  }
+  // A prompt into an empty cache runs the forward (a ring keeps its last `capacity` positions).
+  a.prompt = a.forward && a.append && a.T >= kPrefillForwardMinTokens;
+  for (int64_t n = 0; n < N && a.prompt; ++n) {
+    a.prompt = cache.lengths[n] == 0 && a.Count(n) == a.T;
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t c = a.Count(n);
+    s = ValidateTokenCount(op, cache, n, c, a.T, a.append, a.prompt);
+    if (!s.ok()) return s;
+    // RoPE, ALiBi and the window take positions as int32 (kernels/rope.h, kernels/softmax.h).
+    const int64_t end = cache.lengths[n] + (a.append ? c : 0);
+    if (m.variants.any_position() && end > INT32_MAX) {
+      return InvalidArgument(std::string(op) + "batch entry " + Str(n) +
+                             ": positions of a layer with RoPE, ALiBi or a window are int32: "
+                             "expected a length <= " +
+                             Str(INT32_MAX) + ", got " + Str(end));
+    }
+  }
+  for (int64_t n = 0; n < N && a.forward && !a.prompt; ++n) {
+    s = ValidateRingQueries(op, cache, n, a.Count(n), a.append, m.variants.window);
+    if (!s.ok()) return s;
+  }
+  *args = a;
   return Status::Ok();
 }
 

@@ -76,6 +76,30 @@ struct Aliasing {
   bool out_private = false;
 };
 
+// Field-by-field equality (the plan caches' keys, plan_cache.h): extend with the structs.
+inline bool operator==(const TokenLayout& a, const TokenLayout& b) {
+  return a.batch == b.batch && a.token == b.token;
+}
+inline bool operator==(const SeqShape& a, const SeqShape& b) {
+  return a.tokens == b.tokens && a.features == b.features && a.layout == b.layout;
+}
+inline bool operator==(const MaskShape& a, const MaskShape& b) {
+  return a.type == b.type && a.per_head == b.per_head && a.stride0 == b.stride0 &&
+         a.row_stride == b.row_stride;
+}
+inline bool operator==(const ForwardShapes& a, const ForwardShapes& b) {
+  return a.batched == b.batched && a.N == b.N && a.L == b.L && a.S == b.S && a.St == b.St &&
+         a.q == b.q && a.k == b.k && a.v == b.v && a.self_possible == b.self_possible &&
+         a.attn == b.attn && a.kpm == b.kpm && a.causal == b.causal &&
+         a.need_weights == b.need_weights && a.average == b.average &&
+         a.out_layout == b.out_layout && a.w_stride[0] == b.w_stride[0] &&
+         a.w_stride[1] == b.w_stride[1] && a.w_stride[2] == b.w_stride[2] &&
+         a.has_positions == b.has_positions;
+}
+inline bool operator==(const Aliasing& a, const Aliasing& b) {
+  return a.self_attention == b.self_attention && a.out_private == b.out_private;
+}
+
 // A validated forward (or Project) call.
 struct ForwardArgs {
   ForwardShapes shapes;
@@ -118,14 +142,48 @@ struct BatchFirstSeq {
 Status ValidateBatchFirstSeq(const TensorView& t, const char* op, const char* name, int64_t batch,
                              int64_t tokens, int64_t features, BatchFirstSeq* seq);
 
-// Checks a layer's key/value heads and head size against a cache's.
-Status ValidateCacheLayer(const char* op, const LayerWeights& m, int64_t kv_heads,
-                          int64_t head_dim);
+// A KV cache's shape and state as the validation of its calls reads them (KvCache::Impl's).
+struct CacheState {
+  int64_t batch = 0, capacity = 0, kv_heads = 0, head_dim = 0;
+  // Ring (KvCacheOptions::ring): `floor` [batch] holds each entry's lowest position still in
+  // the ring (positions [floor_n, length_n) are readable); `window` is the last layer's.
+  bool ring = false;
+  int64_t window = 0;
+  const int64_t* lengths = nullptr;  // [batch]
+  const int64_t* floor = nullptr;    // [batch]
+};
+
+// Checks a layer against a cache: its key/value heads and head size, and for a ring a window
+// with 0 < window <= capacity.
+Status ValidateCacheLayer(const char* op, const LayerWeights& m, const CacheState& cache);
 
 // Checks count (tokens of batch entry n, of T given) against the entry's cached length: an
-// append must fit the capacity, a query without append sits at the last cached positions.
-Status ValidateTokenCount(const char* op, int64_t n, int64_t count, int64_t T, int64_t length,
-                          int64_t capacity, bool append);
+// append must fit the capacity (a ring: at most `capacity` tokens per call unless `prompt`, the
+// prompt Step that keeps its last `capacity` positions), a query without append sits at the last
+// cached positions.
+Status ValidateTokenCount(const char* op, const CacheState& cache, int64_t n, int64_t count,
+                          int64_t T, bool append, bool prompt = false);
+
+// A validated KvCache call: Append (key, value), Forward (query, output) or Step (all four, one
+// tensor x). Tensors batch-first [N, T, features]; count_n tokens of entry n are real.
+struct CacheCallArgs {
+  bool append = false, forward = false;
+  // A Step of >= kPrefillForwardMinTokens tokens into an empty cache, every entry full: it runs
+  // the layer's causal forward (step_plan.h).
+  bool prompt = false;
+  int64_t N = 0, T = 0;
+  BatchFirstSeq q, k, v, out;
+  const int64_t* counts = nullptr;  // [N] or null (T each)
+  int64_t Count(int64_t n) const { return counts != nullptr ? counts[n] : T; }
+};
+
+// Validates a KvCache call against layer m and the cache (null tensors: the parts that do not
+// run): the layer (no appended key positions, the cache's heads and window), the tensors, the
+// counts against the lengths and capacity, int32 positions for layers that use positions, and
+// for a ring that every query's window is still held.
+Status ValidateCacheCall(const char* op, const LayerWeights& m, const CacheState& cache,
+                         const TensorView* query, const TensorView* key, const TensorView* value,
+                         const TensorView* output, const int64_t* counts, CacheCallArgs* args);
 
 }  // namespace mha
 

@@ -119,8 +119,9 @@ TEST(AttentionRandomTest, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
-// Long key sequences without weights take the online-softmax path (key blocks of 512); with
-// causal and masks, and several query blocks.
+// Long key sequences without weights take the online-softmax path over several key blocks (not
+// the key-chunked path: K and V are far below its bytes), with causal and masks, and the long
+// self-attention ones over several query blocks.
 TEST(AttentionRandomTest, LongSequencesUseOnlineSoftmax) {
   std::mt19937 rng(99);
   for (int variant = 0; variant < 6; ++variant) {
@@ -137,6 +138,18 @@ TEST(AttentionRandomTest, LongSequencesUseOnlineSoftmax) {
     p.kpm = variant == 2 ? testing_util::MaskChoice::kBool : testing_util::MaskChoice::kNone;
     p.attn = variant == 5 ? testing_util::MaskChoice::kFloat : testing_util::MaskChoice::kNone;
     testing_util::FillProblem(&p, &rng);
+    std::unique_ptr<MultiheadAttention> layer;
+    ASSERT_TRUE(
+        MultiheadAttention::Create(p.config, testing_util::WeightsOf(p), p.binding, &layer).ok());
+    Views v;
+    testing_util::MakeViews(p, &v);
+    ForwardPlan plan;
+    ASSERT_TRUE(ForwardPlanForTesting(*layer, v.in, v.out, 2, &plan).ok());
+    EXPECT_EQ(plan.path, ForwardPath::kOnline) << p.Describe();
+    EXPECT_LT(plan.key_block, static_cast<size_t>(p.S)) << "one key block: " << p.Describe();
+    if (p.self_attention) {
+      EXPECT_LT(plan.query_block, static_cast<size_t>(p.L)) << "one query block: " << p.Describe();
+    }
     CheckTwoThreadsAndOne(p);
     if (HasFailure()) return;
   }
@@ -473,9 +486,10 @@ TEST(AttentionGroupedTest, RandomConfigsGiveTheStagedBits) {
     }
     grouped += testing_util::RunsGrouped(p, rows, threads);
   }
-  // The others: one entry, groups of one, Strassen, bf16, ...
+  // Some problems run grouped, or the comparison above compared nothing (the others run stage
+  // by stage: one entry, groups of one, Strassen, bf16, ...).
   if (testing_util::GroupingPossible()) {
-    EXPECT_GT(grouped, 40);
+    EXPECT_GT(grouped, 0);
   }
 }
 
@@ -504,12 +518,12 @@ TEST(AttentionGroupedTest, UnevenGroupsAndLayoutsMatchReference) {
     p.config.add_zero_attn = variant == 3;
     p.kpm = variant == 2 ? testing_util::MaskChoice::kBool : testing_util::MaskChoice::kNone;
     testing_util::FillProblem(&p, &rng);
-    // Groups of 3, 3 and 1 entries: grouped on one thread; two would leave one worker 6 of the 7
-    // entries, so that forward runs stage by stage, and both give the same bits.
+    // Groups of 3, 3 and 1 entries, grouped on one thread; whichever schedule two threads take
+    // (grouped, or stage by stage where the groups would load the workers unevenly), both give
+    // the same bits.
     const size_t rows = 3 * static_cast<size_t>(p.L);
     ASSERT_EQ(testing_util::RunsGrouped(p, rows, 1), testing_util::GroupingPossible())
         << p.Describe();
-    ASSERT_FALSE(testing_util::RunsGrouped(p, rows, 2)) << p.Describe();
     ScopedBatchGrouping forced(rows);
     CheckTwoThreadsAndOne(p);
     if (HasFailure()) return;

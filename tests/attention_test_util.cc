@@ -370,15 +370,21 @@ void MakeViews(const Problem& p, Views* v) {
     if (!p.batched) {
       const int64_t shape[2] = {tokens, features};
       const int64_t strides[2] = {sT, 1};
-      TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 2, shape, strides, &t);
+      EXPECT_TRUE(
+          TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 2, shape, strides, &t)
+              .ok());
     } else if (c.batch_first) {
       const int64_t shape[3] = {p.N, tokens, features};
       const int64_t strides[3] = {sN, sT, 1};
-      TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 3, shape, strides, &t);
+      EXPECT_TRUE(
+          TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 3, shape, strides, &t)
+              .ok());
     } else {
       const int64_t shape[3] = {tokens, p.N, features};
       const int64_t strides[3] = {sT, sN, 1};
-      TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 3, shape, strides, &t);
+      EXPECT_TRUE(
+          TensorView::Strided(const_cast<float*>(data.data()), DType::kF32, 3, shape, strides, &t)
+              .ok());
     }
     return t;
   };
@@ -394,16 +400,18 @@ void MakeViews(const Problem& p, Views* v) {
     void* data = f ? static_cast<void*>(const_cast<float*>(p.attn_mask_f.data()))
                    : static_cast<void*>(const_cast<uint8_t*>(p.attn_mask_b.data()));
     const int64_t shape3[3] = {slices, p.L, p.S};
-    TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.attn_3d ? 3 : 2,
-                      p.attn_3d ? shape3 : shape3 + 1, &v->in.attn_mask);
+    EXPECT_TRUE(TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.attn_3d ? 3 : 2,
+                                  p.attn_3d ? shape3 : shape3 + 1, &v->in.attn_mask)
+                    .ok());
   }
   if (p.kpm != MaskChoice::kNone) {
     const bool f = p.kpm == MaskChoice::kFloat;
     void* data = f ? static_cast<void*>(const_cast<float*>(p.kpm_f.data()))
                    : static_cast<void*>(const_cast<uint8_t*>(p.kpm_b.data()));
     const int64_t shape[2] = {p.N, p.S};
-    TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.batched ? 2 : 1,
-                      p.batched ? shape : shape + 1, &v->in.key_padding_mask);
+    EXPECT_TRUE(TensorView::Dense(data, f ? DType::kF32 : DType::kBool, p.batched ? 2 : 1,
+                                  p.batched ? shape : shape + 1, &v->in.key_padding_mask)
+                    .ok());
   }
   // Positions: [N, L] / [N, S]; rank 1 when shared by the batch or unbatched.
   auto pos_view = [&](const std::vector<int64_t>& pos, std::vector<int32_t>* pos32, int64_t len,
@@ -416,7 +424,8 @@ void MakeViews(const Problem& p, Views* v) {
     }
     const int64_t shape[2] = {p.N, len};
     const bool rank1 = shared || !p.batched;
-    TensorView::Dense(data, p.pos_dtype, rank1 ? 1 : 2, rank1 ? shape + 1 : shape, t);
+    EXPECT_TRUE(
+        TensorView::Dense(data, p.pos_dtype, rank1 ? 1 : 2, rank1 ? shape + 1 : shape, t).ok());
   };
   pos_view(p.positions, &v->pos32, p.L, p.positions_shared, &v->in.positions);
   pos_view(p.key_positions, &v->key_pos32, p.S, false, &v->in.key_positions);
@@ -429,13 +438,13 @@ void MakeViews(const Problem& p, Views* v) {
   v->out = AttentionOutputs();
   if (!p.batched) {
     const int64_t shape[2] = {p.L, E};
-    TensorView::Dense(v->output.data(), DType::kF32, 2, shape, &v->out.output);
+    EXPECT_TRUE(TensorView::Dense(v->output.data(), DType::kF32, 2, shape, &v->out.output).ok());
   } else if (c.batch_first) {
     const int64_t shape[3] = {p.N, p.L, E};
-    TensorView::Dense(v->output.data(), DType::kF32, 3, shape, &v->out.output);
+    EXPECT_TRUE(TensorView::Dense(v->output.data(), DType::kF32, 3, shape, &v->out.output).ok());
   } else {
     const int64_t shape[3] = {p.L, p.N, E};
-    TensorView::Dense(v->output.data(), DType::kF32, 3, shape, &v->out.output);
+    EXPECT_TRUE(TensorView::Dense(v->output.data(), DType::kF32, 3, shape, &v->out.output).ok());
   }
   if (p.need_weights) {
     const int64_t St = p.S + c.add_bias_kv + c.add_zero_attn;
@@ -446,7 +455,8 @@ void MakeViews(const Problem& p, Views* v) {
     shape[rank++] = p.L;
     shape[rank++] = St;
     v->weights.assign(p.N * (p.average ? 1 : H) * p.L * St, std::numeric_limits<float>::quiet_NaN());
-    TensorView::Dense(v->weights.data(), DType::kF32, rank, shape, &v->out.attn_weights);
+    EXPECT_TRUE(
+        TensorView::Dense(v->weights.data(), DType::kF32, rank, shape, &v->out.attn_weights).ok());
   }
 }
 

@@ -768,7 +768,7 @@ TEST(CApiTest, ForwardAndProjectMatchCppApiBitwise) {
     auto view4 = [](std::vector<float>* d, int64_t a, int64_t b, int64_t c, int64_t e) {
       TensorView t;
       const int64_t shape[4] = {a, b, c, e};
-      TensorView::Dense(d->data(), DType::kF32, 4, shape, &t);
+      EXPECT_TRUE(TensorView::Dense(d->data(), DType::kF32, 4, shape, &t).ok());
       return t;
     };
     ProjectionOutputs po;
@@ -864,12 +864,14 @@ std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionCon
   EXPECT_TRUE(Context::Create(co, &cpp_ctx).ok());
   AttentionInputs in;
   const int64_t q_shape[3] = {VP::L, VP::N, VP::E}, pos_shape[2] = {VP::N, VP::L};
-  TensorView::Dense(const_cast<float*>(p.query.data()), DType::kF32, 3, q_shape, &in.query);
+  EXPECT_TRUE(
+      TensorView::Dense(const_cast<float*>(p.query.data()), DType::kF32, 3, q_shape, &in.query)
+          .ok());
   if (positions != DType::kF32) {
     void* data = positions == DType::kI32
                      ? static_cast<void*>(const_cast<int32_t*>(p.pos32.data()))
                      : static_cast<void*>(const_cast<int64_t*>(p.pos64.data()));
-    TensorView::Dense(data, positions, 2, pos_shape, &in.positions);
+    EXPECT_TRUE(TensorView::Dense(data, positions, 2, pos_shape, &in.positions).ok());
   }
   in.causal = causal;
   in.need_weights = true;
@@ -878,8 +880,8 @@ std::vector<float> ExpectCMatchesCpp(const VariantProblem& p, const AttentionCon
   std::vector<float> got(want.size(), kSentinel), got_w(want_w.size(), kSentinel);
   AttentionOutputs out;
   const int64_t w_shape[4] = {VP::N, VP::H, VP::L, VP::L};
-  TensorView::Dense(want.data(), DType::kF32, 3, q_shape, &out.output);
-  TensorView::Dense(want_w.data(), DType::kF32, 4, w_shape, &out.attn_weights);
+  EXPECT_TRUE(TensorView::Dense(want.data(), DType::kF32, 3, q_shape, &out.output).ok());
+  EXPECT_TRUE(TensorView::Dense(want_w.data(), DType::kF32, 4, w_shape, &out.attn_weights).ok());
   st = cpp->Forward(*cpp_ctx, in, out);
   EXPECT_TRUE(st.ok()) << st.ToString();
 

@@ -1,11 +1,13 @@
 // Tests of kernels/decode.h on every Highway target this CPU supports, against a double
 // reference over the exactly widened cache values, on odd sizes (hd and n not multiples of any
 // vector length), padded strides and misaligned pointers; plus the documented independence of
-// each output from how rows and keys are split into calls.
+// each output from how rows and keys are split into calls; and the int8 rows kernels::QuantizeRowI8
+// writes, against their contract and as every target reads them.
 #include "kernels/decode.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -271,7 +273,90 @@ TEST_P(DecodeTargetTest, PairedBf16ScoresAcrossRowBlocks) {
   }
 }
 
+// The int8 rows kernels::QuantizeRowI8 writes read back on every target as code * scale: a
+// one-hot query picks each element's score, code_d * scale rounded once (the codes' dot product
+// is exact), and a one-hot probability picks each weighted value, likewise.
+TEST_P(DecodeTargetTest, QuantizedRowsReadAsCodeTimesScale) {
+  std::mt19937 rng(11);
+  for (size_t hd : {1, 5, 16, 67}) {
+    const std::vector<float> x = test::SymmetricFloats(hd, 3.0f, &rng);
+    std::vector<int8_t> codes(hd);
+    float scale = 0.0f;
+    kernels::QuantizeRowI8(x.data(), hd, codes.data(), &scale);
+    std::vector<float> onehot(hd, 0.0f);
+    for (size_t d = 0; d < hd; ++d) {
+      SCOPED_TRACE(::testing::Message() << "hd " << hd << " d " << d);
+      const float want = static_cast<float>(codes[d]) * scale;
+      onehot[d] = 1.0f;
+      float score = kSentinel;
+      kernels::QueryKeyScores(onehot.data(), 1, hd, codes.data(), DType::kI8, hd, &scale, 1, hd,
+                              &score, 1);
+      onehot[d] = 0.0f;
+      ASSERT_EQ(score, want);
+      std::vector<float> acc(hd, 0.0f);
+      const float one = 1.0f;
+      kernels::AccumulateWeightedValues(&one, 1, 1, codes.data(), DType::kI8, hd, &scale, 1, hd,
+                                        acc.data(), hd);
+      ASSERT_EQ(acc[d], want);
+    }
+  }
+}
+
 MHA_INSTANTIATE_PER_TARGET(DecodeTargetTest);
+
+// kernels::QuantizeRowI8 (scalar: the same bytes on every target) against its contract computed
+// here step by step: scale = max|x| / 127 in f32; each code the nearest integer to
+// fl(x * fl(127 / max|x|)), ties to even, within [-127, 127]; code * scale within scale / 2 of x
+// (plus the two quotients' roundings); zero rows give zeros, NaN a NaN scale and code 0.
+TEST(DecodeTest, QuantizeRowI8FollowsItsContract) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> magnitude(-20.0f, 20.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t hd = 1 + static_cast<size_t>(trial % 70);
+    std::vector<float> x = test::SymmetricFloats(hd, std::exp2(magnitude(rng)), &rng);
+    std::vector<int8_t> codes(hd);
+    float scale = -1.0f;
+    kernels::QuantizeRowI8(x.data(), hd, codes.data(), &scale);
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    ASSERT_EQ(scale, amax / 127.0f) << "trial " << trial;
+    const float inv = 127.0f / amax;
+    bool reaches_127 = false;
+    for (size_t d = 0; d < hd; ++d) {
+      SCOPED_TRACE(::testing::Message() << "trial " << trial << " d " << d);
+      const float c = x[d] * inv;
+      const int code = codes[d];
+      ASSERT_LE(std::abs(code), 127);
+      const float off = std::fabs(c - static_cast<float>(code));
+      ASSERT_LE(off, 0.5f);
+      if (off == 0.5f) {
+        ASSERT_EQ(code % 2, 0) << "a tie rounds to even";
+      }
+      ASSERT_LE(std::fabs(code * static_cast<double>(scale) - x[d]),
+                static_cast<double>(scale) * (0.5 + 1e-4));
+      reaches_127 = reaches_127 || std::abs(code) == 127;
+    }
+    ASSERT_TRUE(reaches_127) << "the largest magnitude maps to +-127";
+  }
+  // Ties: with max |x| = 127 the codes are x rounded half to even.
+  const float ties[5] = {127.0f, 0.5f, 1.5f, 2.5f, -2.5f};
+  int8_t codes[5];
+  float scale = 0.0f;
+  kernels::QuantizeRowI8(ties, 5, codes, &scale);
+  EXPECT_EQ(scale, 1.0f);
+  const int8_t want[5] = {127, 0, 2, 2, -2};
+  for (int d = 0; d < 5; ++d) EXPECT_EQ(codes[d], want[d]) << "d " << d;
+  // A zero row, and a row with a NaN.
+  const float zeros[3] = {0.0f, -0.0f, 0.0f};
+  kernels::QuantizeRowI8(zeros, 3, codes, &scale);
+  EXPECT_EQ(scale, 0.0f);
+  for (int d = 0; d < 3; ++d) EXPECT_EQ(codes[d], 0);
+  // The NaN stays the row's maximum whatever follows it.
+  const float nan_row[3] = {1.0f, std::nanf(""), -2.0f};
+  kernels::QuantizeRowI8(nan_row, 3, codes, &scale);
+  EXPECT_TRUE(std::isnan(scale));
+  EXPECT_EQ(codes[1], 0);
+}
 
 TEST(DecodeTest, EmptyCallsWriteNothing) {
   float s = kSentinel;

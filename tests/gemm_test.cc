@@ -3,7 +3,7 @@
 // per-head views, misaligned pointers) against a double-precision triple loop; alpha/beta
 // semantics (beta 0 never reads c); determinism, also across threads; no heap allocation per
 // call; sub-block calls give the same bits as one call (on the same path: see gemm.h's GEMV
-// note). A disabled test (--gtest_also_run_disabled_tests) prints GFLOP/s against bli_sgemm_ex.
+// note). Its speed against bli_sgemm_ex is bench/kernels_bench's BM_GemmVersusBlis.
 //
 // Accuracy contract checked: |c - ref| <= 1e-5 * (|alpha| * sum_k |a_ik * b_kj| + |beta * c_ij|)
 // per element (f32 accumulation over k <= 1100; observed errors are ~1e-7 of that scale).
@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <iterator>
 #include <limits>
 #include <new>
@@ -856,65 +855,6 @@ TEST(GemmBlisPackedABTest, PackedAGivesTheBitsOfGemmPackedB) {
   GemmBlisPackedAB(0.0f, pa, pb, 0.5f, out.view);
   for (size_t i = 0; i < 5; ++i) {
     for (size_t j = 0; j < 7; ++j) EXPECT_EQ(out.at(i, j), 0.5f * c.at(i, j));
-  }
-}
-
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-// GFLOP/s of Gemm against bli_sgemm_ex (one thread), row-major operands, beta 0. Prints a table;
-// asserts nothing about time. Run with --gtest_also_run_disabled_tests
-// --gtest_filter='*Speed*'.
-TEST(GemmTest, DISABLED_SpeedVersusBlis) {
-  struct Shape {
-    size_t m, n, k;
-  };
-  const Shape shapes[] = {
-      {16, 16, 64}, {64, 1024, 64}, {128, 512, 64}, {512, 2304, 768}, {2048, 2048, 2048}};
-  Scratch scratch;
-  rntm_t rntm;
-  bli_rntm_init(&rntm);
-  bli_rntm_set_num_threads(1, &rntm);
-  std::mt19937 rng(1);
-  std::printf("[speed] arch %s\n%8s %6s %6s  %12s %12s %7s\n", GemmArchName(), "m", "n", "k",
-              "mha GFLOP/s", "BLIS GFLOP/s", "ratio");
-  for (const Shape& s : shapes) {
-    Buffer a = MakeBuffer(s.m, s.k, Layout::kRowMajor, 0, 0);
-    Buffer b = MakeBuffer(s.k, s.n, Layout::kRowMajor, 0, 0);
-    Buffer c = MakeBuffer(s.m, s.n, Layout::kRowMajor, 0, 0);
-    FillUniform(a, rng);
-    FillUniform(b, rng);
-    const double flops = 2.0 * s.m * s.n * s.k;
-    float one = 1.0f, zero = 0.0f;
-    auto run_mha = [&] { Gemm(1.0f, a.view, b.view, 0.0f, c.view, scratch.get()); };
-    auto run_blis = [&] {
-      bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, static_cast<dim_t>(s.m),
-                   static_cast<dim_t>(s.n), static_cast<dim_t>(s.k), &one, a.view.data,
-                   a.view.row_stride, a.view.col_stride, b.view.data, b.view.row_stride,
-                   b.view.col_stride, &zero, c.view.data, c.view.row_stride, c.view.col_stride,
-                   nullptr, &rntm);
-    };
-    // Calls per timed batch: about 10 ms of work at ~50 GFLOP/s. Timed in thread CPU time
-    // (time while descheduled does not count), in alternating batches keeping the best batch of
-    // each, so that other processes on the machine affect both alike.
-    const int reps = std::max(1, static_cast<int>(5e8 / flops));
-    auto time_batch = [&](auto&& call) {
-      const double t0 = ThreadCpuSeconds();
-      for (int r = 0; r < reps; ++r) call();
-      return (ThreadCpuSeconds() - t0) / reps;
-    };
-    run_mha();
-    run_blis();
-    double t_mha = 1e30, t_blis = 1e30;
-    for (int trial = 0; trial < 15; ++trial) {
-      t_mha = std::min(t_mha, time_batch(run_mha));
-      t_blis = std::min(t_blis, time_batch(run_blis));
-    }
-    std::printf("%8zu %6zu %6zu  %12.1f %12.1f %7.2f\n", s.m, s.n, s.k, flops / t_mha * 1e-9,
-                flops / t_blis * 1e-9, t_blis / t_mha);
   }
 }
 

@@ -1011,15 +1011,15 @@ class Variants(unittest.TestCase):
 
     def test_argument_errors(self):
         cases = [
-            (["--rope", "llama"], "--rope: expected neox or gptj, got 'llama'"),
+            (["--rope", "llama"], "--rope: expected 'neox' or 'gptj', got 'llama'"),
             (["--heads", "4", "--kv-heads", "3"], "--kv-heads: expected a divisor of heads (4), got 3"),
             (["--heads", "8", "--embed", "64", "--rope", "neox", "--rotary-dim", "3"],
              "--rotary-dim: expected an even number <= head_dim (8), got 3"),
-            (["--rope-theta", "500"], "expected --rope neox|gptj as well"),
+            (["--rope-theta", "500"], "need --rope neox|gptj"),
             (["--qk-norm-eps", "1e-5"], "--qk-norm-eps: expected --qk-norm as well"),
             (["--window", "0"], "--window: expected an integer in [1,"),
             (["--softcap", "-1"], "--softcap"),
-            (["--softcap", "0"], "--softcap: expected a number > 0, got 0"),
+            (["--softcap", "0"], "--softcap: expected a finite number > 0, got '0'"),
             (["--alibi", "--decode"], "--decode: expected no"),
             (["--sinks=1"], "--sinks: expected no value"),
         ]

@@ -247,12 +247,7 @@ bool ValidateShape(const Shape& s, std::string* error) {
              "), got " + std::to_string(v.rotary_dim);
     return false;
   }
-  if (v.rope == RopeStyle::kNone && (v.rope_theta > 0 || v.rotary_dim > 0 || v.rope_scale > 0)) {
-    *error =
-        "--rope-theta/--rotary-dim/--rope-scale: expected --rope neox|gptj as well, got no "
-        "--rope";
-    return false;
-  }
+  if (!tools::CheckVariantFlags(v, error)) return false;
   if (v.qk_norm_eps > 0 && !v.qk_norm) {
     *error = "--qk-norm-eps: expected --qk-norm as well, got no --qk-norm";
     return false;
@@ -323,8 +318,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     // Flags without a value.
     if (arg == "--help" || arg == "-h" || arg == "--version" || arg == "--causal" ||
         arg == "--need-weights" || arg == "--breakdown" || arg == "--compare-torch" ||
-        arg == "--decode" || arg == "--no-prepack" || arg == "--strassen" || arg == "--alibi" ||
-        arg == "--sinks" || arg == "--qk-norm") {
+        arg == "--decode" || arg == "--no-prepack" || arg == "--strassen" || arg == "--sinks" ||
+        arg == "--qk-norm" || tools::VariantFlagKindOf(arg) == tools::VariantFlagKind::kSwitch) {
       if (has_inline_value) {
         r.error = arg + ": expected no value, got " + Quoted(value);
         return r;
@@ -347,20 +342,23 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (arg == "--no-prepack") o->no_prepack = true;
       if (arg == "--strassen") o->strassen = true;
       // The variant flags make a custom case, like the shape flags.
-      if (arg == "--alibi") o->shape.variants.alibi = o->custom_shape = true;
+      if (tools::VariantFlagKindOf(arg) == tools::VariantFlagKind::kSwitch) {
+        tools::ParseVariantFlag(arg, value, &o->shape.variants, &r.error);
+        o->custom_shape = true;
+      }
       if (arg == "--sinks") o->shape.variants.sinks = o->custom_shape = true;
       if (arg == "--qk-norm") o->shape.variants.qk_norm = o->custom_shape = true;
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",      "--seq",       "--kv-seq",        "--embed",       "--heads",
-        "--threads",    "--min-time",  "--min-runs",      "--sgemm-size",  "--tolerance",
-        "--seed",       "--json",      "--csv",           "--trace",       "--contexts",
-        "--batches",    "--kv-dtypes", "--weights-dtype", "--rounds",      "--compare",
-        "--prefill",    "--kv-heads",  "--rope",          "--rope-theta",  "--rotary-dim",
-        "--rope-scale", "--window",    "--softcap",       "--qk-norm-eps", "--compute",
-        "--hf",         "--layer",     "--prefix",        "--binding"};
-    bool known = false;
+        "--batch",    "--seq",       "--kv-seq",        "--embed",      "--heads",
+        "--threads",  "--min-time",  "--min-runs",      "--sgemm-size", "--tolerance",
+        "--seed",     "--json",      "--csv",           "--trace",      "--contexts",
+        "--batches",  "--kv-dtypes", "--weights-dtype", "--rounds",     "--compare",
+        "--prefill",  "--compute",   "--hf",            "--layer",      "--prefix",
+        "--binding"};
+    const bool variant = tools::VariantFlagKindOf(arg) == tools::VariantFlagKind::kTakesValue;
+    bool known = variant;
     for (const char* f : kValueFlags) known = known || arg == f;
     if (!known) {
       r.error = arg.rfind("-", 0) == 0
@@ -392,36 +390,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
       if (arg == "--embed") o->shape.embed = v;
       if (arg == "--heads") o->shape.heads = v;
-    } else if (arg == "--kv-heads" || arg == "--rotary-dim" || arg == "--window") {
-      if (!ParseInt(arg, value, 1, kMaxDim, &v, &e)) return r;
+    } else if (variant) {
+      if (!tools::ParseVariantFlag(arg, value, &o->shape.variants, &e)) return r;
       o->custom_shape = true;
-      Variants& var = o->shape.variants;
-      (arg == "--kv-heads" ? var.kv_heads : arg == "--window" ? var.window : var.rotary_dim) = v;
-    } else if (arg == "--rope") {
-      if (value == "neox") {
-        o->shape.variants.rope = RopeStyle::kNeox;
-      } else if (value == "gptj") {
-        o->shape.variants.rope = RopeStyle::kGptj;
-      } else {
-        e = "--rope: expected neox or gptj, got " + Quoted(value);
-        return r;
-      }
-      o->custom_shape = true;
-    } else if (arg == "--rope-theta" || arg == "--rope-scale" || arg == "--softcap" ||
-               arg == "--qk-norm-eps") {
-      double x = 0;
-      const bool eps = arg == "--qk-norm-eps";
-      if (!ParseDouble(arg, value, 0.0, 1e30, "", &x, &e)) return r;
-      if (!eps && x <= 0) {
-        e = arg + ": expected a number > 0, got " + value;
-        return r;
-      }
-      o->custom_shape = true;
-      Variants& var = o->shape.variants;
-      (arg == "--rope-theta"   ? var.rope_theta
-       : arg == "--rope-scale" ? var.rope_scale
-       : arg == "--softcap"    ? var.softcap
-                               : var.qk_norm_eps) = static_cast<float>(x);
     } else if (arg == "--contexts") {
       if (!ParseIntList(arg, value, 1, kMaxDecodeContext, "contexts", &o->decode_contexts, &e)) {
         return r;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mha/mha.hpp"
+#include "tools/variant_flags.h"
 
 namespace mha {
 namespace bench {
@@ -22,18 +23,10 @@ namespace bench {
 // The attention variants of a case (AttentionConfig's fields of those names; zero = off) and
 // its key/value heads. The layer gets random sinks [H] and QK-norm weights [head_dim] when asked;
 // ALiBi uses the paper's slopes.
-struct Variants {
-  int64_t kv_heads = 0;  // grouped-query attention; 0 = heads
-  RopeStyle rope = RopeStyle::kNone;
-  float rope_theta = 0.0f;
-  int64_t rotary_dim = 0;
-  float rope_scale = 0.0f;
-  bool alibi = false;
-  int64_t window = 0;
-  float softcap = 0.0f;
+// The settings of the shared flags (kv_heads 0 = heads), plus mha-bench's random tensors.
+struct Variants : tools::VariantFlags {
   bool sinks = false;
   bool qk_norm = false;
-  float qk_norm_eps = 0.0f;
 
   bool any() const {
     return kv_heads != 0 || rope != RopeStyle::kNone || alibi || window != 0 || softcap != 0.0f ||

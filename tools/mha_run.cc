@@ -54,6 +54,7 @@
 #include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
 #include "runtime/safetensors.h"
+#include "tools/variant_flags.h"
 
 #ifdef MHA_HAVE_PNG
 #include <png.h>
@@ -154,7 +155,8 @@ const char kHelp[] =
     "Exit codes: 0 success, 1 failure (files, shapes, forward), 2 bad command line.\n"
     "Errors print one line on stderr and leave no output file.\n";
 
-struct RunOptions {
+// The attention variants' shared flags (tools/variant_flags.h) and mha-run's own.
+struct RunOptions : tools::VariantFlags {
   std::string weights, prefix, inputs, output, weights_png;
   int64_t num_heads = 0;
   bool batch_first = false;
@@ -163,19 +165,15 @@ struct RunOptions {
   bool causal = false;
   bool add_zero_attn = false;
   QkvLayout qkv_layout = QkvLayout::kPyTorch;
-  int64_t kv_heads = 0;  // 0: from the file
   DType weights_dtype = DType::kF32;
   Compute compute = Compute::kF32;
   bool decode = false;  // --kv-dtype given
   DType kv_dtype = DType::kF32;
   bool kv_ring = false;
   size_t threads = 0;
-  // The attention variants' settings (LoadOptions' fields of those names).
-  RopeStyle rope = RopeStyle::kNone;
-  float rope_theta = 0.0f, rope_scale = 0.0f, softcap = 0.0f, qk_norm_eps = 0.0f;
+  // With the variant flags (kv_heads 0: from the file), LoadOptions' fields of those names.
   float scale = 0.0f;  // score scale; 0 = 1 / sqrt(head_dim)
-  int64_t rotary_dim = 0, window = 0;
-  bool alibi = false, qk_norm_add_one = false;
+  bool qk_norm_add_one = false;
   // --hf: a Hugging Face checkpoint folder and the layer whose attention runs (or --prefix).
   std::string hf;
   int64_t layer = -1;
@@ -284,12 +282,15 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
                                "'");
       }
       have_heads = true;
-    } else if (arg == "--kv-heads") {
-      s = take(&text);
-      if (s.ok() && !ParseInt(text, 1, int64_t{1} << 24, &o->kv_heads)) {
-        return InvalidArgument("--kv-heads: expected an integer in 1..16777216, got '" + text +
-                               "'");
+    } else if (const tools::VariantFlagKind kind = tools::VariantFlagKindOf(arg);
+               kind != tools::VariantFlagKind::kNotVariant) {
+      if (kind == tools::VariantFlagKind::kTakesValue) {
+        s = take(&text);
+      } else {
+        s = flag(&o->alibi, true);
       }
+      std::string error;
+      if (s.ok() && !tools::ParseVariantFlag(arg, text, o, &error)) return InvalidArgument(error);
     } else if (arg == "--weights-dtype") {
       s = take(&text);
       if (s.ok()) {
@@ -331,38 +332,11 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
                                  text + "'");
         }
       }
-    } else if (arg == "--rope") {
+    } else if (arg == "--scale") {
       s = take(&text);
-      if (s.ok()) {
-        if (text == "neox") {
-          o->rope = RopeStyle::kNeox;
-        } else if (text == "gptj") {
-          o->rope = RopeStyle::kGptj;
-        } else {
-          return InvalidArgument("--rope: expected 'neox' or 'gptj', got '" + text + "'");
-        }
+      if (s.ok() && !ParsePositiveFloat(text, /*allow_zero=*/false, &o->scale)) {
+        return InvalidArgument("--scale: expected a finite number > 0, got '" + text + "'");
       }
-    } else if (arg == "--rope-theta" || arg == "--rope-scale" || arg == "--softcap" ||
-               arg == "--qk-norm-eps" || arg == "--scale") {
-      s = take(&text);
-      const bool eps = arg == "--qk-norm-eps";
-      float* dst = arg == "--rope-theta"   ? &o->rope_theta
-                   : arg == "--rope-scale" ? &o->rope_scale
-                   : arg == "--softcap"    ? &o->softcap
-                   : arg == "--scale"      ? &o->scale
-                                           : &o->qk_norm_eps;
-      if (s.ok() && !ParsePositiveFloat(text, /*allow_zero=*/eps, dst)) {
-        return InvalidArgument(arg + ": expected a finite number " + (eps ? ">= 0" : "> 0") +
-                               ", got '" + text + "'");
-      }
-    } else if (arg == "--rotary-dim" || arg == "--window") {
-      s = take(&text);
-      int64_t* dst = arg == "--window" ? &o->window : &o->rotary_dim;
-      if (s.ok() && !ParseInt(text, 1, int64_t{1} << 40, dst)) {
-        return InvalidArgument(arg + ": expected a positive integer, got '" + text + "'");
-      }
-    } else if (arg == "--alibi") {
-      s = flag(&o->alibi, true);
     } else if (arg == "--qk-norm-add-one") {
       s = flag(&o->qk_norm_add_one, true);
     } else if (arg == "--kv-ring") {
@@ -433,10 +407,7 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
         "--kv-ring: needs --kv-dtype and --window (the ring holds the last "
         "W positions)");
   }
-  if (o->rope == RopeStyle::kNone &&
-      (o->rope_theta != 0.0f || o->rotary_dim != 0 || o->rope_scale != 0.0f)) {
-    return InvalidArgument("--rope-theta, --rotary-dim, --rope-scale: need --rope neox|gptj");
-  }
+  if (std::string error; !tools::CheckVariantFlags(*o, &error)) return InvalidArgument(error);
   if (!o->weights_png.empty() && !o->need_weights) {
     return InvalidArgument("--weights-png: needs --need-weights (the heatmap draws the weights)");
   }

@@ -27,10 +27,17 @@ enum class StatusCode : int {
   kInternal = 6,         // a broken invariant inside mha: a bug
 };
 
-// The result of every fallible call. A failed Status carries a message that names the argument,
+// [[nodiscard]] with MHA_API's export: GCC takes the two together only in one attribute list.
+#if defined(_WIN32)
+#define MHA_NODISCARD_API [[nodiscard]] MHA_API
+#else
+#define MHA_NODISCARD_API [[nodiscard, gnu::visibility("default")]]
+#endif
+
+// The result of every fallible call; [[nodiscard]]: ignoring one drops its error. A failed Status carries a message that names the argument,
 // the expected and the actual value ("query: expected 3 dims [L, N, E], got 2 dims [4, 8]").
 // Successful Status objects never allocate.
-class MHA_API Status {
+class MHA_NODISCARD_API Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
