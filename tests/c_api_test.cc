@@ -1353,8 +1353,8 @@ TEST(CApiTest, SixteenBitWeights) {
   mha_layer_config bad = c;
   bad.weight_dtype = MHA_DTYPE_BOOL;
   EXPECT_INVALID(mha_layer_create(&bad, &w, MHA_WEIGHTS_COPY, &none),
-                 "config->weight_dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) or "
-                 "MHA_DTYPE_F16 (2), got 3");
+                 "config->weight_dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), "
+                 "MHA_DTYPE_F16 (2), MHA_DTYPE_I8 (5) or MHA_DTYPE_I4 (8), got 3");
   mha_layer_weights bad_w = w;
   bad_w.dtype = -1;
   EXPECT_INVALID(mha_layer_create(&c, &bad_w, MHA_WEIGHTS_COPY, &none), "weights->dtype");
