@@ -16,6 +16,7 @@
 #include "tools/bench_host.h"
 #include "tools/bench_output.h"
 #include "tools/bench_report.h"
+#include "tools/weights_dtype.h"
 
 namespace mha {
 namespace bench {
@@ -37,7 +38,11 @@ bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillRe
               "kvh", "threads", "step_ms", "forward_ms", "step/fwd", "max_diff");
   std::fflush(stdout);
   bool ok = true;
-  for (const PrefillShape& shape : kPrefillShapes) {
+  std::vector<PrefillShape> shapes(std::begin(kPrefillShapes), std::end(kPrefillShapes));
+  if (!o.decode_shape.empty()) {
+    shapes = {{o.decode_shape[0], o.decode_shape[1], o.decode_shape[2], 1}};
+  }
+  for (const PrefillShape& shape : shapes) {
     DecodeModel model;
     Status st;
     bool made = false;
@@ -47,7 +52,7 @@ bool RunPrefill(const BenchOptions& o, Progress* progress, std::vector<PrefillRe
         progress->Show("preparing the prefill layer (E " + std::to_string(shape.embed) + ", " +
                        std::to_string(shape.heads) + " heads)...");
         st = MakeDecodeModel(shape.embed, shape.heads, shape.kv_heads, 0, 0, o.seed,
-                             o.decode_weights, DecodeCompute(o), &model);
+                             o.decode_weights, o.decode_weight_block, DecodeCompute(o), &model);
         made = true;
       }
       for (size_t t : o.threads) {
@@ -118,9 +123,15 @@ int RunDecodeSuite(const BenchOptions& o) {
   std::printf("mha-bench --decode: mha %s, SIMD target %s, CPU %s, %s\n",
               OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(), CpuModel().c_str(),
               IsoDateUtc().c_str());
+  // The layers: the suite's (MHA and GQA of E 1024, 16 heads), or --decode-shape's one.
+  const bool own_shape = !o.decode_shape.empty();
+  const int64_t embed = own_shape ? o.decode_shape[0] : kDecodeEmbed;
+  const int64_t heads = own_shape ? o.decode_shape[1] : kDecodeHeads;
+  const std::vector<int64_t> kv_heads =
+      own_shape ? std::vector<int64_t>{o.decode_shape[2]} : std::vector<int64_t>{kDecodeHeads, 4};
   std::printf("model: E %lld, %lld heads of %lld; one new token per batch entry per step\n",
-              static_cast<long long>(kDecodeEmbed), static_cast<long long>(kDecodeHeads),
-              static_cast<long long>(kDecodeEmbed / kDecodeHeads));
+              static_cast<long long>(embed), static_cast<long long>(heads),
+              static_cast<long long>(embed / heads));
   std::map<size_t, double> copy_gbs, read_gbs;
   progress.Show("allocating the read-bandwidth probe's buffer...");
   const ReadProbe read_probe;
@@ -135,7 +146,8 @@ int RunDecodeSuite(const BenchOptions& o) {
                 ReadBufferBytes() >> 20, t, read_gbs[t]);
   }
   const std::string compute = o.bf16_compute ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")" : "f32";
-  std::printf("weights: %s  |  compute: %s\n", DTypeName(o.decode_weights), compute.c_str());
+  std::printf("weights: %s  |  compute: %s\n",
+              WeightsDtypeName(o.decode_weights, o.decode_weight_block).c_str(), compute.c_str());
   std::unique_ptr<PeerComparison> peers;
   if (!o.compare.empty()) {
     peers = std::make_unique<PeerComparison>(o);
@@ -158,12 +170,13 @@ int RunDecodeSuite(const BenchOptions& o) {
   const int64_t max_context = *std::max_element(o.decode_contexts.begin(), o.decode_contexts.end());
   std::vector<DecodeResult> results;
   bool failed = false;
-  for (int64_t kvh : {kDecodeHeads, int64_t{4}}) {
-    progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
+  for (int64_t kvh : kv_heads) {
+    progress.Show("preparing the " + std::string(kvh == heads ? "MHA" : "GQA") +
                   " layer and random keys/values...");
     DecodeModel model;
-    const Status st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context,
-                                      o.seed, o.decode_weights, DecodeCompute(o), &model);
+    const Status st =
+        MakeDecodeModel(embed, heads, kvh, max_batch, max_context, o.seed, o.decode_weights,
+                        o.decode_weight_block, DecodeCompute(o), &model);
     progress.Clear();
     for (int64_t context : o.decode_contexts) {
       for (int64_t batch : o.decode_batches) {
@@ -255,15 +268,15 @@ int RunDecodeSuite(const BenchOptions& o) {
     }
   }
   bool io_ok = true;
-  auto fields = [](const DecodeResult& r) {
+  auto fields = [embed, heads](const DecodeResult& r) {
     nlohmann::ordered_json j;
     j["context"] = r.context;
     j["batch"] = r.batch;
-    j["embed"] = kDecodeEmbed;
-    j["heads"] = kDecodeHeads;
+    j["embed"] = embed;
+    j["heads"] = heads;
     j["kv_heads"] = r.kv_heads;
     j["cache_dtype"] = DTypeName(r.dtype);
-    j["weights_dtype"] = DTypeName(r.weights);
+    j["weights_dtype"] = WeightsDtypeName(r.weights, r.weight_block);
     j["threads"] = r.threads;
     j["error"] = r.error;
     j["runs"] = r.runs;
