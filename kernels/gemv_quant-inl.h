@@ -117,9 +117,12 @@ HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* a_row, con
   }
 }
 
-// The kRows x kCols tile of c at `c`: rows a + r * a_stride, weight rows j0 + j of w.
+// The kRows x kCols tile of c at `c`: rows a + r * a_stride, weight rows j0 + j of w, whose
+// format is kBlock's: 0 for kI8, else kI4 with blocks of kBlock (a compile-time constant, so a
+// whole block's two runs have constant lengths: no division per block, and on AVX-512 at block
+// 32, where each run is one vector, the compiler loads a block's bytes once for both nibbles).
 // Not inlined, as gemv-inl.h's tiles: each gets all the registers.
-template <size_t kRows, size_t kCols, class DF>
+template <size_t kBlock, size_t kRows, size_t kCols, class DF>
 HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride, const QuantMatrix& w,
                        size_t j0, float* HWY_RESTRICT c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
   static_assert(kRows >= 1 && kRows <= 4, "tile rows: 1..4");
@@ -142,28 +145,32 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride, c
   V s10 = s00, s11 = s00, s12 = s00, s13 = s00;
   V s20 = s00, s21 = s00, s22 = s00, s23 = s00;
   V s30 = s00, s31 = s00, s32 = s00, s33 = s00;
-  if (w.type == DType::kI8) {
+  if constexpr (kBlock == 0) {
     for (size_t j = 0; j < 4; ++j) t.w[j] = rows[j];
     Run<qd::I8Codes>(df, t, 0, kv, hn::Set(df, scales[0][0]), hn::Set(df, scales[1][0]),
                      hn::Set(df, scales[2][0]), hn::Set(df, scales[3][0]), s00, s01, s02, s03, s10,
                      s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
   } else {
-    const size_t block = w.block, half = block / 2;
-    for (size_t b0 = 0; b0 < kv; b0 += block) {
-      const size_t g = b0 / block;
+    constexpr size_t kHalf = kBlock / 2;
+    for (size_t b0 = 0, g = 0; b0 < kv; b0 += kBlock, ++g) {
       const V sc0 = hn::Set(df, scales[0][g]), sc1 = hn::Set(df, scales[1][g]);
       const V sc2 = hn::Set(df, scales[2][g]), sc3 = hn::Set(df, scales[3][g]);
-      for (size_t j = 0; j < 4; ++j) t.w[j] = rows[j] + g * half;
+      for (size_t j = 0; j < 4; ++j) t.w[j] = rows[j] + g * kHalf;
       // The block's low nibbles (elements [b0, b0 + half)), then its high nibbles, each as far
-      // as the whole vectors go.
-      const size_t lo = kv - b0 < half ? kv - b0 : half;
+      // as the whole vectors go (all of them but in a row's last, partial block).
+      const size_t lo = kv - b0 < kHalf ? kv - b0 : kHalf;
+      const size_t hi = kv - b0 <= kHalf ? 0 : kv - b0 - kHalf < kHalf ? kv - b0 - kHalf : kHalf;
+      if (lo == kHalf && hi == kHalf) {
+        Run<qd::I4LowCodes>(df, t, b0, kHalf, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10, s11, s12,
+                            s13, s20, s21, s22, s23, s30, s31, s32, s33);
+        Run<qd::I4HighCodes>(df, t, b0 + kHalf, kHalf, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10,
+                             s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+        continue;
+      }
       Run<qd::I4LowCodes>(df, t, b0, lo, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10, s11, s12, s13,
                           s20, s21, s22, s23, s30, s31, s32, s33);
-      if (kv - b0 > half) {
-        const size_t hi = kv - b0 - half < half ? kv - b0 - half : half;
-        Run<qd::I4HighCodes>(df, t, b0 + half, hi, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10, s11,
-                             s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
-      }
+      Run<qd::I4HighCodes>(df, t, b0 + kHalf, hi, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10, s11,
+                           s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
     }
   }
   FinishRow<kCols>(df, s00, s01, s02, s03, t.a[0], w, j0, kv, c, c_cs);
@@ -178,28 +185,43 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride, c
 }
 
 // All m rows against kCols weight rows from j0: full tiles of kTileRows, then one smaller tile.
-template <size_t kCols, class DF>
+template <size_t kBlock, size_t kCols, class DF>
 HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride, const QuantMatrix& w,
                         size_t j0, float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
   size_t i = 0;
   for (; i + kTileRows <= m; i += kTileRows) {
-    Tile<kTileRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, j0,
-                           c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
+    Tile<kBlock, kTileRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, j0,
+                                   c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
   }
   const float* a_rest = a + static_cast<ptrdiff_t>(i) * a_stride;
   float* c_rest = c + static_cast<ptrdiff_t>(i) * c_rs;
   switch (m - i) {
     case 1:
-      Tile<1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
+      Tile<kBlock, 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
       break;
     case 2:
-      Tile<2 < kTileRows ? 2 : 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
+      Tile<kBlock, 2 < kTileRows ? 2 : 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
       break;
     case 3:
-      Tile<3 < kTileRows ? 3 : 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
+      Tile<kBlock, 3 < kTileRows ? 3 : 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
       break;
     default:
       break;
+  }
+}
+
+// c [m, w.rows] = a [m, w.cols] * w^T for w of kBlock's format (Tile).
+template <size_t kBlock>
+HWY_INLINE void Rows(size_t m, const float* a, ptrdiff_t a_stride, const QuantMatrix& w, float* c,
+                     ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  const qd::QuantTag df;
+  size_t j = 0;
+  for (; j + kTileCols <= w.rows; j += kTileCols) {
+    Columns<kBlock, kTileCols>(df, m, a, a_stride, w, j, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs,
+                               c_cs);
+  }
+  for (; j < w.rows; ++j) {
+    Columns<kBlock, 1>(df, m, a, a_stride, w, j, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
   }
 }
 
@@ -209,14 +231,12 @@ HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride, con
 inline void GemvQuantRows(size_t m, const float* a, ptrdiff_t a_stride, const QuantMatrix& w,
                           float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
   namespace gq = gemv_quant_detail;
-  const quant_detail::QuantTag df;
-  size_t j = 0;
-  for (; j + gq::kTileCols <= w.rows; j += gq::kTileCols) {
-    gq::Columns<gq::kTileCols>(df, m, a, a_stride, w, j, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs,
-                               c_cs);
-  }
-  for (; j < w.rows; ++j) {
-    gq::Columns<1>(df, m, a, a_stride, w, j, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
+  if (w.type == DType::kI8) {
+    gq::Rows<0>(m, a, a_stride, w, c, c_rs, c_cs);
+  } else if (w.block == kI4Block) {
+    gq::Rows<kI4Block>(m, a, a_stride, w, c, c_rs, c_cs);
+  } else {
+    gq::Rows<kI4LargeBlock>(m, a, a_stride, w, c, c_rs, c_cs);
   }
 }
 

@@ -44,27 +44,29 @@ struct I8Codes {
   static HWY_INLINE int Scalar(const uint8_t* p) { return I8Code(*p); }
 };
 
-// Codes in the low nibbles of Lanes(df) consecutive kI4 bytes at p: each byte sign-extended to
-// 32 bits, its low nibble moved to the top and shifted back down arithmetically.
+// Codes in the low nibbles of Lanes(df) consecutive kI4 bytes at p: masked and offset at byte
+// width (one 16-byte register on x86 for AVX-512's 16 lanes), then sign-extended to 32 bits.
 struct I4LowCodes {
   template <class DF>
   static HWY_INLINE hn::Vec<DF> Load(DF df, const uint8_t* p) {
-    const hn::RebindToSigned<DF> di;
-    const auto x =
-        hn::PromoteTo(di, hn::LoadU(hn::Rebind<int8_t, DF>(), reinterpret_cast<const int8_t*>(p)));
-    return hn::ConvertTo(df, hn::ShiftRight<28>(hn::ShiftLeft<28>(x)));
+    const hn::Rebind<uint8_t, DF> du8;
+    const auto b = hn::LoadU(du8, p);
+    const auto codes = hn::Sub(hn::And(b, hn::Set(du8, 0x0F)), hn::Set(du8, 8));  // wraps
+    return hn::ConvertTo(
+        df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::BitCast(hn::Rebind<int8_t, DF>(), codes)));
   }
   static HWY_INLINE int Scalar(const uint8_t* p) { return I4LowCode(*p); }
 };
 
-// Codes in the high nibbles: the sign-extended byte shifted down arithmetically by 4.
+// Codes in the high nibbles: shifted down and offset at byte width, then sign-extended.
 struct I4HighCodes {
   template <class DF>
   static HWY_INLINE hn::Vec<DF> Load(DF df, const uint8_t* p) {
-    const hn::RebindToSigned<DF> di;
-    const auto x =
-        hn::PromoteTo(di, hn::LoadU(hn::Rebind<int8_t, DF>(), reinterpret_cast<const int8_t*>(p)));
-    return hn::ConvertTo(df, hn::ShiftRight<4>(x));
+    const hn::Rebind<uint8_t, DF> du8;
+    const auto b = hn::LoadU(du8, p);
+    const auto codes = hn::Sub(hn::ShiftRight<4>(b), hn::Set(du8, 8));  // wraps
+    return hn::ConvertTo(
+        df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::BitCast(hn::Rebind<int8_t, DF>(), codes)));
   }
   static HWY_INLINE int Scalar(const uint8_t* p) { return I4HighCode(*p); }
 };

@@ -63,13 +63,13 @@ void QuantizeRow(const float* w, size_t n, DType type, size_t block, uint8_t* co
     const size_t len = std::min(block, n - b0);
     const float scale = GroupScale(w + b0, len, 7);
     scales[b0 / block] = scale;
-    // Element i of the block in the low nibble of byte i, element i + half in its high nibble;
-    // past the row's end (its last block's padding) the code is 0.
+    // Element i of the block in the low nibble of byte i, element i + half in its high nibble,
+    // each as code + 8; past the row's end (its last block's padding) the code is 0.
     uint8_t* dst = codes + b0 / 2;
     for (size_t i = 0; i < half; ++i) {
       const int lo = i < len ? Code(w[b0 + i], scale, 7) : 0;
       const int hi = i + half < len ? Code(w[b0 + i + half], scale, 7) : 0;
-      dst[i] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+      dst[i] = static_cast<uint8_t>((lo + 8) | ((hi + 8) << 4));
     }
   }
 }

@@ -13,11 +13,12 @@
 // kI4: blocks of `block` (32 or 128) consecutive elements of a row, one scale each
 //   (scales_per_row = ceil(cols / block)), block / 2 bytes each (row_bytes = scales_per_row *
 //   block / 2): byte i of a block holds element i in its low nibble and element i + block / 2 in
-//   its high nibble, 4-bit two's complement codes in [-7, 7] (ggml's q4_0 orders a block's
-//   nibbles this way). A row's last block is padded with zero codes.
+//   its high nibble, each nibble code + 8 for codes in [-7, 7] (ggml's q4_0 orders a block's
+//   nibbles and offsets them this way). A row's last block is padded with code 0 (nibble 8).
 // Why these orders: a vector of V <= 16 consecutive elements is one load of V consecutive bytes
-// (kI4: their low or their high nibbles), a sign extension to 32 bits and at most two shifts;
-// the scales are apart so that the codes of a row stream contiguously.
+// (kI4: their low or their high nibbles, split at byte width, where x86 works on 16-byte
+// registers, before the widening to 32 bits), a sign extension to 32 bits and a conversion; the
+// scales are apart so that the codes of a row stream contiguously.
 //
 // The dequantized weight of element (r, p) is code * scale rounded once to f32 (exact code,
 // one multiplication): every kernel reads exactly these values.
@@ -60,13 +61,11 @@ struct QuantMatrix {
   }
 };
 
-// Codes from their bytes: a kI8 byte, the low and the high nibble of a kI4 byte (4-bit two's
-// complement, sign-extended), and the code of element p of one row's codes.
+// Codes from their bytes: a kI8 byte, the low and the high nibble of a kI4 byte (code + 8), and
+// the code of element p of one row's codes.
 inline int I8Code(uint8_t byte) { return static_cast<int8_t>(byte); }
-inline int I4LowCode(uint8_t byte) {
-  return static_cast<int8_t>(static_cast<uint8_t>(byte << 4)) >> 4;
-}
-inline int I4HighCode(uint8_t byte) { return static_cast<int8_t>(byte) >> 4; }
+inline int I4LowCode(uint8_t byte) { return (byte & 0xF) - 8; }
+inline int I4HighCode(uint8_t byte) { return (byte >> 4) - 8; }
 inline int RowCode(const uint8_t* row, DType type, size_t block, size_t p) {
   if (type != DType::kI4) return I8Code(row[p]);
   const size_t half = block / 2, in_block = p % block;

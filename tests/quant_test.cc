@@ -1,7 +1,7 @@
 // Tests of the quantized weight kernels (kernels/quant.h, gemv_quant.h, gemm.h's GemmQuantB):
 // - quantization: scales, codes and the packed layout checked against the definition (scale =
 //   max|w| / 127 or / 7 in f32; code nearest to w / scale, ties to even; a kI4 block's byte i
-//   holds elements i and i + block / 2), and |w - code * scale| <= scale / 2 for every element;
+//   holds elements i and i + block / 2 as code + 8), and |w - code * scale| <= scale / 2;
 // - dequantization (DequantizeRows) on every target: code * scale rounded to f32, any start;
 // - GemvQuant on every target: bitwise kernels::Gemv on the dequantized matrix (alpha 1, beta 0),
 //   and within Gemv's bound of a double reference; odd sizes (k 1..300, n 1..70, m 1..9 and 16),
@@ -84,7 +84,7 @@ std::vector<float> Dequantized(const QuantMatrix& q) {
       } else {
         const size_t h = q.block / 2, b = p / q.block, i = p % q.block;
         const int nibble = i < h ? row[b * h + i] & 0xF : row[b * h + i - h] >> 4;
-        code = nibble >= 8 ? nibble - 16 : nibble;
+        code = nibble - 8;
         scale = q.scales[r * q.scales_per_row + b];
       }
       out[r * q.cols + p] = static_cast<float>(code) * scale;
@@ -158,7 +158,7 @@ TEST(QuantizeTest, ScalesCodesAndLayoutFollowTheDefinition) {
           for (size_t p = cols; p < blocks * f.block; ++p) {
             const size_t h = f.block / 2, i = p % f.block;
             const uint8_t byte = q.m.codes[r * q.m.row_bytes + p / f.block * h + i % h];
-            ASSERT_EQ(i < h ? byte & 0xF : byte >> 4, 0) << "padding element " << p;
+            ASSERT_EQ(i < h ? byte & 0xF : byte >> 4, 8) << "padding element " << p;
           }
         }
       }
