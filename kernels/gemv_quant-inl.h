@@ -240,6 +240,12 @@ inline void GemvQuantRows(size_t m, const float* a, ptrdiff_t a_stride, const Qu
   }
 }
 
+// Whether this target's f32 vectors have at most gemv_quant's lanes (GemvQuantOrdersAsGemv).
+inline bool OrdersAsGemv() {
+  return hwy::HWY_NAMESPACE::Lanes(hwy::HWY_NAMESPACE::ScalableTag<float>()) <=
+         quant_detail::kMaxQuantLanes;
+}
+
 // NOLINTNEXTLINE(google-readability-namespace-comments)
 }  // namespace HWY_NAMESPACE
 }  // namespace kernels

@@ -15,6 +15,9 @@ namespace mha {
 namespace kernels {
 
 HWY_EXPORT(GemvQuantRows);
+HWY_EXPORT(OrdersAsGemv);
+
+bool GemvQuantOrdersAsGemv() { return HWY_DYNAMIC_DISPATCH(OrdersAsGemv)(); }
 
 void GemvQuant(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c) {
   assert(a.rows == c.rows && "GemvQuant: a.rows must equal c.rows");

@@ -31,6 +31,10 @@ namespace kernels {
 // (debug asserts).
 void GemvQuant(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c);
 
+// Whether GemvQuant's sums are ordered as Gemv's on the dispatched target (its f32 vectors have
+// at most 16 lanes), so that its results are Gemv's bits on the dequantized weights.
+bool GemvQuantOrdersAsGemv();
+
 }  // namespace kernels
 }  // namespace mha
 
