@@ -89,7 +89,9 @@ Status FillCache(KvCache& cache, int64_t batch, int64_t count) {
   return st;
 }
 
-// range(0): context, range(1): batch, range(2): cache dtype (DType value).
+// range(0): context, range(1): batch, range(2): cache dtype (DType value), range(3): threads
+// (0: all hardware threads; 1: the whole step on the benchmark's thread, whose CPU time is then
+// the step's, robust to other jobs on the machine: the per-call overhead A/B of bench/README.md).
 void BM_DecodeStep(benchmark::State& state) {
   const int64_t context = state.range(0);
   const int64_t batch = state.range(1);
@@ -97,7 +99,9 @@ void BM_DecodeStep(benchmark::State& state) {
   const DecodeLayer& m = GetLayer();
   Status st = m.status;
   std::unique_ptr<Context> ctx;
-  if (st.ok()) st = Context::Create(ContextOptions(), &ctx);
+  ContextOptions options;
+  options.num_threads = static_cast<size_t>(state.range(3));
+  if (st.ok()) st = Context::Create(options, &ctx);
   std::unique_ptr<KvCache> cache;
   if (st.ok()) {
     st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
@@ -141,14 +145,15 @@ void BM_DecodeStep(benchmark::State& state) {
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"context", "batch", "dtype"});
+  b->ArgNames({"context", "batch", "dtype", "threads"});
   for (const DType dtype : {DType::kF32, DType::kBF16}) {
     for (const int64_t batch : {1, 8}) {
       for (int64_t context = 512; context <= 8192; context *= 2) {
-        b->Args({context, batch, static_cast<int64_t>(dtype)});
+        b->Args({context, batch, static_cast<int64_t>(dtype), 0});
       }
     }
   }
+  b->Args({512, 1, static_cast<int64_t>(DType::kF32), 1});
 }
 
 // Real time: the work runs on the pool's threads, not only the benchmark's.
