@@ -460,6 +460,15 @@ void MakeViews(const Problem& p, Views* v) {
   }
 }
 
+double MaxScaledError(const std::vector<float>& got, const std::vector<float>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / (1.0 + std::fabs(want[i]));
+    worst = std::max(worst, std::isnan(e) ? INFINITY : e);
+  }
+  return worst;
+}
+
 bool Close(double got, double want) {
   if (std::isnan(want)) return std::isnan(got);
   return std::abs(got - want) <= kAtol + kRtol * std::abs(want);

@@ -100,6 +100,10 @@ constexpr double kAtol = 2e-5;
 constexpr double kRtol = 2e-4;
 bool Close(double got, double want);
 
+// Max over elements of |got - want| / (1 + |want|) (NaN counts as infinite): decode against
+// the forward's output.
+double MaxScaledError(const std::vector<float>& got, const std::vector<float>& want);
+
 // Creates the layer of `p`, plans and runs its forward on `threads` threads into `v` (gtest
 // assertions: every step succeeds, the workspace stays within the plan).
 void RunForward(const Problem& p, size_t threads, Views* v);

@@ -231,16 +231,6 @@ void RunIncremental(const Problem& p, DType dtype, const Schedule& sched, size_t
   }
 }
 
-// Max of |got - want| / (1 + |want|) over all elements.
-double MaxScaledError(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / (1.0 + std::fabs(want[i]));
-    worst = std::max(worst, std::isnan(e) ? INFINITY : e);
-  }
-  return worst;
-}
-
 const char* Name(DType t) { return DTypeName(t); }
 
 // Worst error seen per dtype (indexed by its DType value) over the whole binary, printed at the
@@ -251,7 +241,7 @@ void CheckAgainstForward(const Problem& p, DType dtype, const Schedule& sched, c
   std::vector<float> out;
   RunIncremental(p, dtype, sched, 2, &out);
   if (::testing::Test::HasFatalFailure()) return;
-  const double err = MaxScaledError(out, p.reference);
+  const double err = testing_util::MaxScaledError(out, p.reference);
   double& worst = g_worst[static_cast<int>(dtype)];
   worst = std::max(worst, err);
   EXPECT_LE(err, ToleranceOf(dtype)) << what << ", " << Name(dtype) << ", " << p.Describe();
@@ -923,7 +913,7 @@ TEST(KvCacheVariantsTest, AppendProjectedTakesRotatedKeys) {
   ASSERT_TRUE(cache->AppendProjected(po.k, po.v).ok());
   const Status s = cache->Forward(*ctx, *p.layer, in.query, ov);
   ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_LE(MaxScaledError(out, p.reference), 1e-5);
+  EXPECT_LE(testing_util::MaxScaledError(out, p.reference), 1e-5);
 }
 
 TEST(KvCacheVariantsTest, BitwiseIdenticalForOneToThreeThreads) {

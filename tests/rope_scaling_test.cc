@@ -890,15 +890,6 @@ std::vector<double> DecodeReference(const DecodeProblem& p, const std::vector<in
   return out;
 }
 
-double MaxScaledError(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(static_cast<double>(got[i]) - want[i]) / (1.0 + std::fabs(want[i]));
-    worst = std::max(worst, std::isnan(e) ? INFINITY : e);
-  }
-  return worst;
-}
-
 void ExpectMatchesDecodeReference(const std::vector<float>& got, const std::vector<double>& want,
                                   const std::string& what) {
   int bad = 0;
@@ -975,9 +966,9 @@ TEST(RopeScalingDecodeTest, CacheFollowsThePerStepRule) {
         const bool same_as_forward =
             !dependent || (sc.config.rope_scaling == RopeScaling::kLongRope && steps[0] > original);
         if (same_as_forward) {
-          EXPECT_LE(MaxScaledError(got, forward), 1e-5) << what;
+          EXPECT_LE(testing_util::MaxScaledError(got, forward), 1e-5) << what;
         } else {
-          EXPECT_GT(MaxScaledError(got, forward), 1e-3) << what << ": the rule is not exercised";
+          EXPECT_GT(testing_util::MaxScaledError(got, forward), 1e-3) << what << ": the rule is not exercised";
         }
         if (dependent) {
           std::vector<float> one;
