@@ -16,6 +16,8 @@
 #include "kernels/gemm_direct.h"
 #include "kernels/gemm_route.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_quant.h"
+#include "kernels/quant.h"
 #include "kernels/targets.h"
 
 namespace mha {
@@ -242,40 +244,60 @@ size_t DeepestKcBlock(const Config& cfg, size_t k) {
   return k < 2 * cfg.kc ? k : cfg.kc + k % cfg.kc;
 }
 
-// One operand of the driver: f32 elements, or 16-bit ones (GemmHalfB's weights) that are
-// widened exactly to f32 as they are packed. Element (i, p) at data[i * row_stride + p *
-// col_stride].
+// One operand of the driver: f32 elements, 16-bit ones (GemmHalfB's weights) that are widened
+// exactly to f32 as they are packed, or quantized ones (GemmQuantB's weights) that are
+// dequantized as they are packed. Element (i, p) at data[i * row_stride + p * col_stride]; a
+// quantized operand is w's elements from (quant_row, quant_col) on, as they lie (weight rows as
+// rows, quant_rows true) or transposed (b = w^T: rows along w's columns).
 struct Operand {
   const float* f32 = nullptr;
   const uint16_t* half = nullptr;  // used when f32 is null
   DType type = DType::kBF16;
   ptrdiff_t row_stride = 0;
   ptrdiff_t col_stride = 1;
+  const QuantMatrix* quant = nullptr;  // used when f32 and half are null
+  size_t quant_row = 0, quant_col = 0;
+  bool quant_rows = false;
 
-  Operand Transposed() const { return {f32, half, type, col_stride, row_stride}; }
+  Operand Transposed() const {
+    Operand t = *this;
+    t.row_stride = col_stride;
+    t.col_stride = row_stride;
+    t.quant_rows = !quant_rows;
+    return t;
+  }
   Operand At(size_t r, size_t c) const {
     const ptrdiff_t off =
         static_cast<ptrdiff_t>(r) * row_stride + static_cast<ptrdiff_t>(c) * col_stride;
-    return {f32 ? f32 + off : nullptr, half ? half + off : nullptr, type, row_stride, col_stride};
+    Operand o = *this;
+    o.f32 = f32 ? f32 + off : nullptr;
+    o.half = half ? half + off : nullptr;
+    o.quant_row += quant_rows ? r : c;
+    o.quant_col += quant_rows ? c : r;
+    return o;
   }
 };
 
 // Packs one micro-panel of `rows` rows (rows <= height) and kc columns of `src` into dst (the
-// layout of PackPanel). A 16-bit source must be contiguous along kc (col_stride 1: rows of an
-// nn.Linear weight): its rows are widened into `widen` (rows x at most cfg.kc floats: a block
-// deeper than KC goes in pieces) and packed from there, so the packed panel holds exactly the
-// values a widened f32 matrix would give.
+// layout of PackPanel). A 16-bit or quantized source must be contiguous along kc (col_stride 1,
+// or quant_rows: rows of an nn.Linear weight): its rows are widened or dequantized into `widen`
+// (rows x at most cfg.kc floats: a block deeper than KC goes in pieces) and packed from there,
+// so the packed panel holds exactly the values a widened (dequantized) f32 matrix would give.
 void PackOperandPanel(PackPanelFn pack, const Operand& src, size_t rows, size_t kc, size_t height,
                       float* widen, float* dst) {
   if (src.f32 != nullptr) {
     pack(src.f32, src.row_stride, src.col_stride, rows, kc, height, dst);
     return;
   }
-  assert(src.col_stride == 1 && "GemmHalfB: 16-bit operands must be contiguous along k");
+  assert((src.half != nullptr ? src.col_stride == 1 : src.quant_rows) &&
+         "GemmHalfB / GemmQuantB: weight operands must be contiguous along k");
   const size_t piece_max = GetConfig().kc;
   for (size_t p0 = 0; p0 < kc; p0 += piece_max) {
     const size_t piece = std::min(piece_max, kc - p0);
-    for (size_t i = 0; i < rows; ++i) {
+    if (src.half == nullptr) {
+      DequantizeRows(*src.quant, src.quant_row, rows, src.quant_col + p0, piece, widen, piece);
+    }
+    for (size_t i = 0; i < rows && src.half != nullptr; ++i) {
       const uint16_t* row = src.half + static_cast<ptrdiff_t>(i) * src.row_stride + p0;
       if (src.type == DType::kBF16) {
         BF16ToF32(row, widen + i * piece, piece);
@@ -639,6 +661,32 @@ void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, f
   }
   Driver(route, alpha, {a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride},
          {nullptr, b.data, b.type, b.row_stride, b.col_stride}, a.cols, beta, c, scratch);
+}
+
+void GemmQuantB(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c,
+                void* scratch) {
+  assert(a.rows == c.rows && "GemmQuantB: a.rows must equal c.rows");
+  assert(w.rows == c.cols && "GemmQuantB: w.rows must equal c.cols");
+  assert(a.cols == w.cols && "GemmQuantB: a.cols must equal w.cols");
+  assert(scratch != nullptr && "GemmQuantB: scratch is required");
+  assert(reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment == 0 &&
+         "GemmQuantB: scratch must be 64-byte aligned");
+  if (c.rows == 0 || c.cols == 0) return;
+  if (a.cols == 0) {
+    ScaleC(0.0f, c);
+    return;
+  }
+  const GemmRoute route =
+      ChooseGemmRoute({c.rows, c.cols, a.cols, w.type, BPacking::kNone, a.col_stride == 1});
+  if (route == GemmRoute::kGemv) {
+    GemvQuant(a, w, c);
+    return;
+  }
+  Operand b;  // w^T: rows along w's columns
+  b.half = nullptr;
+  b.quant = &w;
+  Driver(route, 1.0f, {a.data, nullptr, DType::kBF16, a.row_stride, a.col_stride}, b, a.cols, 0.0f,
+         c, scratch);
 }
 
 void GemmInit() { GetConfig(); }

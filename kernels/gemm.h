@@ -20,10 +20,10 @@
 // deep, the last one taking a remainder shorter than KC along (k 768 at KC 512 is one block of
 // 768, not 512 + 256), so no product runs a short block; a block deeper than KC packs fewer
 // rows of A (MC) and columns of B (NC) at a time, so the scratch stays the same.
-// Scratch = packed A (MC x KC) + packed B (KC x NC) + one widened 16-bit panel (max(MR, NR) x
-// KC, used by GemmHalfB only), at most 2 MiB + (MC + 32) * KC * 4 bytes:
-// 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048; 2.4 MiB at KC 512 on AVX-512),
-// 2.7 MiB on skx (MR 32, NR 12, column-preferring), 3.1 MiB on penryn, the largest of the
+// Scratch = packed A (MC x KC) + packed B (KC x NC) + one widened 16-bit or dequantized panel
+// (max(MR, NR) x KC, used by GemmHalfB and GemmQuantB only), at most 2 MiB + (MC + 32) * KC * 4
+// bytes: 2.2 MiB on haswell/zen (MR 6, NR 16, MC 168, KC 256, NC 2048; 2.4 MiB at KC 512 on
+// AVX-512), 2.7 MiB on skx (MR 32, NR 12, column-preferring), 3.1 MiB on penryn, the largest of the
 // x86-64 configurations.
 //
 // Which of its routes Gemm and GemmHalfB take is kernels::ChooseGemmRoute's (gemm_route.h).
@@ -153,6 +153,16 @@ void Gemm(float alpha, const ConstMatrixView& a, const ConstMatrixView& b, float
 // matrix: 16-bit weights cost accuracy only through their own rounding, never in the product.
 void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, float beta,
                const MatrixView& c, void* scratch);
+
+// c = a * w^T (overwritten, not read) for quantized weights w [n, k] (quant.h: kI8 / kI4, an
+// nn.Linear weight; c [m, n], a [m, k] any strides). Gemm's path choice and scratch: on the GEMV
+// route (a few rows, a.col_stride 1) GemvQuant (gemv_quant.h), else the driver, which
+// dequantizes the weights' rows into the scratch's widening panel as it packs them. Either way
+// the result is bitwise kernels::Gemm's (alpha 1, beta 0) on the dequantized matrix (code *
+// scale rounded to f32), where GemvQuant's lane count equals Gemv's (gemv_quant.h).
+struct QuantMatrix;
+void GemmQuantB(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c,
+                void* scratch);
 
 // A b [k, n] operand packed once and multiplied by many a's (GemmBlisPackedB): attention packs each
 // key block's K^T and V once and runs a few query rows at a time against them, so that each

@@ -207,9 +207,10 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path, const 
                            std::to_string(options.num_heads));
   }
   const DType st = options.weight_dtype;
-  if (st != DType::kF32 && st != DType::kBF16 && st != DType::kF16) {
-    return InvalidArgument(std::string("options.weight_dtype: expected F32, BF16 or F16, got ") +
-                           DTypeName(st));
+  if (st != DType::kF32 && st != DType::kBF16 && st != DType::kF16 && !IsQuantized(st)) {
+    return InvalidArgument(
+        std::string("options.weight_dtype: expected F32, BF16, F16, I8 or I4, got ") +
+        DTypeName(st));
   }
   if (options.num_kv_heads < 0) {
     return InvalidArgument("options.num_kv_heads: expected >= 0 (0 = from the file), got " +
@@ -253,21 +254,31 @@ Status MultiheadAttention::CreateFromSafeTensors(const std::string& path, const 
   c.batch_first = options.batch_first;
   c.scale = options.scale;
   c.weight_dtype = st;
+  c.weight_block = options.weight_block;
   c.prepack = options.prepack;
   c.compute = options.compute;
 
-  // Every weight matrix in the storage dtype: those the loader kept 16-bit are used as they
-  // are; the others (f32, or the other 16-bit type) are converted here.
+  // Every weight matrix in one dtype `src`: the storage dtype, whose 16-bit tensors the loader
+  // kept as they are (the others, f32 or the other 16-bit type, are converted here); for
+  // quantized storage the tensors' own dtype when they share one (Create quantizes them row by
+  // row), else f32.
+  DType src = st;
+  if (IsQuantized(st)) {
+    src = mw.w_out.dtype;
+    for (const WeightTensor* t : {&mw.in_proj_weight, &mw.w_q, &mw.w_k, &mw.w_v}) {
+      if (t->size() != 0 && t->dtype != src) src = DType::kF32;
+    }
+  }
   std::vector<std::vector<uint8_t>> converted;
   auto as_storage = [&](const WeightTensor& t) -> const void* {
-    if (t.dtype == st) return t.data();
-    converted.emplace_back(t.size() * DTypeSize(st));
-    ConvertElements(t.data(), t.dtype, converted.back().data(), st, t.size());
+    if (t.dtype == src) return t.data();
+    converted.emplace_back(t.size() * DTypeSize(src));
+    ConvertElements(t.data(), t.dtype, converted.back().data(), src, t.size());
     return converted.back().data();
   };
   converted.reserve(5);
   AttentionWeights w;
-  w.dtype = st;
+  w.dtype = src;
   // Separate projections keep PyTorch's one in_proj_bias [E + 2 kvE] in q, k, v order.
   std::vector<float> bias_qkv;
   w.qkv_layout = options.qkv_layout;

@@ -25,7 +25,8 @@ static_assert(static_cast<int>(MHA_DTYPE_U8) == static_cast<int>(DType::kU8) &&
                   static_cast<int>(MHA_DTYPE_I8) == static_cast<int>(DType::kI8),
               "mha_dtype values must equal mha::DType values");
 static_assert(static_cast<int>(MHA_DTYPE_I32) == static_cast<int>(DType::kI32) &&
-                  static_cast<int>(MHA_DTYPE_I64) == static_cast<int>(DType::kI64),
+                  static_cast<int>(MHA_DTYPE_I64) == static_cast<int>(DType::kI64) &&
+                  static_cast<int>(MHA_DTYPE_I4) == static_cast<int>(DType::kI4),
               "mha_dtype values must equal mha::DType values");
 static_assert(static_cast<int>(MHA_ROPE_NEOX) == static_cast<int>(RopeStyle::kNeox) &&
                   static_cast<int>(MHA_ROPE_GPTJ) == static_cast<int>(RopeStyle::kGptj),
@@ -223,9 +224,11 @@ Status CheckCompute(int32_t v, const char* name) {
 }
 
 Status CheckWeightDtype(int32_t v, const char* name) {
-  if (v != MHA_DTYPE_F32 && v != MHA_DTYPE_BF16 && v != MHA_DTYPE_F16) {
-    return InvalidArgument(std::string(name) + ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) "
-                           "or MHA_DTYPE_F16 (2), got " + std::to_string(v));
+  if (v != MHA_DTYPE_F32 && v != MHA_DTYPE_BF16 && v != MHA_DTYPE_F16 && v != MHA_DTYPE_I8 &&
+      v != MHA_DTYPE_I4) {
+    return InvalidArgument(std::string(name) + ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), "
+                           "MHA_DTYPE_F16 (2), MHA_DTYPE_I8 (5) or MHA_DTYPE_I4 (8), got " +
+                           std::to_string(v));
   }
   return Status::Ok();
 }
@@ -321,6 +324,7 @@ Status ToConfig(const mha_layer_config& c, AttentionConfig* out) {
   Status s = CheckWeightDtype(c.weight_dtype, "config->weight_dtype");
   if (!s.ok()) return s;
   out->weight_dtype = static_cast<DType>(c.weight_dtype);
+  out->weight_block = c.weight_block;
   s = CheckPrepack(c.prepack, "config->prepack");
   if (!s.ok()) return s;
   out->prepack = static_cast<WeightPrepack>(c.prepack);
@@ -497,6 +501,7 @@ mha_status mha_layer_create_from_safetensors(const char* path, const char* prefi
     lo.scale = options->scale;
     lo.qkv_layout = static_cast<mha::QkvLayout>(options->qkv_layout);
     lo.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
+    lo.weight_block = options->weight_block;
     lo.num_kv_heads = options->num_kv_heads;
     lo.prepack = static_cast<mha::WeightPrepack>(options->prepack);
     lo.compute = static_cast<mha::Compute>(options->compute);
@@ -527,6 +532,7 @@ mha_status mha_layer_create_from_hf(const char* dir, int64_t layer_index,
       if (s.ok()) s = mha::CheckBool(options->sequence_first, "options->sequence_first");
       if (!s.ok()) return s;
       o.weight_dtype = static_cast<mha::DType>(options->weight_dtype);
+      o.weight_block = options->weight_block;
       o.compute = static_cast<mha::Compute>(options->compute);
       o.prepack = static_cast<mha::WeightPrepack>(options->prepack);
       o.binding = options->view != 0 ? mha::WeightBinding::kView : mha::WeightBinding::kCopy;
@@ -579,6 +585,7 @@ mha_status mha_layer_get_config(const mha_layer* layer, mha_layer_config* config
     r.batch_first = c.batch_first ? 1 : 0;
     r.scale = c.scale;
     r.weight_dtype = static_cast<int32_t>(c.weight_dtype);
+    r.weight_block = c.weight_block;
     r.prepack = static_cast<int32_t>(c.prepack);
     r.rope = static_cast<int32_t>(c.rope);
     r.rope_theta = c.rope_theta;

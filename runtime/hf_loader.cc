@@ -165,13 +165,19 @@ Status ReadHfLayer(const std::string& dir, int64_t layer_index, const HfOptions&
     return InvalidArgument("layer_index: expected >= 0, got " + std::to_string(layer_index));
   }
   const DType st = options.weight_dtype;
-  if (st != DType::kF32 && st != DType::kBF16 && st != DType::kF16) {
-    return InvalidArgument(std::string("HfOptions::weight_dtype: expected F32, BF16 or F16, got ") +
-                           DTypeName(st));
+  if (st != DType::kF32 && st != DType::kBF16 && st != DType::kF16 && !IsQuantized(st)) {
+    return InvalidArgument(
+        std::string("HfOptions::weight_dtype: expected F32, BF16, F16, I8 or I4, got ") +
+        DTypeName(st));
   }
   if (options.binding != WeightBinding::kView && options.binding != WeightBinding::kCopy) {
     return InvalidArgument("HfOptions::binding: expected kView (0) or kCopy (1), got " +
                            std::to_string(static_cast<int>(options.binding)));
+  }
+  if (IsQuantized(st) && options.binding == WeightBinding::kView) {
+    return InvalidArgument(std::string("HfOptions::binding: weight_dtype ") + DTypeName(st) +
+                           " quantizes the weights into the layer's own codes: expected kCopy, "
+                           "got kView");
   }
   HfConfig config;
   Status s = HfConfig::Load(dir + "/config.json", &config);
@@ -188,10 +194,14 @@ Status ReadHfLayer(const std::string& dir, int64_t layer_index, const HfOptions&
   s = config.ModuleSettings(*kind, layer, &l.settings);
   if (!s.ok()) return s;
   HfWeights w;
-  s = ReadHfWeights(ckpt, prefix, l.settings, st, options.binding, &w);
+  // Quantized storage reads the matrices as stored (f32 if they disagree); Create quantizes them
+  // one row at a time.
+  s = ReadHfWeights(ckpt, prefix, l.settings, IsQuantized(st) ? DType::kF32 : st, options.binding,
+                    &w);
   if (!s.ok()) return s;
   l.config = l.settings.config;
   l.config.weight_dtype = st;
+  l.config.weight_block = options.weight_block;
   l.config.compute = options.compute;
   l.config.prepack = options.prepack;
   l.config.batch_first = options.batch_first;

@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_route.h"
+#include "kernels/quant.h"
 #include "runtime/validate.h"
 
 namespace mha {
@@ -118,20 +119,36 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
   m.config.kdim = m.kd;
   m.config.vdim = m.vd;
 
-  const struct {
-    const char* name;
-    DType v;
-  } dtypes[] = {{"config.weight_dtype", config.weight_dtype}, {"weights.dtype", weights_dtype}};
-  for (const auto& d : dtypes) {
-    if (d.v != DType::kF32 && d.v != DType::kBF16 && d.v != DType::kF16) {
-      return InvalidArgument(std::string(op) + d.name + ": expected F32, BF16 or F16, got " +
-                             DTypeName(d.v));
-    }
+  const DType st = config.weight_dtype;
+  if (st != DType::kF32 && st != DType::kBF16 && st != DType::kF16 && !IsQuantized(st)) {
+    return InvalidArgument(std::string(op) +
+                           "config.weight_dtype: expected F32, BF16, F16, I8 or I4, got " +
+                           DTypeName(st));
   }
+  if (weights_dtype != DType::kF32 && weights_dtype != DType::kBF16 &&
+      weights_dtype != DType::kF16) {
+    return InvalidArgument(std::string(op) + "weights.dtype: expected F32, BF16 or F16, got " +
+                           DTypeName(weights_dtype));
+  }
+  const int64_t block = config.weight_block;
+  if (st == DType::kI4 ? !(block == 0 || block == static_cast<int64_t>(kernels::kI4Block) ||
+                           block == static_cast<int64_t>(kernels::kI4LargeBlock))
+                       : block != 0) {
+    return InvalidArgument(std::string(op) + "weight_block: expected " +
+                           (st == DType::kI4 ? "0, 32 or 128 with weight_dtype I4"
+                                             : "0 unless weight_dtype is I4") +
+                           ", got " + Str(block));
+  }
+  m.block = st != DType::kI4 ? 0 : block == 0 ? kernels::kI4Block : static_cast<size_t>(block);
+  m.config.weight_block = static_cast<int64_t>(m.block);
 
   if (config.compute != Compute::kF32 && config.compute != Compute::kBF16) {
     return InvalidArgument(std::string(op) + "compute: expected kF32 (0) or kBF16 (1), got " +
                            Str(static_cast<int>(config.compute)));
+  }
+  if (config.compute == Compute::kBF16 && IsQuantized(st)) {
+    return Unsupported(std::string(op) + "compute kBF16 with weight_dtype " + DTypeName(st) +
+                       ": quantized weights multiply in f32 only (use Compute::kF32)");
   }
   if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff &&
       config.prepack != WeightPrepack::kPlain && config.prepack != WeightPrepack::kStrassen) {
@@ -507,6 +524,131 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   m.b_o = out_bias ? bo : nullptr;
 }
 
+// One quantized matrix of the layer: `rows` rows of `in` inputs, from row `qkv_row` on of
+// [w_q | w_k | w_v] (QkvRow), or of out_proj_weight when qkv_row < 0; named for messages.
+struct QuantSource {
+  const char* name;
+  int64_t rows, in, qkv_row;
+  WeightMatrix* dst;
+};
+
+// The caller's row r of [w_q | w_k | w_v] (rows E + 2 kvE, elements of w.dtype): of
+// in_proj_weight (the per-head layout's row (h, part, d) for row part * E + h * hd + d), or of
+// the separate matrices.
+const void* QkvRow(const AttentionWeights& w, const LayerWeights& m, int64_t r) {
+  const size_t es = DTypeSize(w.dtype);
+  const auto at = [es](const void* base, int64_t row, int64_t in) {
+    return static_cast<const uint8_t*>(base) + static_cast<size_t>(row * in) * es;
+  };
+  if (w.in_proj_weight != nullptr) {
+    if (w.qkv_layout != QkvLayout::kPerHead) return at(w.in_proj_weight, r, m.qd);
+    const int64_t part = r / m.E, h = r % m.E / m.hd, d = r % m.hd;
+    return at(w.in_proj_weight, (h * 3 + part) * m.hd + d, m.qd);
+  }
+  if (r < m.E) return at(w.q_proj_weight, r, m.qd);
+  if (r < m.E + m.kvE) return at(w.k_proj_weight, r - m.E, m.kd);
+  return at(w.v_proj_weight, r - m.E - m.kvE, m.vd);
+}
+
+// Binds quantized copies (config.weight_dtype kI8 / kI4): the biases copied (the per-head
+// layout's reordered), each weight row widened to f32 in a one-row buffer and quantized
+// (kernels::QuantizeRow) straight into m.quantized, so Create never holds an f32 or 16-bit copy
+// of a matrix. Non-finite weights are an error (they have no scale).
+Status BindQuantized(const AttentionWeights& weights, LayerWeights& m) {
+  AttentionWeights w = weights;
+  if (w.in_proj_weight != nullptr && w.qkv_layout == QkvLayout::kPerHead &&
+      w.in_proj_bias != nullptr) {
+    std::vector<float> reordered(static_cast<size_t>(m.E + 2 * m.kvE));
+    for (int64_t r = 0; r < m.E + 2 * m.kvE; ++r) {
+      const int64_t part = r / m.E, h = r % m.E / m.hd, d = r % m.hd;
+      reordered[r] = w.in_proj_bias[(h * 3 + part) * m.hd + d];
+    }
+    m.qkv_bias.swap(reordered);
+    w.in_proj_bias = m.qkv_bias.data();
+  }
+  BindViews(w, m);  // the biases' pointers, owned next; the weights are replaced below
+  OwnBiases(m);
+  std::vector<float>().swap(m.qkv_bias);  // copied into owned_biases
+  const DType st = m.config.weight_dtype;
+  m.qkv_adjacent = m.qd == m.kd && m.qd == m.vd;
+  if (m.qkv_adjacent) m.b_packed = m.b_q;  // [E + 2 kvE] in owned_biases, or null
+  WeightMatrix qkv;
+  std::vector<QuantSource> sources;
+  if (m.qkv_adjacent) {
+    sources.push_back({"q/k/v weights", m.E + 2 * m.kvE, m.qd, 0, &qkv});
+  } else {
+    sources.push_back({"q_proj_weight", m.E, m.qd, 0, &m.w_q});
+    sources.push_back({"k_proj_weight", m.kvE, m.kd, m.E, &m.w_k});
+    sources.push_back({"v_proj_weight", m.kvE, m.vd, m.E + m.kvE, &m.w_v});
+  }
+  sources.push_back({"out_proj_weight", m.D, m.E, -1, &m.w_o});
+  // Each matrix's codes, then its scales, at 64-byte offsets from a 64-byte aligned start.
+  constexpr size_t kAlign = 64;
+  const auto round_up = [](size_t x) { return (x + kAlign - 1) / kAlign * kAlign; };
+  size_t bytes = 0;
+  std::vector<size_t> code_at, scale_at;
+  for (const QuantSource& src : sources) {
+    const size_t rows = static_cast<size_t>(src.rows), in = static_cast<size_t>(src.in);
+    code_at.push_back(bytes);
+    bytes = round_up(bytes + rows * kernels::QuantRowBytes(st, m.block, in));
+    scale_at.push_back(bytes);
+    bytes = round_up(bytes + rows * kernels::QuantScalesPerRow(st, m.block, in) * sizeof(float));
+  }
+  m.quantized.assign(bytes + kAlign, 0);
+  uint8_t* base = m.quantized.data();
+  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
+  std::vector<float> row;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const QuantSource& src = sources[i];
+    const size_t in = static_cast<size_t>(src.in);
+    kernels::QuantMatrix q;
+    q.codes = base + code_at[i];
+    q.scales = reinterpret_cast<const float*>(base + scale_at[i]);
+    q.type = st;
+    q.block = m.block;
+    q.rows = static_cast<size_t>(src.rows);
+    q.cols = in;
+    q.row_bytes = kernels::QuantRowBytes(st, m.block, in);
+    q.scales_per_row = kernels::QuantScalesPerRow(st, m.block, in);
+    row.resize(in);
+    for (int64_t r = 0; r < src.rows; ++r) {
+      const void* from =
+          src.qkv_row >= 0
+              ? QkvRow(w, m, src.qkv_row + r)
+              : static_cast<const uint8_t*>(w.out_proj_weight) +
+                    static_cast<size_t>(r * m.E) * DTypeSize(w.dtype);
+      const float* f32 = static_cast<const float*>(from);
+      if (w.dtype != DType::kF32) {
+        const uint16_t* h = static_cast<const uint16_t*>(from);
+        if (w.dtype == DType::kBF16) {
+          kernels::BF16ToF32(h, row.data(), in);
+        } else {
+          kernels::F16ToF32(h, row.data(), in);
+        }
+        f32 = row.data();
+      }
+      const int64_t bad = FindBad(f32, src.in, [](float x) { return !std::isfinite(x); });
+      if (bad >= 0) {
+        return InvalidArgument(std::string(kOp) + "weights: " + src.name + " row " + Str(r) +
+                               ": expected finite values to quantize (weight_dtype " +
+                               DTypeName(st) + "), got " + std::to_string(f32[bad]) +
+                               " at column " + Str(bad));
+      }
+      kernels::QuantizeRow(f32, in, st, m.block, const_cast<uint8_t*>(q.codes) + r * q.row_bytes,
+                           const_cast<float*>(q.scales) + r * q.scales_per_row);
+    }
+    *src.dst = WeightMatrix{nullptr, st};
+    src.dst->quant = q;
+  }
+  if (m.qkv_adjacent) {
+    m.w_packed = qkv;
+    m.w_q = qkv;
+    m.w_k = qkv.Rows(m.E, m.qd);
+    m.w_v = qkv.Rows(m.E + m.kvE, m.qd);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& weights,
@@ -535,6 +677,12 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
     w.q_proj_bias = w.k_proj_bias = w.v_proj_bias = nullptr;
   }
   const DType st = config.weight_dtype;
+  // Quantized weights are always the layer's own codes: nothing of the caller's is viewed.
+  if (IsQuantized(st) && binding != WeightBinding::kCopy) {
+    return InvalidArgument(std::string(kOp) + "binding: weight_dtype " + DTypeName(st) +
+                           " quantizes the weights into the layer's own codes: expected "
+                           "WeightBinding::kCopy, got kView");
+  }
   // Copies are made when asked for, and always for the per-head packed layout, which is
   // reordered into PyTorch's (q, k, v) row order once here so every later path is the same.
   const bool copy = binding == WeightBinding::kCopy ||
@@ -551,7 +699,11 @@ Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& w
   const bool pack_from_caller =
       copy && m.PackingsServeEveryProduct() && w.dtype == st &&
       !(w.in_proj_weight != nullptr && w.qkv_layout == QkvLayout::kPerHead);
-  if (copy && !pack_from_caller) {
+  if (IsQuantized(st)) {
+    // Neither prepacked nor packed afterwards: Prepack and KeepOnlyPackings leave them.
+    s = BindQuantized(w, m);
+    if (!s.ok()) return s;
+  } else if (copy && !pack_from_caller) {
     BindCopies(w, m);
   } else {
     BindViews(w, m);

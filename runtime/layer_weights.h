@@ -57,6 +57,7 @@ struct LayerWeights {
   int64_t D = 0, E = 0, H = 0, KVH = 0, hd = 0, kvE = 0, qd = 0, kd = 0, vd = 0;
   uint32_t biases = 0;  // resolved ProjectionBias mask: which projections add a bias
   float scale = 1.0f;  // resolved score scale
+  size_t block = 0;    // kI4 weights: inputs per scale (resolved weight_block); else 0
   // Weights in nn.Linear layout ([out, in], row-major, config.weight_dtype): the caller's
   // arrays (kView) or owned copies (kCopy, and always for the per-head packed layout,
   // reordered to q, k, v rows): `owned` holds f32 weights, `owned16` 16-bit weights,
@@ -83,6 +84,11 @@ struct LayerWeights {
   WeightMatrix w_o;            // [D, E]
   const float* b_o = nullptr;  // [D] or null
   LayerVariants variants;
+  // Quantized weights (config.weight_dtype kI8 / kI4, always owned): the codes and scales of
+  // [w_q | w_k | w_v] as one matrix when qkv_adjacent (w_packed's `quant`, whose row ranges
+  // w_q, w_k, w_v take), else of each, then of w_o (their `quant` members point here, 64-byte
+  // aligned; kernels/quant.h's layout). The matrices' `data` are null.
+  std::vector<uint8_t> quantized;
   // config.prepack: the packings of w_q, w_k, w_v and w_o (their `packed` members point here;
   // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
   // fused projection runs as three products into the column ranges of its buffer.
@@ -122,6 +128,9 @@ struct LayerWeights {
 // configuration into `m` and binds the weights as `binding` says, then prepacks them.
 Status BindLayerWeights(const AttentionConfig& config, const AttentionWeights& weights,
                         WeightBinding binding, LayerWeights* m);
+
+// Whether a weight dtype is a quantized one (kI8, kI4).
+inline bool IsQuantized(DType dtype) { return dtype == DType::kI8 || dtype == DType::kI4; }
 
 // Copies n elements of type `from` at src into dst as type `to` (each kF32, kBF16 or kF16):
 // f32 -> 16-bit rounds to nearest even, 16-bit -> f32 is exact, bf16 <-> f16 goes through f32

@@ -28,7 +28,11 @@ void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
   b_bf16 = Bf16Of(w, in, out);
   b_packed = PackingOf(w, in, out);
   b_strassen = b_packed.data != nullptr ? StrassenOf(w, in, out) : kernels::StrassenPackedB{};
-  if (w.dtype == DType::kF32) {
+  b_quant = w.quant.empty() ? kernels::QuantMatrix{} : w.quant.Rows(0, out);
+  if (!w.quant.empty()) {
+    b = {};
+    b_half = {};
+  } else if (w.dtype == DType::kF32) {
     b = WeightT(w, out, in);
     b_half = {};
   } else {
@@ -93,6 +97,11 @@ void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weig
   }
   if (OverPackedB(route)) {
     MultiplyPackedB(route, a, PackingOf(weights, a.cols, out), bias, c, scratch);
+    return;
+  }
+  if (!weights.quant.empty()) {
+    kernels::GemmQuantB(a, weights.quant.Rows(0, out), c, scratch);
+    AddBias(c, bias);
     return;
   }
   assert(weights.data != nullptr && "MultiplyWeights: a released copy has a packing for this");
@@ -425,9 +434,11 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
       MultiplyPackedB(route[j], a_blk, packing[j].Columns(p.c0, p.nc), bias, c_blk, own_scratch);
       return;
     }
-    assert((job.b.data != nullptr || job.b_half.data != nullptr) &&
+    assert((job.b.data != nullptr || job.b_half.data != nullptr || !job.b_quant.empty()) &&
            "ParallelGemm: a released copy has a packing for this job");
-    if (job.b_half.data != nullptr) {
+    if (!job.b_quant.empty()) {
+      kernels::GemmQuantB(a_blk, job.b_quant.Rows(p.c0, p.nc), c_blk, own_scratch);
+    } else if (job.b_half.data != nullptr) {
       kernels::GemmHalfB(1.0f, a_blk, job.b_half.Block(0, p.c0, job.b_half.rows, p.nc), 0.0f,
                          c_blk, own_scratch);
     } else {

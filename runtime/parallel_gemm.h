@@ -16,6 +16,7 @@
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_route.h"
 #include "kernels/gemm_strassen.h"
+#include "kernels/quant.h"
 #include "mha/types.hpp"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
@@ -41,7 +42,8 @@ inline constexpr size_t kFewRowsPanelCols = 64;
 
 // A weight matrix in nn.Linear layout [out, in], row-major (row stride = in), stored in f32,
 // bf16 or f16 (a layer's weight_dtype). 16-bit weights are widened exactly to f32 inside the
-// products (kernels::GemmHalfB), so the arithmetic is f32 either way.
+// products (kernels::GemmHalfB), so the arithmetic is f32 either way. Quantized weights (kI8,
+// kI4) are `quant` instead (data null), dequantized inside the products (kernels::GemmQuantB).
 //
 // `packed` (optional, f32 weights only): the whole matrix's w^T [in, out] packed once in the
 // GEMM micro-kernel's layout (kernels::PackB), made when the layer was created (its `prepack`
@@ -52,7 +54,8 @@ struct WeightMatrix {
   WeightMatrix(const void* data_in, DType dtype_in) : data(data_in), dtype(dtype_in) {}
 
   const void* data = nullptr;
-  DType dtype = DType::kF32;          // kF32, kBF16 or kF16
+  DType dtype = DType::kF32;          // kF32, kBF16, kF16, or kI8 / kI4 (then `quant`)
+  kernels::QuantMatrix quant;         // kI8 / kI4: the codes and scales [out, in]; else empty
   kernels::PackedB packed;            // data null when the weights are not prepacked
   kernels::StrassenPackedB strassen;  // w^T's Strassen operands (StrassenPacks); empty if none
   // Compute::kBF16: w^T [in, out] packed as bf16 (kernels::PackBf16B), which every product by
@@ -69,6 +72,7 @@ struct WeightMatrix {
                                          static_cast<size_t>(row * in) * DTypeSize(dtype),
                    dtype};
     const size_t first = static_cast<size_t>(row);
+    if (!quant.empty()) r.quant = quant.Rows(first, quant.rows - first);
     if (packed.data != nullptr && first % kernels::GemmBlocking().nr == 0 && first <= packed.n) {
       r.packed = packed.Columns(first, packed.n - first);
     }
@@ -127,7 +131,8 @@ bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t o
 
 // c = a * w^T (+ bias [out] on every row, if not null) for w = rows [0, out) of `weights` with
 // `in` = a.cols columns, on WeightsRoute: the bf16 packing (kernels::GemmBf16PackedB), the
-// prepacked weights (MultiplyPackedB), kernels::Gemm, or kernels::GemmHalfB for 16-bit weights.
+// prepacked weights (MultiplyPackedB), kernels::Gemm, kernels::GemmHalfB for 16-bit weights or
+// kernels::GemmQuantB for quantized ones.
 // Single-threaded; scratch: WorkerGemmScratchBytes(). c.col_stride must be 1 when bias is given.
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
                      const float* bias, const kernels::MatrixView& c, void* scratch);
@@ -138,6 +143,7 @@ struct GemmJob {
   kernels::ConstMatrixView a;      // [m, k] for batch 0
   kernels::ConstMatrixView b;      // [k, n] f32; ignored when b_half.data is set
   kernels::HalfMatrixView b_half;  // [k, n] 16-bit (weights stored in bf16/f16)
+  kernels::QuantMatrix b_quant;    // quantized weights w [n, k] (b = w^T); empty if not
   kernels::PackedB b_packed;       // b prepacked (data null if not): used from PrepackedMinRows()
   kernels::StrassenPackedB b_strassen;  // b's Strassen operands (empty if none), with b_packed
   kernels::PackedBf16B b_bf16;     // Compute::kBF16: b packed as bf16, used for every row count
@@ -189,7 +195,9 @@ inline constexpr size_t kMaxGemmJobs = 8;
 //   per-panel packing, except where the per-panel partition has an edge panel on the GEMV route.
 //   The route there is the blocked driver's, so an f32 layer computes exactly what its 16-bit
 //   twin computes (AttentionConfig::weight_dtype; tests/weights16_test.cc).
-// - Otherwise each panel task calls kernels::Gemm or kernels::GemmHalfB on its panel.
+// - Otherwise each panel task calls kernels::Gemm, kernels::GemmHalfB or kernels::GemmQuantB
+//   (quantized weights: dequantized into the worker's scratch as its driver packs them, or
+//   streamed by kernels::GemvQuant for few rows) on its panel.
 //
 // - bf16 weights (b_bf16): each panel task (PanelsOf, columns multiples of the bf16 panel)
 //   calls kernels::GemmBf16PackedB on its rows and a column range of b_bf16.

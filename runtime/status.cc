@@ -43,6 +43,8 @@ size_t DTypeSize(DType dtype) {
       return 4;
     case DType::kI64:
       return 8;
+    case DType::kI4:
+      return 0;  // two codes per byte: weight storage only, never a tensor's element type
   }
   return 0;
 }
@@ -59,6 +61,8 @@ const char* DTypeName(DType dtype) {
       return "i32";
     case DType::kI64:
       return "i64";
+    case DType::kI4:
+      return "i4";
   }
   return "invalid";
 }

@@ -39,10 +39,13 @@ class Loader {
     return file_.GetF32(t->name, out);
   }
 
-  // A weight matrix: its 16-bit values when it is stored in `keep`, else widened to f32.
+  // A weight matrix: its 16-bit values when it is stored in `keep` (kI8 / kI4: in either 16-bit
+  // dtype), else widened to f32.
   Status ReadWeight(const TensorInfo* t, DType keep, WeightTensor* out) const {
-    if (keep != DType::kF32 && t->supported && t->dtype == keep) {
-      out->dtype = keep;
+    const bool half = t->dtype == DType::kBF16 || t->dtype == DType::kF16;
+    const bool quantized = keep == DType::kI8 || keep == DType::kI4;
+    if (t->supported && half && (t->dtype == keep || quantized)) {
+      out->dtype = t->dtype;
       out->f32.clear();
       out->bits.resize(t->num_elements);
       if (t->num_elements != 0) {

@@ -17,6 +17,7 @@
 #include "mha/mha.hpp"
 #include "tests/alloc_counter.h"
 #include "tests/attention_test_util.h"
+#include "tests/kernel_test_util.h"
 
 namespace mha {
 namespace {
@@ -33,9 +34,13 @@ void ExpectNoAllocations(std::vector<Problem>* problems, std::mt19937* rng) {
   for (Problem& p : *problems) {
     testing_util::FillProblem(&p, rng);
     std::unique_ptr<MultiheadAttention> mha;
-    ASSERT_TRUE(
-        MultiheadAttention::Create(p.config, testing_util::WeightsOf(p), WeightBinding::kView, &mha)
-            .ok());
+    // Quantized weights are always the layer's own copy.
+    const bool quantized =
+        p.config.weight_dtype == DType::kI8 || p.config.weight_dtype == DType::kI4;
+    ASSERT_TRUE(MultiheadAttention::Create(p.config, testing_util::WeightsOf(p),
+                                           quantized ? WeightBinding::kCopy : WeightBinding::kView,
+                                           &mha)
+                    .ok());
     testing_util::Views v;
     testing_util::MakeViews(p, &v);
     // Warm-up: the arena grows to the plan, BLIS fills its packing-buffer pools.
@@ -119,6 +124,27 @@ TEST(AllocTest, ChunkedForwardAllocatesNothing) {
   problems[1].attn = MaskChoice::kFloat;
   problems[1].kpm = MaskChoice::kBool;
   testing_util::ScopedKeyChunking forced(64);
+  ExpectNoAllocations(&problems, &rng);
+}
+
+TEST(AllocTest, QuantizedForwardAllocatesNothing) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "allocation counting interposes malloc, which the sanitizers own";
+#endif
+  std::mt19937 rng(5);
+  // i8 and i4 weights: GEMV products (few rows) and the dequantizing driver (a long sequence).
+  std::vector<Problem> problems(3);
+  for (size_t i = 0; i < problems.size(); ++i) {
+    problems[i].config.embed_dim = 64;
+    problems[i].config.num_heads = 4;
+    problems[i].config.weight_dtype = i == 1 ? DType::kI8 : DType::kI4;
+    problems[i].N = 2;
+    problems[i].L = problems[i].S = i == 2 ? 300 : 5;
+    problems[i].self_attention = true;
+    problems[i].causal = i == 2;
+  }
+  problems[1].packed = false;
+  problems[1].config.num_kv_heads = 2;
   ExpectNoAllocations(&problems, &rng);
 }
 
@@ -271,6 +297,66 @@ TEST(AllocTest, Bf16ComputeLayerHoldsItsBf16Packing) {
     EXPECT_NEAR(LayerBytesOverWeights(WeightBinding::kCopy, prepack, Compute::kBF16), 0.5, 0.05);
     EXPECT_NEAR(LayerBytesOverWeights(WeightBinding::kCopy, prepack, Compute::kBF16, 64), 1.5,
                 0.05);
+  }
+#endif
+}
+
+// A quantized layer (weight_dtype kI8 / kI4) holds its codes and scales and its biases, nothing
+// else: no f32 or 16-bit copy of its weights. Create quantizes row by row from the caller's
+// arrays (f32 or bf16), so what it allocates on its way is what it keeps plus a one-row buffer.
+TEST(AllocTest, QuantizedLayerHoldsOnlyItsCodes) {
+#ifdef MHA_SANITIZED
+  GTEST_SKIP() << "heap accounting reads glibc's allocator, which the sanitizers replace";
+#else
+  LayerBytesOverWeights(WeightBinding::kView, WeightPrepack::kOn);  // warm-up (BLIS, statics)
+  const int64_t e = 1024;
+  std::vector<float> in_w(static_cast<size_t>(3 * e * e)), in_b(3 * e, 0.0f);
+  std::vector<float> out_w(static_cast<size_t>(e * e)), out_b(e, 0.0f);
+  for (size_t i = 0; i < in_w.size(); ++i) in_w[i] = static_cast<float>(i % 97) * 1e-3f - 0.05f;
+  for (size_t i = 0; i < out_w.size(); ++i) out_w[i] = static_cast<float>(i % 89) * 1e-3f;
+  std::vector<uint16_t> in_w16(in_w.size()), out_w16(out_w.size());
+  for (size_t i = 0; i < in_w.size(); ++i) in_w16[i] = test::RoundBf16(in_w[i]);
+  for (size_t i = 0; i < out_w.size(); ++i) out_w16[i] = test::RoundBf16(out_w[i]);
+  // Bytes per f32 weight bytes: codes (1 or 1/2 byte per weight), f32 scales (one per row, or
+  // one per block), biases (4E + 4E floats over 4 E^2 weights).
+  const double f32_bytes = 4.0 * static_cast<double>(4 * e * e + 4 * e);
+  const struct {
+    DType type;
+    int64_t block;
+    double expected;
+  } cases[] = {{DType::kI8, 0, (4.0 * e * e + 4 * e * 4 + 4 * e * 4) / f32_bytes},
+               {DType::kI4, 0, (2.0 * e * e + 4 * e * (e / 32) * 4 + 4 * e * 4) / f32_bytes},
+               {DType::kI4, 128, (2.0 * e * e + 4 * e * (e / 128) * 4 + 4 * e * 4) / f32_bytes}};
+  for (const auto& c : cases) {
+    for (const DType src : {DType::kF32, DType::kBF16}) {
+      AttentionConfig config;
+      config.embed_dim = e;
+      config.num_heads = 16;
+      config.weight_dtype = c.type;
+      config.weight_block = c.block;
+      AttentionWeights w;
+      w.dtype = src;
+      w.in_proj_weight = src == DType::kF32 ? static_cast<const void*>(in_w.data()) : in_w16.data();
+      w.in_proj_bias = in_b.data();
+      w.out_proj_weight =
+          src == DType::kF32 ? static_cast<const void*>(out_w.data()) : out_w16.data();
+      w.out_proj_bias = out_b.data();
+      std::unique_ptr<MultiheadAttention> layer;
+      const size_t before = HeapInUse();
+      g_allocated_bytes = 0;
+      g_counting = true;
+      const Status s = MultiheadAttention::Create(config, w, WeightBinding::kCopy, &layer);
+      g_counting = false;
+      const size_t after = HeapInUse();
+      ASSERT_TRUE(s.ok()) << s.ToString();
+      const double held = static_cast<double>(after - before) / f32_bytes;
+      const double allocated = static_cast<double>(g_allocated_bytes.load()) / f32_bytes;
+      std::printf("[measured] %s from %s: layer holds %.4f, Create allocated %.4f x the f32 "
+                  "weights' bytes (codes + scales + biases: %.4f)\n",
+                  DTypeName(c.type), DTypeName(src), held, allocated, c.expected);
+      EXPECT_NEAR(held, c.expected, 0.01);
+      EXPECT_NEAR(allocated, c.expected, 0.01);
+    }
   }
 #endif
 }

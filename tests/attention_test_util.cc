@@ -475,8 +475,33 @@ bool Close(double got, double want) {
 }
 
 void RunForward(const Problem& p, size_t threads, Views* v) {
+  RunLayerForward(p.config, WeightsOf(p), p.binding, p, threads, v);
+}
+
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0 && bad++ < 3) {
+      ADD_FAILURE() << what << ": element " << i << " = " << got[i] << ", want " << want[i];
+    }
+  }
+}
+
+OutputError MaxError(const std::vector<float>& got, const std::vector<float>& want) {
+  OutputError e;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    e.scale = std::max(e.scale, std::abs(static_cast<double>(want[i])));
+    e.err = std::max(e.err, std::abs(static_cast<double>(got[i]) - want[i]));
+  }
+  return e;
+}
+
+void RunLayerForward(const AttentionConfig& config, const AttentionWeights& weights,
+                     WeightBinding binding, const Problem& p, size_t threads, Views* v) {
   std::unique_ptr<MultiheadAttention> mha;
-  Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
+  Status s = MultiheadAttention::Create(config, weights, binding, &mha);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
   ContextOptions opts;
   opts.num_threads = threads;

@@ -107,6 +107,20 @@ double MaxScaledError(const std::vector<float>& got, const std::vector<float>& w
 // Creates the layer of `p`, plans and runs its forward on `threads` threads into `v` (gtest
 // assertions: every step succeeds, the workspace stays within the plan).
 void RunForward(const Problem& p, size_t threads, Views* v);
+// The same for a layer of `config` and `weights` bound as `binding` (another storage of p's
+// weights), on p's inputs.
+void RunLayerForward(const AttentionConfig& config, const AttentionWeights& weights,
+                     WeightBinding binding, const Problem& p, size_t threads, Views* v);
+
+// gtest failures (the first three, named by `what`) where got's bits differ from want's.
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what);
+
+// The largest |got - want| and the largest |want| (the output's scale).
+struct OutputError {
+  double err = 0, scale = 0;
+};
+OutputError MaxError(const std::vector<float>& got, const std::vector<float>& want);
 
 // The forward's output and (when requested) attention weights against the reference, within
 // Close; each weights row's sum too (1 - p_sink with sinks). gtest failures name the problem.

@@ -1357,8 +1357,8 @@ TEST(CApiTest, SixteenBitWeights) {
   mha_layer_config bad = c;
   bad.weight_dtype = MHA_DTYPE_BOOL;
   EXPECT_INVALID(mha_layer_create(&bad, &w, MHA_WEIGHTS_COPY, &none),
-                 "config->weight_dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1) or "
-                 "MHA_DTYPE_F16 (2), got 3");
+                 "config->weight_dtype: expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), "
+                 "MHA_DTYPE_F16 (2), MHA_DTYPE_I8 (5) or MHA_DTYPE_I4 (8), got 3");
   mha_layer_weights bad_w = w;
   bad_w.dtype = -1;
   EXPECT_INVALID(mha_layer_create(&c, &bad_w, MHA_WEIGHTS_COPY, &none), "weights->dtype");
@@ -1381,6 +1381,62 @@ TEST(CApiTest, SixteenBitWeights) {
   EXPECT_INVALID(mha_layer_create_from_safetensors("x.safetensors", "", &load, &none),
                  "options->num_kv_heads");
   EXPECT_EQ(none, nullptr);
+}
+
+// Quantized weights through the C API: the config round-trips (weight_block resolved), the
+// output is the C++ layer's bitwise, and kView or a bad block is refused with the C++ messages.
+TEST(CApiTest, QuantizedWeights) {
+  Small s;
+  for (const int32_t dtype : {MHA_DTYPE_I8, MHA_DTYPE_I4}) {
+    mha_layer_config c;
+    mha_layer_config_init(&c);
+    c.embed_dim = Small::E;
+    c.num_heads = Small::H;
+    c.weight_dtype = dtype;
+    mha_layer_weights w = s.Weights();
+    mha_layer* layer = nullptr;
+    ASSERT_EQ(mha_layer_create(&c, &w, MHA_WEIGHTS_COPY, &layer), MHA_STATUS_OK)
+        << mha_last_error_message();
+    mha_layer_config got;
+    ASSERT_EQ(mha_layer_get_config(layer, &got), MHA_STATUS_OK);
+    EXPECT_EQ(got.weight_dtype, dtype);
+    EXPECT_EQ(got.weight_block, dtype == MHA_DTYPE_I4 ? 32 : 0);
+    std::vector<float> out(s.output.size(), kSentinel);
+    mha_tensor o = Dense(out.data(), MHA_DTYPE_F32, {Small::L, Small::N, Small::E});
+    ASSERT_EQ(mha_layer_forward(layer, s.ctx, &s.in, &o, nullptr, 0), MHA_STATUS_OK)
+        << mha_last_error_message();
+    mha_layer_destroy(layer);
+
+    AttentionConfig cc;
+    cc.embed_dim = Small::E;
+    cc.num_heads = Small::H;
+    cc.weight_dtype = static_cast<DType>(dtype);
+    AttentionWeights cw;
+    cw.in_proj_weight = s.w_in.data();
+    cw.in_proj_bias = s.b_in.data();
+    cw.out_proj_weight = s.w_out.data();
+    cw.out_proj_bias = s.b_out.data();
+    std::unique_ptr<MultiheadAttention> cpp;
+    ASSERT_TRUE(MultiheadAttention::Create(cc, cw, WeightBinding::kCopy, &cpp).ok());
+    std::unique_ptr<Context> ctx;
+    ASSERT_TRUE(Context::Create(ContextOptions{}, &ctx).ok());
+    std::vector<float> want(s.output.size());
+    AttentionInputs in;
+    AttentionOutputs outs;
+    const int64_t shape[3] = {Small::L, Small::N, Small::E};
+    ASSERT_TRUE(TensorView::Dense(s.query.data(), DType::kF32, 3, shape, &in.query).ok());
+    ASSERT_TRUE(TensorView::Dense(want.data(), DType::kF32, 3, shape, &outs.output).ok());
+    ASSERT_TRUE(cpp->Forward(*ctx, in, outs).ok());
+    EXPECT_EQ(0, std::memcmp(out.data(), want.data(), want.size() * sizeof(float)));
+
+    mha_layer* none = nullptr;
+    EXPECT_INVALID(mha_layer_create(&c, &w, MHA_WEIGHTS_VIEW, &none),
+                   "quantizes the weights into the layer's own codes: expected "
+                   "WeightBinding::kCopy, got kView");
+    mha_layer_config bad = c;
+    bad.weight_block = 64;
+    EXPECT_INVALID(mha_layer_create(&bad, &w, MHA_WEIGHTS_COPY, &none), "weight_block: expected");
+  }
 }
 
 TEST(CApiTest, LastErrorMessageIsPerThread) {

@@ -672,6 +672,9 @@ class Decode(unittest.TestCase):
                            (["--decode", "--batches", "x"], "--batches"),
                            (["--decode", "--weights-dtype", "f64"], "--weights-dtype"),
                            (["--weights-dtype", "bf16"], "--weights-dtype"),
+                           (["--decode", "--weights-dtype", "q4"], "i4-128, got 'q4'"),
+                           (["--decode", "--decode-shape", "64,3,1"], "--decode-shape"),
+                           (["--decode-shape", "64,4,1"], "--decode-shape: expected --decode"),
                            (["--kv-dtypes", "f16"], "--kv-dtypes: expected --decode as well"),
                            (["--decode", "--kv-dtypes", "f32,q4"], "'f32,q4'"),
                            (["--decode", "--kv-dtypes", "bf16,f32,bf16"], "'bf16' twice")]:
@@ -770,6 +773,26 @@ class Decode(unittest.TestCase):
             self.assertEqual(r["weights_dtype"], "bf16")
             self.assertEqual(r["weight_bytes"],
                              2 * (2 * 1024 * 1024 + 2 * r["kv_heads"] * 64 * 1024))
+
+    def test_quantized_weights_and_own_shape(self):
+        # --decode-shape: one layer for the decode and prefill rows; quantized weights stream
+        # their codes and f32 scales (i8: a byte per weight and a scale per row; i4-128: half a
+        # byte per weight and a scale per 128 inputs).
+        for dtype, per_row in (("i8", lambda n: n + 4), ("i4-128", lambda n: n // 2 + n // 32)):
+            with self.subTest(dtype=dtype):
+                p, doc = self.run_json(["--decode", "--contexts", "40", "--batches", "1",
+                                        "--threads", "1", "--min-time", "0", "--min-runs", "1",
+                                        "--weights-dtype", dtype, "--decode-shape", "256,4,2",
+                                        "--prefill", "64", "--kv-dtypes", "f32"])
+                self.assertIn("weights: " + dtype, p.stdout)
+                self.assertIn("model: E 256, 4 heads of 64", p.stdout)
+                results = doc["results"]
+                self.assertEqual(len(results), 1)
+                r = results[0]
+                self.assertEqual((r["embed"], r["heads"], r["kv_heads"]), (256, 4, 2))
+                self.assertEqual(r["weights_dtype"], dtype)
+                self.assertEqual(r["weight_bytes"], (2 * 256 + 2 * 128) * per_row(256))
+                self.assertRegex(p.stdout, r"\n\s+64\s+1\s+256\s+4\s+2\s")
 
 
     def test_cache_types(self):

@@ -390,6 +390,19 @@ class Checker:
         def f16_round(a):
             return a.astype(np.float16).astype(f32)  # round to nearest even
 
+        def dequantized(a, qmax, block):
+            # kernels/quant.h: per row (i8) or block of a row (i4) scale = max|w| / qmax in f32,
+            # code = the nearest integer to w / scale (ties to even), weight = code * scale in f32.
+            rows, cols = a.shape
+            out = np.empty_like(a)
+            for g in range(0, cols, block or cols):
+                part = a[:, g:g + (block or cols)]
+                scale = (np.abs(part).max(axis=1, keepdims=True) / f32(qmax)).astype(f32)
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    code = np.where(scale > 0, np.rint(part.astype(np.float64) / scale), 0.0)
+                out[:, g:g + (block or cols)] = np.clip(code, -qmax, qmax).astype(f32) * scale
+            return out
+
         cases = [
             # (label, weights file, mha-run flags, the weights the layer really holds)
             ("gqa_f32", w32, [], lambda a: a),
@@ -397,6 +410,12 @@ class Checker:
             ("gqa_bf16_file_bf16_layer", wbf, ["--weights-dtype", "bf16"], st.bf16_round),
             ("gqa_bf16_file_f32_layer", wbf, [], st.bf16_round),
             ("gqa_f32_file_f16_layer", w32, ["--weights-dtype", "f16"], f16_round),
+            ("gqa_f32_file_i8_layer", w32, ["--weights-dtype", "i8"],
+             lambda a: dequantized(a, 127, 0)),
+            ("gqa_bf16_file_i4_layer", wbf, ["--weights-dtype", "i4"],
+             lambda a: dequantized(st.bf16_round(a), 7, 32)),
+            ("gqa_f32_file_i4_128_layer", w32, ["--weights-dtype", "i4-128"],
+             lambda a: dequantized(a, 7, 128)),
         ]
         for label, wfile, flags, held in cases:
             want = self.gqa_reference(x, held(wq), held(wk), held(wv), b, held(wo), bo, H, KVH)
@@ -411,7 +430,8 @@ class Checker:
                           "--kv-heads 4: ")
         self.expect_error("kv_heads_zero", base + ["--kv-heads", "0"], 2, "--kv-heads")
         self.expect_error("weights_dtype_bad", base + ["--weights-dtype", "f64"], 2,
-                          "--weights-dtype: expected 'f32', 'bf16' or 'f16', got 'f64'")
+                          "--weights-dtype: expected f32, bf16, f16, i8, i4 or i4-128, got "
+                          "'f64'")
         # --kv-dtype: token-by-token decoding through a KV cache equals the causal forward
         # within the cache's accuracy (tests/kv_cache_test.cc derives the tolerances).
         causal = self.run_ok("gqa_causal", base + ["--causal"], self.path("gqa_causal.safetensors"))

@@ -25,9 +25,12 @@
 namespace mha {
 namespace {
 
+using testing_util::ExpectSameBits;
 using testing_util::MakeViews;
+using testing_util::MaxError;
 using testing_util::Problem;
 using testing_util::RandomProblem;
+using testing_util::RunLayerForward;
 using testing_util::Views;
 using testing_util::WeightsOf;
 
@@ -76,43 +79,12 @@ HalfWeights RoundWeights(Problem* p, DType t, bool round_problem) {
   return h;
 }
 
-void Run(const AttentionConfig& config, const AttentionWeights& w, WeightBinding binding,
-         const Problem& p, Views* v) {
-  std::unique_ptr<MultiheadAttention> layer;
-  Status s = MultiheadAttention::Create(config, w, binding, &layer);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-  std::unique_ptr<Context> ctx;
-  ContextOptions o;
-  o.num_threads = 2;
-  ASSERT_TRUE(Context::Create(o, &ctx).ok());
-  MakeViews(p, v);
-  s = layer->Forward(*ctx, v->in, v->out);
-  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
-}
-
-uint32_t Bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-}
-
-void ExpectBitwise(const std::vector<float>& got, const std::vector<float>& want,
-                   const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  size_t bad = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (Bits(got[i]) != Bits(want[i]) && bad++ < 3) {
-      ADD_FAILURE() << what << ": element " << i << " = " << got[i] << ", want " << want[i];
-    }
-  }
-}
-
 // 16-bit layer == f32 layer (without prepacking) on the rounded weights, bitwise; and close to
 // the f32 layer (prepacked, the default) on the original weights.
 void CheckProblem(Problem p, DType t, double* worst) {
   SCOPED_TRACE(p.Describe() + " weight_dtype " + DTypeName(t));
   Views exact;  // the f32 layer on the original weights
-  Run(p.config, WeightsOf(p), p.binding, p, &exact);
+  RunLayerForward(p.config, WeightsOf(p), p.binding, p, 2, &exact);
 
   Problem rounded = p;
   const HalfWeights h = RoundWeights(&rounded, t, /*round_problem=*/true);
@@ -120,14 +92,14 @@ void CheckProblem(Problem p, DType t, double* worst) {
   // layer without prepacking. (`exact` keeps the default: it is compared within a bound.)
   rounded.config.prepack = WeightPrepack::kOff;
   Views ref;  // the f32 layer on the rounded weights
-  Run(rounded.config, WeightsOf(rounded), rounded.binding, rounded, &ref);
+  RunLayerForward(rounded.config, WeightsOf(rounded), rounded.binding, rounded, 2, &ref);
 
   AttentionConfig c16 = p.config;
   c16.weight_dtype = t;
   Views copied;  // converted at creation from the f32 weights
-  Run(c16, WeightsOf(p), WeightBinding::kCopy, p, &copied);
-  ExpectBitwise(copied.output, ref.output, "kCopy output");
-  ExpectBitwise(copied.weights, ref.weights, "kCopy attention weights");
+  RunLayerForward(c16, WeightsOf(p), WeightBinding::kCopy, p, 2, &copied);
+  ExpectSameBits(copied.output, ref.output, "kCopy output");
+  ExpectSameBits(copied.weights, ref.weights, "kCopy attention weights");
 
   AttentionWeights w16 = WeightsOf(p);
   w16.dtype = t;
@@ -139,21 +111,18 @@ void CheckProblem(Problem p, DType t, double* worst) {
   }
   w16.out_proj_weight = h.wo.data();
   Views viewed;  // the caller's 16-bit arrays
-  Run(c16, w16, WeightBinding::kView, p, &viewed);
+  RunLayerForward(c16, w16, WeightBinding::kView, p, 2, &viewed);
   // Against the f32 layer viewing the rounded weights: a view of separate q/k/v arrays cannot
   // fuse the three projections into one product as an owned copy does, which may change the
   // last bit in f32 too.
   Views ref_view;
-  Run(rounded.config, WeightsOf(rounded), WeightBinding::kView, rounded, &ref_view);
-  ExpectBitwise(viewed.output, ref_view.output, "kView output");
+  RunLayerForward(rounded.config, WeightsOf(rounded), WeightBinding::kView, rounded, 2,
+                  &ref_view);
+  ExpectSameBits(viewed.output, ref_view.output, "kView output");
 
-  double scale = 0, err = 0;
-  for (size_t i = 0; i < exact.output.size(); ++i) {
-    scale = std::max(scale, std::abs(static_cast<double>(exact.output[i])));
-    err = std::max(err, std::abs(static_cast<double>(copied.output[i]) - exact.output[i]));
-  }
-  EXPECT_LE(err, Bound(t) * std::max(scale, 1e-3));
-  if (scale > 0) *worst = std::max(*worst, err / scale);
+  const testing_util::OutputError e = MaxError(copied.output, exact.output);
+  EXPECT_LE(e.err, Bound(t) * std::max(e.scale, 1e-3));
+  if (e.scale > 0) *worst = std::max(*worst, e.err / e.scale);
 }
 
 TEST(Weights16Test, BitwiseEqualToF32OnRoundedWeights) {
@@ -207,7 +176,7 @@ TEST(Weights16Test, InvalidDtypes) {
   c.weight_dtype = DType::kU8;
   Status s = MultiheadAttention::Create(c, WeightsOf(p), WeightBinding::kCopy, &layer);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("config.weight_dtype: expected F32, BF16 or F16, got u8"),
+  EXPECT_NE(s.message().find("config.weight_dtype: expected F32, BF16, F16, I8 or I4, got u8"),
             std::string::npos)
       << s.message();
   AttentionConfig bad_prepack = p.config;
@@ -299,7 +268,7 @@ TEST(Weights16Test, KvCacheDecodeBitwise) {
         ASSERT_TRUE(s.ok()) << s.ToString();
       }
     }
-    ExpectBitwise(outs[1], outs[0], "decode output");
+    ExpectSameBits(outs[1], outs[0], "decode output");
   }
 }
 

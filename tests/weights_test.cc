@@ -572,7 +572,7 @@ TEST(WeightsTest, CreateLayerFromSafeTensors) {
   options.weight_dtype = DType::kBool;
   s = MultiheadAttention::CreateFromSafeTensors(path, "enc.attn.", options, &layer);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("options.weight_dtype: expected F32, BF16 or F16, got bool"),
+  EXPECT_NE(s.message().find("options.weight_dtype: expected F32, BF16, F16, I8 or I4, got bool"),
             std::string::npos)
       << s.message();
 }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "tools/bench_peers.h"
+#include "tools/weights_dtype.h"
 
 namespace mha {
 namespace bench {
@@ -39,7 +40,7 @@ bool IsConfigFlag(const std::string& flag) {
   static const char* const kFlags[] = {"--embed",       "--heads",      "--kv-heads",   "--rope",
                                        "--rope-theta",  "--rotary-dim", "--rope-scale", "--alibi",
                                        "--window",      "--softcap",    "--sinks",      "--qk-norm",
-                                       "--qk-norm-eps", "--causal"};
+                                       "--qk-norm-eps", "--causal",     "--decode-shape"};
   for (const char* f : kFlags) {
     if (flag == f) return true;
   }
@@ -356,7 +357,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         "--seed",     "--json",      "--csv",           "--trace",      "--contexts",
         "--batches",  "--kv-dtypes", "--weights-dtype", "--rounds",     "--compare",
         "--prefill",  "--compute",   "--hf",            "--layer",      "--prefix",
-        "--binding"};
+        "--binding",  "--decode-shape"};
     const bool variant = tools::VariantFlagKindOf(arg) == tools::VariantFlagKind::kTakesValue;
     bool known = variant;
     for (const char* f : kValueFlags) known = known || arg == f;
@@ -412,17 +413,22 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     } else if (arg == "--kv-dtypes") {
       if (!ParseCacheTypes(arg, value, &o->decode_caches, &e)) return r;
     } else if (arg == "--weights-dtype") {
-      if (value == "f32") {
-        o->decode_weights = DType::kF32;
-      } else if (value == "bf16") {
-        o->decode_weights = DType::kBF16;
-      } else if (value == "f16") {
-        o->decode_weights = DType::kF16;
-      } else {
-        e = "--weights-dtype: expected f32, bf16 or f16, got " + Quoted(value);
+      if (!ParseWeightsDtype(value, &o->decode_weights, &o->decode_weight_block)) {
+        e = std::string("--weights-dtype: expected ") + WeightsDtypeNames() + ", got " +
+            Quoted(value);
         return r;
       }
       o->decode_weights_given = true;
+    } else if (arg == "--decode-shape") {
+      if (!ParseIntList(arg, value, 1, int64_t{1} << 16, "E,H,KVH", &o->decode_shape, &e)) {
+        return r;
+      }
+      const std::vector<int64_t>& d = o->decode_shape;
+      if (d.size() != 3 || d[0] % d[1] != 0 || d[1] % d[2] != 0) {
+        e = "--decode-shape: expected E,H,KVH with H dividing E and KVH dividing H, got " +
+            Quoted(value);
+        return r;
+      }
     } else if (arg == "--compute") {
       if (value == "f32" || value == "bf16") {
         o->bf16_compute = value == "bf16";
@@ -551,6 +557,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
   } else if (o->decode_weights_given && !hf) {
     r.error =
         "--weights-dtype: expected --decode or --hf as well, got --weights-dtype without either";
+    return r;
+  } else if (!o->decode_shape.empty()) {
+    r.error = "--decode-shape: expected --decode as well, got --decode-shape without --decode";
     return r;
   } else if (o->prefill_given) {
     r.error = "--prefill: expected --decode as well, got --prefill without --decode";
@@ -735,8 +744,13 @@ Incremental decoding (--decode runs this suite instead of the one above):
   --kv-dtypes LIST   cache storage types to run, of f32, bf16, f16, i8 (default f32,bf16,i8;
                      the peers run with the f32 rows, so without f32 they are not timed)
   --weights-dtype T  the layer's weight storage: f32 (default), bf16 or f16 (halves the
-                     weight bytes each step streams; the peers get the rounded weights in f32);
-                     also for a checkpoint's layer without --decode (--hf)
+                     weight bytes each step streams; the peers get the rounded weights in f32),
+                     or quantized i8, i4 or i4-128 (1/4, 5/32 or 9/64 of the f32 bytes; the
+                     peers get the dequantized weights in f32); also for a checkpoint's layer
+                     without --decode (--hf)
+  --decode-shape E,H,KVH  one layer of E features, H heads and KVH kv heads for the decode
+                     and prefill rows (batch 1) instead of the suite's, e.g. 4096,32,8 (Llama 3
+                     8B's attention); not with --hf (the checkpoint's layer has its own)
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
                      heads, threads), right after mha's, with the same threads, weights, cache
                      contents and token, --min-time and --min-runs: ort, sdpa or all

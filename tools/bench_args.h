@@ -42,7 +42,11 @@ struct BenchOptions {
   std::vector<DType> decode_caches;      // --kv-dtypes; default {kF32, kBF16, kI8}
   DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage (--decode,
                                          // or a checkpoint's layer with --hf)
+  int64_t decode_weight_block = 0;       // and its kI4 block (0: 32)
   bool decode_weights_given = false;
+  // --decode-shape E,H,KVH: the one layer of the decode and prefill rows instead of the suite's
+  // (empty: E 1024, 16 heads, 16 and 4 kv heads; the prefill's three layers).
+  std::vector<int64_t> decode_shape;
   // --prefill: prompt lengths T of the prefill rows (KvCache::Step of T tokens into an empty
   // cache against the causal Forward); default {512, 2048}, empty after --prefill none.
   std::vector<int64_t> prefill_tokens;

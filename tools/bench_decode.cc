@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/elementwise.h"
+#include "kernels/quant.h"
 #include "mha/kv_cache.hpp"
 #include "runtime/context_internal.h"
 #include "runtime/trace.h"
@@ -31,6 +32,35 @@ void RoundWeights(DType dtype, std::vector<float>* w) {
   }
 }
 
+// Replaces each row of a quantized layer's matrix ([rows, w->size() / rows]) by its dequantized
+// weights (kernels/quant.h), the values the layer multiplies.
+void DequantizeWeights(DType dtype, size_t block, int64_t rows, std::vector<float>* w) {
+  const size_t in = w->size() / static_cast<size_t>(rows);
+  std::vector<uint8_t> codes(kernels::QuantRowBytes(dtype, block, in));
+  std::vector<float> scales(kernels::QuantScalesPerRow(dtype, block, in));
+  const kernels::QuantMatrix row{codes.data(), scales.data(), dtype, block, 1,
+                                 in,           codes.size(),  scales.size()};
+  for (int64_t r = 0; r < rows; ++r) {
+    float* x = w->data() + static_cast<size_t>(r) * in;
+    kernels::QuantizeRow(x, in, dtype, block, codes.data(), scales.data());
+    for (size_t p = 0; p < in; ++p) x[p] = kernels::DequantizedWeight(row, 0, p);
+  }
+}
+
+// Bytes of a rows x in weight matrix as the layer's products stream it: in its storage dtype,
+// its bf16 packing with bf16 compute, quantized: codes and f32 scales.
+double MatrixBytes(const AttentionConfig& c, int64_t rows, int64_t in) {
+  const double n = static_cast<double>(rows);
+  if (c.compute == Compute::kBF16) return 2.0 * n * static_cast<double>(in);
+  if (c.weight_dtype == DType::kI8 || c.weight_dtype == DType::kI4) {
+    const size_t block = static_cast<size_t>(c.weight_block);
+    const size_t i = static_cast<size_t>(in);
+    return n * static_cast<double>(kernels::QuantRowBytes(c.weight_dtype, block, i) +
+                                   4 * kernels::QuantScalesPerRow(c.weight_dtype, block, i));
+  }
+  return n * static_cast<double>(in) * static_cast<double>(DTypeSize(c.weight_dtype));
+}
+
 }  // namespace
 
 double CacheRowBytes(DType dtype, int64_t hd) {
@@ -39,8 +69,8 @@ double CacheRowBytes(DType dtype, int64_t hd) {
 }
 
 Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
-                       int64_t max_context, uint64_t seed, DType weights, Compute compute,
-                       DecodeModel* m) {
+                       int64_t max_context, uint64_t seed, DType weights, int64_t weight_block,
+                       Compute compute, DecodeModel* m) {
   const int64_t E = embed, hd = E / heads, kvE = kv_heads * hd;
   Random rng(seed + static_cast<uint64_t>(kv_heads));
   const float bound = 1.0f / std::sqrt(static_cast<float>(E));
@@ -55,7 +85,8 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   m->wo.resize(E * E);
   m->bo.resize(E);
   for (auto* w : {&m->wq, &m->wk, &m->wv, &m->bias, &m->wo, &m->bo}) rng.Fill(w, bound);
-  if (weights != DType::kF32) {
+  const bool quantized = weights == DType::kI8 || weights == DType::kI4;
+  if (weights != DType::kF32 && !quantized) {
     // Biases stay f32 in a 16-bit layer.
     for (auto* w : {&m->wq, &m->wk, &m->wv, &m->wo}) RoundWeights(weights, w);
   }
@@ -65,6 +96,7 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   c.num_kv_heads = kv_heads;
   c.batch_first = true;
   c.weight_dtype = weights;
+  c.weight_block = weight_block;
   c.compute = compute;
   AttentionWeights w;
   w.q_proj_weight = m->wq.data();
@@ -77,8 +109,17 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   m->max_context = max_context;
   m->kv.resize(2 * static_cast<size_t>(max_batch * kv_heads * max_context * hd));
   rng.Fill(&m->kv, 1.0f);
-  // kCopy: a 16-bit layer stores the (already rounded, so unchanged) weights in 16 bits.
-  return MultiheadAttention::Create(c, w, WeightBinding::kCopy, &m->layer);
+  // kCopy: a 16-bit layer stores the (already rounded, so unchanged) weights in 16 bits; a
+  // quantized one quantizes them, and the model then keeps their dequantized values.
+  const Status st = MultiheadAttention::Create(c, w, WeightBinding::kCopy, &m->layer);
+  if (st.ok() && quantized) {
+    const size_t block = static_cast<size_t>(m->layer->config().weight_block);
+    DequantizeWeights(weights, block, E, &m->wq);
+    DequantizeWeights(weights, block, kvE, &m->wk);
+    DequantizeWeights(weights, block, kvE, &m->wv);
+    DequantizeWeights(weights, block, E, &m->wo);
+  }
+  return st;
 }
 
 void MakeDecodeModelForLayer(std::unique_ptr<MultiheadAttention> layer, int64_t embed,
@@ -106,6 +147,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.kv_heads = m.kv_heads;
   r.dtype = dtype;
   r.weights = m.layer->config().weight_dtype;
+  r.weight_block = m.layer->config().weight_block;
   r.threads = threads;
   r.embed = m.embed;
   r.heads = m.heads;
@@ -194,9 +236,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   // The weights a step streams: as stored, or their bf16 packing with bf16 compute; q_proj
   // [A, E], k/v_proj [kvh * hd, E], o_proj [E, A].
   const AttentionConfig& c = m.layer->config();
-  const size_t weight_size = c.compute == Compute::kBF16 ? 2 : DTypeSize(c.weight_dtype);
-  r.weight_bytes =
-      static_cast<double>(weight_size) * static_cast<double>(2 * A * E + 2 * kvh * hd * E);
+  r.weight_bytes = MatrixBytes(c, A, E) + MatrixBytes(c, E, A) + 2 * MatrixBytes(c, kvh * hd, E);
   r.cache_gbs = r.cache_bytes / sec * 1e-9;
   r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
   r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;

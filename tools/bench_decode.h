@@ -28,6 +28,7 @@ struct DecodeResult {
   int64_t embed = 0, heads = 0, head_dim = 0;  // the layer's
   DType dtype = DType::kF32;    // cache storage
   DType weights = DType::kF32;  // the layer's weight storage
+  int64_t weight_block = 0;     // its kI4 block (AttentionConfig::weight_block, resolved)
   size_t threads = 1;
   std::string error;
   int64_t runs = 0;
@@ -53,7 +54,8 @@ double CacheRowBytes(DType dtype, int64_t hd);
 struct DecodeModel {
   int64_t embed = 0, heads = 0, kv_heads = 0, head_dim = 0;
   // The weights as the layer holds them: a 16-bit layer's matrices rounded to its dtype (and
-  // widened back), so that the peers get the very values mha multiplies. Empty with --hf.
+  // widened back), a quantized layer's dequantized, so that the peers get the very values mha
+  // multiplies. Empty with --hf.
   std::vector<float> wq, wk, wv, bias, wo, bo;
   std::unique_ptr<MultiheadAttention> layer;
   std::vector<float> kv;  // [2][max_batch, kv_heads, max_context, hd]
@@ -61,11 +63,11 @@ struct DecodeModel {
 };
 
 // A model of `heads` heads of embed / heads (kv_heads of them for keys and values) with random
-// weights stored as `weights`, computing in `compute`, and random projected keys/values for
-// max_batch x max_context.
+// weights stored as `weights` (kI4: weight_block inputs per scale), computing in `compute`, and
+// random projected keys/values for max_batch x max_context.
 Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t max_batch,
-                       int64_t max_context, uint64_t seed, DType weights, Compute compute,
-                       DecodeModel* m);
+                       int64_t max_context, uint64_t seed, DType weights, int64_t weight_block,
+                       Compute compute, DecodeModel* m);
 
 // A model around a layer made elsewhere (a checkpoint's, of input width `embed`), with random
 // projected keys/values for max_batch x max_context.

@@ -18,6 +18,7 @@
 #include "tools/bench_host.h"
 #include "tools/bench_output.h"
 #include "tools/bench_report.h"
+#include "tools/weights_dtype.h"
 
 namespace mha {
 namespace bench {
@@ -42,7 +43,11 @@ bool RunPrefill(const BenchOptions& o, const DecodeModel* hf, Progress* progress
   std::fflush(stdout);
   bool ok = true;
   std::vector<PrefillShape> shapes(std::begin(kPrefillShapes), std::end(kPrefillShapes));
-  if (hf != nullptr) shapes = {{hf->embed, hf->heads, hf->kv_heads, 1}};
+  if (hf != nullptr) {
+    shapes = {{hf->embed, hf->heads, hf->kv_heads, 1}};
+  } else if (!o.decode_shape.empty()) {
+    shapes = {{o.decode_shape[0], o.decode_shape[1], o.decode_shape[2], 1}};
+  }
   for (const PrefillShape& shape : shapes) {
     DecodeModel model;
     Status st;
@@ -54,7 +59,7 @@ bool RunPrefill(const BenchOptions& o, const DecodeModel* hf, Progress* progress
         progress->Show("preparing the prefill layer (E " + std::to_string(shape.embed) + ", " +
                        std::to_string(shape.heads) + " heads)...");
         st = MakeDecodeModel(shape.embed, shape.heads, shape.kv_heads, 0, 0, o.seed,
-                             o.decode_weights, DecodeCompute(o), &model);
+                             o.decode_weights, o.decode_weight_block, DecodeCompute(o), &model);
         made = true;
       }
       for (size_t t : o.threads) {
@@ -150,13 +155,18 @@ int RunDecodeSuite(const BenchOptions& o) {
   std::printf("mha-bench --decode: mha %s, SIMD target %s, CPU %s, %s\n",
               OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(), CpuModel().c_str(),
               IsoDateUtc().c_str());
+  // The layers: the suite's (MHA and GQA of E 1024, 16 heads), --decode-shape's one, or the
+  // checkpoint's.
+  const bool own_shape = !o.decode_shape.empty();
+  const int64_t embed = own_shape ? o.decode_shape[0] : kDecodeEmbed;
+  const int64_t heads = own_shape ? o.decode_shape[1] : kDecodeHeads;
   if (hf != nullptr) {
     std::printf("model: %s; one new token per batch entry per step\n",
                 HfModelLine(hf_model).c_str());
   } else {
     std::printf("model: E %lld, %lld heads of %lld; one new token per batch entry per step\n",
-                static_cast<long long>(kDecodeEmbed), static_cast<long long>(kDecodeHeads),
-                static_cast<long long>(kDecodeEmbed / kDecodeHeads));
+                static_cast<long long>(embed), static_cast<long long>(heads),
+                static_cast<long long>(embed / heads));
   }
   std::map<size_t, double> copy_gbs, read_gbs;
   progress.Show("allocating the read-bandwidth probe's buffer...");
@@ -172,7 +182,8 @@ int RunDecodeSuite(const BenchOptions& o) {
                 ReadBufferBytes() >> 20, t, read_gbs[t]);
   }
   const std::string compute = o.bf16_compute ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")" : "f32";
-  std::printf("weights: %s  |  compute: %s\n", DTypeName(o.decode_weights), compute.c_str());
+  std::printf("weights: %s  |  compute: %s\n",
+              WeightsDtypeName(o.decode_weights, o.decode_weight_block).c_str(), compute.c_str());
   std::unique_ptr<PeerComparison> peers;
   if (!o.compare.empty()) {
     peers = std::make_unique<PeerComparison>(o);
@@ -193,17 +204,17 @@ int RunDecodeSuite(const BenchOptions& o) {
   std::fflush(stdout);
   std::vector<DecodeResult> results;
   bool failed = false;
-  // The suite's MHA and GQA layers, or the checkpoint's (its kv heads).
   std::vector<int64_t> kv_heads_list = {kDecodeHeads, 4};
+  if (own_shape) kv_heads_list = {o.decode_shape[2]};
   if (hf != nullptr) kv_heads_list = {hf->kv_heads};
   for (int64_t kvh : kv_heads_list) {
     DecodeModel random_model;
     Status st;
     if (hf == nullptr) {
-      progress.Show("preparing the " + std::string(kvh == kDecodeHeads ? "MHA" : "GQA") +
+      progress.Show("preparing the " + std::string(kvh == heads ? "MHA" : "GQA") +
                     " layer and random keys/values...");
-      st = MakeDecodeModel(kDecodeEmbed, kDecodeHeads, kvh, max_batch, max_context, o.seed,
-                           o.decode_weights, DecodeCompute(o), &random_model);
+      st = MakeDecodeModel(embed, heads, kvh, max_batch, max_context, o.seed, o.decode_weights,
+                           o.decode_weight_block, DecodeCompute(o), &random_model);
       progress.Clear();
     }
     const DecodeModel& model = hf != nullptr ? *hf : random_model;
@@ -300,7 +311,7 @@ int RunDecodeSuite(const BenchOptions& o) {
     }
   }
   bool io_ok = true;
-  auto fields = [](const DecodeResult& r) {
+  auto fields = [embed, heads](const DecodeResult& r) {
     nlohmann::ordered_json j;
     j["context"] = r.context;
     j["batch"] = r.batch;
@@ -309,7 +320,7 @@ int RunDecodeSuite(const BenchOptions& o) {
     j["kv_heads"] = r.kv_heads;
     j["head_dim"] = r.head_dim;
     j["cache_dtype"] = DTypeName(r.dtype);
-    j["weights_dtype"] = DTypeName(r.weights);
+    j["weights_dtype"] = WeightsDtypeName(r.weights, r.weight_block);
     j["threads"] = r.threads;
     j["error"] = r.error;
     j["runs"] = r.runs;

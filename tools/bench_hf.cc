@@ -39,6 +39,7 @@ Status LoadHfLayer(const BenchOptions& o, std::unique_ptr<MultiheadAttention>* l
                    HfModel* model) {
   HfOptions options;
   options.weight_dtype = o.decode_weights;
+  options.weight_block = o.decode_weight_block;
   options.compute = o.bf16_compute ? Compute::kBF16 : Compute::kF32;
   options.prepack = o.no_prepack ? WeightPrepack::kOff
                     : o.strassen ? WeightPrepack::kStrassen

@@ -2,12 +2,12 @@
 // nn.MultiheadAttention state_dict, or one attention layer of a Hugging Face checkpoint folder.
 //
 //   mha-run --hf DIR (--layer I | --prefix P) --inputs I.safetensors --output O.safetensors
-//           [--weights-dtype f32|bf16|f16] [--compute f32|bf16] [--kv-dtype T] [--threads N]
+//           [--weights-dtype T] [--compute f32|bf16] [--kv-dtype T] [--threads N]
 //           [--need-weights] [--no-average-weights] [--weights-png FILE]
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
-//           [--scale F] [--weights-dtype f32|bf16|f16] [--compute f32|bf16]
+//           [--scale F] [--weights-dtype f32|bf16|f16|i8|i4|i4-128] [--compute f32|bf16]
 //           [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
 //           [--rope neox|gptj] [--rope-theta F] [--rotary-dim N] [--rope-scale F] [--alibi]
 //           [--window W] [--softcap F] [--qk-norm-eps F] [--qk-norm-add-one] [--threads N]
@@ -55,6 +55,7 @@
 #include "mha/mha.hpp"
 #include "runtime/safetensors.h"
 #include "tools/variant_flags.h"
+#include "tools/weights_dtype.h"
 
 #ifdef MHA_HAVE_PNG
 #include <png.h>
@@ -118,8 +119,11 @@ const char kHelp[] =
     "                        K * head_dim rows); default: read from those rows. Given, it\n"
     "                        must agree with them\n"
     "  --weights-dtype T     how the layer stores its weight matrices: f32 (default), bf16\n"
-    "                        or f16. BF16/F16 tensors of that type are used as stored;\n"
-    "                        others are rounded (nearest even). Arithmetic is f32\n"
+    "                        or f16 (BF16/F16 tensors of that type are used as stored;\n"
+    "                        others are rounded, nearest even), or quantized at creation\n"
+    "                        from the stored tensors: i8 (a scale per output row), i4 (a\n"
+    "                        scale per 32 inputs of a row) or i4-128 (per 128; README\n"
+    "                        \"Quantized weights\"). Arithmetic is f32\n"
     "  --scale F             score scale (default 1 / sqrt(head_dim))\n"
     "  --compute T           the products' arithmetic: f32 (default) or bf16 (inputs of\n"
     "                        each product rounded to bf16, f32 sums; README \"bf16\n"
@@ -166,6 +170,7 @@ struct RunOptions : tools::VariantFlags {
   bool add_zero_attn = false;
   QkvLayout qkv_layout = QkvLayout::kPyTorch;
   DType weights_dtype = DType::kF32;
+  int64_t weight_block = 0;  // kI4: inputs per scale (0: 32)
   Compute compute = Compute::kF32;
   bool decode = false;  // --kv-dtype given
   DType kv_dtype = DType::kF32;
@@ -293,17 +298,9 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
       if (s.ok() && !tools::ParseVariantFlag(arg, text, o, &error)) return InvalidArgument(error);
     } else if (arg == "--weights-dtype") {
       s = take(&text);
-      if (s.ok()) {
-        if (text == "f32") {
-          o->weights_dtype = DType::kF32;
-        } else if (text == "bf16") {
-          o->weights_dtype = DType::kBF16;
-        } else if (text == "f16") {
-          o->weights_dtype = DType::kF16;
-        } else {
-          return InvalidArgument("--weights-dtype: expected 'f32', 'bf16' or 'f16', got '" +
-                                 text + "'");
-        }
+      if (s.ok() && !ParseWeightsDtype(text, &o->weights_dtype, &o->weight_block)) {
+        return InvalidArgument(std::string("--weights-dtype: expected ") + WeightsDtypeNames() +
+                               ", got '" + text + "'");
       }
     } else if (arg == "--compute") {
       s = take(&text);
@@ -693,6 +690,7 @@ Status CreateHfLayer(const RunOptions& o, std::unique_ptr<MultiheadAttention>* l
                      HfLayerInfo* info) {
   HfOptions options;
   options.weight_dtype = o.weights_dtype;
+  options.weight_block = o.weight_block;
   options.compute = o.compute;
   options.prefix = o.prefix;
   const Status s = MultiheadAttention::CreateFromHuggingFace(o.hf, o.have_prefix ? 0 : o.layer,
@@ -710,6 +708,7 @@ Status CreateStateDictLayer(const RunOptions& o, std::unique_ptr<MultiheadAttent
   load.qkv_layout = o.qkv_layout;
   load.num_kv_heads = o.kv_heads;
   load.weight_dtype = o.weights_dtype;
+  load.weight_block = o.weight_block;
   load.compute = o.compute;
   load.rope = o.rope;
   load.rope_theta = o.rope_theta;

@@ -81,9 +81,10 @@ typedef enum mha_dtype {
   MHA_DTYPE_F16 = 2,
   MHA_DTYPE_BOOL = 3,
   MHA_DTYPE_U8 = 4,
-  MHA_DTYPE_I8 = 5,  /* KV-cache storage only (mha_kv_cache_options.dtype) */
+  MHA_DTYPE_I8 = 5,  /* KV-cache storage (mha_kv_cache_options.dtype), quantized weights */
   MHA_DTYPE_I32 = 6, /* token positions (mha_attention_inputs.positions) */
-  MHA_DTYPE_I64 = 7
+  MHA_DTYPE_I64 = 7,
+  MHA_DTYPE_I4 = 8   /* quantized weights only (mha_layer_config.weight_dtype) */
 } mha_dtype;
 
 #define MHA_MAX_RANK 4
@@ -257,7 +258,8 @@ enum {
  * 0.1.x must be recompiled (zero-initialized new fields keep 0.1.x's results); the library's
  * soname carries the minor version (libmha.so.0.2) so that such a program cannot load it.
  * 0.3.0 appended head_dim, bias_projections and the RoPE scaling fields to mha_layer_config and
- * the separate biases and longrope factors to mha_layer_weights (libmha.so.0.3). */
+ * the separate biases and longrope factors to mha_layer_weights (libmha.so.0.3). 0.4.0 appended
+ * weight_block to mha_layer_config, mha_load_options and mha_hf_options (libmha.so.0.4). */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */
@@ -272,7 +274,9 @@ typedef struct mha_layer_config {
   float scale;          /* score scale; 0 = 1 / sqrt(head_dim) */
   /* Storage of the four projection matrices, an mha_dtype: MHA_DTYPE_F32 (0, the default),
    * MHA_DTYPE_BF16 or MHA_DTYPE_F16. 16-bit weights are widened exactly inside the products
-   * (f32 arithmetic): the only error is their rounding (relative 2^-9 bf16, 2^-11 f16). */
+   * (f32 arithmetic): the only error is their rounding (relative 2^-9 bf16, 2^-11 f16).
+   * MHA_DTYPE_I8 / MHA_DTYPE_I4: quantized at creation (MHA_WEIGHTS_COPY, f32 compute only;
+   * weight_block below), as mha::AttentionConfig::weight_dtype says. */
   int32_t weight_dtype;
   /* An mha_prepack (see mha::WeightPrepack for the contract). MHA_PREPACK_ON (0, the default):
    * an f32 layer keeps a second, CPU-specific copy of its projection weights (about their f32
@@ -304,6 +308,8 @@ typedef struct mha_layer_config {
   float rope_beta_slow;        /* 0 = 1 */
   float rope_attention_factor; /* 0 = the scaling type's default */
   int32_t rope_no_truncate;    /* yarn: 1 keeps the correction range unrounded */
+  /* 0.4.0: MHA_DTYPE_I4 weights' inputs per scale, 32 or 128 (0 = 32); 0 for other dtypes. */
+  int64_t weight_block;
 } mha_layer_config;
 
 /* Row-major, nn.Linear layout [out_features, in_features]; kvE = num_kv_heads * head_dim. Give
@@ -346,9 +352,9 @@ typedef struct mha_load_options {
   int32_t batch_first;        /* layout of batched inputs */
   float scale;                /* 0 = 1 / sqrt(head_dim) */
   int32_t qkv_layout;         /* an mha_qkv_layout: row order of a packed in_proj_weight */
-  /* Storage of the layer's projection matrices (an mha_dtype: F32 = 0 default, BF16, F16).
-   * 16-bit tensors of that dtype in the file are kept as they are (never widened to f32);
-   * others are converted. */
+  /* Storage of the layer's projection matrices (an mha_dtype: F32 = 0 default, BF16, F16, I8,
+   * I4). 16-bit tensors of that dtype in the file are kept as they are (never widened to f32);
+   * others are converted; I8 / I4 quantize the tensors as stored. */
   int32_t weight_dtype;
   /* Key/value heads (grouped-query attention); 0 = inferred from the rows of k_proj_weight
    * (kvE / head_dim). Must divide num_heads. */
@@ -368,6 +374,7 @@ typedef struct mha_load_options {
   float qk_norm_eps;
   int32_t qk_norm_add_one; /* 1: Gemma's (1 + w) norm weights */
   int32_t compute;         /* an mha_compute for the created layer; 0 = MHA_COMPUTE_F32 */
+  int64_t weight_block;    /* 0.4.0: mha_layer_config.weight_block */
 } mha_load_options;
 
 /* Sets *config to the defaults: all fields 0, as a zero-initialized config (embed_dim and
@@ -394,13 +401,14 @@ MHA_API mha_status mha_layer_create_from_safetensors(const char* path, const cha
 
 /* Options of mha_layer_create_from_hf (mha::HfOptions); zero-initialized = the defaults. */
 typedef struct mha_hf_options {
-  int32_t weight_dtype;   /* an mha_dtype for the layer's matrices: F32 (0), BF16, F16 */
+  int32_t weight_dtype;   /* an mha_dtype for the layer's matrices: F32 (0), BF16, F16, I8, I4 */
   int32_t compute;        /* an mha_compute */
   int32_t prepack;        /* an mha_prepack */
   int32_t view;           /* 1: view the mapped checkpoint (mha::WeightBinding::kView) where a
                              tensor is usable as stored; 0: copy (the default) */
   int32_t sequence_first; /* 1: inputs [L, N, hidden]; 0: batch first [N, L, hidden] */
   const char* prefix;     /* non-NULL, non-empty: the attention module by state_dict prefix */
+  int64_t weight_block;   /* 0.4.0: mha_layer_config.weight_block */
 } mha_hf_options;
 
 /* What mha_layer_create_from_hf found (mha::HfLayerInfo). */

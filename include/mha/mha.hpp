@@ -117,9 +117,9 @@ enum class QkvLayout : int {
 };
 
 // Whether an f32 layer keeps a second copy of its projection weights in the layout this CPU's
-// matrix kernels read (AttentionConfig::prepack). Ignored for 16-bit weights. Any choice gives
-// the same results to rounding (the products sum in another order), each bitwise independent of
-// the thread count.
+// matrix kernels read (AttentionConfig::prepack). Ignored for 16-bit and quantized weights. Any
+// choice gives the same results to rounding (the products sum in another order), each bitwise
+// independent of the thread count.
 enum class WeightPrepack : int {
   kOn = 0,        // the default: about the f32 weights' bytes again (E = 1024: 16 MiB, also for
                   // a kView layer; a kCopy layer may keep only this, see WeightBinding); no
@@ -193,7 +193,16 @@ struct AttentionConfig {
   // weights are widened exactly inside the products), so a 16-bit layer computes exactly what
   // an f32 layer holding the rounded weights computes with prepack kOff; the only error is the
   // weights' rounding (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
+  // kI8 / kI4: quantized once at creation (WeightBinding::kCopy only; compute kF32 only, kBF16 is
+  // Unsupported) from the given f32/bf16/f16 weights, symmetric, round to nearest even:
+  // kI8 one f32 scale per output row (max|w| / 127, codes in [-127, 127]), kI4 one per block of
+  // weight_block consecutive inputs of a row (max|w| / 7, codes in [-7, 7]); the layer then holds
+  // only the codes and scales (about 1/4 and 5/32 of the f32 bytes at block 32), and computes in
+  // f32 what an f32 layer holding the dequantized weights (code * scale, rounded to f32) computes
+  // with prepack kOff. The weights must be finite. README "Quantized weights".
   DType weight_dtype = DType::kF32;
+  // kI4: inputs per scale, 32 or 128 (0 = 32); must be 0 for every other weight_dtype.
+  int64_t weight_block = 0;
   // Memory against speed of the projections: see WeightPrepack (ignored with kBF16 compute).
   WeightPrepack prepack = WeightPrepack::kOn;
   // f32 (the default) or bf16 products: see Compute.
@@ -338,10 +347,12 @@ struct LoadOptions {
   bool batch_first = false;
   float scale = 0.0f;  // 0 = 1 / sqrt(head_dim)
   QkvLayout qkv_layout = QkvLayout::kPyTorch;  // row order of a packed in_proj_weight
-  // Storage of the layer's weight matrices (AttentionConfig::weight_dtype): kF32, kBF16 or
-  // kF16. Tensors stored in the file in that 16-bit dtype are kept as they are (never widened
-  // to f32 and rounded back); others are converted.
+  // Storage of the layer's weight matrices (AttentionConfig::weight_dtype): kF32, kBF16, kF16,
+  // kI8 or kI4. Tensors stored in the file in that 16-bit dtype are kept as they are (never
+  // widened to f32 and rounded back); others are converted. kI8 / kI4 quantize the tensors as
+  // stored (16-bit ones are not widened first).
   DType weight_dtype = DType::kF32;
+  int64_t weight_block = 0;  // AttentionConfig::weight_block
   // Key/value heads of a grouped-query layer (k_proj_weight / v_proj_weight with kvE =
   // num_kv_heads * head_dim rows); 0 = inferred from those rows. Must agree with them.
   int64_t num_kv_heads = 0;
@@ -366,7 +377,10 @@ struct LoadOptions {
 
 // Options of CreateFromHuggingFace: what the checkpoint does not decide.
 struct HfOptions {
-  DType weight_dtype = DType::kF32;  // storage of the layer's matrices (kF32, kBF16, kF16)
+  // Storage of the layer's matrices (kF32, kBF16, kF16, or quantized kI8 / kI4 from the stored
+  // tensors one row at a time, with binding kCopy), and AttentionConfig::weight_block.
+  DType weight_dtype = DType::kF32;
+  int64_t weight_block = 0;
   Compute compute = Compute::kF32;
   WeightPrepack prepack = WeightPrepack::kOn;
   // kView: the layer views the mapped checkpoint (and keeps it mapped) where a stored tensor is
@@ -450,7 +464,7 @@ class MHA_API MultiheadAttention {
   std::unique_ptr<Impl> impl_;
 };
 
-// Library version ("0.3.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
+// Library version ("0.4.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
 // the BLIS architecture configuration in use ("skx"), and the kernel Compute::kBF16 products run
 // on ("amx", "avx512_bf16", "neon_bf16", or "emulated": bf16-rounded operands and f32 FMAs on
 // the Highway target; MHA_BF16_KERNEL=<name> in the environment chooses another available one).

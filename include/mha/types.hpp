@@ -64,8 +64,10 @@ MHA_API const char* StatusCodeName(StatusCode code);
 
 // Element types. f32 is the compute type; bf16/f16 are storage types for weights and caches;
 // bool (1 byte, nonzero = true) and u8 are for masks.
-// kI8 (signed 8-bit) is a KV-cache storage type only (KvCacheOptions::dtype); kI32 and kI64 are
-// for token positions (AttentionInputs::positions).
+// kI8 (signed 8-bit) is a KV-cache storage type (KvCacheOptions::dtype) and, with kI4 (signed
+// 4-bit), a quantized storage of the projection weights (AttentionConfig::weight_dtype: codes
+// and f32 scales made at layer creation, README "Quantized weights"); no tensor view holds kI4
+// (DTypeSize 0). kI32 and kI64 are for token positions (AttentionInputs::positions).
 enum class DType : int {
   kF32 = 0,
   kBF16 = 1,
@@ -74,7 +76,8 @@ enum class DType : int {
   kU8 = 4,
   kI8 = 5,
   kI32 = 6,
-  kI64 = 7
+  kI64 = 7,
+  kI4 = 8
 };
 MHA_API size_t DTypeSize(DType dtype);
 MHA_API const char* DTypeName(DType dtype);

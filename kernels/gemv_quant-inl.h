@@ -1,0 +1,304 @@
+// Per-target GEMV over quantized weights; the contract is in kernels/gemv_quant.h. Included once
+// per Highway target by kernels/gemv_quant.cc (foreach_target).
+//
+// Loop order as gemv-inl.h's: for each group of kTileCols weight rows, for each tile of
+// kTileRows rows of a, a register tile of accumulators over k (the group's codes come from
+// memory for the first tile and from L1 for the others). Along k a tile walks runs of vectors
+// that share one scale and one kind of code (kI8: the row's vectors; kI4: each half of a block):
+// the run's scales are broadcast once, and each weight vector is loaded, widened, multiplied by
+// its scale and then multiplied into every row of the tile. Every accumulator holds one output
+// element with Gemv's sequence of operations, whatever the tile shape.
+
+// Toggle guard: compiled once per target by foreach_target.
+#if defined(MHA_KERNELS_GEMV_QUANT_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MHA_KERNELS_GEMV_QUANT_INL_H_
+#undef MHA_KERNELS_GEMV_QUANT_INL_H_
+#else
+#define MHA_KERNELS_GEMV_QUANT_INL_H_
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hwy/highway.h"
+#include "kernels/gemv-inl.h"
+#include "kernels/quant-inl.h"
+#include "kernels/quant.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace mha {
+namespace kernels {
+namespace HWY_NAMESPACE {
+namespace gemv_quant_detail {
+
+namespace hn = hwy::HWY_NAMESPACE;
+namespace qd = quant_detail;
+
+// Register tiles (rows of a x weight rows). Four weight rows per group give four independent
+// accumulator chains per row of a. x86 below AVX-512 has 16 vector registers: 2 x 4 (8
+// accumulators, 4 weight vectors, 4 scales, a row) is the largest tile that does not spill
+// there; other targets have 32 and take 4 x 4.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kTileRows = 2;
+#else
+constexpr size_t kTileRows = 4;
+#endif
+constexpr size_t kTileCols = 4;
+
+// Gemv's register pinning and row step (gemv-inl.h), so that the operations per element are
+// Gemv's.
+using gemv_detail::KeepInRegister;
+using gemv_detail::RowStep;
+
+// The rows of a and weight rows of one tile, and where the run starts.
+template <size_t kRows, size_t kCols>
+struct TileRows {
+  const float* a[4];
+  const uint8_t* w[4];  // the run's first byte of each weight row
+};
+
+// The dequantized weights of a vector of codes at p: code * scale (sc: the scale broadcast), the
+// codes read as Codes reads them.
+template <class Codes>
+struct Scaled {
+  template <class DF, class V = hn::Vec<DF>>
+  static HWY_INLINE V Weights(DF df, const uint8_t* p, V sc) {
+    return hn::Mul(Codes::Load(df, p), sc);
+  }
+};
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512 (16 lanes: one vector per half of a 32-block): the 16 dequantized weights of a block,
+// (c - 8) * scale for nibble c, in one register (BlockTable), and each vector of weights looked
+// up by its nibbles (vpermps) instead of widened, converted and scaled: the same values (each
+// entry is that product, rounded once), two 512-bit instructions per 16 weights instead of three.
+template <class DF, class V = hn::Vec<DF>>
+HWY_INLINE V BlockTable(DF df, float scale) {
+  return hn::Mul(hn::Set(df, scale), hn::Iota(df, -8.0f));
+}
+template <bool kHigh>
+struct LookedUp {
+  template <class DF, class V = hn::Vec<DF>>
+  static HWY_INLINE V Weights(DF df, const uint8_t* p, V table) {
+    const hn::Rebind<uint8_t, DF> du8;
+    const auto b = hn::LoadU(du8, p);
+    const auto nibbles = kHigh ? hn::ShiftRight<4>(b) : hn::And(b, hn::Set(du8, 0x0F));
+    const auto idx = hn::PromoteTo(hn::RebindToSigned<DF>(), nibbles);
+    return hn::TableLookupLanes(table, hn::IndicesFromVec(df, idx));
+  }
+};
+#endif
+
+// One run of `n` elements (a multiple of Lanes(df)) from element `d0` of k, whose codes lie at
+// rows.w[j] + i (i the element's index in the run) and whose weights Codes::Weights makes from
+// them and sc0..sc3 (the scales broadcast, or the block's tables): s_rj += a_r[d0 + i] * weight
+// for every vector of the run.
+template <class Codes, size_t kRows, size_t kCols, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void Run(DF df, const TileRows<kRows, kCols>& t, size_t d0, size_t n, V sc0, V sc1,
+                    V sc2, V sc3, V& s00, V& s01, V& s02, V& s03, V& s10, V& s11, V& s12, V& s13,
+                    V& s20, V& s21, V& s22, V& s23, V& s30, V& s31, V& s32, V& s33) {
+  const size_t N = hn::Lanes(df);
+  const float* HWY_RESTRICT a0 = t.a[0] + d0;
+  const float* HWY_RESTRICT a1 = t.a[1] + d0;
+  const float* HWY_RESTRICT a2 = t.a[2] + d0;
+  const float* HWY_RESTRICT a3 = t.a[3] + d0;
+  for (size_t i = 0; i < n; i += N) {
+    V v0 = Codes::Weights(df, t.w[0] + i, sc0);
+    V v1 = v0, v2 = v0, v3 = v0;
+    if constexpr (kCols > 1) {
+      v1 = Codes::Weights(df, t.w[1] + i, sc1);
+      v2 = Codes::Weights(df, t.w[2] + i, sc2);
+      v3 = Codes::Weights(df, t.w[3] + i, sc3);
+    }
+    if constexpr (kRows > 1) {
+      KeepInRegister(v0);
+      if constexpr (kCols > 1) {
+        KeepInRegister(v1);
+        KeepInRegister(v2);
+        KeepInRegister(v3);
+      }
+    }
+    RowStep<kCols>(hn::LoadU(df, a0 + i), v0, v1, v2, v3, s00, s01, s02, s03);
+    if constexpr (kRows > 1)
+      RowStep<kCols>(hn::LoadU(df, a1 + i), v0, v1, v2, v3, s10, s11, s12, s13);
+    if constexpr (kRows > 2)
+      RowStep<kCols>(hn::LoadU(df, a2 + i), v0, v1, v2, v3, s20, s21, s22, s23);
+    if constexpr (kRows > 3)
+      RowStep<kCols>(hn::LoadU(df, a3 + i), v0, v1, v2, v3, s30, s31, s32, s33);
+  }
+}
+
+// Finishes element (r, j): the lane sum of acc, plus the products over [kv, k) in order (each
+// weight dequantized alone), into *c: Gemv's Finish with alpha 1 and beta 0.
+template <class DF>
+HWY_INLINE void Finish(DF df, hn::Vec<DF> acc, const float* HWY_RESTRICT a, const QuantMatrix& w,
+                       size_t j, size_t kv, float* HWY_RESTRICT c) {
+  float dot = hn::GetLane(hn::SumOfLanes(df, acc));
+  for (size_t p = kv; p < w.cols; ++p) dot += a[p] * DequantizedWeight(w, j, p);
+  *c = dot;
+}
+
+// Finishes row r of a tile (a at a_row): its first kCols elements, c_row[j * c_cs].
+template <size_t kCols, class DF, class V = hn::Vec<DF>>
+HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* a_row, const QuantMatrix& w,
+                          size_t j0, size_t kv, float* c_row, ptrdiff_t c_cs) {
+  Finish(df, s0, a_row, w, j0, kv, c_row);
+  if constexpr (kCols > 1) {
+    Finish(df, s1, a_row, w, j0 + 1, kv, c_row + c_cs);
+    Finish(df, s2, a_row, w, j0 + 2, kv, c_row + 2 * c_cs);
+    Finish(df, s3, a_row, w, j0 + 3, kv, c_row + 3 * c_cs);
+  }
+}
+
+// The kRows x kCols tile of c at `c`: rows a + r * a_stride, weight rows j0 + j of w, whose
+// format is kBlock's: 0 for kI8, else kI4 with blocks of kBlock (a compile-time constant, so a
+// whole block's two runs have constant lengths: no division per block, and on AVX-512 at block
+// 32, where each run is one vector, the compiler loads a block's bytes once for both nibbles).
+// Not inlined, as gemv-inl.h's tiles: each gets all the registers.
+template <size_t kBlock, size_t kRows, size_t kCols, class DF>
+HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride, const QuantMatrix& w,
+                       size_t j0, float* HWY_RESTRICT c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  static_assert(kRows >= 1 && kRows <= 4, "tile rows: 1..4");
+  static_assert(kCols == 1 || kCols == 4, "tile columns: 1 or 4");
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  const size_t k = w.cols;
+  const size_t kv = k / N * N;
+  // Rows and weight rows beyond the tile alias the first one and are never read.
+  TileRows<kRows, kCols> t;
+  const uint8_t* rows[4];
+  const float* scales[4];
+  for (size_t r = 0; r < 4; ++r) t.a[r] = a + static_cast<ptrdiff_t>(r < kRows ? r : 0) * a_stride;
+  for (size_t j = 0; j < 4; ++j) {
+    const size_t row = j0 + (j < kCols ? j : 0);
+    rows[j] = w.codes + row * w.row_bytes;
+    scales[j] = w.scales + row * w.scales_per_row;
+  }
+  V s00 = hn::Zero(df), s01 = s00, s02 = s00, s03 = s00;
+  V s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+  V s20 = s00, s21 = s00, s22 = s00, s23 = s00;
+  V s30 = s00, s31 = s00, s32 = s00, s33 = s00;
+  if constexpr (kBlock == 0) {
+    for (size_t j = 0; j < 4; ++j) t.w[j] = rows[j];
+    Run<Scaled<qd::I8Codes>>(df, t, 0, kv, hn::Set(df, scales[0][0]), hn::Set(df, scales[1][0]),
+                             hn::Set(df, scales[2][0]), hn::Set(df, scales[3][0]), s00, s01, s02,
+                             s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+  } else {
+    constexpr size_t kHalf = kBlock / 2;
+    for (size_t b0 = 0, g = 0; b0 < kv; b0 += kBlock, ++g) {
+      V sc0 = hn::Set(df, scales[0][g]), sc1 = hn::Set(df, scales[1][g]);
+      V sc2 = hn::Set(df, scales[2][g]), sc3 = hn::Set(df, scales[3][g]);
+      for (size_t j = 0; j < 4; ++j) t.w[j] = rows[j] + g * kHalf;
+      // The block's low nibbles (elements [b0, b0 + half)), then its high nibbles, each as far
+      // as the whole vectors go (all of them but in a row's last, partial block).
+      const size_t lo = kv - b0 < kHalf ? kv - b0 : kHalf;
+      const size_t hi = kv - b0 <= kHalf ? 0 : kv - b0 - kHalf < kHalf ? kv - b0 - kHalf : kHalf;
+      if (lo == kHalf && hi == kHalf) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+        if constexpr (kBlock == kI4Block) {
+          sc0 = BlockTable(df, scales[0][g]);
+          if constexpr (kCols > 1) {
+            sc1 = BlockTable(df, scales[1][g]);
+            sc2 = BlockTable(df, scales[2][g]);
+            sc3 = BlockTable(df, scales[3][g]);
+          }
+          Run<LookedUp<false>>(df, t, b0, kHalf, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10, s11,
+                               s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+          Run<LookedUp<true>>(df, t, b0 + kHalf, kHalf, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10,
+                              s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+          continue;
+        }
+#endif
+        Run<Scaled<qd::I4LowCodes>>(df, t, b0, kHalf, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10,
+                                    s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+        Run<Scaled<qd::I4HighCodes>>(df, t, b0 + kHalf, kHalf, sc0, sc1, sc2, sc3, s00, s01, s02,
+                                     s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32,
+                                     s33);
+        continue;
+      }
+      Run<Scaled<qd::I4LowCodes>>(df, t, b0, lo, sc0, sc1, sc2, sc3, s00, s01, s02, s03, s10, s11,
+                                  s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+      Run<Scaled<qd::I4HighCodes>>(df, t, b0 + kHalf, hi, sc0, sc1, sc2, sc3, s00, s01, s02, s03,
+                                   s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
+    }
+  }
+  FinishRow<kCols>(df, s00, s01, s02, s03, t.a[0], w, j0, kv, c, c_cs);
+  if constexpr (kRows > 1)
+    FinishRow<kCols>(df, s10, s11, s12, s13, t.a[1], w, j0, kv, c + c_rs, c_cs);
+  if constexpr (kRows > 2) {
+    FinishRow<kCols>(df, s20, s21, s22, s23, t.a[2], w, j0, kv, c + 2 * c_rs, c_cs);
+  }
+  if constexpr (kRows > 3) {
+    FinishRow<kCols>(df, s30, s31, s32, s33, t.a[3], w, j0, kv, c + 3 * c_rs, c_cs);
+  }
+}
+
+// All m rows against kCols weight rows from j0: full tiles of kTileRows, then one smaller tile.
+template <size_t kBlock, size_t kCols, class DF>
+HWY_INLINE void Columns(DF df, size_t m, const float* a, ptrdiff_t a_stride, const QuantMatrix& w,
+                        size_t j0, float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  size_t i = 0;
+  for (; i + kTileRows <= m; i += kTileRows) {
+    Tile<kBlock, kTileRows, kCols>(df, a + static_cast<ptrdiff_t>(i) * a_stride, a_stride, w, j0,
+                                   c + static_cast<ptrdiff_t>(i) * c_rs, c_rs, c_cs);
+  }
+  const float* a_rest = a + static_cast<ptrdiff_t>(i) * a_stride;
+  float* c_rest = c + static_cast<ptrdiff_t>(i) * c_rs;
+  switch (m - i) {
+    case 1:
+      Tile<kBlock, 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
+      break;
+    case 2:
+      Tile<kBlock, 2 < kTileRows ? 2 : 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
+      break;
+    case 3:
+      Tile<kBlock, 3 < kTileRows ? 3 : 1, kCols>(df, a_rest, a_stride, w, j0, c_rest, c_rs, c_cs);
+      break;
+    default:
+      break;
+  }
+}
+
+// c [m, w.rows] = a [m, w.cols] * w^T for w of kBlock's format (Tile).
+template <size_t kBlock>
+HWY_INLINE void Rows(size_t m, const float* a, ptrdiff_t a_stride, const QuantMatrix& w, float* c,
+                     ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  const qd::QuantTag df;
+  size_t j = 0;
+  for (; j + kTileCols <= w.rows; j += kTileCols) {
+    Columns<kBlock, kTileCols>(df, m, a, a_stride, w, j, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs,
+                               c_cs);
+  }
+  for (; j < w.rows; ++j) {
+    Columns<kBlock, 1>(df, m, a, a_stride, w, j, c + static_cast<ptrdiff_t>(j) * c_cs, c_rs, c_cs);
+  }
+}
+
+}  // namespace gemv_quant_detail
+
+// The dispatched entry point (gemv_quant.h): c [m, w.rows] = a [m, w.cols] * w^T.
+inline void GemvQuantRows(size_t m, const float* a, ptrdiff_t a_stride, const QuantMatrix& w,
+                          float* c, ptrdiff_t c_rs, ptrdiff_t c_cs) {
+  namespace gq = gemv_quant_detail;
+  if (w.type == DType::kI8) {
+    gq::Rows<0>(m, a, a_stride, w, c, c_rs, c_cs);
+  } else if (w.block == kI4Block) {
+    gq::Rows<kI4Block>(m, a, a_stride, w, c, c_rs, c_cs);
+  } else {
+    gq::Rows<kI4LargeBlock>(m, a, a_stride, w, c, c_rs, c_cs);
+  }
+}
+
+// Whether this target's f32 vectors have at most gemv_quant's lanes (GemvQuantOrdersAsGemv).
+inline bool OrdersAsGemv() {
+  return hwy::HWY_NAMESPACE::Lanes(hwy::HWY_NAMESPACE::ScalableTag<float>()) <=
+         quant_detail::kMaxQuantLanes;
+}
+
+// NOLINTNEXTLINE(google-readability-namespace-comments)
+}  // namespace HWY_NAMESPACE
+}  // namespace kernels
+}  // namespace mha
+HWY_AFTER_NAMESPACE();
+
+#endif  // MHA_KERNELS_GEMV_QUANT_INL_H_

@@ -1,0 +1,324 @@
+// Tests of the quantized weight kernels (kernels/quant.h, gemv_quant.h, gemm.h's GemmQuantB):
+// - quantization: scales, codes and the packed layout checked against the definition (scale =
+//   max|w| / 127 or / 7 in f32; code nearest to w / scale, ties to even; a kI4 block's byte i
+//   holds elements i and i + block / 2 as code + 8), and |w - code * scale| <= scale / 2;
+// - dequantization (DequantizeRows) on every target: code * scale rounded to f32, any start;
+// - GemvQuant on every target: bitwise kernels::Gemv on the dequantized matrix (alpha 1, beta 0)
+//   where its f32 vectors have at most 16 lanes (GemvQuantOrdersAsGemv: all but SVE wider than
+//   512 bits), and within Gemv's bound of a double reference everywhere; odd sizes (k 1..300,
+//   n 1..70, m 1..9 and 16), misaligned rows of a, codes and scales, padded row strides, every
+//   storage of c;
+// - GemmQuantB on every target: bitwise kernels::Gemm on the dequantized matrix, for row counts
+//   on both sides of the GEMV route.
+#include "kernels/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "kernels/gemv.h"
+#include "kernels/gemv_quant.h"
+#include "tests/kernel_test_util.h"
+#include "tests/random_util.h"
+
+namespace mha {
+namespace kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // 2^-24
+
+// One quantization format: a dtype and its block.
+struct Format {
+  DType type;
+  size_t block;
+  std::string Name() const { return type == DType::kI8 ? "i8" : "i4/" + std::to_string(block); }
+};
+const Format kFormats[] = {{DType::kI8, 0}, {DType::kI4, kI4Block}, {DType::kI4, kI4LargeBlock}};
+
+// A quantized matrix in its own storage: codes and scales `offset` bytes / floats into their
+// buffers (misaligned when odd), rows `row_pad` bytes apart beyond QuantRowBytes.
+struct QuantStorage {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  QuantMatrix m;
+};
+
+QuantStorage Quantize(const std::vector<float>& w, size_t rows, size_t cols, const Format& f,
+                      size_t offset = 0, size_t row_pad = 0) {
+  QuantStorage q;
+  const size_t row_bytes = QuantRowBytes(f.type, f.block, cols) + row_pad;
+  const size_t spr = QuantScalesPerRow(f.type, f.block, cols);
+  q.codes.assign(offset + rows * row_bytes + 8, 0xA5);
+  q.scales.assign(offset + rows * spr + 2, -1.0f);
+  for (size_t r = 0; r < rows; ++r) {
+    QuantizeRow(w.data() + r * cols, cols, f.type, f.block, q.codes.data() + offset + r * row_bytes,
+                q.scales.data() + offset + r * spr);
+  }
+  q.m = {q.codes.data() + offset,
+         q.scales.data() + offset,
+         f.type,
+         f.block,
+         rows,
+         cols,
+         row_bytes,
+         spr};
+  return q;
+}
+
+// The dequantized matrix [rows, cols] (row stride cols), from the test's own reading of the
+// layout: code * scale in f32.
+std::vector<float> Dequantized(const QuantMatrix& q) {
+  std::vector<float> out(q.rows * q.cols);
+  for (size_t r = 0; r < q.rows; ++r) {
+    for (size_t p = 0; p < q.cols; ++p) {
+      const uint8_t* row = q.codes + r * q.row_bytes;
+      int code;
+      float scale;
+      if (q.type == DType::kI8) {
+        code = static_cast<int8_t>(row[p]);
+        scale = q.scales[r * q.scales_per_row];
+      } else {
+        const size_t h = q.block / 2, b = p / q.block, i = p % q.block;
+        const int nibble = i < h ? row[b * h + i] & 0xF : row[b * h + i - h] >> 4;
+        code = nibble - 8;
+        scale = q.scales[r * q.scales_per_row + b];
+      }
+      out[r * q.cols + p] = static_cast<float>(code) * scale;
+    }
+  }
+  return out;
+}
+
+// Rows of varied magnitudes: uniform, with a few large outliers, tiny, all zero, and values on
+// exact ties of the quantization grid.
+std::vector<float> TestWeights(size_t rows, size_t cols, std::mt19937* rng) {
+  std::vector<float> w = test::SymmetricFloats(rows * cols, 1.0f, rng);
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = w.data() + r * cols;
+    switch (r % 5) {
+      case 1:
+        row[(r * 7) % cols] *= 40.0f;  // an outlier sets the row's (block's) scale
+        break;
+      case 2:
+        for (size_t p = 0; p < cols; ++p) row[p] *= 1e-20f;
+        break;
+      case 3:
+        for (size_t p = 0; p < cols; ++p) row[p] = 0.0f;
+        break;
+      case 4:
+        // Multiples of 0.5: with max 7 (or 127) the quotients hit every half-integer tie.
+        for (size_t p = 0; p < cols; ++p) row[p] = 0.5f * static_cast<float>(int(p % 29) - 14);
+        break;
+      default:
+        break;
+    }
+  }
+  return w;
+}
+
+TEST(QuantizeTest, ScalesCodesAndLayoutFollowTheDefinition) {
+  std::mt19937 rng(11);
+  for (const Format& f : kFormats) {
+    for (const size_t cols : {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 100, 127, 128, 129, 300}) {
+      const size_t rows = 10;
+      const std::vector<float> w = TestWeights(rows, cols, &rng);
+      const QuantStorage q = Quantize(w, rows, cols, f, 1, 3);
+      const int qmax = f.type == DType::kI8 ? 127 : 7;
+      const size_t group = f.type == DType::kI8 ? cols : f.block;
+      const std::vector<float> deq = Dequantized(q.m);
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t g0 = 0; g0 < cols; g0 += group) {
+          const size_t g1 = std::min(cols, g0 + group);
+          float amax = 0.0f;
+          for (size_t p = g0; p < g1; ++p) amax = std::max(amax, std::fabs(w[r * cols + p]));
+          const float scale = q.m.scales[r * q.m.scales_per_row + g0 / group];
+          ASSERT_EQ(test::Bits(scale), test::Bits(amax / static_cast<float>(qmax)))
+              << f.Name() << " cols " << cols << " row " << r << " group " << g0 / group;
+          for (size_t p = g0; p < g1; ++p) {
+            const int code = QuantCode(q.m, r, p);
+            const double x = w[r * cols + p];
+            const double err = std::fabs(x - static_cast<double>(code) * scale);  // exact
+            ASSERT_LE(std::abs(code), qmax);
+            ASSERT_LE(err, 0.5 * scale) << f.Name() << " row " << r << " element " << p;
+            if (err == 0.5 * scale && scale > 0.0f) {
+              ASSERT_EQ(code % 2, 0) << f.Name() << ": a tie rounds to even, element " << p;
+            }
+            // The test's reading of the layout agrees with the kernels' accessors.
+            ASSERT_EQ(test::Bits(deq[r * cols + p]), test::Bits(DequantizedWeight(q.m, r, p)));
+            ASSERT_EQ(test::Bits(deq[r * cols + p]), test::Bits(static_cast<float>(code) * scale));
+          }
+        }
+        if (f.type == DType::kI4) {
+          // The last block's padding holds zero codes.
+          const size_t blocks = q.m.scales_per_row;
+          for (size_t p = cols; p < blocks * f.block; ++p) {
+            const size_t h = f.block / 2, i = p % f.block;
+            const uint8_t byte = q.m.codes[r * q.m.row_bytes + p / f.block * h + i % h];
+            ASSERT_EQ(i < h ? byte & 0xF : byte >> 4, 8) << "padding element " << p;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(QuantizeTest, ExtremesStayInRange) {
+  // The largest magnitude maps to +-qmax exactly; huge and tiny normal values keep the bound.
+  for (const Format& f : kFormats) {
+    const int qmax = f.type == DType::kI8 ? 127 : 7;
+    for (const float big : {1.0f, 3.0e38f, 1.0e-30f, -2.5f}) {
+      std::vector<float> w = {big, -big, big * 0.5f, 0.0f, big / 3.0f};
+      const QuantStorage q = Quantize(w, 1, w.size(), f);
+      EXPECT_EQ(QuantCode(q.m, 0, 0), big > 0 ? qmax : -qmax) << f.Name() << " " << big;
+      EXPECT_EQ(QuantCode(q.m, 0, 1), big > 0 ? -qmax : qmax) << f.Name() << " " << big;
+      EXPECT_EQ(QuantCode(q.m, 0, 3), 0);
+    }
+  }
+}
+
+class QuantTargetTest : public test::PerTargetTest {};
+
+TEST_P(QuantTargetTest, DequantizeRowsGivesCodeTimesScale) {
+  std::mt19937 rng(12);
+  for (const Format& f : kFormats) {
+    for (const size_t cols : {1, 7, 16, 33, 64, 129, 300}) {
+      const std::vector<float> w = TestWeights(6, cols, &rng);
+      const QuantStorage q = Quantize(w, 6, cols, f, 3, 1);
+      const std::vector<float> ref = Dequantized(q.m);
+      for (const size_t p0 : {size_t{0}, size_t{1}, size_t{5}, size_t{16}, size_t{31}}) {
+        if (p0 >= cols) continue;
+        for (const size_t n : {cols - p0, (cols - p0 + 1) / 2}) {
+          const size_t ld = n + 3;
+          std::vector<float> out(5 * ld + 1, -7.0f);
+          DequantizeRows(q.m, 1, 5, p0, n, out.data() + 1, ld);
+          for (size_t i = 0; i < 5; ++i) {
+            for (size_t p = 0; p < ld; ++p) {
+              const float got = out[1 + i * ld + p];
+              if (p < n) {
+                ASSERT_EQ(test::Bits(got), test::Bits(ref[(1 + i) * cols + p0 + p]))
+                    << f.Name() << " cols " << cols << " p0 " << p0 << " n " << n;
+              } else {
+                ASSERT_EQ(got, -7.0f) << "wrote past the row's n elements";
+              }
+            }
+          }
+          EXPECT_EQ(out[0], -7.0f);
+        }
+      }
+    }
+  }
+}
+
+// k: every length below 34 (vector tails), around the blocks and the 300 end; n: partial and
+// full groups of 4 weight rows.
+const size_t kKs[] = {1,  2,  3,  4,   5,   6,   7,   8,   9,   10,  11,  12, 13,
+                      14, 15, 16, 17,  18,  19,  20,  23,  24,  31,  32,  33, 63,
+                      64, 65, 96, 127, 128, 129, 191, 255, 256, 257, 299, 300};
+const size_t kNs[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 31, 70};
+
+// c's storage: row-major with padding, column-major, or general; the view starts `offset`
+// floats in.
+MatrixView MakeC(std::vector<float>* buf, size_t m, size_t n, int layout, size_t offset) {
+  const ptrdiff_t rs = layout == 0 ? static_cast<ptrdiff_t>(n + 2) : layout == 1 ? 1 : 2;
+  const ptrdiff_t cs = layout == 0   ? 1
+                       : layout == 1 ? static_cast<ptrdiff_t>(m + 1)
+                                     : static_cast<ptrdiff_t>(2 * m + 3);
+  buf->assign(offset + static_cast<size_t>(rs) * (m - 1) + static_cast<size_t>(cs) * (n - 1) + 4,
+              std::nanf(""));
+  return {buf->data() + offset, m, n, rs, cs};
+}
+
+float At(const ConstMatrixView& v, size_t i, size_t j) {
+  return v
+      .data[static_cast<ptrdiff_t>(i) * v.row_stride + static_cast<ptrdiff_t>(j) * v.col_stride];
+}
+
+TEST_P(QuantTargetTest, GemvQuantIsGemvOnTheDequantizedWeights) {
+  std::mt19937 rng(13);
+  for (const Format& f : kFormats) {
+    for (const size_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {
+      for (const size_t k : kKs) {
+        for (const size_t n : kNs) {
+          const size_t pick = m + k + n;
+          const size_t offset = pick % 4;
+          const int layout = static_cast<int>(pick % 3);
+          const std::vector<float> w = TestWeights(n, k, &rng);
+          const QuantStorage q = Quantize(w, n, k, f, offset, pick % 2 == 0 ? 0 : 5);
+          const std::vector<float> deq = Dequantized(q.m);
+          const size_t a_stride = k + 3;
+          const std::vector<float> a_buf = test::SymmetricFloats(offset + m * a_stride, 1.0f, &rng);
+          const ConstMatrixView a{a_buf.data() + offset, m, k, static_cast<ptrdiff_t>(a_stride), 1};
+          std::vector<float> c_buf, r_buf;
+          const MatrixView c = MakeC(&c_buf, m, n, layout, offset);
+          const MatrixView r = MakeC(&r_buf, m, n, layout, offset);
+          GemvQuant(a, q.m, c);
+          Gemv(1.0f, a, ConstMatrixView{deq.data(), k, n, 1, static_cast<ptrdiff_t>(k)}, 0.0f, r);
+          const std::string what = f.Name() + " m " + std::to_string(m) + " k " +
+                                   std::to_string(k) + " n " + std::to_string(n);
+          for (size_t e = 0; e < c_buf.size() && GemvQuantOrdersAsGemv(); ++e) {
+            ASSERT_EQ(test::Bits(c_buf[e]), test::Bits(r_buf[e])) << what << " element " << e;
+          }
+          for (size_t i = 0; i < m; ++i) {
+            for (size_t j = 0; j < n; ++j) {
+              double dot = 0.0, abs_sum = 0.0;
+              for (size_t p = 0; p < k; ++p) {
+                const double prod = static_cast<double>(At(a, i, p)) * deq[j * k + p];
+                dot += prod;
+                abs_sum += std::fabs(prod);
+              }
+              const double tol = (2.0 * static_cast<double>(k) + 8.0) * kU * abs_sum + 1e-30;
+              ASSERT_LE(std::fabs(At(c, i, j) - dot), tol) << what << " (" << i << ", " << j << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(QuantTargetTest, GemmQuantBIsGemmOnTheDequantizedWeights) {
+  std::mt19937 rng(14);
+  std::vector<float> scratch_buf(GemmScratchBytes() / sizeof(float) + 16);
+  float* scratch = scratch_buf.data();
+  while (reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment != 0) ++scratch;
+  for (const Format& f : kFormats) {
+    for (const size_t m : {1, 5, 16, 17, 40, 200}) {
+      for (const size_t k : {7, 33, 128, 300, 1100}) {
+        for (const size_t n : {3, 16, 70, 130}) {
+          const std::vector<float> w = TestWeights(n, k, &rng);
+          const QuantStorage q = Quantize(w, n, k, f, 1);
+          const std::vector<float> deq = Dequantized(q.m);
+          const std::vector<float> a_buf = test::SymmetricFloats(m * k + 1, 1.0f, &rng);
+          const ConstMatrixView a{a_buf.data() + 1, m, k, static_cast<ptrdiff_t>(k), 1};
+          for (const int layout : {0, 1}) {
+            std::vector<float> c_buf, r_buf;
+            const MatrixView c = MakeC(&c_buf, m, n, layout, 1);
+            const MatrixView r = MakeC(&r_buf, m, n, layout, 1);
+            GemmQuantB(a, q.m, c, scratch);
+            Gemm(1.0f, a, ConstMatrixView{deq.data(), k, n, 1, static_cast<ptrdiff_t>(k)}, 0.0f, r,
+                 scratch);
+            // The GEMV route's bits are Gemv's where GemvQuant orders its sums as Gemv does.
+            const bool bitwise = m > kGemvMaxRows || GemvQuantOrdersAsGemv();
+            for (size_t e = 0; e < c_buf.size() && bitwise; ++e) {
+              ASSERT_EQ(test::Bits(c_buf[e]), test::Bits(r_buf[e]))
+                  << f.Name() << " m " << m << " k " << k << " n " << n << " layout " << layout
+                  << " element " << e;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+MHA_INSTANTIATE_PER_TARGET(QuantTargetTest);
+
+}  // namespace
+}  // namespace kernels
+}  // namespace mha
