@@ -17,6 +17,7 @@
 #include "runtime/context_internal.h"
 #include "runtime/decode_step.h"
 #include "runtime/kv_storage.h"
+#include "runtime/large_buffer.h"
 #include "runtime/layer_weights.h"
 #include "runtime/plan_cache.h"
 #include "runtime/step_plan.h"
@@ -108,7 +109,7 @@ struct __attribute__((visibility("hidden"))) KvCache::Impl {
 
   int64_t batch = 0;
   CacheStorage storage;  // K, then V: the layout of the file comment
-  std::unique_ptr<uint8_t[]> owned;
+  LargeBuffer owned;  // huge pages from kHugePageMinBytes (large_buffer.h)
   std::vector<int64_t> lengths;  // [batch], sized at creation
   std::vector<int64_t> ends;     // [batch]: a call's lengths after it, until it commits
   // Ring: the window of the last layer used (0 before any), and per entry the lowest position
@@ -211,7 +212,7 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
   st.ring = o.ring;
   uint8_t* base = static_cast<uint8_t*>(o.buffer);
   if (base == nullptr) {
-    c->owned.reset(new (std::nothrow) uint8_t[bytes]());
+    c->owned = AllocateLargeBuffer(bytes);
     if (!c->owned) {
       return OutOfMemory("KvCache::Create: cannot allocate " + std::to_string(bytes) +
                          " bytes of K/V storage");

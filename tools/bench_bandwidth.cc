@@ -64,6 +64,7 @@ HWY_AFTER_NAMESPACE();
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <vector>
 
 #include "runtime/thread_pool.h"
@@ -85,8 +86,10 @@ ReadProbe::ReadProbe() {
   // A multiple of 1024 floats per slice for any thread count up to 64 (whole groups of four
   // vectors on every target); the last slice takes the remainder.
   floats_ = ReadBufferBytes() / sizeof(float) / (64 * 1024) * (64 * 1024);
-  buf_.reset(new float[floats_]);
-  std::fill(buf_.get(), buf_.get() + floats_, 1.0f);
+  buf_ = AllocateLargeBuffer(floats_ * sizeof(float));
+  if (!buf_) throw std::bad_alloc();
+  float* f = reinterpret_cast<float*>(buf_.get());
+  std::fill(f, f + floats_, 1.0f);
 }
 
 double ReadProbe::Measure(size_t threads, int reps) const {
@@ -100,7 +103,7 @@ double ReadProbe::Measure(size_t threads, int reps) const {
     const bool streams = rep % 2 != 0;
     const int64_t t0 = TraceRecorder::NowNs();
     pool.ParallelFor(parts, [&](uint64_t task, size_t /*worker*/) {
-      const float* p = buf_.get() + task * slice;
+      const float* p = reinterpret_cast<const float*>(buf_.get()) + task * slice;
       sums[task] = streams ? HWY_DYNAMIC_DISPATCH(SumFloatsStreams)(p, slice)
                            : HWY_DYNAMIC_DISPATCH(SumFloats)(p, slice);
     });

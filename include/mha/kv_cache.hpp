@@ -100,7 +100,9 @@ struct MHA_API KvCacheOptions {
   int64_t head_dim = 0;       // the layer's head_dim
   DType dtype = DType::kF32;  // storage: kF32, kBF16, kF16 or kI8 (see the file comment)
   // Caller-provided storage (not owned; must outlive the cache), at least RequiredBytes(),
-  // aligned to the storage element size (64 bytes recommended). Null: the cache allocates and owns its storage (zeroed).
+  // aligned to the storage element size (64 bytes recommended). Null: the cache allocates and
+  // owns its storage (zeroed); from 32 MiB on Linux it asks for transparent huge pages (a
+  // decode step streams the whole cache: fewer TLB misses) and rounds the bytes up to 2 MiB.
   void* buffer = nullptr;
   size_t buffer_bytes = 0;
   // For a layer with a sliding window W: the capacity holds the last `capacity` positions of

@@ -1,0 +1,32 @@
+// Large, long-lived zeroed buffers (a KV cache's storage) backed by transparent huge pages where
+// the kernel offers them: a decode step streams the whole cache, and with 4 KiB pages every
+// 4 KiB of it costs a TLB miss, which a virtual machine's nested page walk makes dear.
+#ifndef MHA_RUNTIME_LARGE_BUFFER_H_
+#define MHA_RUNTIME_LARGE_BUFFER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace mha {
+
+// From this size a buffer asks for huge pages (Linux madvise(MADV_HUGEPAGE) on a 2 MiB-aligned
+// block, before its pages are first touched). Its size is rounded up to 2 MiB, so it holds at
+// most 1/16 more than asked (the last huge page); smaller buffers, which the last-level cache
+// holds anyway, get ordinary pages and no rounding.
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+inline constexpr size_t kHugePageMinBytes = size_t{32} << 20;
+
+struct LargeBufferFree {
+  void operator()(uint8_t* p) const;
+};
+using LargeBuffer = std::unique_ptr<uint8_t[], LargeBufferFree>;
+
+// `bytes` zeroed bytes, 64-byte aligned (2 MiB from kHugePageMinBytes); null when the
+// allocation fails. Huge pages are a request: where the kernel refuses them (THP "never", not
+// Linux) the buffer has ordinary pages and the same contents.
+LargeBuffer AllocateLargeBuffer(size_t bytes);
+
+}  // namespace mha
+
+#endif  // MHA_RUNTIME_LARGE_BUFFER_H_

@@ -1,0 +1,80 @@
+#include "runtime/large_buffer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace mha {
+namespace {
+
+bool AllZero(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+TEST(LargeBufferTest, SmallBuffersAreZeroedAnd64ByteAligned) {
+  for (size_t bytes : {size_t{1}, size_t{1000}, size_t{4096} + 3}) {
+    LargeBuffer b = AllocateLargeBuffer(bytes);
+    ASSERT_NE(b, nullptr) << bytes;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.get()) % 64, 0u) << bytes;
+    EXPECT_TRUE(AllZero(b.get(), bytes)) << bytes;
+  }
+}
+
+TEST(LargeBufferTest, LargeBuffersAreZeroedAndHugePageAligned) {
+  const size_t bytes = kHugePageMinBytes + 3;
+  LargeBuffer b = AllocateLargeBuffer(bytes);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.get()) % kHugePageBytes, 0u);
+  EXPECT_TRUE(AllZero(b.get(), bytes));
+  b[bytes - 1] = 1;  // the whole size is writable
+}
+
+// A size whose rounding to huge pages overflows fails before allocating.
+TEST(LargeBufferTest, OverflowingSizesFail) {
+  EXPECT_EQ(AllocateLargeBuffer(SIZE_MAX), nullptr);
+}
+
+// The THPeligible line of the /proc/self/smaps mapping that holds `p`, or -1.
+int ThpEligible(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {
+      inside = lo <= a && a < hi;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      return std::stoi(line.substr(12));
+    }
+  }
+  return -1;
+}
+
+TEST(LargeBufferTest, LargeBuffersAskForHugePages) {
+#if !defined(__linux__) || !defined(__x86_64__)
+  GTEST_SKIP() << "checked on x86-64 Linux only: qemu-user, which runs the other Linux tests, "
+                  "ignores madvise";
+#else
+  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode((std::istreambuf_iterator<char>(mode_file)), std::istreambuf_iterator<char>());
+  if (mode.empty() || mode.find("[never]") != std::string::npos) {
+    GTEST_SKIP() << "transparent huge pages are off here: '" << mode << "'";
+  }
+  LargeBuffer large = AllocateLargeBuffer(kHugePageMinBytes);
+  ASSERT_NE(large, nullptr);
+  const int eligible = ThpEligible(large.get() + kHugePageBytes);
+  if (eligible < 0) GTEST_SKIP() << "no THPeligible line in /proc/self/smaps for the buffer";
+  EXPECT_EQ(eligible, 1);
+#endif
+}
+
+}  // namespace
+}  // namespace mha
