@@ -115,7 +115,7 @@ class ArgumentErrors(unittest.TestCase):
         (["--compare", "torch,onnx"], "'onnx' in 'torch,onnx'"),
         (["--compare"], "--compare: expected a value"),
         (["--compare-torch=1"], "--compare-torch"),
-        (["--decode", "--compare", "torch"], "--decode: expected --compare peers among ort, sdpa"),
+        (["--decode", "--compare", "torch"], "--decode: expected --compare peers among ort, ort-int8, sdpa"),
         (["--decode", "--compare", "ort,openvino"], "'openvino'"),
         (["--decode", "--compare-torch"], "--decode"),
         (["--prefill", "512"], "--prefill: expected --decode as well"),
@@ -907,10 +907,11 @@ if np is not None and data_ok:
     err = float(np.max(np.abs(y - t["output"][:, 0])))
 with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
     f.write(json.dumps({"peer": peer, "args": args, "data_ok": data_ok, "err": err}) + "\n")
-ms = {"ort": 0.5, "sdpa": 3.0}[peer]
-print(json.dumps({"peer": peer, "version": "fake-" + peer, "precision": "f32", "median_ms": ms,
+ms = {"ort": 0.5, "ort-int8": 0.25, "sdpa": 3.0}[peer]
+precision = "int8" if peer == "ort-int8" else "f32"
+print(json.dumps({"peer": peer, "version": "fake-" + peer, "precision": precision, "median_ms": ms,
                   "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "runs": 3,
-                  "max_abs_err": (err or 0.0) if peer == "ort" else 0.5}))
+                  "max_abs_err": (err or 0.0) if peer.startswith("ort") else 0.5}))
 """
 
 DECODE_PEER_FIELDS = {"median_ms", "p10_ms", "p90_ms", "runs", "ratio", "max_abs_err", "agrees",
@@ -980,6 +981,27 @@ class DecodeCompare(unittest.TestCase):
                 self.assertAlmostEqual(float(row[name + "_ratio"]), r["peers"][name]["ratio"],
                                        delta=RATIO_ROUNDING + 1e-3 * r["peers"][name]["ratio"])
                 self.assertIn(name + "_max_abs_err", row)
+
+    def test_quantized_weights_reach_both_ort_peers(self):
+        # "all" with quantized weights adds ort-int8; both ort peers are told the storage, and
+        # the data file holds the dequantized weights (the stand-in's recomputation agrees).
+        p, calls, doc, _, _ = self.run_decode(["--compare", "all", "--weights-dtype", "i4",
+                                               "--batches", "1"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual([c["peer"] for c in calls], ["ort", "ort-int8", "sdpa"] * 2)
+        for c in calls:
+            self.assertTrue(c["data_ok"], c)
+            self.assertEqual(c["args"][c["args"].index("--weights") + 1], "i4", c)
+            if c["err"] is not None:
+                self.assertLess(c["err"], 1e-4, c)
+        self.assertEqual(doc["header"]["compare"], ["ort", "ort-int8", "sdpa"])
+        self.assertEqual(doc["header"]["peers"]["ort-int8"]["precision"], "int8")
+        self.assertIn("ort-int8/mha", p.stdout)
+        # Without quantized weights ort-int8 has nothing to multiply: named, it is an error.
+        p, calls, _, _, _ = self.run_decode(["--compare", "ort-int8"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("ort-int8 multiplies quantized weights", p.stderr)
+        self.assertEqual(calls, [])
 
     def test_real_peers_or_their_note(self):
         # No stand-in: the interpreter mha-bench finds itself. With the peers venv (tools/dev

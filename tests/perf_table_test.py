@@ -48,6 +48,46 @@ class SgemmBaseline(unittest.TestCase):
         self.assertIn("sgemm baseline on BLIS skx", p.stdout)
 
 
+class Compact(unittest.TestCase):
+    """--compact: one row per shape, non-causal then causal, each with mha's ms and the fastest
+    agreeing f32 peer's ratio and name; bf16 peers and disagreeing peers never count."""
+
+    def test_rows_pair_causal_and_pick_the_fastest_agreeing_f32_peer(self):
+        with open(RECORDED) as f:
+            doc = json.load(f)
+        results = doc["results"]
+        # Make the fastest f32 peer of the first case disagree: the next one must be named.
+        first = results[0]["peers"]
+        f32 = {n: p for n, p in first.items() if p.get("precision") == "f32" and
+               isinstance(p.get("ratio"), (int, float))}
+        fastest = min(f32, key=lambda n: f32[n]["ratio"])
+        first[fastest]["agrees"] = False
+        p = render(doc, "--compact")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rows = table_rows(p.stdout)
+        self.assertEqual(rows[0], ["(B, L, E, H)", "mha ms", "fastest f32 peer / mha",
+                                   "causal: mha ms", "fastest f32 peer / mha"])
+        shapes = []
+        for r in results:
+            shape = f"({r['batch']}, {r['seq']}, {r['embed']}, {r['heads']})"
+            if shape not in shapes:
+                shapes.append(shape)
+        self.assertEqual([row[0] for row in rows[1:]], shapes)
+
+        def expected(r):
+            cells = [(p["ratio"], n) for n, p in r["peers"].items()
+                     if p.get("precision") == "f32" and p.get("agrees") and
+                     isinstance(p.get("ratio"), (int, float))]
+            best = min(cells) if cells else None
+            return f"{best[0]:.2f}× {best[1]}" if best else "–"
+
+        for r in results:
+            row = rows[1 + shapes.index(f"({r['batch']}, {r['seq']}, {r['embed']}, {r['heads']})")]
+            col = 3 if r.get("causal") else 1
+            self.assertEqual(row[col + 1], expected(r), (row, r["causal"]))
+        self.assertNotIn(f"× {fastest}", rows[1][2])
+
+
 class Recorded(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

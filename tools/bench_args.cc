@@ -188,25 +188,30 @@ bool ParseCacheTypes(const std::string& flag, const std::string& text, std::vect
   return true;
 }
 
-// "torch,ort" or "all": peer names from PeerNames(), added to *out, which keeps that order;
-// *all_given is set when "all" is one of them.
+// "torch,ort" or "all": peer names from PeerNames() and the decode-only ones, added to *out,
+// which keeps that order ("all": every PeerNames() peer; with --decode the caller takes every
+// decode peer); *all_given is set when "all" is one of them.
 bool ParsePeerList(const std::string& flag, const std::string& text, std::vector<std::string>* out,
                    bool* all_given, std::string* error) {
+  std::vector<std::string> peers = PeerNames();
+  for (const std::string& p : DecodePeerNames()) {
+    if (std::find(peers.begin(), peers.end(), p) == peers.end()) peers.push_back(p);
+  }
   std::string names;
-  for (const std::string& p : PeerNames()) names += p + ", ";
+  for (const std::string& p : peers) names += p + ", ";
   const std::string expected =
       flag + ": expected a comma-separated list of " + names + "or all, got ";
   // Names already chosen (--compare-torch and --compare together) stay chosen.
-  const std::vector<std::string>& peers = PeerNames();
   std::vector<bool> chosen(peers.size(), false);
   for (size_t i = 0; i < peers.size(); ++i) {
     chosen[i] = std::find(out->begin(), out->end(), peers[i]) != out->end();
   }
+  const size_t forward_peers = PeerNames().size();
   for (const std::string& item : SplitCommas(text)) {
     bool known = false;
     if (item == "all") *all_given = true;
     for (size_t i = 0; i < peers.size(); ++i) {
-      if (item == "all" || item == peers[i]) {
+      if ((item == "all" && i < forward_peers) || item == peers[i]) {
         chosen[i] = true;
         known = true;
       }
@@ -282,7 +287,7 @@ const std::vector<std::string>& PeerNames() {
 }
 
 const std::vector<std::string>& DecodePeerNames() {
-  static const std::vector<std::string>* const kNames = new std::vector<std::string>{"ort", "sdpa"};
+  static const std::vector<std::string>* const kNames = new std::vector<std::string>{"ort", "ort-int8", "sdpa"};
   return *kNames;
 }
 
@@ -533,9 +538,22 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
     }
     // Only the decode peers time a decode step; "all" means all of them.
+    // ort-int8 multiplies quantized weights only: "all" takes it with them, naming it
+    // without them is an error.
+    const bool quantized = o->decode_weights == DType::kI8 || o->decode_weights == DType::kI4;
+    const bool int8_named =
+        std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end();
+    if (int8_named && !quantized) {
+      r.error = std::string("--compare: ort-int8 multiplies quantized weights: expected "
+                            "--weights-dtype i8, i4 or i4-128, got ") +
+                DTypeName(o->decode_weights) + " weights";
+      return r;
+    }
     std::vector<std::string> decode_peers;
     for (const std::string& p : DecodePeerNames()) {
-      if (std::find(o->compare.begin(), o->compare.end(), p) != o->compare.end()) {
+      if (p == "ort-int8" && !quantized) continue;
+      if (compare_all ||
+          std::find(o->compare.begin(), o->compare.end(), p) != o->compare.end()) {
         decode_peers.push_back(p);
       }
     }
@@ -543,7 +561,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!compare_all &&
           std::find(decode_peers.begin(), decode_peers.end(), p) == decode_peers.end()) {
         r.error =
-            "--decode: expected --compare peers among ort, sdpa (or all), the peers that "
+            "--decode: expected --compare peers among ort, ort-int8, sdpa (or all), the peers that "
             "time a decode step, got " +
             Quoted(p);
         return r;
@@ -554,6 +572,10 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
     if (o->decode_caches.empty()) o->decode_caches = {DType::kF32, DType::kBF16, DType::kI8};
     if (!o->prefill_given) o->prefill_tokens = {512, 2048};
+  } else if (std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end()) {
+    r.error = "--compare: ort-int8 times only a decode step: expected --decode as well, got "
+              "ort-int8 without --decode";
+    return r;
   } else if (o->decode_weights_given && !hf) {
     r.error =
         "--weights-dtype: expected --decode or --hf as well, got --weights-dtype without either";
@@ -729,7 +751,7 @@ Measurement:
                      Python: $MHA_BENCH_PEER_PYTHON, else the venv tools/dev peers creates
                      (build/peers-venv), else /usr/bin/python3 (Debian's torch 1.13 only).
                      Script: $MHA_BENCH_PEER_SCRIPT, else tools/peers.py of the source tree.
-                     With --decode: the decode peers ort and sdpa (see below)
+                     With --decode: the decode peers ort, ort-int8 and sdpa (see below)
   --compare-torch    the same as --compare torch
 
 Incremental decoding (--decode runs this suite instead of the one above):
@@ -753,14 +775,21 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      8B's attention); not with --hf (the checkpoint's layer has its own)
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
                      heads, threads), right after mha's, with the same threads, weights, cache
-                     contents and token, --min-time and --min-runs: ort, sdpa or all
+                     contents and token, --min-time and --min-runs: ort, ort-int8, sdpa or all
                        ort   ONNX Runtime com.microsoft GroupQueryAttention (its generative
                              decoders' op): one MatMul+Add for packed q|k|v, GroupQueryAttention
                              with past_key/past_value [batch, kv_heads, context, head_dim] bound
                              through IOBinding to its present_key/present_value outputs (one
                              shared buffer, nothing copied per step), seqlens_k = context - 1,
                              total_sequence_length = context, MatMul+Add;
-                             intra_op_num_threads = threads
+                             intra_op_num_threads = threads. With --weights-dtype i8/i4/i4-128
+                             the two products are com.microsoft MatMulNBits (bits 8 / 4, blocks
+                             of 128 / 32 / 128 inputs) holding mha's codes and scales,
+                             accuracy_level 0: f32 activations, mha's arithmetic
+                       ort-int8  the same with accuracy_level 4: ONNX Runtime quantizes the
+                             activations to int8 per block and multiplies integers (its fastest
+                             CPU mode, what onnxruntime-genai's builder emits for CPU); only with
+                             quantized weights; its output is checked at 5e-2
                        sdpa  F.linear (packed q|k|v), the new key/value written into a
                              preallocated cache tensor, F.scaled_dot_product_attention
                              (enable_gqa where torch has it, else repeat_interleave), F.linear

@@ -14,6 +14,7 @@
 #include "runtime/trace.h"
 #include "tools/bench_output.h"
 #include "tools/bench_workload.h"
+#include "tools/weights_dtype.h"
 
 namespace mha {
 namespace bench {
@@ -263,6 +264,10 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
     c.head_stride = head_stride;
     c.x = x.data();
     c.output = out.data();
+    const DType wd = m.layer->config().weight_dtype;
+    if (wd == DType::kI8 || wd == DType::kI4) {
+      c.quantized = WeightsDtypeName(wd, m.layer->config().weight_block);
+    }
     peers->RunDecode(c, threads, status, &r.peers);
   }
   return r;

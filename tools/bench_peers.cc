@@ -193,7 +193,8 @@ void PeerComparison::RunDecode(const DecodePeerCase& c, size_t threads,
   }
   const std::string args = " --decode " + std::to_string(c.batch) + "," +
                            std::to_string(c.context) + "," + std::to_string(E) + "," +
-                           std::to_string(c.heads) + "," + std::to_string(c.kv_heads);
+                           std::to_string(c.heads) + "," + std::to_string(c.kv_heads) +
+                           (c.quantized.empty() ? "" : " --weights " + c.quantized);
   const std::string label = "decode (context " + std::to_string(c.context) + ", batch " +
                             std::to_string(c.batch) + ", kv heads " + std::to_string(c.kv_heads) +
                             ")";
@@ -269,7 +270,8 @@ void PeerComparison::RunPeers(bool data_ok, const std::string& label, const std:
     p.runs = j.value("runs", int64_t{0});
     p.max_abs_err = JsonDouble(j, "max_abs_err");
     p.precision = JsonString(j, "precision");
-    p.tolerance = p.precision == "bf16" ? kBf16PeerTolerance : options_.tolerance;
+    p.tolerance = p.precision == "bf16" || p.precision == "int8" ? kBf16PeerTolerance
+                                                                : options_.tolerance;
     if (!(p.max_abs_err <= p.tolerance)) {
       char text[160];
       std::snprintf(text, sizeof(text),

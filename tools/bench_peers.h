@@ -19,7 +19,8 @@ namespace bench {
 
 // A bf16 peer's output is compared with mha's f32 output at this bound: bf16 keeps 8
 // significant bits (relative rounding 2^-9 ~ 2e-3 per operand) in inputs, weights and
-// intermediates of three chained products; f32 peers use --tolerance.
+// intermediates of three chained products; f32 peers use --tolerance. Peers that quantize the
+// activations to int8 (ort-int8, 127 levels per block) are held to the same bound.
 inline constexpr double kBf16PeerTolerance = 5e-2;
 
 // One decode step for the peers (mha-bench --decode --compare): a layer with separate q/k/v
@@ -40,6 +41,9 @@ struct DecodePeerCase {
   int64_t batch_stride = 0, head_stride = 0;
   const float* x = nullptr;       // [batch, 1, E], the step's token
   const float* output = nullptr;  // [batch, 1, E], mha's output of the step
+  // Quantized weights (tools/weights_dtype.h's name: "i8", "i4", "i4-128"), whose dequantized
+  // values the weight arrays hold; empty for f32 and 16-bit weights.
+  std::string quantized;
 };
 
 class PeerComparison {

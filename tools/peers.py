@@ -63,6 +63,14 @@ every call (so every call does the same work, as mha's step rewound after each r
         preallocated cache tensor, F.scaled_dot_product_attention over it (grouped-query
         layers: enable_gqa=True where torch has it, else repeat_interleave of the cache),
         F.linear
+  With --weights i8|i4|i4-128 (mha's quantized storage; the data file holds the dequantized
+  weights) ort's two products are com.microsoft MatMulNBits (8 bits in blocks of 128 inputs
+  repeating the row's scale, 4 bits in blocks of 32 or 128) on the codes and scales recovered
+  from those weights, accuracy_level 0 (f32 activations, as mha); sdpa multiplies the
+  dequantized weights in f32.
+  ort-int8  the same MatMulNBits with accuracy_level 4 (ONNX Runtime quantizes the activations
+        to int8 per block and multiplies integers: its fastest CPU mode); quantized weights
+        only; reports precision "int8"
 The other peers have no decode step here and report themselves unavailable. Timed calls are the library's Python call
 as a user makes it, inputs already in the library's tensor type.
 
@@ -89,8 +97,11 @@ import os
 import sys
 import time
 
-PEERS = ("torch", "sdpa", "ort", "openvino", "openvino-bf16")
-DECODE_PEERS = ("ort", "sdpa")
+PEERS = ("torch", "sdpa", "ort", "ort-int8", "openvino", "openvino-bf16")
+DECODE_PEERS = ("ort", "ort-int8", "sdpa")
+# --weights of a decode step: (bits, MatMulNBits block) of mha's quantized storage. i8 has one
+# scale per row; every 128-input block of a row repeats it (a block must be a power of 2).
+QUANTIZED = {"i8": (8, 128), "i4": (4, 32), "i4-128": (4, 128)}
 
 
 class Skip(Exception):
@@ -486,21 +497,62 @@ def decode_cache(data, case):
     return caches
 
 
-def ort_decode_peer(case, data, threads):
+def matmul_nbits(w, weights, accuracy_level, name, x, y, helper, numpy_helper):
+    """com.microsoft MatMulNBits y = x w^T for w [N, K] (nn.Linear layout) holding mha's
+    dequantized weights: the codes and scales recovered from them (per row for i8, per block
+    for i4: max |w| / 127 or / 7, codes rint(w / scale), stored with ORT's default zero point
+    2^(bits-1)), so ORT multiplies the values mha multiplies. Returns (node, initializers)."""
+    import numpy as np
+    bits, block = QUANTIZED[weights]
+    n, k = w.shape
+    if k % block:
+        raise Skip(f"MatMulNBits here needs inputs ({k}) a multiple of its block ({block})")
+    qmax = 2 ** (bits - 1) - 1
+    blocks = w.reshape(n, k // block, block)
+    group = np.abs(w).max(1)[:, None] if bits == 8 else np.abs(blocks).max(2)
+    scale = (group / qmax).astype(np.float32)
+    scale[scale == 0] = 1
+    if bits == 8:
+        scale = np.repeat(scale, k // block, axis=1)
+    codes = np.rint(blocks / scale[..., None]).astype(np.int32) + 2 ** (bits - 1)
+    packed = codes.astype(np.uint8)
+    if bits == 4:  # element 2i in the low nibble, 2i + 1 in the high one
+        packed = (packed[..., 0::2] | (packed[..., 1::2] << 4)).astype(np.uint8)
+    inits = [numpy_helper.from_array(packed, name + "_q"),
+             numpy_helper.from_array(scale.reshape(-1), name + "_scales")]
+    node = helper.make_node("MatMulNBits", [x, name + "_q", name + "_scales"], [y],
+                            domain="com.microsoft", K=k, N=n, bits=bits, block_size=block,
+                            accuracy_level=accuracy_level)
+    return node, inits
+
+
+def ort_decode_peer(case, data, threads, weights, int8_activations):
     ort = import_or_skip("onnxruntime")
     onnx = import_or_skip("onnx")
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
     b, ctx, e, h, kvh = (case[k] for k in ("batch", "context", "embed", "heads", "kv_heads"))
     d = e // h
+    if int8_activations and weights not in QUANTIZED:
+        raise Skip("ort-int8 runs MatMulNBits on int8 activations: it needs quantized weights "
+                   "(--weights-dtype i8, i4 or i4-128)", unavailable=True)
     inits = [
-        numpy_helper.from_array(np.ascontiguousarray(packed_qkv_weight(data).T), "qkv_w"),
         numpy_helper.from_array(data["in_proj_bias"], "qkv_b"),
-        numpy_helper.from_array(np.ascontiguousarray(data["out_proj.weight"].T), "out_w"),
         numpy_helper.from_array(data["out_proj.bias"], "out_b"),
     ]
+    products = []
+    for w, name, x, y in ((packed_qkv_weight(data), "qkv_w", "x", "qkv_raw"),
+                          (data["out_proj.weight"], "out_w", "attn", "proj")):
+        if weights in QUANTIZED:
+            node, more = matmul_nbits(w, weights, 4 if int8_activations else 0, name, x, y,
+                                      helper, numpy_helper)
+            inits += more
+        else:
+            node = helper.make_node("MatMul", [x, name], [y])
+            inits.append(numpy_helper.from_array(np.ascontiguousarray(w.T), name))
+        products.append(node)
     nodes = [
-        helper.make_node("MatMul", ["x", "qkv_w"], ["qkv_raw"]),
+        products[0],
         helper.make_node("Add", ["qkv_raw", "qkv_b"], ["qkv"]),
         # Packed q|k|v in `query`, key and value omitted.
         helper.make_node("GroupQueryAttention",
@@ -508,7 +560,7 @@ def ort_decode_peer(case, data, threads):
                           "total_sequence_length"],
                          ["attn", "present_key", "present_value"], domain="com.microsoft",
                          num_heads=h, kv_num_heads=kvh),
-        helper.make_node("MatMul", ["attn", "out_w"], ["proj"]),
+        products[1],
         helper.make_node("Add", ["proj", "out_b"], ["y"]),
     ]
     f32, i32 = TensorProto.FLOAT, TensorProto.INT32
@@ -547,7 +599,8 @@ def ort_decode_peer(case, data, threads):
         run()
         return y.numpy()
 
-    return run, run_numpy, f"{ort.__version__} (onnx {onnx.__version__})", "f32", None
+    precision = "int8" if int8_activations else "f32"
+    return run, run_numpy, f"{ort.__version__} (onnx {onnx.__version__})", precision, None
 
 
 def sdpa_decode_peer(case, data, threads):
@@ -596,16 +649,19 @@ def sdpa_decode_peer(case, data, threads):
     return run, run_numpy, torch.__version__, "f32", torch.inference_mode
 
 
-def make_decode_peer(peer, case, data, threads):
-    if peer == "ort":
-        return ort_decode_peer(case, data, threads)
+def make_decode_peer(peer, case, data, threads, weights):
+    if peer in ("ort", "ort-int8"):
+        return ort_decode_peer(case, data, threads, weights, peer == "ort-int8")
     if peer == "sdpa":
         return sdpa_decode_peer(case, data, threads)
     raise Skip(f"{peer} has no decode step here (--decode compares {', '.join(DECODE_PEERS)})",
                unavailable=True)
 
 
-def make_peer(peer, case, data, threads):
+def make_peer(peer, case, data, threads, weights):
+    if peer == "ort-int8":
+        raise Skip("ort-int8 has only a decode step here (--decode with quantized weights)",
+                   unavailable=True)
     if peer in ("torch", "sdpa"):
         return torch_peer(case, data, threads, fused=peer == "sdpa")
     if peer == "ort":
@@ -647,6 +703,9 @@ def main():
                        help="time one decode step over a cache (see the module doc)")
     ap.add_argument("--variants", default="",
                     help="attention variants of --case, e.g. 'kv_heads=8 rope=neox window=1024'")
+    ap.add_argument("--weights", default="f32", choices=("f32",) + tuple(QUANTIZED),
+                    help="--decode: mha's weight storage; the data file holds the dequantized "
+                         "values (default f32: float weights)")
     ap.add_argument("--data", required=True, help="safetensors file from mha-bench")
     ap.add_argument("--threads", type=int, default=1, help="threads the peer may use (default 1)")
     ap.add_argument("--min-time", type=float, default=1.0,
@@ -673,7 +732,7 @@ def main():
         if args.case is not None:
             case = dict(case, variants=variants, variants_text=args.variants)
         run, run_numpy, version, precision, context = make(
-            args.peer, case, data, args.threads)
+            args.peer, case, data, args.threads, args.weights)
         err, samples = time_peer(run, run_numpy, context, data["output"].astype(np.float64),
                                  args.min_time, args.min_runs)
         result.update({"version": version, "precision": precision,

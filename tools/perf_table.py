@@ -20,6 +20,10 @@ A forward file of an mha-bench --compute bf16 run, given with --f32 FILE (the sa
 f32 compute), gains the column "f32 / bf16": mha's f32 median over its bf16 median for the same
 case and thread count ("–" where FILE lacks the case).
 
+With --compact (forward f32 files: the README's one table per CPU family) a shape's non-causal
+and causal cases share one row: mha's median ms of each and, for each, the fastest agreeing f32
+peer's time over mha's with that peer's name ("1.10× ort"; "–" where none ran).
+
 An mha-bench --decode file gives the decode table instead: per context, batch, kv heads and
 cache storage, ms per step, tokens/s, the cache bytes read per step, read% (cache bytes per
 step time over the machine's streaming read bandwidth measured in the same run), +weights%
@@ -45,6 +49,7 @@ PEER_TITLES = {
 # The decode peers' titles: the f32 decode step each one times (mha-bench --help).
 DECODE_PEER_TITLES = {
     "ort": "ONNX Runtime GQA",
+    "ort-int8": "ONNX Runtime GQA, int8 activations",
     "sdpa": "PyTorch SDPA",
 }
 
@@ -168,6 +173,50 @@ def table(doc, f32=None):
     return lines
 
 
+def fastest_f32_peer_cell(result):
+    """The smallest ratio among the f32 peers that ran and agreed, with the peer's name."""
+    best = None
+    for name, p in (result.get("peers") or {}).items():
+        ratio = p.get("ratio")
+        if p.get("precision") == "f32" and p.get("agrees") and isinstance(ratio, (int, float)):
+            if best is None or ratio < best[0]:
+                best = (ratio, name)
+    return f"{best[0]:.2f}× {best[1]}" if best else "–"
+
+
+def compact_table(doc):
+    """One row per shape (and thread count): non-causal then causal, mha ms and the fastest f32
+    peer's ratio."""
+    rows, order = {}, []
+    for r in doc["results"]:
+        key = case_key(dict(r, causal=False))
+        if key not in rows:
+            rows[key] = {}
+            order.append(key)
+        rows[key][bool(r.get("causal"))] = r
+    several_threads = len({r.get("threads") for r in doc["results"]}) > 1
+    titles = ["(B, L, E, H)"] + (["threads"] if several_threads else []) + \
+        ["mha ms", "fastest f32 peer / mha", "causal: mha ms", "fastest f32 peer / mha"]
+    lines = ["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+    for key in order:
+        cases = rows[key]
+        any_case = next(iter(cases.values()))
+        row = [f"({any_case['batch']}, {any_case['seq']}, {any_case['embed']}, "
+               f"{any_case['heads']})"]
+        if several_threads:
+            row.append(str(any_case.get("threads")))
+        for causal in (False, True):
+            r = cases.get(causal)
+            if r is None:
+                row += ["–", "–"]
+            elif r.get("error"):
+                row += [f"error: {r['error']}", ""]
+            else:
+                row += [fmt_ms(r["median_ms"]), fastest_f32_peer_cell(r)]
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
 def decode_machine_line(h):
     read = h.get("read_gbs") or {}
     bandwidth = ", ".join(f"{gbs:.1f} GB/s on {t} thread(s)" for t, gbs in sorted(read.items()))
@@ -225,7 +274,7 @@ def prefill_table(doc):
     return lines
 
 
-def render(docs, command, f32=None):
+def render(docs, command, f32=None, compact=False):
     out = []
     for doc in docs:
         h = doc["header"]
@@ -246,6 +295,10 @@ def render(docs, command, f32=None):
             continue
         out.append(machine_line(h) + "  ")
         peers = peers_line(h)
+        if compact and h.get("compute") != "bf16":
+            out += [peers + " Each ratio: that peer's time over mha's (above 1×: mha is faster).",
+                    ""] + compact_table(doc) + [""]
+            continue
         if peers:
             out.append(peers + "  ")
             out.append("Peer columns: the peer's time over mha's (above 1×: mha is faster; "
@@ -267,9 +320,12 @@ def main():
     ap.add_argument("--command", default="", help="the command that made the files (printed)")
     ap.add_argument("--f32", default="",
                     help="for --compute bf16 files: the f32 run of the same suite (adds f32 / bf16)")
+    ap.add_argument("--compact", action="store_true",
+                    help="forward f32 files: one row per shape, its non-causal and causal cases "
+                         "against the fastest f32 peer")
     args = ap.parse_args()
     sys.stdout.write(render([load(p) for p in args.json], args.command,
-                            load(args.f32) if args.f32 else None))
+                            load(args.f32) if args.f32 else None, args.compact))
     return 0
 
 
