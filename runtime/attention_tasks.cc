@@ -13,6 +13,7 @@
 #include "kernels/softmax.h"
 #include "runtime/context_internal.h"
 #include "runtime/masks.h"
+#include "runtime/task_grid.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -462,7 +463,8 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
 
   if (sh.need_weights && sh.average) {
     PoolOf(ctx).ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
-      AveragedWeightsTask(t, task / q_blocks, task % q_blocks, worker);
+      const TaskPair nb = SplitTask(task, q_blocks);  // (entry, query block)
+      AveragedWeightsTask(t, nb.outer, nb.inner, worker);
     });
     return;
   }
@@ -483,10 +485,9 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
   PoolOf(ctx).ParallelFor(N * H * blocks, [&](uint64_t task, size_t worker) {
     // Causal blocks cost more the later they start: each head's run from its last block down,
     // so the tasks left for stealing at the end of a worker's range are its cheapest.
-    const int64_t blk = t.masks.causal ? b_hi - 1 - static_cast<int64_t>(task % blocks)
-                                       : b_lo + static_cast<int64_t>(task % blocks);
-    const int64_t h = (task / blocks) % H;
-    const int64_t n = task / (blocks * H);
+    const TaskTriple nhb = SplitTask(task, H, blocks);  // (entry, head, block)
+    const int64_t n = nhb.i0, h = nhb.i1;
+    const int64_t blk = t.masks.causal ? b_hi - 1 - nhb.i2 : b_lo + nhb.i2;
     if (sh.need_weights) {
       // Per-head weights: the scores block lives in the caller's weights tensor.
       const int64_t q0 = blk * qb;

@@ -10,6 +10,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/softmax.h"
 #include "runtime/forward_plan.h"
+#include "runtime/task_grid.h"
 
 namespace mha {
 
@@ -102,9 +103,8 @@ struct SpanSlots {
 // for the G query heads of g and the T tokens (an empty state past the entry's end).
 void SpanTask(const CacheReads& r, const SpanSlots& slots, uint64_t task, size_t worker) {
   const int64_t KVH = r.m.KVH, hd = r.m.hd, E = r.m.E, G = r.G(), T = r.T, R = r.plan.R;
-  const int64_t j = static_cast<int64_t>(task) % slots.spans;
-  const int64_t g = (static_cast<int64_t>(task) / slots.spans) % KVH;
-  const int64_t n = static_cast<int64_t>(task) / (slots.spans * KVH);
+  const TaskTriple ngj = SplitTask(task, KVH, slots.spans);  // (entry, kv head, span)
+  const int64_t n = ngj.i0, g = ngj.i1, j = ngj.i2;
   const int64_t c = r.FirstSpan(n) + j;
   const TraceSpan trace_span(r.trace, worker, Stage::kCacheAttention, n, g, c);
   float* acc = slots.acc + task * slots.acc_floats;
@@ -140,7 +140,8 @@ void SpanTask(const CacheReads& r, const SpanSlots& slots, uint64_t task, size_t
 // the head's seed, normalized into concat.
 void MergeTask(const CacheReads& r, const SpanSlots& slots, uint64_t task, size_t worker) {
   const int64_t H = r.m.H, KVH = r.m.KVH, hd = r.m.hd, E = r.m.E, G = r.G(), T = r.T, R = r.plan.R;
-  const int64_t n = static_cast<int64_t>(task) / H, h = static_cast<int64_t>(task) % H;
+  const TaskPair nh = SplitTask(task, H);  // (entry, head)
+  const int64_t n = nh.outer, h = nh.inner;
   const TraceSpan trace_span(r.trace, worker, Stage::kCacheAttention, n, h, -1);
   const int64_t g = h / G, hh = h % G;
   const int64_t used = r.Spans(n);
@@ -174,9 +175,8 @@ void MergeTask(const CacheReads& r, const SpanSlots& slots, uint64_t task, size_
 // accumulating in concat.
 void BlockedTask(const CacheReads& r, int64_t blocks, uint64_t task, size_t worker) {
   const int64_t H = r.m.H, hd = r.m.hd, E = r.m.E, T = r.T;
-  const int64_t b = static_cast<int64_t>(task) % blocks;
-  const int64_t h = (static_cast<int64_t>(task) / blocks) % H;
-  const int64_t n = static_cast<int64_t>(task) / (blocks * H);
+  const TaskTriple nhb = SplitTask(task, H, blocks);  // (entry, head, query block)
+  const int64_t n = nhb.i0, h = nhb.i1, b = nhb.i2;
   const TraceSpan trace_span(r.trace, worker, Stage::kCacheAttention, n, h, b);
   const int64_t g = h / r.G();
   const int64_t q0 = b * kQueryBlock;

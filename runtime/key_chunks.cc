@@ -8,6 +8,7 @@
 #include "runtime/attention_tasks.h"
 #include "runtime/context_internal.h"
 #include "runtime/qk_transform.h"
+#include "runtime/task_grid.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -43,9 +44,10 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
   const float* row_sum = buf.row_sum;
   TraceRecorder* trace = TraceOf(ctx);
   PoolOf(ctx).ParallelFor(N * blocks, [&](uint64_t task, size_t worker) {
-    const int64_t n = task / blocks;
+    const TaskPair nb = SplitTask(task, blocks);  // (entry, row block)
+    const int64_t n = nb.outer;
     const TraceSpan span(trace, worker, Stage::kOutProjection, n, -1, static_cast<int64_t>(task));
-    const int64_t r0 = (task % blocks) * kOutRows;
+    const int64_t r0 = nb.inner * kOutRows;
     const size_t rows = std::min<int64_t>(kOutRows, L - r0);
     uint8_t* gemm_scratch = buf.scratch + worker * ws.scratch_per_worker;
     float* a = reinterpret_cast<float*>(gemm_scratch + ws.gemm_scratch);

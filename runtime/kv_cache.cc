@@ -21,6 +21,7 @@
 #include "runtime/layer_weights.h"
 #include "runtime/plan_cache.h"
 #include "runtime/step_plan.h"
+#include "runtime/task_grid.h"
 #include "runtime/thread_pool.h"
 #include "runtime/validate.h"
 
@@ -67,7 +68,8 @@ void StoreCacheTokens(ThreadPool& pool, const CacheStorage& cache, int64_t N,
                       int64_t keep_from) {
   const int64_t KVH = cache.kv_heads, hd = cache.head_dim;
   pool.ParallelFor(static_cast<uint64_t>(N * KVH), [&](uint64_t task, size_t /*worker*/) {
-    const int64_t n = static_cast<int64_t>(task) / KVH, g = static_cast<int64_t>(task) % KVH;
+    const TaskPair ng = SplitTask(task, KVH);  // (entry, kv head)
+    const int64_t n = ng.outer, g = ng.inner;
     const int64_t c = counts != nullptr ? counts[n] : kv.end - kv.begin;
     const int64_t pos0 = (lengths != nullptr ? lengths[n] : 0) + kv.begin;
     const int64_t t0 = std::clamp<int64_t>(keep_from - pos0, 0, c);

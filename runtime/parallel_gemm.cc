@@ -1,4 +1,5 @@
 #include "runtime/parallel_gemm.h"
+#include "runtime/task_grid.h"
 
 #include <algorithm>
 #include <cassert>
@@ -254,11 +255,10 @@ struct PanelTask {
 PanelTask PanelTaskOf(const GemmJob& job, const PanelShape& panel, uint64_t t) {
   const uint64_t col_panels = CeilDiv(job.c.cols, panel.cols);
   const uint64_t row_panels = RowPanels(job.c.rows, panel);
-  const uint64_t cp = t % col_panels;
-  t /= col_panels;
-  const uint64_t rp = t % row_panels;
+  const TaskTriple brc = SplitTask(t, row_panels, col_panels);  // (batch, row, column panel)
+  const uint64_t rp = static_cast<uint64_t>(brc.i1), cp = static_cast<uint64_t>(brc.i2);
   PanelTask p;
-  p.batch = t / row_panels;
+  p.batch = static_cast<size_t>(brc.i0);
   p.r0 = RowPanelStart(job.c.rows, panel, rp);
   p.c0 = cp * panel.cols;
   p.nr = RowPanelStart(job.c.rows, panel, rp + 1) - p.r0;
@@ -398,7 +398,9 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     size_t j = 0;
     uint64_t local = 0;  // the task's index among its job's (PanelTaskOf's order)
     if (same_rows) {
-      const uint64_t group = task / first_col[n_jobs], w = task % first_col[n_jobs];
+      // (row panel, column panel among all the jobs')
+      const TaskPair rw = SplitTask(task, first_col[n_jobs]);
+      const uint64_t group = static_cast<uint64_t>(rw.outer), w = static_cast<uint64_t>(rw.inner);
       while (w >= first_col[j + 1]) ++j;
       local = group * (first_col[j + 1] - first_col[j]) + (w - first_col[j]);
     } else {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "runtime/context_internal.h"
+#include "runtime/task_grid.h"
 #include "runtime/thread_pool.h"
 
 namespace mha {
@@ -152,9 +153,9 @@ void RunHeadProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& 
   const int64_t rows_out[3] = {sh.L, sh.St, sh.St};
   const uint64_t per_kind = static_cast<uint64_t>(N) * m.H;  // upper bound over kinds
   PoolOf(ctx).ParallelFor(3 * per_kind, [&](uint64_t task, size_t worker) {
-    const int kind = static_cast<int>(task / per_kind);
-    const int64_t n = (task % per_kind) / m.H;
-    const int64_t h = (task % per_kind) % m.H;
+    const TaskTriple knh = SplitTask(task, N, m.H);  // (q/k/v, entry, head)
+    const int kind = static_cast<int>(knh.i0);
+    const int64_t n = knh.i1, h = knh.i2;
     if (h >= heads[kind]) return;
     const SeqShape& x = *xs[kind];
     float* dst = outs[kind] + ((n * heads[kind] + h) * rows_out[kind]) * hd;

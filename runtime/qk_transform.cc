@@ -8,6 +8,7 @@
 #include "runtime/context_internal.h"
 #include "runtime/forward_plan.h"
 #include "runtime/rope_scaling.h"
+#include "runtime/task_grid.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
 
@@ -148,8 +149,8 @@ void RunQkTransform(Context& ctx, const LayerWeights& m, const QkRows* sets, siz
       if (task < set_tasks) break;
       task -= set_tasks;
     }
-    TransformBlock(m, sets[i], static_cast<int64_t>(task / blocks),
-                   static_cast<int64_t>(task % blocks) * kQkBlockRows, table,
+    const TaskPair nb = SplitTask(task, blocks);  // (entry, row block) of the set
+    TransformBlock(m, sets[i], nb.outer, nb.inner * kQkBlockRows, table,
                    scratch + worker * per_worker);
   });
 }
