@@ -354,6 +354,23 @@ class OtherShapes(unittest.TestCase):
         self.assertEqual(doc["header"]["fma_peak_gflops"], {})
         self.assertLess(r["max_abs_err"], 1e-3)
 
+    def test_header_says_how_the_weights_are_held(self):
+        # The header's "weights:" follows what the configuration resolves to: prepacked only
+        # where --version says f32 prepacking works here, bf16 packing with --compute bf16.
+        prepacking = version_fields().get("f32 prepacking")
+        self.assertIn(prepacking, ("yes", "no"))
+        args = ["--seq", "8", "--embed", "32", "--heads", "2", "--threads", "1", "--min-time", "0",
+                "--min-runs", "1", "--rounds", "1", "--sgemm-size", "0"]
+        expected = {(): "prepacked at creation" if prepacking == "yes" else "kept as stored",
+                    ("--no-prepack",): "not prepacked (--no-prepack)",
+                    ("--compute", "bf16"): "packed as bf16 at creation (--compute bf16)"}
+        for extra, phrase in expected.items():
+            with self.subTest(extra=extra):
+                p, doc = run_json(self, args + list(extra), timeout=120)
+                self.assertIn("weights: " + phrase, p.stdout)
+                self.assertEqual(doc["header"]["f32_prepacking"], prepacking == "yes")
+                self.assertEqual(doc["header"]["weights_dtype"], "f32")
+
     def test_group_environment(self):
         # MHA_GROUP_ROWS / MHA_GROUP_MAX_KIB (runtime/forward_plan.h): 8 entries of 16 tokens in
         # groups of 2 on one thread take one group's buffers instead of all 8 entries'; 0 turns

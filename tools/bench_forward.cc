@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/gemm_route.h"
 #include "mha/mha.hpp"
 #include "runtime/context_internal.h"
 #include "runtime/trace.h"
@@ -21,6 +22,7 @@
 #include "tools/bench_peers.h"
 #include "tools/bench_report.h"
 #include "tools/bench_workload.h"
+#include "tools/weights_dtype.h"
 
 namespace mha {
 namespace bench {
@@ -259,6 +261,8 @@ int RunForwardSuite(const BenchOptions& o) {
   header.seed = o.seed;
   header.prepack = !o.no_prepack;
   header.strassen = o.strassen;
+  header.f32_prepacking = kernels::WeightsPrepackable(DType::kF32);
+  if (hf_layer != nullptr) header.weights = WeightsDtypeName(o.decode_weights, o.decode_weight_block);
   header.bf16_compute = o.bf16_compute;
   header.bf16_kernel = OrUnknown(Bf16Kernel());
   header.peak_rss_method = rss.method();

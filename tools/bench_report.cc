@@ -104,6 +104,20 @@ json PeerResultsJson(const std::vector<std::string>& compare,
   return peers;
 }
 
+namespace {
+
+// How the run's layers hold their projection weights, as the configuration resolves it.
+std::string WeightsPhrase(const RunHeader& h) {
+  if (h.bf16_compute) return "packed as bf16 at creation (--compute bf16)";
+  if (h.weights != "f32") return "stored as " + h.weights + " (never prepacked)";
+  if (!h.prepack) return "not prepacked (--no-prepack)";
+  if (!h.f32_prepacking) return "kept as stored (no f32 prepacking on this build and CPU)";
+  return h.strassen ? "prepacked at creation, with Strassen operands (--strassen)"
+                    : "prepacked at creation";
+}
+
+}  // namespace
+
 void PrintHeader(std::FILE* out, const RunHeader& h) {
   std::fprintf(out, "mha-bench  mha %s  |  CPU: %s  |  SIMD: %s  |  BLIS: %s\n",
                h.mha_version.c_str(), h.cpu.c_str(), h.simd_target.c_str(), h.blas_arch.c_str());
@@ -115,10 +129,7 @@ void PrintHeader(std::FILE* out, const RunHeader& h) {
                threads.c_str(), h.hardware_threads, h.min_time_s,
                static_cast<long long>(h.min_runs), static_cast<long long>(h.rounds),
                static_cast<unsigned long long>(h.seed), h.tolerance);
-  std::fprintf(out, "weights: %s  |  peak RSS: %s",
-               !h.prepack   ? "not prepacked (--no-prepack)"
-               : h.strassen ? "prepacked at creation, with Strassen operands (--strassen)"
-                            : "prepacked at creation",
+  std::fprintf(out, "weights: %s  |  peak RSS: %s", WeightsPhrase(h).c_str(),
                h.peak_rss_method.c_str());
   if (h.bf16_compute) std::fprintf(out, "  |  compute: bf16 (%s)", h.bf16_kernel.c_str());
   if (h.load_average >= 0) {
@@ -286,6 +297,8 @@ json HeaderJson(const RunHeader& h) {
             {"seed", h.seed},
             {"prepack", h.prepack},
             {"strassen", h.prepack && h.strassen},
+            {"f32_prepacking", h.f32_prepacking},
+            {"weights_dtype", h.weights},
             {"compute", h.bf16_compute ? "bf16" : "f32"},
             {"bf16_kernel", h.bf16_kernel},
             {"peak_rss_method", h.peak_rss_method},

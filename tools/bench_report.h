@@ -42,6 +42,10 @@ struct RunHeader {
   uint64_t seed = 0;
   bool prepack = true;   // layers created with AttentionConfig::prepack kOn (--no-prepack: off)
   bool strassen = false;  // with prepack: kStrassen (--strassen) or kOn
+  // Whether kOn has effect on this build and CPU (kernels::WeightsPrepackable(kF32), the
+  // "f32 prepacking" of --version): where not, f32 layers keep their weights as stored.
+  bool f32_prepacking = true;
+  std::string weights = "f32";  // the layers' weight storage (--hf --weights-dtype; else f32)
   bool bf16_compute = false;    // --compute bf16
   std::string bf16_kernel;      // the kernel bf16 products run on (mha::Bf16Kernel())
   std::string peak_rss_method;  // "VmHWM, reset per case" or "ru_maxrss, process lifetime"
