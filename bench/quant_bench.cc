@@ -81,7 +81,7 @@ std::unique_ptr<Context> MakeContext(int64_t threads) {
   ContextOptions o;
   o.num_threads = static_cast<size_t>(threads);
   std::unique_ptr<Context> ctx;
-  Context::Create(o, &ctx);
+  if (!Context::Create(o, &ctx).ok()) ctx.reset();  // the callers skip without a context
   return ctx;
 }
 
@@ -90,13 +90,15 @@ void BM_QuantPrefill(benchmark::State& state) {
   if (!l.status.ok()) return state.SkipWithError(l.status.ToString().c_str());
   const MultiheadAttention& layer = *l.layer[state.range(0)];
   std::unique_ptr<Context> ctx = MakeContext(state.range(1));
+  if (ctx == nullptr) return state.SkipWithError("Context::Create failed");
   std::vector<float> x(kPrefillTokens * kEmbed), y(x.size());
   Random(kDefaultSeed + 2).Fill(&x, 1.0f);
   const int64_t shape[3] = {1, kPrefillTokens, kEmbed};
   AttentionInputs in;
   AttentionOutputs out;
-  TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query);
-  TensorView::Dense(y.data(), DType::kF32, 3, shape, &out.output);
+  Status st = TensorView::Dense(x.data(), DType::kF32, 3, shape, &in.query);
+  if (st.ok()) st = TensorView::Dense(y.data(), DType::kF32, 3, shape, &out.output);
+  if (!st.ok()) return state.SkipWithError(st.ToString().c_str());
   in.causal = true;
   for (auto _ : state) {
     const Status s = layer.Forward(*ctx, in, out);
@@ -117,6 +119,7 @@ void BM_QuantDecodeStep(benchmark::State& state) {
   const MultiheadAttention& layer = *l.layer[state.range(0)];
   const int64_t context = state.range(1), prior = context - 1;
   std::unique_ptr<Context> ctx = MakeContext(state.range(2));
+  if (ctx == nullptr) return state.SkipWithError("Context::Create failed");
   std::unique_ptr<KvCache> cache;
   Status s = KvCache::Create(KvCacheOptions::ForLayer(layer, 1, context, DType::kBF16), &cache);
   const int64_t shape[4] = {1, kKvHeads, prior, kHeadDim};

@@ -8,6 +8,7 @@
 #include <limits>
 #include <thread>
 
+#include "runtime/layer_weights.h"
 #include "tools/bench_peers.h"
 #include "tools/weights_dtype.h"
 
@@ -540,7 +541,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     // Only the decode peers time a decode step; "all" means all of them.
     // ort-int8 multiplies quantized weights only: "all" takes it with them, naming it
     // without them is an error.
-    const bool quantized = o->decode_weights == DType::kI8 || o->decode_weights == DType::kI4;
+    const bool quantized = IsQuantized(o->decode_weights);
     const bool int8_named =
         std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end();
     if (int8_named && !quantized) {

@@ -11,6 +11,7 @@
 #include "kernels/quant.h"
 #include "mha/kv_cache.hpp"
 #include "runtime/context_internal.h"
+#include "runtime/layer_weights.h"
 #include "runtime/trace.h"
 #include "tools/bench_output.h"
 #include "tools/bench_workload.h"
@@ -53,7 +54,7 @@ void DequantizeWeights(DType dtype, size_t block, int64_t rows, std::vector<floa
 double MatrixBytes(const AttentionConfig& c, int64_t rows, int64_t in) {
   const double n = static_cast<double>(rows);
   if (c.compute == Compute::kBF16) return 2.0 * n * static_cast<double>(in);
-  if (c.weight_dtype == DType::kI8 || c.weight_dtype == DType::kI4) {
+  if (IsQuantized(c.weight_dtype)) {
     const size_t block = static_cast<size_t>(c.weight_block);
     const size_t i = static_cast<size_t>(in);
     return n * static_cast<double>(kernels::QuantRowBytes(c.weight_dtype, block, i) +
@@ -86,7 +87,7 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
   m->wo.resize(E * E);
   m->bo.resize(E);
   for (auto* w : {&m->wq, &m->wk, &m->wv, &m->bias, &m->wo, &m->bo}) rng.Fill(w, bound);
-  const bool quantized = weights == DType::kI8 || weights == DType::kI4;
+  const bool quantized = IsQuantized(weights);
   if (weights != DType::kF32 && !quantized) {
     // Biases stay f32 in a 16-bit layer.
     for (auto* w : {&m->wq, &m->wk, &m->wv, &m->wo}) RoundWeights(weights, w);
@@ -264,9 +265,9 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
     c.head_stride = head_stride;
     c.x = x.data();
     c.output = out.data();
-    const DType wd = m.layer->config().weight_dtype;
-    if (wd == DType::kI8 || wd == DType::kI4) {
-      c.quantized = WeightsDtypeName(wd, m.layer->config().weight_block);
+    const AttentionConfig& lc = m.layer->config();
+    if (IsQuantized(lc.weight_dtype)) {
+      c.quantized = WeightsDtypeName(lc.weight_dtype, lc.weight_block);
     }
     peers->RunDecode(c, threads, status, &r.peers);
   }
