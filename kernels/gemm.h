@@ -161,8 +161,7 @@ void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, f
 // the result is bitwise kernels::Gemm's (alpha 1, beta 0) on the dequantized matrix (code *
 // scale rounded to f32), where GemvQuant's lane count equals Gemv's (gemv_quant.h).
 struct QuantMatrix;
-void GemmQuantB(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c,
-                void* scratch);
+void GemmQuantB(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c, void* scratch);
 
 // A b [k, n] operand packed once and multiplied by many a's (GemmBlisPackedB): attention packs each
 // key block's K^T and V once and runs a few query rows at a time against them, so that each

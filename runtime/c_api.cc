@@ -226,7 +226,8 @@ Status CheckCompute(int32_t v, const char* name) {
 Status CheckWeightDtype(int32_t v, const char* name) {
   if (v != MHA_DTYPE_F32 && v != MHA_DTYPE_BF16 && v != MHA_DTYPE_F16 && v != MHA_DTYPE_I8 &&
       v != MHA_DTYPE_I4) {
-    return InvalidArgument(std::string(name) + ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), "
+    return InvalidArgument(std::string(name) +
+                           ": expected MHA_DTYPE_F32 (0), MHA_DTYPE_BF16 (1), "
                            "MHA_DTYPE_F16 (2), MHA_DTYPE_I8 (5) or MHA_DTYPE_I4 (8), got " +
                            std::to_string(v));
   }

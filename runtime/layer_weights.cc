@@ -134,10 +134,10 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
   if (st == DType::kI4 ? !(block == 0 || block == static_cast<int64_t>(kernels::kI4Block) ||
                            block == static_cast<int64_t>(kernels::kI4LargeBlock))
                        : block != 0) {
-    return InvalidArgument(std::string(op) + "weight_block: expected " +
-                           (st == DType::kI4 ? "0, 32 or 128 with weight_dtype I4"
-                                             : "0 unless weight_dtype is I4") +
-                           ", got " + Str(block));
+    return InvalidArgument(
+        std::string(op) + "weight_block: expected " +
+        (st == DType::kI4 ? "0, 32 or 128 with weight_dtype I4" : "0 unless weight_dtype is I4") +
+        ", got " + Str(block));
   }
   m.block = st != DType::kI4 ? 0 : block == 0 ? kernels::kI4Block : static_cast<size_t>(block);
   m.config.weight_block = static_cast<int64_t>(m.block);
@@ -612,11 +612,9 @@ Status BindQuantized(const AttentionWeights& weights, LayerWeights& m) {
     q.scales_per_row = kernels::QuantScalesPerRow(st, m.block, in);
     row.resize(in);
     for (int64_t r = 0; r < src.rows; ++r) {
-      const void* from =
-          src.qkv_row >= 0
-              ? QkvRow(w, m, src.qkv_row + r)
-              : static_cast<const uint8_t*>(w.out_proj_weight) +
-                    static_cast<size_t>(r * m.E) * DTypeSize(w.dtype);
+      const void* from = src.qkv_row >= 0 ? QkvRow(w, m, src.qkv_row + r)
+                                          : static_cast<const uint8_t*>(w.out_proj_weight) +
+                                                static_cast<size_t>(r * m.E) * DTypeSize(w.dtype);
       const float* f32 = static_cast<const float*>(from);
       if (w.dtype != DType::kF32) {
         const uint16_t* h = static_cast<const uint16_t*>(from);

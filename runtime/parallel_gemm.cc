@@ -1,5 +1,4 @@
 #include "runtime/parallel_gemm.h"
-#include "runtime/task_grid.h"
 
 #include <algorithm>
 #include <cassert>
@@ -7,6 +6,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
+#include "runtime/task_grid.h"
 
 namespace mha {
 

@@ -88,8 +88,8 @@ struct MhaWeights {
 
 // Fills *out (replaced only on success). `keep`: kF32 (widen every weight), kBF16 / kF16
 // (weight matrices stored in that dtype stay 16-bit), or kI8 / kI4 (a layer that quantizes
-// them: matrices stored in either 16-bit dtype stay as stored). FormatError for missing or inconsistent
-// tensors, Unsupported for a non-float dtype.
+// them: matrices stored in either 16-bit dtype stay as stored). FormatError for missing or
+// inconsistent tensors, Unsupported for a non-float dtype.
 Status LoadMhaWeights(const SafeTensorsFile& file, const std::string& prefix, MhaWeights* out,
                       DType keep = DType::kF32);
 

@@ -351,9 +351,10 @@ TEST(AllocTest, QuantizedLayerHoldsOnlyItsCodes) {
       ASSERT_TRUE(s.ok()) << s.ToString();
       const double held = static_cast<double>(after - before) / f32_bytes;
       const double allocated = static_cast<double>(g_allocated_bytes.load()) / f32_bytes;
-      std::printf("[measured] %s from %s: layer holds %.4f, Create allocated %.4f x the f32 "
-                  "weights' bytes (codes + scales + biases: %.4f)\n",
-                  DTypeName(c.type), DTypeName(src), held, allocated, c.expected);
+      std::printf(
+          "[measured] %s from %s: layer holds %.4f, Create allocated %.4f x the f32 "
+          "weights' bytes (codes + scales + biases: %.4f)\n",
+          DTypeName(c.type), DTypeName(src), held, allocated, c.expected);
       EXPECT_NEAR(held, c.expected, 0.01);
       EXPECT_NEAR(allocated, c.expected, 0.01);
     }

@@ -303,8 +303,8 @@ TEST(HfFixturesQuantTest, ErrorAgainstTransformers) {
     int64_t block;
     const char* name;
     double bound;
-  } quants[] = {{DType::kI8, 0, "i8", 0.05}, {DType::kI4, 0, "i4", 0.7},
-                {DType::kI4, 128, "i4-128", 0.7}};
+  } quants[] = {
+      {DType::kI8, 0, "i8", 0.05}, {DType::kI4, 0, "i4", 0.7}, {DType::kI4, 128, "i4-128", 0.7}};
   for (const auto& q : quants) {
     std::vector<double> errors;
     for (const std::string& name : cases) {
@@ -326,9 +326,10 @@ TEST(HfFixturesQuantTest, ErrorAgainstTransformers) {
       }
     }
     std::sort(errors.begin(), errors.end());
-    std::printf("[ %s ] %zu modules: error / output scale against transformers: median %.3g, "
-                "worst %.3g (bound %.3g)\n",
-                q.name, errors.size(), errors[errors.size() / 2], errors.back(), q.bound);
+    std::printf(
+        "[ %s ] %zu modules: error / output scale against transformers: median %.3g, "
+        "worst %.3g (bound %.3g)\n",
+        q.name, errors.size(), errors[errors.size() / 2], errors.back(), q.bound);
   }
   // Quantized weights are the layer's own codes: a view of the mapped checkpoint is refused.
   Case c;

@@ -37,9 +37,7 @@ TEST(LargeBufferTest, LargeBuffersAreZeroedAndHugePageAligned) {
 }
 
 // A size whose rounding to huge pages overflows fails before allocating.
-TEST(LargeBufferTest, OverflowingSizesFail) {
-  EXPECT_EQ(AllocateLargeBuffer(SIZE_MAX), nullptr);
-}
+TEST(LargeBufferTest, OverflowingSizesFail) { EXPECT_EQ(AllocateLargeBuffer(SIZE_MAX), nullptr); }
 
 // The THPeligible line of the /proc/self/smaps mapping that holds `p`, or -1.
 int ThpEligible(const void* p) {

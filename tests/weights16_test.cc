@@ -116,8 +116,7 @@ void CheckProblem(Problem p, DType t, double* worst) {
   // fuse the three projections into one product as an owned copy does, which may change the
   // last bit in f32 too.
   Views ref_view;
-  RunLayerForward(rounded.config, WeightsOf(rounded), WeightBinding::kView, rounded, 2,
-                  &ref_view);
+  RunLayerForward(rounded.config, WeightsOf(rounded), WeightBinding::kView, rounded, 2, &ref_view);
   ExpectSameBits(viewed.output, ref_view.output, "kView output");
 
   const testing_util::OutputError e = MaxError(copied.output, exact.output);

@@ -38,10 +38,10 @@ constexpr int64_t kHfDefaultSeq = 512;
 
 // Flags that restate what a checkpoint's config.json decides: refused with --hf.
 bool IsConfigFlag(const std::string& flag) {
-  static const char* const kFlags[] = {"--embed",       "--heads",      "--kv-heads",   "--rope",
-                                       "--rope-theta",  "--rotary-dim", "--rope-scale", "--alibi",
-                                       "--window",      "--softcap",    "--sinks",      "--qk-norm",
-                                       "--qk-norm-eps", "--causal",     "--decode-shape"};
+  static const char* const kFlags[] = {
+      "--embed",      "--heads",      "--kv-heads",    "--rope",   "--rope-theta",
+      "--rotary-dim", "--rope-scale", "--alibi",       "--window", "--softcap",
+      "--sinks",      "--qk-norm",    "--qk-norm-eps", "--causal", "--decode-shape"};
   for (const char* f : kFlags) {
     if (flag == f) return true;
   }
@@ -288,7 +288,8 @@ const std::vector<std::string>& PeerNames() {
 }
 
 const std::vector<std::string>& DecodePeerNames() {
-  static const std::vector<std::string>* const kNames = new std::vector<std::string>{"ort", "ort-int8", "sdpa"};
+  static const std::vector<std::string>* const kNames =
+      new std::vector<std::string>{"ort", "ort-int8", "sdpa"};
   return *kNames;
 }
 
@@ -358,12 +359,13 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--batch",    "--seq",       "--kv-seq",        "--embed",      "--heads",
-        "--threads",  "--min-time",  "--min-runs",      "--sgemm-size", "--tolerance",
-        "--seed",     "--json",      "--csv",           "--trace",      "--contexts",
-        "--batches",  "--kv-dtypes", "--weights-dtype", "--rounds",     "--compare",
-        "--prefill",  "--compute",   "--hf",            "--layer",      "--prefix",
-        "--binding",  "--decode-shape"};
+        "--batch",      "--seq",           "--kv-seq",      "--embed",
+        "--heads",      "--threads",       "--min-time",    "--min-runs",
+        "--sgemm-size", "--tolerance",     "--seed",        "--json",
+        "--csv",        "--trace",         "--contexts",    "--batches",
+        "--kv-dtypes",  "--weights-dtype", "--rounds",      "--compare",
+        "--prefill",    "--compute",       "--hf",          "--layer",
+        "--prefix",     "--binding",       "--decode-shape"};
     const bool variant = tools::VariantFlagKindOf(arg) == tools::VariantFlagKind::kTakesValue;
     bool known = variant;
     for (const char* f : kValueFlags) known = known || arg == f;
@@ -545,16 +547,16 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     const bool int8_named =
         std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end();
     if (int8_named && !quantized) {
-      r.error = std::string("--compare: ort-int8 multiplies quantized weights: expected "
-                            "--weights-dtype i8, i4 or i4-128, got ") +
+      r.error = std::string(
+                    "--compare: ort-int8 multiplies quantized weights: expected "
+                    "--weights-dtype i8, i4 or i4-128, got ") +
                 DTypeName(o->decode_weights) + " weights";
       return r;
     }
     std::vector<std::string> decode_peers;
     for (const std::string& p : DecodePeerNames()) {
       if (p == "ort-int8" && !quantized) continue;
-      if (compare_all ||
-          std::find(o->compare.begin(), o->compare.end(), p) != o->compare.end()) {
+      if (compare_all || std::find(o->compare.begin(), o->compare.end(), p) != o->compare.end()) {
         decode_peers.push_back(p);
       }
     }
@@ -574,8 +576,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     if (o->decode_caches.empty()) o->decode_caches = {DType::kF32, DType::kBF16, DType::kI8};
     if (!o->prefill_given) o->prefill_tokens = {512, 2048};
   } else if (std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end()) {
-    r.error = "--compare: ort-int8 times only a decode step: expected --decode as well, got "
-              "ort-int8 without --decode";
+    r.error =
+        "--compare: ort-int8 times only a decode step: expected --decode as well, got "
+        "ort-int8 without --decode";
     return r;
   } else if (o->decode_weights_given && !hf) {
     r.error =

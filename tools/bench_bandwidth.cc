@@ -55,8 +55,6 @@ float SumFloatsStreams(const float* HWY_RESTRICT p, size_t n) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "tools/bench_bandwidth.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,6 +67,7 @@ HWY_AFTER_NAMESPACE();
 
 #include "runtime/thread_pool.h"
 #include "runtime/trace.h"
+#include "tools/bench_bandwidth.h"
 
 namespace mha {
 

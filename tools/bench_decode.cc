@@ -40,7 +40,7 @@ void DequantizeWeights(DType dtype, size_t block, int64_t rows, std::vector<floa
   const size_t in = w->size() / static_cast<size_t>(rows);
   std::vector<uint8_t> codes(kernels::QuantRowBytes(dtype, block, in));
   std::vector<float> scales(kernels::QuantScalesPerRow(dtype, block, in));
-  const kernels::QuantMatrix row{codes.data(), scales.data(), dtype, block, 1,
+  const kernels::QuantMatrix row{codes.data(), scales.data(), dtype,        block, 1,
                                  in,           codes.size(),  scales.size()};
   for (int64_t r = 0; r < rows; ++r) {
     float* x = w->data() + static_cast<size_t>(r) * in;

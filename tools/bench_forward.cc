@@ -262,7 +262,8 @@ int RunForwardSuite(const BenchOptions& o) {
   header.prepack = !o.no_prepack;
   header.strassen = o.strassen;
   header.f32_prepacking = kernels::WeightsPrepackable(DType::kF32);
-  if (hf_layer != nullptr) header.weights = WeightsDtypeName(o.decode_weights, o.decode_weight_block);
+  if (hf_layer != nullptr)
+    header.weights = WeightsDtypeName(o.decode_weights, o.decode_weight_block);
   header.bf16_compute = o.bf16_compute;
   header.bf16_kernel = OrUnknown(Bf16Kernel());
   header.peak_rss_method = rss.method();

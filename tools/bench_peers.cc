@@ -270,8 +270,8 @@ void PeerComparison::RunPeers(bool data_ok, const std::string& label, const std:
     p.runs = j.value("runs", int64_t{0});
     p.max_abs_err = JsonDouble(j, "max_abs_err");
     p.precision = JsonString(j, "precision");
-    p.tolerance = p.precision == "bf16" || p.precision == "int8" ? kBf16PeerTolerance
-                                                                : options_.tolerance;
+    p.tolerance =
+        p.precision == "bf16" || p.precision == "int8" ? kBf16PeerTolerance : options_.tolerance;
     if (!(p.max_abs_err <= p.tolerance)) {
       char text[160];
       std::snprintf(text, sizeof(text),
