@@ -697,7 +697,8 @@ void BM_ProjectionPanels(benchmark::State& state) {
     if (mode == 2) {
       kernels::Gemm(1.0f, job.a, job.b, 0.0f, job.c, scratch.get());
     } else {
-      ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch.get()), stride, nullptr,
+      ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch.get()), stride,
+                   kernels::Bf16ActiveKernel(), nullptr,
                    mode == 1 ? static_cast<uint8_t*>(packed.get()) : nullptr,
                    mode == 1 ? packed_bytes : 0);
     }

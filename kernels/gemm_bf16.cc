@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_bf16_native.h"
@@ -295,8 +296,8 @@ void ForceBf16Kernel(Bf16Kernel kernel) {
 
 size_t GemmBf16ScratchBytes() { return kARowsBytes + kBf16BlockScratchBytes; }
 
-void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b, float beta,
-                     const float* bias, const MatrixView& c, void* scratch) {
+void GemmBf16PackedB(Bf16Kernel kernel, float alpha, const ConstMatrixView& a, const PackedBf16B& b,
+                     float beta, const float* bias, const MatrixView& c, void* scratch) {
   assert(a.rows == c.rows && "GemmBf16PackedB: a.rows must equal c.rows");
   assert(b.n == c.cols && "GemmBf16PackedB: b.n must equal c.cols");
   assert(a.cols == b.k && "GemmBf16PackedB: a.cols must equal b.k");
@@ -317,7 +318,7 @@ void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b
     }
     return;
   }
-  const Bf16Kernel kernel = Bf16ActiveKernel();
+  MHA_CHECK(Bf16KernelAvailable(kernel), "GemmBf16PackedB: the kernel must run on this CPU");
   const BlockFn block_fn = BlockFor(kernel);
   // The AMX kernel starts its tiles from the bias (gemm_bf16.h, Numerics): it takes the bias
   // with the first k block where it does so, the others with the last.

@@ -34,10 +34,9 @@
 // kernel. One exception, AMX with alpha 1, c's columns contiguous and beta 0 or 1: its tiles
 // start from c (beta 1, or a later block), from the bias (beta 0: bias first, then the
 // products) or from zero and are stored to c as they are, the adds onto c being the tiles' own
-// (no epilogue pass). The kernel is fixed for the process
-// (Bf16ActiveKernel), and a row of c
-// depends only on the same row of a, so results do not depend on threads or on how callers
-// split rows. Error against exact arithmetic on the f32 inputs: the bf16 rounding of both
+// (no epilogue pass). The kernel is the caller's (a context's, ContextOptions::bf16_kernel),
+// and a row of c depends only on the same row of a, so results do not depend on threads or on how
+// callers split rows. Error against exact arithmetic on the f32 inputs: the bf16 rounding of both
 // operands (relative 2^-9 each) dominates the f32 accumulation.
 #ifndef MHA_KERNELS_GEMM_BF16_H_
 #define MHA_KERNELS_GEMM_BF16_H_
@@ -112,9 +111,14 @@ size_t GemmBf16ScratchBytes();
 // c = alpha * bf16(a) * b + beta * c, then c[i, j] += bias[j] when bias is not null (bias
 // [b.n]). Shapes: a [m, b.k], c [m, b.n], any strides (c must not overlap a or b). beta == 0
 // does not read c; b.k == 0 or alpha == 0 gives c = beta * c (+ bias). Single-threaded, no
-// allocation; scratch: GemmBf16ScratchBytes() bytes, 64-byte aligned, this call's only.
-void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b, float beta,
-                     const float* bias, const MatrixView& c, void* scratch);
+// allocation; scratch: GemmBf16ScratchBytes() bytes, 64-byte aligned, this call's only. Runs on
+// `kernel` (which must be available: Bf16KernelAvailable), by default Bf16ActiveKernel().
+void GemmBf16PackedB(Bf16Kernel kernel, float alpha, const ConstMatrixView& a, const PackedBf16B& b,
+                     float beta, const float* bias, const MatrixView& c, void* scratch);
+inline void GemmBf16PackedB(float alpha, const ConstMatrixView& a, const PackedBf16B& b, float beta,
+                            const float* bias, const MatrixView& c, void* scratch) {
+  GemmBf16PackedB(Bf16ActiveKernel(), alpha, a, b, beta, bias, c, scratch);
+}
 
 }  // namespace kernels
 }  // namespace mha

@@ -77,8 +77,19 @@ Status ForwardPlanForTesting(const MultiheadAttention& layer, const AttentionInp
   ForwardArgs args;
   const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
   if (!s.ok()) return s;
-  *plan =
-      PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1));
+  *plan = PlanForward(ImplOf(layer), args.shapes, args.aliasing, std::max<size_t>(num_threads, 1),
+                      CurrentBatchGrouping());
+  return Status::Ok();
+}
+
+Status ForwardPlanForTesting(const MultiheadAttention& layer, const Context& context,
+                             const AttentionInputs& inputs, const AttentionOutputs& outputs,
+                             ForwardPlan* plan) {
+  ForwardArgs args;
+  const Status s = ValidateForward(ImplOf(layer), inputs, &outputs, &args);
+  if (!s.ok()) return s;
+  *plan = PlanForward(ImplOf(layer), args.shapes, args.aliasing, context.num_threads(),
+                      GroupingOf(context));
   return Status::Ok();
 }
 
@@ -116,10 +127,10 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   key.shapes = args.shapes;
   key.aliasing = args.aliasing;
   key.threads = ctx.num_threads();
-  key.may_group = sink == nullptr;
-  const ForwardPlan& plan = ForwardPlansOf(ctx).Get(key, [&] {
-    return PlanForward(m, args.shapes, args.aliasing, key.threads, key.may_group);
-  });
+  // A prefill's keys and values go to the sink before attention reads them: stage by stage.
+  if (sink == nullptr) key.grouping = GroupingOf(ctx);
+  const ForwardPlan& plan = ForwardPlansOf(ctx).Get(
+      key, [&] { return PlanForward(m, args.shapes, args.aliasing, key.threads, key.grouping); });
   uint8_t* base = nullptr;
   s = TakeWorkspace(ctx, plan.total, "forward workspace", &base);
   if (!s.ok()) return s;
@@ -143,8 +154,8 @@ Status RunForward(const LayerWeights& m, Context& ctx, const AttentionInputs& in
   RunAttentionTasks(ctx, m, args, plan, buf, KeyChunk{0, sh.St, true});
   const GemmJob job =
       OutputProjectionJob(m, buf.concat, buf.concat_layout, args.out, sh.out_layout, sh.N, sh.L);
-  ParallelGemm(PoolOf(ctx), &job, 1, buf.scratch, plan.scratch_per_worker, TraceOf(ctx),
-               buf.packed_w, plan.packed_w_bytes);
+  ParallelGemm(PoolOf(ctx), &job, 1, buf.scratch, plan.scratch_per_worker, Bf16KernelOf(ctx),
+               TraceOf(ctx), buf.packed_w, plan.packed_w_bytes);
   return TakeDispatchError(ctx);
 }
 

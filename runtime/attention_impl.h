@@ -31,9 +31,13 @@ Status ForwardWithKvSink(const MultiheadAttention& layer, Context& ctx,
                          KvSinkFn sink, void* user);
 
 // This very forward's plan (its pointers decide the aliasing): the path, block sizes and
-// workspace. For tests: it runs nothing.
+// workspace, on num_threads threads with the process's batch grouping, or as Forward on
+// `context` plans it (its threads and grouping). For tests: it runs nothing.
 Status ForwardPlanForTesting(const MultiheadAttention& layer, const AttentionInputs& inputs,
                              const AttentionOutputs& outputs, size_t num_threads,
+                             ForwardPlan* plan);
+Status ForwardPlanForTesting(const MultiheadAttention& layer, const Context& context,
+                             const AttentionInputs& inputs, const AttentionOutputs& outputs,
                              ForwardPlan* plan);
 
 // The workspace bytes this very forward, its pointers included, takes from the arena (Plan

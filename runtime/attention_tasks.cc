@@ -47,6 +47,7 @@ struct TaskContext {
   int64_t group;  // query heads per key/value head
   bool direct;    // OnlineUsesDirectKernel()
   bool bf16;      // Compute::kBF16: the online path's products run kernels::GemmBf16PackedB
+  kernels::Bf16Kernel bf16_kernel;  // on this kernel (the context's)
   // The batch entry whose rows the buffers (q, k, v, concat) hold first: 0, or the group's
   // first entry on the grouped forward (entry n at (n - entry0) x the layouts' batch stride).
   int64_t entry0 = 0;
@@ -406,8 +407,8 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     // without masks the softmax's first pass only reads the scores.
     // bf16: q_ holds scale * q (LoadQueryRows).
     if (bf16_) {
-      kernels::GemmBf16PackedB(1.0f, q_.Block(r0, 0, sr, hd), kp16.Columns(c0, cols - c0), 0.0f,
-                               nullptr, s_band, gs);
+      kernels::GemmBf16PackedB(t_.bf16_kernel, 1.0f, q_.Block(r0, 0, sr, hd),
+                               kp16.Columns(c0, cols - c0), 0.0f, nullptr, s_band, gs);
     } else if (direct_) {
       const bool ran =
           kernels::GemmDirectPackedB(t_.m.scale, q_.Block(r0, 0, sr, hd), k_cols, 0.0f, s_band);
@@ -427,7 +428,8 @@ void OnlineTask::UpdateKeyBlock(int64_t k0, size_t kc, bool masked) {
     // P is read in place where the direct micro-kernel runs: no packing of the strip's
     // probabilities (GemmBlisPackedB's PackPanel). The bf16 kernel rounds P to bf16 as it reads it.
     if (bf16_) {
-      kernels::GemmBf16PackedB(1.0f, s_band, vp16.Rows(c0, cols - c0), 1.0f, nullptr, a_view, gs);
+      kernels::GemmBf16PackedB(t_.bf16_kernel, 1.0f, s_band, vp16.Rows(c0, cols - c0), 1.0f,
+                               nullptr, a_view, gs);
     } else if (direct_) {
       const bool ran = kernels::GemmDirectPackedB(1.0f, s_band, v_rows, 1.0f, a_view);
       MHA_CHECK(ran, "online P V: the direct kernel did not run where it was chosen");
@@ -459,7 +461,8 @@ void RunAttentionTasks(Context& ctx, const LayerWeights& m, const ForwardArgs& a
                       sh.St,
                       H / m.KVH,
                       OnlineUsesDirectKernel(),
-                      m.config.compute == Compute::kBF16};
+                      m.config.compute == Compute::kBF16,
+                      Bf16KernelOf(ctx)};
 
   if (sh.need_weights && sh.average) {
     PoolOf(ctx).ParallelFor(N * q_blocks, [&](uint64_t task, size_t worker) {
@@ -505,18 +508,10 @@ void RunGroupAttentionTasks(const LayerWeights& m, const ForwardArgs& args, cons
                             TraceRecorder* trace, int64_t n0, size_t count, size_t worker) {
   const ForwardShapes& sh = args.shapes;
   const KeyChunk keys{0, sh.St, true};
-  const TaskContext t{m,
-                      args,
-                      plan,
-                      group_buf,
-                      keys,
-                      masks,
-                      trace,
-                      sh.St,
-                      m.H / m.KVH,
-                      OnlineUsesDirectKernel(),
-                      m.config.compute == Compute::kBF16,
-                      n0};
+  const TaskContext t{m, args, plan, group_buf, keys, masks, trace, sh.St, m.H / m.KVH,
+                      OnlineUsesDirectKernel(), m.config.compute == Compute::kBF16,
+                      // Grouped forwards compute in f32 (BatchGroupOf): no bf16 product runs.
+                      kernels::Bf16Kernel::kEmulated, n0};
   const int64_t qb = static_cast<int64_t>(plan.query_block);
   const int64_t blocks = (sh.L + qb - 1) / qb;
   for (int64_t n = n0; n < n0 + static_cast<int64_t>(count); ++n) {

@@ -40,6 +40,16 @@ static_assert(
     "mha_rope_scaling values must equal mha::RopeScaling values");
 static_assert(static_cast<int>(MHA_QKV_LAYOUT_PER_HEAD) == static_cast<int>(QkvLayout::kPerHead),
               "mha_qkv_layout values must equal mha::QkvLayout values");
+static_assert(static_cast<int>(MHA_GROUPED_FORWARD_OFF) == static_cast<int>(GroupedForward::kOff) &&
+                  static_cast<int>(MHA_BF16_KERNEL_EMULATED) ==
+                      static_cast<int>(Bf16KernelChoice::kEmulated) &&
+                  static_cast<int>(MHA_BF16_KERNEL_AVX512_BF16) ==
+                      static_cast<int>(Bf16KernelChoice::kAvx512Bf16) &&
+                  static_cast<int>(MHA_BF16_KERNEL_AMX) ==
+                      static_cast<int>(Bf16KernelChoice::kAmx) &&
+                  static_cast<int>(MHA_BF16_KERNEL_NEON_BF16) ==
+                      static_cast<int>(Bf16KernelChoice::kNeonBf16),
+              "mha_grouped_forward / mha_bf16_kernel values must equal mha's enums");
 static_assert(MHA_MAX_RANK == kMaxRank, "MHA_MAX_RANK must equal mha::kMaxRank");
 
 // The calling thread's message for its last call. Thread-local so concurrent callers (one
@@ -375,6 +385,10 @@ mha_status mha_context_create(const mha_context_options* options, mha_context** 
       o.num_threads = options->num_threads;
       o.arena_buffer = options->arena_buffer;
       o.arena_bytes = options->arena_bytes;
+      o.grouped_forward = static_cast<mha::GroupedForward>(options->grouped_forward);
+      o.group_rows = options->group_rows;
+      o.group_max_bytes = options->group_max_bytes;
+      o.bf16_kernel = static_cast<mha::Bf16KernelChoice>(options->bf16_kernel);
     }
     auto handle = std::make_unique<mha_context>();
     if (options != nullptr && options->executor != nullptr) {
@@ -402,6 +416,15 @@ mha_status mha_context_num_threads(const mha_context* context, size_t* num_threa
     if (context == nullptr) return NullArg("context");
     if (num_threads == nullptr) return NullArg("num_threads");
     *num_threads = context->impl->num_threads();
+    return Status::Ok();
+  });
+}
+
+mha_status mha_context_bf16_kernel(const mha_context* context, const char** name) {
+  return Guard("mha_context_bf16_kernel", [&]() -> Status {
+    if (context == nullptr) return NullArg("context");
+    if (name == nullptr) return NullArg("name");
+    *name = context->impl->bf16_kernel();
     return Status::Ok();
   });
 }

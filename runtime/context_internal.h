@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/gemm_bf16.h"
 #include "mha/mha.hpp"
 #include "runtime/arena.h"
+#include "runtime/forward_plan.h"
 #include "runtime/plan_cache.h"
 #include "runtime/thread_pool.h"
 
@@ -23,12 +25,18 @@ struct Context::Impl {
   bool borrowed = false;             // arena over a caller-provided buffer: never grows
   TraceRecorder* trace = nullptr;    // mha-bench's --breakdown / --trace; null = off
   ForwardPlanCache forward_plans;    // plans of the forwards run here, reused (plan_cache.h)
+  // ContextOptions' grouped forward and bf16 kernel, validated: 0 sizes and a negative kernel
+  // take the process's defaults (CurrentBatchGrouping, Bf16ActiveKernel) at each plan or call.
+  GroupedForward grouped_forward = GroupedForward::kAuto;
+  size_t group_rows = 0, group_max_bytes = 0;
+  int bf16_kernel = -1;  // a kernels::Bf16Kernel, or -1
 };
 
 // The one friend of Context and MultiheadAttention; the free functions below are its interface.
 struct InternalAccess {
   using LayerImpl = MultiheadAttention::Impl;
   static Context::Impl& Of(Context& context) { return *context.impl_; }
+  static const Context::Impl& Of(const Context& context) { return *context.impl_; }
   static const LayerImpl& Of(const MultiheadAttention& layer) { return *layer.impl_; }
   static LayerImpl& Of(MultiheadAttention& layer) { return *layer.impl_; }
 };
@@ -39,6 +47,10 @@ inline TraceRecorder* TraceOf(Context& context) { return InternalAccess::Of(cont
 inline ForwardPlanCache& ForwardPlansOf(Context& context) {
   return InternalAccess::Of(context).forward_plans;
 }
+// The batch grouping of this context's forwards (ContextOptions over the process's defaults).
+BatchGrouping GroupingOf(const Context& context);
+// The kernel of this context's Compute::kBF16 products.
+kernels::Bf16Kernel Bf16KernelOf(const Context& context);
 // Installs (or, with null, removes) a recorder; see runtime/trace.h.
 inline void SetTrace(Context& context, TraceRecorder* trace) {
   InternalAccess::Of(context).trace = trace;

@@ -60,7 +60,8 @@ void ProjectStepInputs(Context& ctx, const LayerWeights& m, const CacheCallArgs&
     jobs[num_jobs++] = CacheProjectionJob(a.k, N, m.kd, m.w_k, m.b_k, m.kvE, buf.k);
     jobs[num_jobs++] = CacheProjectionJob(a.v, N, m.vd, m.w_v, m.b_v, m.kvE, buf.v);
   }
-  ParallelGemm(PoolOf(ctx), jobs, num_jobs, buf.scratch, plan.per_worker, TraceOf(ctx));
+  ParallelGemm(PoolOf(ctx), jobs, num_jobs, buf.scratch, plan.per_worker, Bf16KernelOf(ctx),
+               TraceOf(ctx));
 }
 
 // 1. QK-norm and RoPE on Q and the new K at their positions (padding rows: any valid position);
@@ -98,7 +99,7 @@ void ProjectStepOutput(Context& ctx, const LayerWeights& m, const CacheCallArgs&
   const GemmJob job = OutputProjectionJob(m, buf.concat, CacheLayout(N, T, T * E, E), out.data,
                                           CacheLayout(N, T, out.batch_stride, out.token_stride),
                                           static_cast<size_t>(N), static_cast<size_t>(T));
-  ParallelGemm(PoolOf(ctx), &job, 1, buf.scratch, plan.per_worker, TraceOf(ctx));
+  ParallelGemm(PoolOf(ctx), &job, 1, buf.scratch, plan.per_worker, Bf16KernelOf(ctx), TraceOf(ctx));
   if (a.counts == nullptr) return;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t i = a.counts[n]; i < T; ++i) {

@@ -195,7 +195,28 @@ OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd, Compute comp
 
 }  // namespace
 
+namespace {
+
+// Whether groups of `group` of N entries keep `threads` workers busy and leave the busiest at most
+// 5% more entries than the mean.
+bool GroupsBalance(size_t N, size_t group, size_t threads) {
+  const size_t groups = (N + group - 1) / group;
+  const size_t busiest = std::min((groups + threads - 1) / threads * group, N);
+  return groups >= threads && busiest * threads * 100 <= N * 105;
+}
+
+}  // namespace
+
 size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t threads) {
+  // A group's buffers grow with its entries: the largest group that balances is the most any
+  // grouping (ContextOptions' rows and bytes) can take; smaller ones take less.
+  BatchGrouping largest;
+  for (size_t group = sh.N; group >= 2 && sh.L > 0; --group) {
+    if (GroupsBalance(sh.N, group, threads)) {
+      largest = {group * sh.L, SIZE_MAX};
+      break;
+    }
+  }
   size_t bound = 0;
   for (const bool out_private : {false, true}) {
     for (const bool self : {false, true}) {
@@ -204,7 +225,8 @@ size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t t
       Aliasing aliasing;
       aliasing.out_private = out_private;
       aliasing.self_attention = self;
-      bound = std::max(bound, PlanForward(m, sh, aliasing, threads).total);
+      bound = std::max(bound, PlanForward(m, sh, aliasing, threads, {}).total);
+      bound = std::max(bound, PlanForward(m, sh, aliasing, threads, largest).total);
     }
   }
   return bound;
@@ -225,16 +247,14 @@ bool MultipliesPrepacked(const WeightMatrix& w, size_t rows, size_t in, size_t o
 // whose buffers (`entry_bytes` each) fit the grouping's bytes, that keep every worker busy and
 // leave the busiest worker at most 5% more entries than the mean.
 size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
-                    size_t threads, bool online_unchunked, size_t entry_bytes) {
-  const BatchGrouping grouping = CurrentBatchGrouping();
+                    size_t threads, const BatchGrouping& grouping, bool online_unchunked,
+                    size_t entry_bytes) {
   const size_t N = sh.N, L = sh.L, St = sh.St;
   if (grouping.rows == 0 || !online_unchunked || !aliasing.out_private || L == 0) return 0;
   if (m.config.compute != Compute::kF32) return 0;
   const size_t group = std::min(grouping.rows / L + (grouping.rows % L != 0), N);
   if (group < 2 || group * entry_bytes > grouping.max_bytes) return 0;
-  const size_t groups = (N + group - 1) / group;
-  const size_t busiest = std::min((groups + threads - 1) / threads * group, N);
-  if (groups < threads || busiest * threads * 100 > N * 105) return 0;
+  if (!GroupsBalance(N, group, threads)) return 0;
   const size_t E = m.E, kvE = m.kvE;
   const bool prepacked =
       MultipliesPrepacked(m.w_q, L, m.qd, E) && MultipliesPrepacked(m.w_k, St, m.kd, kvE) &&
@@ -245,7 +265,7 @@ size_t BatchGroupOf(const LayerWeights& m, const ForwardShapes& sh, const Aliasi
 }  // namespace
 
 ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
-                        size_t threads, bool may_group) {
+                        size_t threads, const BatchGrouping& grouping) {
   const int64_t E = m.E, H = m.H, kvE = m.kvE, hd = m.hd, qd = m.qd, kd = m.kd, vd = m.vd;
   ForwardPlan plan;
   const size_t N = sh.N, L = sh.L, St = sh.St;
@@ -280,7 +300,7 @@ ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Al
   const size_t entry_bytes =
       sizeof(float) * (plan.fused ? fused_rows * plan.q_ld : L * plan.q_ld + 2 * St * kvE);
   plan.batch_group =
-      may_group ? BatchGroupOf(m, sh, aliasing, threads, online_unchunked, entry_bytes) : 0;
+      BatchGroupOf(m, sh, aliasing, threads, grouping, online_unchunked, entry_bytes);
   // Grouped: one group per worker (there are at least as many groups as workers).
   const size_t entries = plan.batch_group > 0 ? threads * plan.batch_group : N;
   const int64_t layout_n = plan.batch_group > 0 ? 1 : static_cast<int64_t>(N);

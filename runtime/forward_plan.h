@@ -55,8 +55,9 @@ inline constexpr size_t kOutRows = 128;
 // rows, when the group's Q, K, V and attention results (f32) take at most
 // kGroupCacheFraction x the core's L2 (bench/README.md has the measurements: groups of 256
 // rows won 1.4-5.8% at 2-3 MiB on a 2 MiB L2; 128-row groups and 4 MiB ones did not). The
-// environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them for the process: a
-// developer's override, read once at the first plan (never at load).
+// environment's MHA_GROUP_ROWS (0: never) and MHA_GROUP_MAX_KIB replace them as the process's
+// defaults, read once at the first plan (never at load); ContextOptions' group_rows,
+// group_max_bytes and grouped_forward replace those for one context (GroupingOf).
 inline constexpr size_t kGroupRows = 256;
 inline constexpr double kGroupCacheFraction = 1.5;
 struct BatchGrouping {
@@ -161,14 +162,17 @@ struct ForwardPlan {
   size_t total = 0;  // workspace bytes
 };
 
-// The plan of a forward with these shapes and aliasing on `threads` workers. `may_group`: false
-// for a forward whose projected keys and values go to a sink before attention reads them
-// (a KV cache's prefill), which runs stage by stage.
+// The plan of a forward with these shapes and aliasing on `threads` workers, grouped by
+// `grouping` where its rule allows (the context's, GroupingOf; {} for a forward whose projected
+// keys and values go to a sink before attention reads them, a KV cache's prefill, which runs
+// stage by stage).
 ForwardPlan PlanForward(const LayerWeights& m, const ForwardShapes& sh, const Aliasing& aliasing,
-                        size_t threads, bool may_group = true);
+                        size_t threads, const BatchGrouping& grouping);
 
-// The most workspace any forward with sh's shapes needs, whatever its pointers: the maximum of
-// PlanForward over every Aliasing those shapes allow. MultiheadAttention::Plan returns it.
+// The most workspace any forward with sh's shapes needs, whatever its pointers and whatever the
+// context's grouping: the maximum of PlanForward over every Aliasing those shapes allow, staged
+// and with the largest batch group any grouping could choose. MultiheadAttention::Plan returns
+// it.
 size_t PlanForwardBound(const LayerWeights& m, const ForwardShapes& sh, size_t threads);
 
 // Project's workspace: per-worker GEMM packing buffers [threads x scratch_per_worker] at 0,

@@ -43,6 +43,7 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
   const int64_t blocks = (L + kOutRows - 1) / kOutRows;
   const float* row_sum = buf.row_sum;
   TraceRecorder* trace = TraceOf(ctx);
+  const kernels::Bf16Kernel bf16_kernel = Bf16KernelOf(ctx);
   PoolOf(ctx).ParallelFor(N * blocks, [&](uint64_t task, size_t worker) {
     const TaskPair nb = SplitTask(task, blocks);  // (entry, row block)
     const int64_t n = nb.outer;
@@ -63,7 +64,7 @@ void RunKeyChunks(Context& ctx, const LayerWeights& m, const ForwardArgs& args,
     }
     const MatrixView c{out, rows, static_cast<size_t>(m.D), sh.out_layout.token, 1};
     MultiplyWeights(MatrixView{a, rows, static_cast<size_t>(E), E, 1}, m.w_o,
-                    static_cast<size_t>(m.D), m.b_o, c, gemm_scratch);
+                    static_cast<size_t>(m.D), m.b_o, c, gemm_scratch, bf16_kernel);
   });
 }
 

@@ -90,10 +90,12 @@ bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t o
 }
 
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
-                     const float* bias, const kernels::MatrixView& c, void* scratch) {
+                     const float* bias, const kernels::MatrixView& c, void* scratch,
+                     kernels::Bf16Kernel bf16_kernel) {
   const kernels::GemmRoute route = WeightsRoute(weights, a.rows, a.cols, out);
   if (route == kernels::GemmRoute::kBf16PackedB) {
-    kernels::GemmBf16PackedB(1.0f, a, Bf16Of(weights, a.cols, out), 0.0f, bias, c, scratch);
+    kernels::GemmBf16PackedB(bf16_kernel, 1.0f, a, Bf16Of(weights, a.cols, out), 0.0f, bias, c,
+                             scratch);
     return;
   }
   if (OverPackedB(route)) {
@@ -318,7 +320,8 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
 
 // ParallelGemm for at most kMaxGemmJobs jobs; `alone`: the call has this one job only.
 void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, uint8_t* scratch,
-             size_t scratch_stride, TraceRecorder* trace, uint8_t* packed, size_t packed_bytes) {
+             size_t scratch_stride, kernels::Bf16Kernel bf16_kernel, TraceRecorder* trace,
+             uint8_t* packed, size_t packed_bytes) {
   // Per job, on the stack: its route over a packed b (kBlisPackAB: none, per-panel products),
   // the packing it multiplies and where ParallelGemm packs it (null if prepacked), and prefix
   // sums of its packing tasks (column panels) and panel tasks.
@@ -428,8 +431,8 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
     const float* const bias = job.bias != nullptr ? job.bias + p.c0 : nullptr;
     if (route[j] == kernels::GemmRoute::kBf16PackedB) {
-      kernels::GemmBf16PackedB(1.0f, a_blk, job.b_bf16.Columns(p.c0, p.nc), 0.0f, bias, c_blk,
-                               own_scratch);
+      kernels::GemmBf16PackedB(bf16_kernel, 1.0f, a_blk, job.b_bf16.Columns(p.c0, p.nc), 0.0f, bias,
+                               c_blk, own_scratch);
       return;
     }
     if (OverPackedB(route[j])) {
@@ -454,11 +457,11 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
 }  // namespace
 
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
-                  size_t scratch_stride, TraceRecorder* trace, uint8_t* packed,
-                  size_t packed_bytes) {
+                  size_t scratch_stride, kernels::Bf16Kernel bf16_kernel, TraceRecorder* trace,
+                  uint8_t* packed, size_t packed_bytes) {
   for (size_t first = 0; first < num_jobs; first += kMaxGemmJobs) {
     RunJobs(pool, jobs + first, std::min(kMaxGemmJobs, num_jobs - first), num_jobs == 1, scratch,
-            scratch_stride, trace, packed, packed_bytes);
+            scratch_stride, bf16_kernel, trace, packed, packed_bytes);
   }
 }
 

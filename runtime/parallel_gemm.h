@@ -132,10 +132,11 @@ bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t o
 // c = a * w^T (+ bias [out] on every row, if not null) for w = rows [0, out) of `weights` with
 // `in` = a.cols columns, on WeightsRoute: the bf16 packing (kernels::GemmBf16PackedB), the
 // prepacked weights (MultiplyPackedB), kernels::Gemm, kernels::GemmHalfB for 16-bit weights or
-// kernels::GemmQuantB for quantized ones.
+// kernels::GemmQuantB for quantized ones; bf16 packings on `bf16_kernel` (the context's).
 // Single-threaded; scratch: WorkerGemmScratchBytes(). c.col_stride must be 1 when bias is given.
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
-                     const float* bias, const kernels::MatrixView& c, void* scratch);
+                     const float* bias, const kernels::MatrixView& c, void* scratch,
+                     kernels::Bf16Kernel bf16_kernel);
 
 // One product c = a * b (+ bias per column), repeated over `batches` with element offsets
 // a_batch_stride / c_batch_stride between batches (b and bias are shared).
@@ -208,8 +209,10 @@ inline constexpr size_t kMaxGemmJobs = 8;
 // consecutive tasks read the same rows of a.
 //
 // In every case the partition is the shapes', so results do not depend on the thread count.
+// Products by bf16 packings (b_bf16) run on `bf16_kernel` (the context's, Bf16KernelOf).
 void ParallelGemm(ThreadPool& pool, const GemmJob* jobs, size_t num_jobs, uint8_t* scratch,
-                  size_t scratch_stride, TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
+                  size_t scratch_stride, kernels::Bf16Kernel bf16_kernel,
+                  TraceRecorder* trace = nullptr, uint8_t* packed = nullptr,
                   size_t packed_bytes = 0);
 
 // Runs every batch of `job` on the calling thread over its prepacked f32 weights (b_packed), on

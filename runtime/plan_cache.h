@@ -53,10 +53,11 @@ struct ForwardPlanKey {
   ForwardShapes shapes;
   Aliasing aliasing;
   size_t threads = 0;
-  bool may_group = true;
+  BatchGrouping grouping;  // {} for a prefill (stage by stage)
   bool operator==(const ForwardPlanKey& o) const {
     return layer == o.layer && epoch == o.epoch && threads == o.threads &&
-           may_group == o.may_group && aliasing == o.aliasing && shapes == o.shapes;
+           grouping.rows == o.grouping.rows && grouping.max_bytes == o.grouping.max_bytes &&
+           aliasing == o.aliasing && shapes == o.shapes;
   }
 };
 // A context's forward plans (Context::Impl): 16 layers' worth, ~10 KiB.

@@ -79,8 +79,8 @@ void RunInputProjections(Context& ctx, const LayerWeights& m, const ForwardArgs&
     jobs[num_jobs++] =
         ProjectionJob(v, v_data, N, m.w_v, m.b_v, kvE, v_buf, ws.kv_layout, ws.kv_ld);
   }
-  ParallelGemm(PoolOf(ctx), jobs, num_jobs, buf.scratch, ws.scratch_per_worker, TraceOf(ctx),
-               buf.packed_w, ws.packed_w_bytes);
+  ParallelGemm(PoolOf(ctx), jobs, num_jobs, buf.scratch, ws.scratch_per_worker, Bf16KernelOf(ctx),
+               TraceOf(ctx), buf.packed_w, ws.packed_w_bytes);
   if (pos >= 0) AppendKeyValuePositions(m, k_buf, v_buf, ws.kv_layout, N, pos);
 }
 
@@ -152,6 +152,7 @@ void RunHeadProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& 
   float* outs[3] = {outputs.q.As<float>(), outputs.k.As<float>(), outputs.v.As<float>()};
   const int64_t rows_out[3] = {sh.L, sh.St, sh.St};
   const uint64_t per_kind = static_cast<uint64_t>(N) * m.H;  // upper bound over kinds
+  const kernels::Bf16Kernel bf16_kernel = Bf16KernelOf(ctx);
   PoolOf(ctx).ParallelFor(3 * per_kind, [&](uint64_t task, size_t worker) {
     const TaskTriple knh = SplitTask(task, N, m.H);  // (q/k/v, entry, head)
     const int kind = static_cast<int>(knh.i0);
@@ -165,7 +166,7 @@ void RunHeadProjections(Context& ctx, const LayerWeights& m, const ForwardArgs& 
                        static_cast<ptrdiff_t>(hd), 1};
     MultiplyWeights(a, ws[kind].Rows(h * hd, x.features), static_cast<size_t>(hd),
                     bs[kind] != nullptr ? bs[kind] + h * hd : nullptr, c,
-                    scratch + worker * scratch_stride);
+                    scratch + worker * scratch_stride, bf16_kernel);
     if (kind > 0) {
       int64_t p = sh.S;
       const float* extra = kind == 1 ? m.bias_k : m.bias_v;

@@ -498,6 +498,13 @@ OutputError MaxError(const std::vector<float>& got, const std::vector<float>& wa
   return e;
 }
 
+void RunForwardWith(const Problem& p, const ContextOptions& options, Views* v) {
+  std::unique_ptr<MultiheadAttention> mha;
+  Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
+  RunLayerOn(*mha, p, options, v);
+}
+
 void RunLayerForward(const AttentionConfig& config, const AttentionWeights& weights,
                      WeightBinding binding, const Problem& p, size_t threads, Views* v) {
   std::unique_ptr<MultiheadAttention> mha;
@@ -505,8 +512,16 @@ void RunLayerForward(const AttentionConfig& config, const AttentionWeights& weig
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << p.Describe();
   ContextOptions opts;
   opts.num_threads = threads;
+  RunLayerOn(*mha, p, opts, v);
+}
+
+void RunLayerOn(const MultiheadAttention& layer, const Problem& p, const ContextOptions& options,
+                Views* v) {
+  const MultiheadAttention* mha = &layer;
   std::unique_ptr<Context> ctx;
-  ASSERT_TRUE(Context::Create(opts, &ctx).ok());
+  Status s = Context::Create(options, &ctx);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const size_t threads = ctx->num_threads();
   MakeViews(p, v);
   size_t bytes = 0;
   s = mha->Plan(v->in, v->out, threads, &bytes);

@@ -111,6 +111,11 @@ void RunForward(const Problem& p, size_t threads, Views* v);
 // weights), on p's inputs.
 void RunLayerForward(const AttentionConfig& config, const AttentionWeights& weights,
                      WeightBinding binding, const Problem& p, size_t threads, Views* v);
+// The same on a context made with `options` (its threads, grouping and bf16 kernel), for p's
+// layer or for `layer`.
+void RunForwardWith(const Problem& p, const ContextOptions& options, Views* v);
+void RunLayerOn(const MultiheadAttention& layer, const Problem& p, const ContextOptions& options,
+                Views* v);
 
 // gtest failures (the first three, named by `what`) where got's bits differ from want's.
 void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,

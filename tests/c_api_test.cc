@@ -498,6 +498,37 @@ TEST(CApiTest, InvalidConfigs) {
   EXPECT_EQ(ctx, nullptr);
 }
 
+// mha_context_options' grouped forward and bf16 kernel reach the context: invalid values are
+// refused naming the field, and the context reports the kernel it runs.
+TEST(CApiTest, ContextOptionsChooseGroupingAndBf16Kernel) {
+  mha_context* ctx = nullptr;
+  mha_context_options o;
+  std::memset(&o, 0, sizeof(o));
+  o.grouped_forward = 2;
+  EXPECT_INVALID(mha_context_create(&o, &ctx),
+                 "grouped_forward: expected kAuto (0) or kOff (1), got 2");
+  EXPECT_EQ(ctx, nullptr);
+  o.grouped_forward = MHA_GROUPED_FORWARD_OFF;
+  o.bf16_kernel = 9;
+  EXPECT_INVALID(mha_context_create(&o, &ctx), "bf16_kernel: expected one of kAuto (0)");
+  EXPECT_EQ(ctx, nullptr);
+  o.bf16_kernel = MHA_BF16_KERNEL_EMULATED;
+  o.group_rows = 64;
+  o.group_max_bytes = 1 << 20;
+  ASSERT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK) << mha_last_error_message();
+  const char* name = nullptr;
+  EXPECT_EQ(mha_context_bf16_kernel(ctx, &name), MHA_STATUS_OK);
+  EXPECT_STREQ(name, "emulated");
+  EXPECT_INVALID(mha_context_bf16_kernel(ctx, nullptr), "name");
+  EXPECT_INVALID(mha_context_bf16_kernel(nullptr, &name), "context");
+  mha_context_destroy(ctx);
+  std::memset(&o, 0, sizeof(o));
+  ASSERT_EQ(mha_context_create(&o, &ctx), MHA_STATUS_OK);
+  EXPECT_EQ(mha_context_bf16_kernel(ctx, &name), MHA_STATUS_OK);
+  EXPECT_STREQ(name, mha_bf16_kernel());
+  mha_context_destroy(ctx);
+}
+
 TEST(CApiTest, ShapeMismatchesLeaveOutputsUntouched) {
   Small s;
   std::vector<float> weights(Small::N * Small::L * Small::L, kSentinel);

@@ -59,8 +59,8 @@ std::vector<float> RunGemm(const Problem& p, const std::vector<float>& a,
     // NaN, so that a product reading a panel nobody packed would show.
     std::fill_n(static_cast<float*>(packed), packed_bytes / sizeof(float), std::nanf(""));
   }
-  ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch), stride, nullptr,
-               static_cast<uint8_t*>(packed), packed_bytes);
+  ParallelGemm(pool, &job, 1, static_cast<uint8_t*>(scratch), stride, kernels::Bf16ActiveKernel(),
+               nullptr, static_cast<uint8_t*>(packed), packed_bytes);
   return c;
 }
 
@@ -179,7 +179,8 @@ TEST(ParallelGemmTest, AnyNumberOfJobs) {
   ASSERT_TRUE(arena.Init(2 * stride + 64).ok());
   void* scratch = nullptr;
   ASSERT_TRUE(arena.Allocate(2 * stride, &scratch).ok());
-  ParallelGemm(pool, jobs.data(), num_jobs, static_cast<uint8_t*>(scratch), stride);
+  ParallelGemm(pool, jobs.data(), num_jobs, static_cast<uint8_t*>(scratch), stride,
+               kernels::Bf16ActiveKernel());
   for (size_t j = 0; j < num_jobs; ++j) {
     const std::vector<float> alone = RunGemm(p, as[j], ws[j], biases[j], 1);
     ASSERT_EQ(0, std::memcmp(alone.data(), cs[j].data(), alone.size() * sizeof(float)))
@@ -293,7 +294,8 @@ TEST(ParallelGemmTest, PrepackedJobsSharingTheirInput) {
     ASSERT_TRUE(arena.Init(stride * threads + 64).ok());
     void* scratch = nullptr;
     ASSERT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
-    ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride);
+    ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride,
+                 kernels::Bf16ActiveKernel());
     for (size_t j = 0; j < 3; ++j) {
       ASSERT_EQ(0, std::memcmp(want[j].data(), cs[j].data(), want[j].size() * sizeof(float)))
           << "job " << j << ", " << threads << " threads";

@@ -57,20 +57,23 @@ TEST(PlanCacheTest, MakesEachPlanOncePerKey) {
   other.epoch = 1;
   get(other);
   other = k;
-  other.may_group = false;
+  other.grouping.rows = 256;
   get(other);
-  EXPECT_EQ(made, 7);
+  other = k;
+  other.grouping.max_bytes = 1;
+  get(other);
+  EXPECT_EQ(made, 8);
   get(k);
-  EXPECT_EQ(made, 7) << "the first key is still held";
+  EXPECT_EQ(made, 8) << "the first key is still held";
   // 16 more layers push the first key out.
   for (uint64_t layer = 100; layer < 116; ++layer) {
     other = k;
     other.layer = layer;
     get(other);
   }
-  EXPECT_EQ(made, 23);
-  get(k);
   EXPECT_EQ(made, 24);
+  get(k);
+  EXPECT_EQ(made, 25);
 }
 
 TEST(PlanCacheTest, SettingsAdvanceTheEpoch) {

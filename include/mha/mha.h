@@ -107,14 +107,14 @@ typedef struct mha_tensor {
 
 /* ---- Library information ------------------------------------------------------------------ */
 
-/* "0.3.0". */
+/* The library version, e.g. "0.4.0". */
 MHA_API const char* mha_version(void);
 /* The Highway target the kernels dispatch to on this CPU, e.g. "AVX2", "AVX3_DL", "NEON". */
 MHA_API const char* mha_simd_target(void);
 /* The BLIS architecture configuration in use, e.g. "haswell", "skx", "zen3". */
 MHA_API const char* mha_blas_arch(void);
-/* The kernel MHA_COMPUTE_BF16 products run on: "amx", "avx512_bf16", "neon_bf16" or "emulated"
- * (see mha::Bf16Kernel). */
+/* The kernel MHA_COMPUTE_BF16 products run on in a context whose options name none: "amx",
+ * "avx512_bf16", "neon_bf16" or "emulated" (see mha::Bf16Kernel; mha_context_bf16_kernel). */
 MHA_API const char* mha_bf16_kernel(void);
 /* "OK", "InvalidArgument", ... for an mha_status value; "Unknown" for any other value. */
 MHA_API const char* mha_status_name(int32_t status);
@@ -160,6 +160,22 @@ typedef struct mha_executor {
   void* user;         /* passed to parallel_for unchanged */
 } mha_executor;
 
+/* mha_context_options.grouped_forward (mha::GroupedForward). */
+typedef enum mha_grouped_forward {
+  MHA_GROUPED_FORWARD_AUTO = 0, /* where its rule says so (group_rows, group_max_bytes) */
+  MHA_GROUPED_FORWARD_OFF = 1   /* never: every forward runs stage by stage */
+} mha_grouped_forward;
+
+/* mha_context_options.bf16_kernel (mha::Bf16KernelChoice): the kernel of MHA_COMPUTE_BF16
+ * products. Every kernel gives the same results to rounding. */
+typedef enum mha_bf16_kernel_choice {
+  MHA_BF16_KERNEL_AUTO = 0,        /* the fastest this CPU runs, or MHA_BF16_KERNEL=<name> */
+  MHA_BF16_KERNEL_EMULATED = 1,    /* bf16-rounded operands, f32 FMAs: every CPU */
+  MHA_BF16_KERNEL_AVX512_BF16 = 2, /* AVX512_BF16 (vdpbf16ps) */
+  MHA_BF16_KERNEL_AMX = 3,         /* AMX-BF16 tiles */
+  MHA_BF16_KERNEL_NEON_BF16 = 4    /* Arm BF16 (bfmmla) */
+} mha_bf16_kernel_choice;
+
 /* Zero-initialized = defaults (a pool of the context's own, all hardware threads). */
 typedef struct mha_context_options {
   /* Threads used by forward passes, counting the calling thread; 0 = all hardware threads. At
@@ -175,6 +191,16 @@ typedef struct mha_context_options {
   /* NULL: the context creates a pool of num_threads threads of its own. Otherwise the host's
    * thread pool (copied at creation; executor->user must stay valid for the context's life). */
   const mha_executor* executor;
+  /* The grouped forward of short sequences (mha::ContextOptions in mha/mha.hpp has the rule):
+   * MHA_GROUPED_FORWARD_AUTO or _OFF; group_rows (query rows a group aims for) and
+   * group_max_bytes (most bytes of a group's buffers), 0 = the defaults (256 rows, 1.5 x the
+   * core's L2, or MHA_GROUP_ROWS / MHA_GROUP_MAX_KIB from the environment). */
+  int32_t grouped_forward; /* an mha_grouped_forward */
+  size_t group_rows;
+  size_t group_max_bytes;
+  /* MHA_BF16_KERNEL_*: a named kernel must be one this CPU runs (else
+   * MHA_STATUS_INVALID_ARGUMENT). */
+  int32_t bf16_kernel; /* an mha_bf16_kernel_choice */
 } mha_context_options;
 
 /* options == NULL means defaults. */
@@ -183,6 +209,9 @@ MHA_API mha_status mha_context_create(const mha_context_options* options, mha_co
 MHA_API void mha_context_destroy(mha_context* context);
 /* Threads of the context's own pool, or its executor's num_workers. */
 MHA_API mha_status mha_context_num_threads(const mha_context* context, size_t* num_threads);
+/* The kernel the context's MHA_COMPUTE_BF16 products run on: "amx", "avx512_bf16", "neon_bf16"
+ * or "emulated" (a static string). */
+MHA_API mha_status mha_context_bf16_kernel(const mha_context* context, const char** name);
 /* Usable arena bytes now, and the most any forward has used so far. */
 MHA_API mha_status mha_context_arena_bytes(const mha_context* context, size_t* capacity,
                                            size_t* high_water);

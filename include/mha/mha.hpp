@@ -74,6 +74,23 @@ class MHA_API Executor {
   virtual void ParallelFor(uint64_t num_tasks, TaskFn task_fn, void* task_arg) = 0;
 };
 
+// Whether a context runs the grouped forward (ContextOptions::grouped_forward).
+enum class GroupedForward : int {
+  kAuto = 0,  // where its rule (ContextOptions::group_rows) says so
+  kOff = 1,   // never: every forward runs stage by stage over the whole batch
+};
+
+// The kernel of Compute::kBF16 products (ContextOptions::bf16_kernel; README "bf16 compute").
+// Every kernel gives the same results to rounding (its f32 sums run in its own order).
+enum class Bf16KernelChoice : int {
+  kAuto = 0,        // the fastest this CPU runs (amx, avx512_bf16, neon_bf16, else emulated), or
+                    // MHA_BF16_KERNEL=<name> from the environment when this CPU runs that one
+  kEmulated = 1,    // bf16-rounded operands, f32 FMAs on the Highway target: every CPU
+  kAvx512Bf16 = 2,  // AVX512_BF16 (vdpbf16ps)
+  kAmx = 3,         // AMX-BF16 tiles (Linux grants the tiles at the first context)
+  kNeonBf16 = 4,    // Arm BF16 (bfmmla)
+};
+
 struct ContextOptions {
   // Threads used by forward passes, counting the calling thread; 0 = all hardware threads.
   // With an executor: 0 or executor->num_workers(). The context's own threads poll for work
@@ -87,6 +104,18 @@ struct ContextOptions {
   // The host's thread pool (see Executor; not owned; must outlive the context). Null: the
   // context creates a pool of num_threads threads of its own.
   Executor* executor = nullptr;
+  // The grouped forward of short sequences: with an output that shares no memory with the
+  // inputs, f32 compute and prepacked weights, batch entries run in groups of ceil(group_rows / L)
+  // entries, each group on one worker from its input projections to its output rows, when the
+  // group's buffers (Q, K, V, results; f32) take at most group_max_bytes and the groups keep every
+  // worker busy. Same results bitwise as the stage-by-stage forward. 0 = the default: 256 rows
+  // and 1.5 x the core's L2 (or MHA_GROUP_ROWS / MHA_GROUP_MAX_KIB from the environment).
+  GroupedForward grouped_forward = GroupedForward::kAuto;
+  size_t group_rows = 0;
+  size_t group_max_bytes = 0;
+  // The kernel of this context's Compute::kBF16 products; a named kernel must be one this CPU
+  // runs (Create returns InvalidArgument otherwise).
+  Bf16KernelChoice bf16_kernel = Bf16KernelChoice::kAuto;
 };
 
 class MHA_API Context {
@@ -101,6 +130,9 @@ class MHA_API Context {
   // Bytes of arena memory available / used at most so far.
   size_t arena_capacity() const;
   size_t arena_high_water() const;
+  // The kernel this context's Compute::kBF16 products run on ("amx", "avx512_bf16",
+  // "neon_bf16" or "emulated"; ContextOptions::bf16_kernel).
+  const char* bf16_kernel() const;
 
  private:
   struct Impl;  // threads, arena, trace hook: runtime/context_internal.h
@@ -467,7 +499,8 @@ class MHA_API MultiheadAttention {
 // Library version ("0.4.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
 // the BLIS architecture configuration in use ("skx"), and the kernel Compute::kBF16 products run
 // on ("amx", "avx512_bf16", "neon_bf16", or "emulated": bf16-rounded operands and f32 FMAs on
-// the Highway target; MHA_BF16_KERNEL=<name> in the environment chooses another available one).
+// the Highway target; MHA_BF16_KERNEL=<name> in the environment chooses another available one):
+// the kernel of contexts whose ContextOptions::bf16_kernel is kAuto.
 MHA_API const char* Version();
 MHA_API const char* SimdTarget();
 MHA_API const char* BlasArch();
