@@ -107,7 +107,7 @@ typedef struct mha_tensor {
 
 /* ---- Library information ------------------------------------------------------------------ */
 
-/* The library version, e.g. "0.4.0". */
+/* The library version, e.g. "0.5.0". */
 MHA_API const char* mha_version(void);
 /* The Highway target the kernels dispatch to on this CPU, e.g. "AVX2", "AVX3_DL", "NEON". */
 MHA_API const char* mha_simd_target(void);
@@ -288,7 +288,9 @@ enum {
  * soname carries the minor version (libmha.so.0.2) so that such a program cannot load it.
  * 0.3.0 appended head_dim, bias_projections and the RoPE scaling fields to mha_layer_config and
  * the separate biases and longrope factors to mha_layer_weights (libmha.so.0.3). 0.4.0 appended
- * weight_block to mha_layer_config, mha_load_options and mha_hf_options (libmha.so.0.4). */
+ * weight_block to mha_layer_config, mha_load_options and mha_hf_options (libmha.so.0.4). 0.5.0
+ * appended grouped_forward, group_rows, group_max_bytes and bf16_kernel to mha_context_options
+ * (libmha.so.0.5). */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */

@@ -496,7 +496,7 @@ class MHA_API MultiheadAttention {
   std::unique_ptr<Impl> impl_;
 };
 
-// Library version ("0.4.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
+// Library version ("0.5.0"), the Highway target the kernels dispatch to on this CPU ("AVX3_DL"),
 // the BLIS architecture configuration in use ("skx"), and the kernel Compute::kBF16 products run
 // on ("amx", "avx512_bf16", "neon_bf16", or "emulated": bf16-rounded operands and f32 FMAs on
 // the Highway target; MHA_BF16_KERNEL=<name> in the environment chooses another available one):
