@@ -129,6 +129,10 @@ struct Case {
   int64_t wpad = 0;
   size_t threads = 1, other_threads = 0;  // other_threads > 0: compare bits with that count
   int arena = 0;  // 0 owned, 1 owned preset, 2 caller = plan, 3 caller misaligned, 4 caller small
+  // > 0: both contexts group `group` batch entries (mha_context_options.group_rows = group * L,
+  // no byte bound), so the grouped forward runs wherever its rule allows: the bits must not
+  // change, and a caller arena of the plan's bytes must hold it.
+  int64_t group = 0;
   bool in_place = false;
   float input_scale = 1;
   int invalid = kValid;
@@ -171,7 +175,7 @@ struct Case {
        << " kpm_pad=" << kpm_pad << " density=" << mask_density << " full_rows=" << full_rows
        << " causal=" << causal << " weights=" << weights << " wpad=" << wpad
        << " threads=" << threads << " other_threads=" << other_threads << " arena=" << arena
-       << " in_place=" << in_place << " input_scale=" << input_scale << " invalid=" << invalid
+       << " group=" << group       << " in_place=" << in_place << " input_scale=" << input_scale << " invalid=" << invalid
        << " rope=" << rope << " theta=" << rope_theta << " rd=" << rotary_dim
        << " rope_scale=" << rope_scale << " alibi=" << alibi << (alibi_given ? "(slopes)" : "")
        << " window=" << window << " softcap=" << softcap << " sinks=" << sinks
@@ -298,6 +302,8 @@ Case Decode(ByteReader* r) {
   c.input_scale = r->Chance(40) ? 2.0f : 1.0f;
   c.invalid = r->Chance(48) ? static_cast<int>(r->Range(1, kCount - 1)) : kValid;
   DecodeVariants(r, &c);
+  const int group = r->Byte() % 4;
+  c.group = group == 0 ? 0 : group + 1;
   c.seed = r->Seed();
   return c;
 }
@@ -444,9 +450,7 @@ class Runner {
       Fail("mha_layer_plan rejected a valid forward", desc_);
     }
     std::vector<uint8_t> arena_storage;
-    mha_context_options o;
-    std::memset(&o, 0, sizeof(o));
-    o.num_threads = c_.threads;
+    mha_context_options o = OptionsFor(c_.threads);
     if (c_.arena == 1) o.arena_bytes = plan / 2;
     if (c_.arena >= 2) {
       const size_t misalign = c_.arena == 3 ? 8 : 0;
@@ -1114,10 +1118,20 @@ class Runner {
     reference::Attention(rc, w, in, out);
   }
 
-  void CheckOtherThreadCount(mha_layer* layer, uint32_t flags) {
+  // Options of a context of `threads` threads with the case's grouping.
+  mha_context_options OptionsFor(size_t threads) const {
     mha_context_options o;
     std::memset(&o, 0, sizeof(o));
-    o.num_threads = c_.other_threads;
+    o.num_threads = threads;
+    if (c_.group > 0) {
+      o.group_rows = static_cast<size_t>(c_.group * c_.L);
+      o.group_max_bytes = SIZE_MAX;
+    }
+    return o;
+  }
+
+  void CheckOtherThreadCount(mha_layer* layer, uint32_t flags) {
+    const mha_context_options o = OptionsFor(c_.other_threads);
     mha_context* ctx = nullptr;
     if (mha_context_create(&o, &ctx) != MHA_STATUS_OK) Fail("mha_context_create failed", desc_);
     std::unique_ptr<mha_context, void (*)(mha_context*)> owner(ctx, mha_context_destroy);
