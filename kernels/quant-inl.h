@@ -3,9 +3,9 @@
 // Included once per Highway target.
 //
 // Vectors are of kMaxQuantLanes f32 lanes at most (hn::CappedTag): a kI4 vector must lie in one
-// half of a block (16 elements at block 32), and a vector of that width is x86's and NEON's full
-// width, so the products over these vectors order their sums as the f32 kernels do
-// (gemv_quant.h).
+// nibble of a group's 16 words (16 consecutive elements), and a vector of that width is x86's and
+// NEON's full width, so the products over these vectors order their sums as the f32 kernels do
+// (gemv_quant.h). The kI4 words are loaded as little-endian (every target Highway compiles here).
 
 // Toggle guard: compiled once per target by foreach_target.
 #if defined(MHA_KERNELS_QUANT_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -41,53 +41,68 @@ struct I8Codes {
     const auto bytes = hn::LoadU(hn::Rebind<int8_t, DF>(), reinterpret_cast<const int8_t*>(p));
     return hn::ConvertTo(df, hn::PromoteTo(di, bytes));
   }
-  static HWY_INLINE int Scalar(const uint8_t* p) { return I8Code(*p); }
 };
 
-// Codes in the low nibbles of Lanes(df) consecutive kI4 bytes at p: masked and offset at byte
-// width (one 16-byte register on x86 for AVX-512's 16 lanes), then sign-extended to 32 bits.
-struct I4LowCodes {
+// The 32-bit words of Lanes(df) consecutive kI4 words at p (quant.h's layout; any alignment).
+template <class DF>
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> I4Words(DF /* df */, const uint8_t* p) {
+  const hn::RebindToUnsigned<DF> du;
+  return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+}
+
+// The codes whose nibbles are the low 4 bits of each lane of `words` (higher bits ignored), as
+// f32: the nibble or-ed into the bits of 2^23 is the f32 2^23 + nibble, and subtracting 2^23 + 8
+// leaves nibble - 8, the code, exactly. No shuffle on any target (AVX-512: a shift before this,
+// one ternary-logic and one subtraction).
+template <class DF, class VU>
+HWY_INLINE hn::Vec<DF> I4CodesOf(DF df, VU words) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::OrAnd(hn::Set(du, 0x4B000000u), words, hn::Set(du, 0xFu));
+  return hn::Sub(hn::BitCast(df, bits), hn::Set(df, 8388616.0f));  // 2^23 + 8
+}
+
+// A run of kI8 elements from p: element i's code, a vector's from element i.
+struct I8Run {
+  const uint8_t* p;
   template <class DF>
-  static HWY_INLINE hn::Vec<DF> Load(DF df, const uint8_t* p) {
-    const hn::Rebind<uint8_t, DF> du8;
-    const auto b = hn::LoadU(du8, p);
-    const auto codes = hn::Sub(hn::And(b, hn::Set(du8, 0x0F)), hn::Set(du8, 8));  // wraps
-    return hn::ConvertTo(
-        df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::BitCast(hn::Rebind<int8_t, DF>(), codes)));
+  HWY_INLINE hn::Vec<DF> Load(DF df, size_t i) const {
+    return I8Codes::Load(df, p + i);
   }
-  static HWY_INLINE int Scalar(const uint8_t* p) { return I4LowCode(*p); }
+  HWY_INLINE int Scalar(size_t i) const { return I8Code(p[i]); }
 };
 
-// Codes in the high nibbles: shifted down and offset at byte width, then sign-extended.
-struct I4HighCodes {
+// A run of kI4 elements that are nibble `shift` / 4 of consecutive words from `words`: element i
+// is that nibble of word i.
+struct I4Run {
+  const uint8_t* words;
+  int shift;
   template <class DF>
-  static HWY_INLINE hn::Vec<DF> Load(DF df, const uint8_t* p) {
-    const hn::Rebind<uint8_t, DF> du8;
-    const auto b = hn::LoadU(du8, p);
-    const auto codes = hn::Sub(hn::ShiftRight<4>(b), hn::Set(du8, 8));  // wraps
-    return hn::ConvertTo(
-        df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::BitCast(hn::Rebind<int8_t, DF>(), codes)));
+  HWY_INLINE hn::Vec<DF> Load(DF df, size_t i) const {
+    return I4CodesOf(df, hn::ShiftRightSame(I4Words(df, words + 4 * i), shift));
   }
-  static HWY_INLINE int Scalar(const uint8_t* p) { return I4HighCode(*p); }
+  HWY_INLINE int Scalar(size_t i) const {
+    return ((words[4 * i + shift / 8] >> (shift % 8)) & 0xF) - 8;
+  }
 };
 
-// Dequantized weights of elements [p, p + n) of one row into dst, for a run that shares one
-// scale and one kind of code (Codes): vectors of Lanes(df), then element by element.
+// Dequantized weights of elements [0, n) of a run that shares one scale (codes: an I8Run or
+// I4Run) into dst: vectors of Lanes(df), then element by element.
 template <class Codes, class DF>
-HWY_INLINE void DequantizeRun(DF df, const uint8_t* bytes, float scale, size_t n, float* dst) {
+HWY_INLINE void DequantizeRun(DF df, const Codes& codes, float scale, size_t n, float* dst) {
   const size_t N = hn::Lanes(df);
   const auto s = hn::Set(df, scale);
   size_t i = 0;
-  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(Codes::Load(df, bytes + i), s), df, dst + i);
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(codes.Load(df, i), s), df, dst + i);
   // The rest element by element: a vector would read past the run. The product is the same
   // IEEE multiplication (no FMA contraction in mha's builds).
-  for (; i < n; ++i) dst[i] = static_cast<float>(Codes::Scalar(bytes + i)) * scale;
+  for (; i < n; ++i) dst[i] = static_cast<float>(codes.Scalar(i)) * scale;
 }
 
 }  // namespace quant_detail
 
 // Elements [p0, p0 + n) of rows [r0, r0 + rows) of a quantized matrix (quant.h) dequantized into
-// dst (row i at dst + i * ld): per row, runs of one scale and one nibble half.
+// dst (row i at dst + i * ld): per row, kI8 in one run, kI4 in runs of one group's nibble (16
+// consecutive elements, one scale).
 inline void DequantizeRowsImpl(const uint8_t* codes, const float* scales, DType type, size_t block,
                                size_t row_bytes, size_t scales_per_row, size_t r0, size_t rows,
                                size_t p0, size_t n, float* dst, size_t ld) {
@@ -98,20 +113,15 @@ inline void DequantizeRowsImpl(const uint8_t* codes, const float* scales, DType 
     const float* row_scales = scales + (r0 + i) * scales_per_row;
     float* out = dst + i * ld;
     if (type == DType::kI8) {
-      qd::DequantizeRun<qd::I8Codes>(df, row + p0, row_scales[0], n, out);
+      qd::DequantizeRun(df, qd::I8Run{row + p0}, row_scales[0], n, out);
       continue;
     }
-    const size_t half = block / 2;
     for (size_t p = p0; p < p0 + n;) {
-      const size_t in_block = p % block;
-      const size_t run_end = p - in_block + (in_block < half ? half : block);
-      const size_t len = (run_end < p0 + n ? run_end : p0 + n) - p;
-      const uint8_t* bytes = row + p / block * half + in_block % half;
-      if (in_block < half) {
-        qd::DequantizeRun<qd::I4LowCodes>(df, bytes, row_scales[p / block], len, out + (p - p0));
-      } else {
-        qd::DequantizeRun<qd::I4HighCodes>(df, bytes, row_scales[p / block], len, out + (p - p0));
-      }
+      const size_t in_slice = p % 16;
+      const size_t len = (16 - in_slice < p0 + n - p ? 16 - in_slice : p0 + n - p);
+      const uint8_t* words = row + p / kI4Group * kI4GroupBytes + 4 * in_slice;
+      const int shift = static_cast<int>(p % kI4Group / 16 * 4);
+      qd::DequantizeRun(df, qd::I4Run{words, shift}, row_scales[p / block], len, out + (p - p0));
       p += len;
     }
   }

@@ -19,7 +19,8 @@ namespace kernels {
 HWY_EXPORT(DequantizeRowsImpl);
 
 size_t QuantRowBytes(DType type, size_t block, size_t cols) {
-  return type == DType::kI8 ? cols : QuantScalesPerRow(type, block, cols) * (block / 2);
+  (void)block;
+  return type == DType::kI8 ? cols : (cols + kI4Group - 1) / kI4Group * kI4GroupBytes;
 }
 
 size_t QuantScalesPerRow(DType type, size_t block, size_t cols) {
@@ -58,24 +59,27 @@ void QuantizeRow(const float* w, size_t n, DType type, size_t block, uint8_t* co
     return;
   }
   assert((block == kI4Block || block == kI4LargeBlock) && "QuantizeRow: kI4 block 32 or 128");
-  const size_t half = block / 2;
   for (size_t b0 = 0; b0 < n; b0 += block) {
-    const size_t len = std::min(block, n - b0);
-    const float scale = GroupScale(w + b0, len, 7);
-    scales[b0 / block] = scale;
-    // Element i of the block in the low nibble of byte i, element i + half in its high nibble,
-    // each as code + 8; past the row's end (its last block's padding) the code is 0.
-    uint8_t* dst = codes + b0 / 2;
-    for (size_t i = 0; i < half; ++i) {
-      const int lo = i < len ? Code(w[b0 + i], scale, 7) : 0;
-      const int hi = i + half < len ? Code(w[b0 + i + half], scale, 7) : 0;
-      dst[i] = static_cast<uint8_t>((lo + 8) | ((hi + 8) << 4));
+    scales[b0 / block] = GroupScale(w + b0, std::min(block, n - b0), 7);
+  }
+  // Group by group: nibble s of word k holds element 16 s + k as code + 8, the word stored
+  // little-endian; past the row's end (its last group's padding) the code is 0.
+  for (size_t g0 = 0; g0 < n; g0 += kI4Group) {
+    uint8_t* dst = codes + g0 / 2;
+    for (size_t k = 0; k < 16; ++k) {
+      uint32_t word = 0;
+      for (size_t s = 0; s < 8; ++s) {
+        const size_t p = g0 + 16 * s + k;
+        const int code = p < n ? Code(w[p], scales[p / block], 7) : 0;
+        word |= static_cast<uint32_t>(code + 8) << (4 * s);
+      }
+      for (size_t j = 0; j < 4; ++j) dst[4 * k + j] = static_cast<uint8_t>(word >> (8 * j));
     }
   }
 }
 
 int QuantCode(const QuantMatrix& w, size_t r, size_t p) {
-  return RowCode(w.codes + r * w.row_bytes, w.type, w.block, p);
+  return RowCode(w.codes + r * w.row_bytes, w.type, p);
 }
 
 float DequantizedWeight(const QuantMatrix& w, size_t r, size_t p) {

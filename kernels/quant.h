@@ -10,15 +10,22 @@
 //   scales: rows x scales_per_row f32, row r's at scales + r * scales_per_row.
 // kI8: row_bytes = cols, one signed byte (two's complement, [-127, 127]) per element, one scale
 //   per row (scales_per_row 1).
-// kI4: blocks of `block` (32 or 128) consecutive elements of a row, one scale each
-//   (scales_per_row = ceil(cols / block)), block / 2 bytes each (row_bytes = scales_per_row *
-//   block / 2): byte i of a block holds element i in its low nibble and element i + block / 2 in
-//   its high nibble, each nibble code + 8 for codes in [-7, 7] (ggml's q4_0 orders a block's
-//   nibbles and offsets them this way). A row's last block is padded with code 0 (nibble 8).
+// kI4: one scale per block of `block` (32 or 128) consecutive elements of a row (scales_per_row
+//   = ceil(cols / block)); the codes in groups of kI4Group (128) consecutive elements,
+//   kI4GroupBytes (64) bytes each (row_bytes = ceil(cols / 128) * 64), read as 16 little-endian
+//   32-bit words: nibble s (bits 4s..4s+3, s = 0..7) of word k (k = 0..15) holds element 16 * s + k
+//   of the group, as code + 8 for codes in [-7, 7]. In bytes: element e of a group lies in byte 4 *
+//   (e % 16) + e / 32, its low nibble when e / 16 is even, else its high one (I4Byte). A 32-block
+//   is nibbles 2b and 2b + 1 of a group's words (b = 0..3); a 128-block is a group. A row's last
+//   group is padded with code 0 (nibble 8).
 // Why these orders: a vector of V <= 16 consecutive elements is one load of V consecutive bytes
-// (kI4: their low or their high nibbles, split at byte width, where x86 works on 16-byte
-// registers, before the widening to 32 bits), a sign extension to 32 bits and a conversion; the
-// scales are apart so that the codes of a row stream contiguously.
+// (kI8, then sign-extended to 32 bits) or of V consecutive words (kI4: elements 16s + k0 ..
+// 16s + k0 + V - 1 are nibble s of words k0 .. k0 + V - 1). A kI4 vector needs no widening
+// shuffle: a 32-bit shift right by 4s puts each element's nibble in its lane's low 4 bits (an
+// index into a 16-entry table, or, masked and or-ed into the bits of 2^23, the f32 2^23 +
+// nibble). Successive vectors of a group are consecutive elements, so products walk k in
+// increasing order as the f32 kernels do. The scales are apart so that the codes of a row
+// stream contiguously.
 //
 // The dequantized weight of element (r, p) is code * scale rounded once to f32 (exact code,
 // one multiplication): every kernel reads exactly these values.
@@ -36,6 +43,9 @@ namespace kernels {
 // kI4 blocks: the default and the other size a layer may choose (AttentionConfig::weight_block).
 inline constexpr size_t kI4Block = 32;
 inline constexpr size_t kI4LargeBlock = 128;
+// kI4 code groups: elements and bytes (the layout above).
+inline constexpr size_t kI4Group = 128;
+inline constexpr size_t kI4GroupBytes = kI4Group / 2;
 
 // Bytes of one row's codes and f32 scales per row of a cols-wide matrix (`block`: kI4's, ignored
 // for kI8).
@@ -61,16 +71,18 @@ struct QuantMatrix {
   }
 };
 
-// Codes from their bytes: a kI8 byte, the low and the high nibble of a kI4 byte (code + 8), and
-// the code of element p of one row's codes.
+// Codes from their bytes: a kI8 byte; the byte of element p of a kI4 row and the code of that
+// element; the code of element p of one row's codes.
 inline int I8Code(uint8_t byte) { return static_cast<int8_t>(byte); }
-inline int I4LowCode(uint8_t byte) { return (byte & 0xF) - 8; }
-inline int I4HighCode(uint8_t byte) { return (byte >> 4) - 8; }
-inline int RowCode(const uint8_t* row, DType type, size_t block, size_t p) {
-  if (type != DType::kI4) return I8Code(row[p]);
-  const size_t half = block / 2, in_block = p % block;
-  const uint8_t byte = row[p / block * half + in_block % half];
-  return in_block < half ? I4LowCode(byte) : I4HighCode(byte);
+inline size_t I4Byte(size_t p) {
+  return p / kI4Group * kI4GroupBytes + p % 16 * 4 + p % kI4Group / 32;
+}
+inline int I4Code(const uint8_t* row, size_t p) {
+  const uint8_t byte = row[I4Byte(p)];
+  return (p / 16 % 2 == 0 ? byte & 0xF : byte >> 4) - 8;
+}
+inline int RowCode(const uint8_t* row, DType type, size_t p) {
+  return type == DType::kI4 ? I4Code(row, p) : I8Code(row[p]);
 }
 
 // Quantizes one row of n finite f32 values into `codes` (QuantRowBytes bytes) and `scales`
@@ -87,8 +99,8 @@ int QuantCode(const QuantMatrix& w, size_t r, size_t p);
 float DequantizedWeight(const QuantMatrix& w, size_t r, size_t p);
 
 // Writes the dequantized weights of elements [p0, p0 + n) of rows [r0, r0 + rows) of w into
-// dst, row i at dst + i * ld (n <= ld). Any p0 (vectors where a block's half allows, element by
-// element elsewhere); the values are DequantizedWeight's on every target.
+// dst, row i at dst + i * ld (n <= ld). Any p0 (vectors within each 16 elements of a kI4
+// group, element by element elsewhere); the values are DequantizedWeight's on every target.
 void DequantizeRows(const QuantMatrix& w, size_t r0, size_t rows, size_t p0, size_t n, float* dst,
                     size_t ld);
 

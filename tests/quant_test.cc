@@ -1,7 +1,8 @@
 // Tests of the quantized weight kernels (kernels/quant.h, gemv_quant.h, gemm.h's GemmQuantB):
 // - quantization: scales, codes and the packed layout checked against the definition (scale =
-//   max|w| / 127 or / 7 in f32; code nearest to w / scale, ties to even; a kI4 block's byte i
-//   holds elements i and i + block / 2 as code + 8), and |w - code * scale| <= scale / 2;
+//   max|w| / 127 or / 7 in f32; code nearest to w / scale, ties to even; kI4: nibble s of
+//   little-endian word k of a 128-element group holds element 16 s + k as code + 8, checked by
+//   the test's own reading and byte by byte by hand), and |w - code * scale| <= scale / 2;
 // - dequantization (DequantizeRows) on every target: code * scale rounded to f32, any start;
 // - GemvQuant on every target: bitwise kernels::Gemv on the dequantized matrix (alpha 1, beta 0)
 //   where its f32 vectors have at most 16 lanes (GemvQuantOrdersAsGemv: all but SVE wider than
@@ -84,10 +85,12 @@ std::vector<float> Dequantized(const QuantMatrix& q) {
         code = static_cast<int8_t>(row[p]);
         scale = q.scales[r * q.scales_per_row];
       } else {
-        const size_t h = q.block / 2, b = p / q.block, i = p % q.block;
-        const int nibble = i < h ? row[b * h + i] & 0xF : row[b * h + i - h] >> 4;
-        code = nibble - 8;
-        scale = q.scales[r * q.scales_per_row + b];
+        // Group p / 128 is 16 little-endian words of 4 bytes; element e of it is nibble e / 16
+        // of word e % 16.
+        const uint8_t* word = row + p / 128 * 64 + p % 16 * 4;
+        const uint32_t bits = word[0] | word[1] << 8 | word[2] << 16 | uint32_t{word[3]} << 24;
+        code = static_cast<int>(bits >> (p % 128 / 16 * 4) & 0xF) - 8;
+        scale = q.scales[r * q.scales_per_row + p / q.block];
       }
       out[r * q.cols + p] = static_cast<float>(code) * scale;
     }
@@ -125,7 +128,8 @@ std::vector<float> TestWeights(size_t rows, size_t cols, std::mt19937* rng) {
 TEST(QuantizeTest, ScalesCodesAndLayoutFollowTheDefinition) {
   std::mt19937 rng(11);
   for (const Format& f : kFormats) {
-    for (const size_t cols : {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 100, 127, 128, 129, 300}) {
+    for (const size_t cols :
+         {1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 100, 127, 128, 129, 200, 255, 256, 257, 300}) {
       const size_t rows = 10;
       const std::vector<float> w = TestWeights(rows, cols, &rng);
       const QuantStorage q = Quantize(w, rows, cols, f, 1, 3);
@@ -155,14 +159,54 @@ TEST(QuantizeTest, ScalesCodesAndLayoutFollowTheDefinition) {
           }
         }
         if (f.type == DType::kI4) {
-          // The last block's padding holds zero codes.
-          const size_t blocks = q.m.scales_per_row;
-          for (size_t p = cols; p < blocks * f.block; ++p) {
-            const size_t h = f.block / 2, i = p % f.block;
-            const uint8_t byte = q.m.codes[r * q.m.row_bytes + p / f.block * h + i % h];
-            ASSERT_EQ(i < h ? byte & 0xF : byte >> 4, 8) << "padding element " << p;
+          // The last group's padding holds zero codes.
+          ASSERT_EQ(q.m.row_bytes - 3, (cols + 127) / 128 * 64);
+          for (size_t p = cols; p < (cols + 127) / 128 * 128; ++p) {
+            const uint8_t byte =
+                q.m.codes[r * q.m.row_bytes + p / 128 * 64 + p % 16 * 4 + p % 128 / 32];
+            ASSERT_EQ(p / 16 % 2 == 0 ? byte & 0xF : byte >> 4, 8) << "padding element " << p;
           }
         }
+      }
+    }
+  }
+}
+
+TEST(QuantizeTest, I4BytesByHand) {
+  // Row bytes: 64 per started group of 128 elements, whatever the block.
+  for (const size_t block : {kI4Block, kI4LargeBlock}) {
+    EXPECT_EQ(QuantRowBytes(DType::kI4, block, 1), 64u);
+    EXPECT_EQ(QuantRowBytes(DType::kI4, block, 128), 64u);
+    EXPECT_EQ(QuantRowBytes(DType::kI4, block, 129), 128u);
+    EXPECT_EQ(QuantRowBytes(DType::kI4, block, 200), 128u);
+    EXPECT_EQ(QuantScalesPerRow(DType::kI4, block, 200), block == 32 ? 7u : 2u);
+  }
+  EXPECT_EQ(QuantRowBytes(DType::kI8, 0, 200), 200u);
+  // 130 elements whose codes are their values at scale 1 (every block has a 7): element p < 128
+  // has code p % 15 - 7 (nibble p % 15 + 1), element 128 code 7, element 129 code -3.
+  std::vector<float> w(130);
+  for (size_t p = 0; p < 128; ++p) w[p] = static_cast<float>(static_cast<int>(p % 15) - 7);
+  w[128] = 7.0f;
+  w[129] = -3.0f;
+  for (const size_t block : {kI4Block, kI4LargeBlock}) {
+    std::vector<uint8_t> codes(128, 0);
+    std::vector<float> scales(QuantScalesPerRow(DType::kI4, block, 130), -1.0f);
+    QuantizeRow(w.data(), w.size(), DType::kI4, block, codes.data(), scales.data());
+    for (const float s : scales) EXPECT_EQ(s, 1.0f);
+    // Byte 4k + j holds element 32j + k (low nibble) and 32j + 16 + k (high nibble) of its group.
+    EXPECT_EQ(codes[0], 0x21) << "elements 0 (nibble 1), 16 (2)";
+    EXPECT_EQ(codes[1], 0x43) << "elements 32 (3), 48 (4)";
+    EXPECT_EQ(codes[2], 0x65) << "elements 64 (5), 80 (6)";
+    EXPECT_EQ(codes[3], 0x87) << "elements 96 (7), 112 (8)";
+    EXPECT_EQ(codes[4], 0x32) << "elements 1 (2), 17 (3)";
+    EXPECT_EQ(codes[61], 0x43) << "elements 47 (3), 63 (4)";
+    EXPECT_EQ(codes[63], 0x87) << "elements 111 (7), 127 (8)";
+    EXPECT_EQ(codes[64], 0x8F) << "elements 128 (F), 144 (padding 8)";
+    EXPECT_EQ(codes[65], 0x88) << "elements 160, 176: padding";
+    EXPECT_EQ(codes[68], 0x85) << "elements 129 (5), 145 (padding 8)";
+    for (size_t i = 65; i < 128; ++i) {
+      if (i != 68) {
+        EXPECT_EQ(codes[i], 0x88) << "padding byte " << i;
       }
     }
   }
@@ -187,11 +231,12 @@ class QuantTargetTest : public test::PerTargetTest {};
 TEST_P(QuantTargetTest, DequantizeRowsGivesCodeTimesScale) {
   std::mt19937 rng(12);
   for (const Format& f : kFormats) {
-    for (const size_t cols : {1, 7, 16, 33, 64, 129, 300}) {
+    for (const size_t cols : {1, 7, 15, 16, 33, 64, 127, 129, 200, 300}) {
       const std::vector<float> w = TestWeights(6, cols, &rng);
       const QuantStorage q = Quantize(w, 6, cols, f, 3, 1);
       const std::vector<float> ref = Dequantized(q.m);
-      for (const size_t p0 : {size_t{0}, size_t{1}, size_t{5}, size_t{16}, size_t{31}}) {
+      const size_t p0s[] = {0, 1, 5, 16, 31, 100, 128, 130, 161};
+      for (const size_t p0 : p0s) {
         if (p0 >= cols) continue;
         for (const size_t n : {cols - p0, (cols - p0 + 1) / 2}) {
           const size_t ld = n + 3;
