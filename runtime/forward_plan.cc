@@ -193,10 +193,6 @@ OnlineScratch OnlineScratchLayout(const ForwardPlan& ws, size_t hd, Compute comp
   return l;
 }
 
-}  // namespace
-
-namespace {
-
 // Whether groups of `group` of N entries keep `threads` workers busy and leave the busiest at most
 // 5% more entries than the mean.
 bool GroupsBalance(size_t N, size_t group, size_t threads) {
