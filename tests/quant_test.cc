@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -327,19 +328,21 @@ TEST_P(QuantTargetTest, GemvQuantIsGemvOnTheDequantizedWeights) {
   }
 }
 
-TEST_P(QuantTargetTest, GemmQuantBIsGemmOnTheDequantizedWeights) {
-  std::mt19937 rng(14);
+// GemmQuantB against Gemm on the dequantized weights, every combination of ms x ks x ns, both
+// layouts of c: bitwise wherever the route's sums are ordered as Gemm's.
+void ExpectGemmQuantBIsGemm(std::initializer_list<size_t> ms, std::initializer_list<size_t> ks,
+                            std::initializer_list<size_t> ns, std::mt19937* rng) {
   std::vector<float> scratch_buf(GemmScratchBytes() / sizeof(float) + 16);
   float* scratch = scratch_buf.data();
   while (reinterpret_cast<uintptr_t>(scratch) % kGemmScratchAlignment != 0) ++scratch;
   for (const Format& f : kFormats) {
-    for (const size_t m : {1, 5, 16, 17, 40, 200}) {
-      for (const size_t k : {7, 33, 128, 300, 1100}) {
-        for (const size_t n : {3, 16, 70, 130}) {
-          const std::vector<float> w = TestWeights(n, k, &rng);
+    for (const size_t m : ms) {
+      for (const size_t k : ks) {
+        for (const size_t n : ns) {
+          const std::vector<float> w = TestWeights(n, k, rng);
           const QuantStorage q = Quantize(w, n, k, f, 1);
           const std::vector<float> deq = Dequantized(q.m);
-          const std::vector<float> a_buf = test::SymmetricFloats(m * k + 1, 1.0f, &rng);
+          const std::vector<float> a_buf = test::SymmetricFloats(m * k + 1, 1.0f, rng);
           const ConstMatrixView a{a_buf.data() + 1, m, k, static_cast<ptrdiff_t>(k), 1};
           for (const int layout : {0, 1}) {
             std::vector<float> c_buf, r_buf;
@@ -362,7 +365,21 @@ TEST_P(QuantTargetTest, GemmQuantBIsGemmOnTheDequantizedWeights) {
   }
 }
 
+// Per target: both routes (GEMV up to kGemvMaxRows rows, dequantized panels beyond), vector
+// tails and partial kI4 groups. The target's code in the panel route is DequantizeRows alone.
+TEST_P(QuantTargetTest, GemmQuantBIsGemmOnTheDequantizedWeights) {
+  std::mt19937 rng(14);
+  ExpectGemmQuantBIsGemm({1, 5, 17, 40}, {7, 33, 128, 300}, {3, 16, 70}, &rng);
+}
+
 MHA_INSTANTIATE_PER_TARGET(QuantTargetTest);
+
+// On the dispatched target: the driver's blocks (rows of a beyond one block, k beyond one
+// panel depth, weight rows beyond a panel), which are the same code on every target.
+TEST(QuantTest, GemmQuantBCrossesTheDriversBlocks) {
+  std::mt19937 rng(15);
+  ExpectGemmQuantBIsGemm({16, 200}, {1100}, {130}, &rng);
+}
 
 }  // namespace
 }  // namespace kernels
