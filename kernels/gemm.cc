@@ -16,6 +16,7 @@
 #include "kernels/gemm_direct.h"
 #include "kernels/gemm_route.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_int8.h"
 #include "kernels/gemv_quant.h"
 #include "kernels/quant.h"
 #include "kernels/targets.h"
@@ -674,6 +675,10 @@ void GemmQuantB(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView
   if (c.rows == 0 || c.cols == 0) return;
   if (a.cols == 0) {
     ScaleC(0.0f, c);
+    return;
+  }
+  if (w.int8_activations) {
+    GemmInt8(a, w, c, scratch);
     return;
   }
   const GemmRoute route =

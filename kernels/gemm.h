@@ -159,7 +159,9 @@ void GemmHalfB(float alpha, const ConstMatrixView& a, const HalfMatrixView& b, f
 // route (a few rows, a.col_stride 1) GemvQuant (gemv_quant.h), else the driver, which
 // dequantizes the weights' rows into the scratch's widening panel as it packs them. Either way
 // the result is bitwise kernels::Gemm's (alpha 1, beta 0) on the dequantized matrix (code *
-// scale rounded to f32), where GemvQuant's lane count equals Gemv's (gemv_quant.h).
+// scale rounded to f32), where GemvQuant's lane count equals Gemv's (gemv_quant.h). A matrix
+// with int8_activations (Compute::kInt8) goes to GemmInt8 instead (gemv_int8.h: a's rows
+// quantized to int8, integer dot products; needs a.col_stride 1).
 struct QuantMatrix;
 void GemmQuantB(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c, void* scratch);
 

@@ -62,12 +62,15 @@ struct QuantMatrix {
   size_t cols = 0;
   size_t row_bytes = 0;       // QuantRowBytes(type, block, cols)
   size_t scales_per_row = 0;  // QuantScalesPerRow(type, block, cols)
+  // Compute::kInt8: products by this matrix quantize their activations to int8 (gemv_int8.h)
+  // instead of dequantizing the weights to f32 (GemmQuantB routes by it).
+  bool int8_activations = false;
 
   bool empty() const { return codes == nullptr; }
   // Rows [r0, r0 + n) (r0 + n <= rows).
   QuantMatrix Rows(size_t r0, size_t n) const {
     return {codes + r0 * row_bytes, scales + r0 * scales_per_row, type, block, n, cols, row_bytes,
-            scales_per_row};
+            scales_per_row, int8_activations};
   }
 };
 

@@ -225,9 +225,10 @@ Status CheckPrepack(int32_t v, const char* name) {
 }
 
 Status CheckCompute(int32_t v, const char* name) {
-  if (v != MHA_COMPUTE_F32 && v != MHA_COMPUTE_BF16) {
+  if (v != MHA_COMPUTE_F32 && v != MHA_COMPUTE_BF16 && v != MHA_COMPUTE_INT8) {
     return InvalidArgument(std::string(name) +
-                           ": expected MHA_COMPUTE_F32 (0) or MHA_COMPUTE_BF16 (1), got " +
+                           ": expected MHA_COMPUTE_F32 (0), MHA_COMPUTE_BF16 (1) or "
+                           "MHA_COMPUTE_INT8 (2), got " +
                            std::to_string(v));
   }
   return Status::Ok();

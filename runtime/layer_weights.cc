@@ -142,9 +142,16 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
   m.block = st != DType::kI4 ? 0 : block == 0 ? kernels::kI4Block : static_cast<size_t>(block);
   m.config.weight_block = static_cast<int64_t>(m.block);
 
-  if (config.compute != Compute::kF32 && config.compute != Compute::kBF16) {
-    return InvalidArgument(std::string(op) + "compute: expected kF32 (0) or kBF16 (1), got " +
+  if (config.compute != Compute::kF32 && config.compute != Compute::kBF16 &&
+      config.compute != Compute::kInt8) {
+    return InvalidArgument(std::string(op) +
+                           "compute: expected kF32 (0), kBF16 (1) or kInt8 (2), got " +
                            Str(static_cast<int>(config.compute)));
+  }
+  if (config.compute == Compute::kInt8 && !IsQuantized(st)) {
+    return InvalidArgument(std::string(op) +
+                           "compute: kInt8 (int8 activations) expects weight_dtype I8 or I4, got " +
+                           DTypeName(st));
   }
   if (config.compute == Compute::kBF16 && IsQuantized(st)) {
     return Unsupported(std::string(op) + "compute kBF16 with weight_dtype " + DTypeName(st) +
@@ -610,6 +617,7 @@ Status BindQuantized(const AttentionWeights& weights, LayerWeights& m) {
     q.cols = in;
     q.row_bytes = kernels::QuantRowBytes(st, m.block, in);
     q.scales_per_row = kernels::QuantScalesPerRow(st, m.block, in);
+    q.int8_activations = m.config.compute == Compute::kInt8;
     row.resize(in);
     for (int64_t r = 0; r < src.rows; ++r) {
       const void* from = src.qkv_row >= 0 ? QkvRow(w, m, src.qkv_row + r)

@@ -438,10 +438,11 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         return r;
       }
     } else if (arg == "--compute") {
-      if (value == "f32" || value == "bf16") {
+      if (value == "f32" || value == "bf16" || value == "int8") {
         o->bf16_compute = value == "bf16";
+        o->int8_compute = value == "int8";
       } else {
-        e = "--compute: expected f32 or bf16, got " + Quoted(value);
+        e = "--compute: expected f32, bf16 or int8, got " + Quoted(value);
         return r;
       }
     } else if (arg == "--compare") {
@@ -612,6 +613,12 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
         "Strassen operands are part of the prepacking)";
     return r;
   }
+  if (o->int8_compute && !IsQuantized(o->decode_weights)) {
+    r.error = std::string("--compute: int8 multiplies quantized weights: expected --weights-dtype "
+                          "i8, i4 or i4-128 (with --decode or --hf), got ") +
+              DTypeName(o->decode_weights) + " weights";
+    return r;
+  }
   o->shape.prepack = !o->no_prepack;
   o->shape.strassen = o->strassen;
   o->shape.bf16 = o->bf16_compute;
@@ -669,9 +676,10 @@ flags not given default to batch 1, seq 128, kv-seq = seq, embed 512, heads 8):
                      once at creation, kOn; suite too)
   --strassen         create the layers with AttentionConfig::prepack = kStrassen: prepacked
                      with the Strassen operands of the large matrices (opt-in; suite too)
-  --compute f32|bf16 the layers' AttentionConfig::compute (default f32; suite too). bf16 runs
-                     the kernel --version names (MHA_BF16_KERNEL=amx|avx512_bf16|neon_bf16|
-                     emulated picks another available one); its default --tolerance is 5e-2
+  --compute f32|bf16|int8 the layers' AttentionConfig::compute (default f32; suite too). bf16
+                     runs the kernel --version names (MHA_BF16_KERNEL=amx|avx512_bf16|neon_bf16|
+                     emulated picks another available one); its default --tolerance is 5e-2.
+                     int8 (quantized --weights-dtype only): int8 activations, integer dots
 
 Attention variants (any of them runs one custom case, with the shape flags' defaults; README
 "Attention variants" gives each formula):

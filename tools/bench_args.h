@@ -22,6 +22,7 @@ struct BenchOptions {
   bool no_prepack = false;  // --no-prepack: layers without prepacked weights
   bool strassen = false;  // --strassen: prepacked with Strassen operands (kStrassen)
   bool bf16_compute = false;  // --compute bf16: layers with AttentionConfig::compute = kBF16
+  bool int8_compute = false;  // --compute int8: kInt8 (quantized --weights-dtype only)
 
   std::vector<size_t> threads;  // default: {hardware threads}
   double min_time_s = 0.5;      // measured time per case, seconds

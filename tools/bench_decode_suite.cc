@@ -26,7 +26,7 @@ namespace bench {
 namespace {
 
 Compute DecodeCompute(const BenchOptions& o) {
-  return o.bf16_compute ? Compute::kBF16 : Compute::kF32;
+  return o.bf16_compute ? Compute::kBF16 : o.int8_compute ? Compute::kInt8 : Compute::kF32;
 }
 
 // The prefill rows of --decode: prints their table, fills *results; false if any failed. With
@@ -181,7 +181,9 @@ int RunDecodeSuite(const BenchOptions& o) {
     std::printf("read bandwidth (streaming sum of %zu MiB), %zu thread(s): %.1f GB/s\n",
                 ReadBufferBytes() >> 20, t, read_gbs[t]);
   }
-  const std::string compute = o.bf16_compute ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")" : "f32";
+  const std::string compute = o.bf16_compute   ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")"
+                              : o.int8_compute ? "int8 activations"
+                                               : "f32";
   std::printf("weights: %s  |  compute: %s\n",
               WeightsDtypeName(o.decode_weights, o.decode_weight_block).c_str(), compute.c_str());
   std::unique_ptr<PeerComparison> peers;
@@ -354,7 +356,7 @@ int RunDecodeSuite(const BenchOptions& o) {
     for (const auto& [t, g] : copy_gbs) doc["header"]["copy_gbs"][std::to_string(t)] = g;
     for (const auto& [t, g] : read_gbs) doc["header"]["read_gbs"][std::to_string(t)] = g;
     doc["header"]["tolerance"] = o.tolerance;
-    doc["header"]["compute"] = o.bf16_compute ? "bf16" : "f32";
+    doc["header"]["compute"] = o.bf16_compute ? "bf16" : o.int8_compute ? "int8" : "f32";
     doc["header"]["bf16_kernel"] = OrUnknown(Bf16Kernel());
     if (hf != nullptr) doc["header"]["hf"] = HfModelJson(hf_model);
     AddPeersHeaderJson(peer_header, &doc["header"]);

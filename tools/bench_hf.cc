@@ -40,7 +40,9 @@ Status LoadHfLayer(const BenchOptions& o, std::unique_ptr<MultiheadAttention>* l
   HfOptions options;
   options.weight_dtype = o.decode_weights;
   options.weight_block = o.decode_weight_block;
-  options.compute = o.bf16_compute ? Compute::kBF16 : Compute::kF32;
+  options.compute = o.bf16_compute   ? Compute::kBF16
+                    : o.int8_compute ? Compute::kInt8
+                                     : Compute::kF32;
   options.prepack = o.no_prepack ? WeightPrepack::kOff
                     : o.strassen ? WeightPrepack::kStrassen
                                  : WeightPrepack::kOn;

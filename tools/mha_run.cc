@@ -2,12 +2,12 @@
 // nn.MultiheadAttention state_dict, or one attention layer of a Hugging Face checkpoint folder.
 //
 //   mha-run --hf DIR (--layer I | --prefix P) --inputs I.safetensors --output O.safetensors
-//           [--weights-dtype T] [--compute f32|bf16] [--kv-dtype T] [--threads N]
+//           [--weights-dtype T] [--compute f32|bf16|int8] [--kv-dtype T] [--threads N]
 //           [--need-weights] [--no-average-weights] [--weights-png FILE]
 //   mha-run --weights W.safetensors [--prefix P] --num-heads H --inputs I.safetensors
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
-//           [--scale F] [--weights-dtype f32|bf16|f16|i8|i4|i4-128] [--compute f32|bf16]
+//           [--scale F] [--weights-dtype f32|bf16|f16|i8|i4|i4-128] [--compute f32|bf16|int8]
 //           [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
 //           [--rope neox|gptj] [--rope-theta F] [--rotary-dim N] [--rope-scale F] [--alibi]
 //           [--window W] [--softcap F] [--qk-norm-eps F] [--qk-norm-add-one] [--threads N]
@@ -123,11 +123,13 @@ const char kHelp[] =
     "                        others are rounded, nearest even), or quantized at creation\n"
     "                        from the stored tensors: i8 (a scale per output row), i4 (a\n"
     "                        scale per 32 inputs of a row) or i4-128 (per 128; README\n"
-    "                        \"Quantized weights\"). Arithmetic is f32\n"
+    "                        \"Quantized weights\"). Arithmetic is f32 (int8 with\n"
+    "                        --compute int8)\n"
     "  --scale F             score scale (default 1 / sqrt(head_dim))\n"
     "  --compute T           the products' arithmetic: f32 (default) or bf16 (inputs of\n"
     "                        each product rounded to bf16, f32 sums; README \"bf16\n"
-    "                        compute\"; --version names the kernel)\n"
+    "                        compute\"; --version names the kernel), or int8 with i8/i4\n"
+    "                        weights (activations quantized to int8, integer dots)\n"
     "  --kv-dtype T          decode the query one token at a time through a KV cache\n"
     "                        stored as T: f32, bf16, f16 or int8 (per-row scaled codes).\n"
     "                        Self-attention, causal (implies --causal); no masks, key,\n"
@@ -305,10 +307,13 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
     } else if (arg == "--compute") {
       s = take(&text);
       if (s.ok()) {
-        if (text == "f32" || text == "bf16") {
-          o->compute = text == "bf16" ? Compute::kBF16 : Compute::kF32;
+        if (text == "f32" || text == "bf16" || text == "int8") {
+          o->compute = text == "bf16"   ? Compute::kBF16
+                       : text == "int8" ? Compute::kInt8
+                                        : Compute::kF32;
         } else {
-          return InvalidArgument("--compute: expected 'f32' or 'bf16', got '" + text + "'");
+          return InvalidArgument("--compute: expected 'f32', 'bf16' or 'int8', got '" + text +
+                                 "'");
         }
       }
     } else if (arg == "--kv-dtype") {

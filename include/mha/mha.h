@@ -249,7 +249,12 @@ typedef enum mha_compute {
                           products where the CPU has them (mha_bf16_kernel names which). Error:
                           measured at most 1.9e-2 of the output's largest magnitude over
                           3,000 random configurations, typically 5e-3 (tested
-                          bound 3e-2) */
+                          bound 3e-2) */,
+  MHA_COMPUTE_INT8 = 2 /* weight_dtype MHA_DTYPE_I8 / I4 only: the projections' activations
+                          quantized to int8 per block of 32 (I4: of weight_block) as each product
+                          runs, integer dot products, f32 scaling in one fixed order (the same
+                          bits on every CPU); attention itself stays f32 (mha::Compute::kInt8;
+                          README "Quantized weights" states the error) */
 } mha_compute;
 
 /* mha_layer_config.rope: rotary position embedding (mha::RopeStyle). */
@@ -326,7 +331,7 @@ typedef struct mha_layer_config {
   float softcap;         /* > 0: scores = softcap * tanh(scores / softcap) */
   float qk_norm_eps;     /* 0 = 1e-6 */
   int32_t qk_norm_whole; /* 1: q/k norm weights [E] / [kvE] over the whole projection (OLMo 2) */
-  int32_t compute;       /* an mha_compute: MHA_COMPUTE_F32 (0, the default) or MHA_COMPUTE_BF16 */
+  int32_t compute;       /* an mha_compute: MHA_COMPUTE_F32 (0, the default), _BF16 or _INT8 */
   /* 0.3.0 (mha::AttentionConfig's fields of the same names): */
   int64_t head_dim;           /* 0 = E / H; else A = H * head_dim may differ from E */
   uint32_t bias_projections;  /* 0: no_bias decides; else a mask of MHA_BIAS_* */

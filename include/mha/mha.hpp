@@ -206,6 +206,14 @@ enum class Compute : int {
               // measured at most 1.9e-2 of the output's largest magnitude over 3,000 random
               // configurations, typically 5e-3 (tested bound 3e-2);
               // README "bf16 compute"
+  kInt8 = 2,  // quantized weights only (weight_dtype kI8 / kI4, else InvalidArgument): each row
+              // of a projection's activations quantized to int8 as the product runs (symmetric,
+              // per block of 32 inputs, or of weight_block for kI4; round to nearest even),
+              // integer dot products summed exactly per block, then scaled and summed in f32
+              // in one fixed order, so every CPU and target gives the same bits (AVX-512 VNNI
+              // VPDPBUSD where the CPU has it). Attention (scores, softmax, P V) and the KV cache
+              // stay f32. Error: the weights' plus the activations' rounding; README "Quantized
+              // weights" states it as measured
 };
 
 struct AttentionConfig {
@@ -225,11 +233,12 @@ struct AttentionConfig {
   // weights are widened exactly inside the products), so a 16-bit layer computes exactly what
   // an f32 layer holding the rounded weights computes with prepack kOff; the only error is the
   // weights' rounding (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
-  // kI8 / kI4: quantized once at creation (WeightBinding::kCopy only; compute kF32 only, kBF16 is
-  // Unsupported) from the given f32/bf16/f16 weights, symmetric, round to nearest even:
-  // kI8 one f32 scale per output row (max|w| / 127, codes in [-127, 127]), kI4 one per block of
-  // weight_block consecutive inputs of a row (max|w| / 7, codes in [-7, 7]); the layer then holds
-  // only the codes and scales (about 1/4 and 5/32 of the f32 bytes at block 32), and computes in
+  // kI8 / kI4: quantized once at creation (WeightBinding::kCopy only; compute kF32, or kInt8
+  // for int8 activations; kBF16 is Unsupported) from the given f32/bf16/f16 weights, symmetric,
+  // round to nearest even: kI8 one f32 scale per output row (max|w| / 127, codes in
+  // [-127, 127]), kI4 one per block of weight_block consecutive inputs of a row (max|w| / 7,
+  // codes in [-7, 7]); the layer then holds only the codes and scales (about 1/4 and 5/32 of
+  // the f32 bytes at block 32), and with kF32 computes in
   // f32 what an f32 layer holding the dequantized weights (code * scale, rounded to f32) computes
   // with prepack kOff. The weights must be finite. README "Quantized weights".
   DType weight_dtype = DType::kF32;
@@ -237,7 +246,7 @@ struct AttentionConfig {
   int64_t weight_block = 0;
   // Memory against speed of the projections: see WeightPrepack (ignored with kBF16 compute).
   WeightPrepack prepack = WeightPrepack::kOn;
-  // f32 (the default) or bf16 products: see Compute.
+  // f32 (the default), bf16 or int8-activation products: see Compute.
   Compute compute = Compute::kF32;
 
   // Attention variants (README "Attention variants" gives each formula and the models it
