@@ -88,23 +88,15 @@ inline void QuantizeRow(const float* a, size_t k, DType type, const Int8ActLayou
     }
     int8_t* out = codes + p0;
     int32_t* lane_sums = sums + 16 * u;
-    if (type == DType::kI8) {
-      std::memcpy(out, unit_codes, 64);
-      for (size_t l = 0; l < 16; ++l) {
-        scales[16 * u + l] = block_scales[l / 8];
-        lane_sums[l] = -128 * (unit_codes[4 * l] + unit_codes[4 * l + 1] + unit_codes[4 * l + 2] +
-                               unit_codes[4 * l + 3]);
-      }
-    } else {
-      for (size_t j = 0; j < 4; ++j) scales[4 * u + j] = block_scales[blocks == 4 ? j : 0];
-      for (size_t l = 0; l < 4; ++l) {
-        for (size_t j = 0; j < 4; ++j) {
-          const int8_t* lo = unit_codes + 32 * j + 4 * l;
-          std::memcpy(out + 16 * l + 4 * j, lo, 4);
-          std::memcpy(out + 64 + 16 * l + 4 * j, lo + 16, 4);
-          lane_sums[4 * l + j] =
-              -8 * (lo[0] + lo[1] + lo[2] + lo[3] + lo[16] + lo[17] + lo[18] + lo[19]);
-        }
+    const int32_t offset = type == DType::kI8 ? -128 : -8;  // VPDPBUSD's unsigned weight bias
+    for (size_t j = 0; j < 4; ++j) scales[4 * u + j] = block_scales[blocks == 4 ? j : 0];
+    for (size_t l = 0; l < 4; ++l) {
+      for (size_t j = 0; j < 4; ++j) {
+        const int8_t* lo = unit_codes + 32 * j + 4 * l;
+        std::memcpy(out + 16 * l + 4 * j, lo, 4);
+        std::memcpy(out + 64 + 16 * l + 4 * j, lo + 16, 4);
+        lane_sums[4 * l + j] =
+            offset * (lo[0] + lo[1] + lo[2] + lo[3] + lo[16] + lo[17] + lo[18] + lo[19]);
       }
     }
   }
@@ -129,25 +121,23 @@ inline float DotRow(const uint8_t* qa, const Int8ActLayout& lay, const QuantMatr
   int32_t s[16];
   float f[16];
   if (w.type == DType::kI8) {
-    const size_t full = w.cols / 64;
+    const size_t full = w.cols / kI4Group;
+    const int8_t* wq = reinterpret_cast<const int8_t*>(wrow);
     for (size_t u = 0; u < lay.units; ++u) {
-      const int8_t* a = codes + 64 * u;
-      const int8_t* wq = reinterpret_cast<const int8_t*>(wrow) + 64 * u;
-      if (u < full) {
-        for (size_t l = 0; l < 16; ++l) {
-          s[l] = a[4 * l] * wq[4 * l] + a[4 * l + 1] * wq[4 * l + 1] +
-                 a[4 * l + 2] * wq[4 * l + 2] + a[4 * l + 3] * wq[4 * l + 3];
-        }
-      } else {
-        const size_t valid = w.cols - 64 * u;
-        for (size_t l = 0; l < 16; ++l) {
-          s[l] = 0;
-          for (size_t t = 0; t < 4; ++t) {
-            if (4 * l + t < valid) s[l] += a[4 * l + t] * wq[4 * l + t];
+      const int8_t* lo = codes + 128 * u;
+      const int8_t* hi = lo + 64;
+      for (size_t l = 0; l < 4; ++l) {
+        for (size_t j = 0; j < 4; ++j) {
+          const size_t p = 128 * u + 32 * j + 4 * l;  // the lane's first input
+          int32_t sum = 0;
+          for (size_t i = 0; i < 4; ++i) {
+            if (u < full || p + i < w.cols) sum += lo[16 * l + 4 * j + i] * wq[p + i];
+            if (u < full || p + 16 + i < w.cols) sum += hi[16 * l + 4 * j + i] * wq[p + 16 + i];
           }
+          s[4 * l + j] = sum;
         }
       }
-      for (size_t l = 0; l < 16; ++l) f[l] = static_cast<float>(s[l]) * ascales[16 * u + l];
+      for (size_t l = 0; l < 16; ++l) f[l] = static_cast<float>(s[l]) * ascales[4 * u + l % 4];
       for (size_t l = 0; l < 16; ++l) acc[l] = acc[l] + f[l];
     }
     return LaneTree(acc) * ws[0];

@@ -49,11 +49,10 @@ bool CpuHasAvx512Vnni() { return false; }
 
 Int8ActLayout Int8ActLayoutOf(DType type, size_t block, size_t k) {
   Int8ActLayout lay;
-  const bool i8 = type == DType::kI8;
-  lay.unit = i8 ? 64 : kI4Group;
+  lay.unit = kI4Group;
   lay.units = (k + lay.unit - 1) / lay.unit;
-  lay.block = i8 ? 32 : block;
-  lay.scales_per_unit = i8 ? 16 : 4;
+  lay.block = type == DType::kI8 ? kI4Block : block;
+  lay.scales_per_unit = 4;
   lay.scales_offset = RoundUp64(lay.units * lay.unit);
   lay.sums_offset = lay.scales_offset + RoundUp64(lay.units * lay.scales_per_unit * sizeof(float));
   lay.row_bytes = lay.sums_offset + RoundUp64(lay.units * 16 * sizeof(int32_t));

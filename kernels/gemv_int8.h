@@ -16,13 +16,14 @@
 //   inv = 127 / amax (each one f32 division); code = round-to-nearest-even(a * inv) (f32
 //   product), clamped to [-127, 127]. A block with amax < kInt8MinAmax (1e-30) has scale 0 and
 //   codes 0; a block holding an infinity or NaN has scale NaN (its outputs are NaN).
-// - Units: kI8 64 inputs, kI4 128 (one code group). Unit u has 16 lanes; lane L's exact int
-//   sum s[u][L] of code(a) * code(w) covers kI8: inputs 64u + 4L .. 64u + 4L + 3 (activation
-//   block 2u + L / 8); kI4, L = 4l + j: inputs 128u + 32j + 4l + {0..3} and the same + 16
-//   (weight and activation 32-block 4u + j; the 128-block u).
+// - Units of 128 inputs (a kI4 code group), each of 16 lanes: lane L = 4l + j (l, j in 0..3)
+//   of unit u holds the exact int sum s[u][L] of code(a) * code(w) over inputs
+//   128u + 32j + 4l + {0..3} and the same + 16 (all in 32-block 4u + j, and 128-block u); inputs
+//   past k count as code 0.
 // - f32 epilogue, each operation rounded (no FMA): acc[L] = 0; for u = 0, 1, ...:
-//   acc[L] = acc[L] + float(s[u][L]) * f[u][L], with f = the lane's activation scale (kI8) or
-//   the f32 product activation scale * weight scale of the lane's blocks (kI4). Then
+//   acc[L] = acc[L] + float(s[u][L]) * f[u][L], with f = the lane's activation block's scale
+//   (kI8), or its f32 product with the lane's weight block's scale (kI4; 0 for a 32-block past
+//   the row's last). Then
 //   t8[L] = acc[L] + acc[L + 8], t4[L] = t8[L] + t8[L + 4], t2[L] = t4[L] + t4[L + 2],
 //   y = t2[0] + t2[1]; kI8: y = y * (the row's weight scale).
 // So a row of a gives the same bits whichever rows accompany it, however c is split and on
@@ -46,20 +47,18 @@ namespace kernels {
 inline constexpr float kInt8MinAmax = 1e-30f;
 
 // One row of quantized activations for weights of `type` / `block` and depth k, as the kernels
-// read it (internal; Int8ActRowBytes bytes, 64-byte aligned sections, units U = 64 (kI8) or 128
-// (kI4), n_units = ceil(k / U)):
-//   codes  n_units * U int8: kI8 in input order (zero past k); kI4 per unit two 64-byte halves,
-//          byte 16l + 4j + i of the first = input 32j + 4l + i of the unit, of the second the
-//          same + 16 (the lanes of s above, in VPDPBUSD's byte order);
-//   scales n_units * 16 f32 (kI8: lane L's activation scale) or n_units * 4 (kI4: block j's
-//          scale, the 128-block's repeated four times);
+// read it (internal; row_bytes bytes, 64-byte aligned sections, n_units = ceil(k / 128)):
+//   codes  n_units * 128 int8, per unit two 64-byte halves: byte 16l + 4j + i of the first is
+//          input 32j + 4l + i of the unit, of the second the same + 16 (the lanes of s above in
+//          VPDPBUSD's byte order: dword L of each half feeds lane L); zero past k;
+//   scales n_units * 4 f32: block j's scale (the 128-block's repeated four times);
 //   sums   n_units * 16 int32: lane L's sum of activation codes times -128 (kI8) or -8 (kI4),
 //          the correction of VPDPBUSD's unsigned operand (w + 128, or the kI4 nibble code + 8).
 struct Int8ActLayout {
-  size_t unit = 0;      // inputs per unit: 64 or 128
+  size_t unit = 0;      // inputs per unit: 128
   size_t units = 0;     // ceil(k / unit)
   size_t block = 0;     // activation block: 32 or 128
-  size_t scales_per_unit = 0;  // 16 or 4
+  size_t scales_per_unit = 0;  // 4
   size_t scales_offset = 0;  // bytes from the row's start
   size_t sums_offset = 0;
   size_t row_bytes = 0;  // a multiple of 64

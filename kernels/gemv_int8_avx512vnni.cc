@@ -3,14 +3,15 @@
 // rest of the library is compiled for baseline x86-64) and runs only after Int8KernelAvailable.
 //
 // VPDPBUSD multiplies 4 unsigned bytes of its first operand by 4 signed bytes of its second and
-// adds the 4 products to a 32-bit lane: one instruction is the 16 lane sums of one unit
-// (gemv_int8.h) for kI8, two for kI4 (the low and the high nibbles). The unsigned operand is the
-// weight: kI8 codes + 128 (an xor of the sign bit), kI4 nibbles as stored (code + 8); the
-// accumulator starts at the activation row's precomputed -128 or -8 times its lane's code sum,
-// so each lane ends at the exact int sum of code(a) * code(w). kI4's words hold the four
-// 32-blocks' elements in one 32-bit lane (quant.h); a byte shuffle within each 128-bit lane
-// (VPSHUFB) gathers each block's bytes into one lane first (lane 4l + j: block j). The f32
-// epilogue is the definition's, lane by lane, then the lane tree by halving.
+// adds the 4 products to a 32-bit lane: two instructions (the unit's low and high halves) are
+// the 16 lane sums of one unit (gemv_int8.h). The unsigned operand is the weight: kI8 codes +
+// 128 (an xor of the sign bit), kI4 nibbles as stored (code + 8); the accumulator starts at the
+// activation row's precomputed -128 or -8 times its lane's code sum, so each lane ends at the
+// exact int sum of code(a) * code(w). The weights reach the lane order by one shuffle per
+// vector: kI8's 32-blocks are 8 consecutive dwords (VPERMT2D picks dword l of each block into
+// lane 4l + j); kI4's words hold the four 32-blocks' nibbles in one dword (quant.h), gathered
+// per block within each 128-bit lane by VPSHUFB. The f32 epilogue is the definition's, lane by
+// lane, then the lane tree by halving. Activation rows are blocked for the caches (AllTiles).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -29,10 +30,13 @@ namespace kernels {
 namespace gemv_int8_avx512vnni {
 namespace {
 
-// Register tile: up to kMaxRows rows of activations x kMaxCols weight rows (8 accumulators,
-// 2 x 2 decoded weight vectors for kI4).
+// Register tiles: up to kMaxRows rows of activations x kI8Cols weight rows (16 accumulators, 4
+// weight vectors) or kI4Cols (8 accumulators, 2 x 2 decoded weight vectors).
 constexpr size_t kMaxRows = 4;
-constexpr size_t kMaxCols = 2;
+// Activation rows per block: 32 quantized rows of k 4096 are 384 KiB (kI8) or 208 KiB (kI4).
+constexpr size_t kBlockRows = 32;
+constexpr size_t kI8Cols = 4;
+constexpr size_t kI4Cols = 2;
 // All 16 lanes: the zero-masking forms of the intrinsics whose plain forms start from
 // _mm512_undefined_*, which GCC 12 reports as maybe-uninitialized.
 constexpr __mmask16 kAll = 0xFFFF;
@@ -59,11 +63,11 @@ MHA_VNNI_INLINE void StartTile(const Args& x, size_t i0, size_t r0, __m512 (&acc
                                const uint8_t* (&wrow)[kCols], const uint8_t* (&arow)[kRows]) {
 #pragma GCC unroll 4
   for (size_t i = 0; i < kRows; ++i) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
     arow[i] = x.qa + (i0 + i) * x.lay->row_bytes;
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (size_t j = 0; j < kCols; ++j) wrow[j] = x.w->codes + (r0 + j) * x.w->row_bytes;
 }
 
@@ -76,37 +80,44 @@ MHA_VNNI_ATTR void TileI8(const Args& x, size_t i0, size_t r0) {
   const uint8_t* arow[kRows];
   StartTile(x, i0, r0, acc, wrow, arow);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  const size_t full = w.cols / 64;
+  // A unit's 128 codes are dwords 0..31 of two vectors; lane 4l + j takes block j's dword l
+  // (inputs 32j + 4l ..) for the low half, dword l + 4 (inputs 32j + 16 + 4l ..) for the high.
+  const __m512i lo_dwords =
+      _mm512_setr_epi32(0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27);
+  const __m512i hi_dwords = _mm512_add_epi32(lo_dwords, _mm512_set1_epi32(4));
+  const size_t full = w.cols / kI4Group;
   for (size_t u = 0; u < lay.units; ++u) {
-    __m512i wv[kCols];
-    if (u < full) {
-#pragma GCC unroll 2
-      for (size_t j = 0; j < kCols; ++j) {
-        wv[j] = _mm512_xor_si512(_mm512_loadu_si512(wrow[j] + 64 * u), sign);
-      }
-    } else {
-      const __mmask64 m = (1ull << (w.cols - 64 * u)) - 1ull;  // 1..63 bytes
-#pragma GCC unroll 2
-      for (size_t j = 0; j < kCols; ++j) {
-        wv[j] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, wrow[j] + 64 * u), sign);
-      }
+    __m512i lo[kCols], hi[kCols];
+    __mmask64 m0 = ~0ull, m1 = ~0ull;
+    if (u >= full) {  // 1..127 bytes
+      const size_t valid = w.cols - kI4Group * u;
+      m0 = valid >= 64 ? ~0ull : (1ull << valid) - 1ull;
+      m1 = valid <= 64 ? 0ull : (1ull << (valid - 64)) - 1ull;
+    }
+#pragma GCC unroll 4
+    for (size_t j = 0; j < kCols; ++j) {
+      const __m512i z0 = _mm512_maskz_loadu_epi8(m0, wrow[j] + kI4Group * u);
+      const __m512i z1 = _mm512_maskz_loadu_epi8(m1, wrow[j] + kI4Group * u + 64);
+      lo[j] = _mm512_xor_si512(_mm512_permutex2var_epi32(z0, lo_dwords, z1), sign);
+      hi[j] = _mm512_xor_si512(_mm512_permutex2var_epi32(z0, hi_dwords, z1), sign);
     }
 #pragma GCC unroll 4
     for (size_t i = 0; i < kRows; ++i) {
-      const __m512i av = _mm512_load_si512(arow[i] + 64 * u);
+      const __m512i alo = _mm512_load_si512(arow[i] + kI4Group * u);
+      const __m512i ahi = _mm512_load_si512(arow[i] + kI4Group * u + 64);
       const __m512i corr = _mm512_load_si512(arow[i] + lay.sums_offset + 64 * u);
-      const __m512 sc =
-          _mm512_load_ps(reinterpret_cast<const float*>(arow[i] + lay.scales_offset) + 16 * u);
-#pragma GCC unroll 2
+      const __m512 f = _mm512_maskz_broadcast_f32x4(
+          kAll, _mm_load_ps(reinterpret_cast<const float*>(arow[i] + lay.scales_offset) + 4 * u));
+#pragma GCC unroll 4
       for (size_t j = 0; j < kCols; ++j) {
-        const __m512i s = _mm512_dpbusd_epi32(corr, wv[j], av);
-        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, s), sc));
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo[j], alo), hi[j], ahi);
+        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, s), f));
       }
     }
   }
 #pragma GCC unroll 4
   for (size_t i = 0; i < kRows; ++i) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
       const float ws = w.scales[(r0 + j) * w.scales_per_row];
       x.c[static_cast<ptrdiff_t>(i0 + i) * x.c_rs + static_cast<ptrdiff_t>(r0 + j) * x.c_cs] =
@@ -125,7 +136,7 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
   const uint8_t* arow[kRows];
   StartTile(x, i0, r0, acc, wrow, arow);
   const float* wsrow[kCols];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
   for (size_t j = 0; j < kCols; ++j) wsrow[j] = w.scales + (r0 + j) * w.scales_per_row;
   // Within each 128-bit lane, byte 4j + i <- byte 4i + j: word 4l + i's byte j (block j).
   const __m512i gather = _mm512_maskz_broadcast_i32x4(kAll,
@@ -135,7 +146,7 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
   for (size_t u = 0; u < lay.units; ++u) {
     __m512i lo[kCols], hi[kCols];
     __m128 ws4[kCols];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
       const __m512i g = _mm512_shuffle_epi8(_mm512_loadu_si512(wrow[j] + kI4GroupBytes * u), gather);
       lo[j] = _mm512_and_si512(g, low4);
@@ -156,7 +167,7 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
       const __m512i corr = _mm512_load_si512(arow[i] + lay.sums_offset + 64 * u);
       const __m128 as4 =
           _mm_load_ps(reinterpret_cast<const float*>(arow[i] + lay.scales_offset) + 4 * u);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
       for (size_t j = 0; j < kCols; ++j) {
         const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(corr, lo[j], alo), hi[j], ahi);
         const __m512 f = _mm512_maskz_broadcast_f32x4(kAll, _mm_mul_ps(as4, ws4[j]));
@@ -166,7 +177,7 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
   }
 #pragma GCC unroll 4
   for (size_t i = 0; i < kRows; ++i) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
       x.c[static_cast<ptrdiff_t>(i0 + i) * x.c_rs + static_cast<ptrdiff_t>(r0 + j) * x.c_cs] =
           LaneTree(acc[i][j]);
@@ -174,49 +185,69 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
   }
 }
 
-template <size_t kRows, size_t kCols>
-MHA_VNNI_ATTR void Tile(const Args& x, size_t i0, size_t r0) {
-  if (x.w->type == DType::kI8) {
-    TileI8<kRows, kCols>(x, i0, r0);
-  } else {
-    TileI4<kRows, kCols>(x, i0, r0);
+// One row tile (1..kMaxRows rows) against weight rows [r0, r0 + kCols).
+template <size_t kCols, template <size_t, size_t> class Kernel>
+MHA_VNNI_ATTR void RowTile(const Args& x, size_t i0, size_t rows, size_t r0) {
+  switch (rows) {
+    case 1:
+      return Kernel<1, kCols>::Run(x, i0, r0);
+    case 2:
+      return Kernel<2, kCols>::Run(x, i0, r0);
+    case 3:
+      return Kernel<3, kCols>::Run(x, i0, r0);
+    default:
+      return Kernel<4, kCols>::Run(x, i0, r0);
   }
 }
 
-template <size_t kCols>
-MHA_VNNI_ATTR void Rows(const Args& x, size_t i0, size_t rows, size_t r0) {
-  switch (rows) {
-    case 1:
-      return Tile<1, kCols>(x, i0, r0);
-    case 2:
-      return Tile<2, kCols>(x, i0, r0);
-    case 3:
-      return Tile<3, kCols>(x, i0, r0);
-    default:
-      return Tile<4, kCols>(x, i0, r0);
+template <size_t kRows, size_t kCols>
+struct I8Kernel {
+  MHA_VNNI_INLINE static void Run(const Args& x, size_t i0, size_t r0) {
+    TileI8<kRows, kCols>(x, i0, r0);
+  }
+};
+template <size_t kRows, size_t kCols>
+struct I4Kernel {
+  MHA_VNNI_INLINE static void Run(const Args& x, size_t i0, size_t r0) {
+    TileI4<kRows, kCols>(x, i0, r0);
+  }
+};
+
+// Rows [b0, b0 + rows) in tiles of kMaxRows against weight rows [r0, r0 + kCols).
+template <size_t kCols, template <size_t, size_t> class Kernel>
+MHA_VNNI_ATTR void RowBlock(const Args& x, size_t b0, size_t rows, size_t r0) {
+  for (size_t i0 = b0; i0 < b0 + rows; i0 += kMaxRows) {
+    RowTile<kCols, Kernel>(x, i0, std::min(kMaxRows, b0 + rows - i0), r0);
+  }
+}
+
+// Blocks of kBlockRows activation rows (their quantized rows stay in L2); within a block, the
+// weight rows kCols at a time (the last 1..kCols - 1 one by one), each against the block's row
+// tiles (its codes stay in L1 across them): the weights are read from memory once per block.
+template <size_t kCols, template <size_t, size_t> class Kernel>
+MHA_VNNI_ATTR void AllTiles(const Args& x, size_t rows) {
+  for (size_t b0 = 0; b0 < rows; b0 += kBlockRows) {
+    const size_t n = std::min(kBlockRows, rows - b0);
+    size_t r0 = 0;
+    for (; r0 + kCols <= x.w->rows; r0 += kCols) RowBlock<kCols, Kernel>(x, b0, n, r0);
+    for (; r0 < x.w->rows; ++r0) RowBlock<1, Kernel>(x, b0, n, r0);
   }
 }
 
 }  // namespace
 }  // namespace gemv_int8_avx512vnni
 
-// Weight rows in pairs (the last alone), each pair against the activation rows in tiles of 4:
-// the pair's codes come from memory for the first tile and from L1 for the others.
+// AllTiles' blocking; the weight rows 4 (kI8) or 2 (kI4: two decoded vectors per weight row)
+// at a time.
 MHA_VNNI_ATTR void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w,
                                       const MatrixView& c) {
   namespace v = gemv_int8_avx512vnni;
   const Int8ActLayout lay = Int8ActLayoutOf(w.type, w.block, w.cols);
   const v::Args x{qa, &lay, &w, c.data, c.row_stride, c.col_stride};
-  for (size_t r0 = 0; r0 < w.rows; r0 += v::kMaxCols) {
-    const size_t cols = std::min(v::kMaxCols, w.rows - r0);
-    for (size_t i0 = 0; i0 < rows; i0 += v::kMaxRows) {
-      const size_t n = std::min(v::kMaxRows, rows - i0);
-      if (cols == 2) {
-        v::Rows<2>(x, i0, n, r0);
-      } else {
-        v::Rows<1>(x, i0, n, r0);
-      }
-    }
+  if (w.type == DType::kI8) {
+    v::AllTiles<v::kI8Cols, v::I8Kernel>(x, rows);
+  } else {
+    v::AllTiles<v::kI4Cols, v::I4Kernel>(x, rows);
   }
 }
 

@@ -73,12 +73,11 @@ RefRow QuantizeRef(const float* a, size_t k, size_t unit, size_t block) {
   return r;
 }
 
-size_t UnitOf(const Format& f) { return f.type == DType::kI8 ? 64 : kI4Group; }
 size_t ActBlockOf(const Format& f) { return f.type == DType::kI8 ? 32 : f.block; }
 
 // The definition's output for one reference row and weight row r.
 float DotRef(const RefRow& a, const QuantMatrix& w, size_t r) {
-  const size_t unit = w.type == DType::kI8 ? 64 : kI4Group;
+  const size_t unit = kI4Group;
   const size_t ablock = w.type == DType::kI8 ? 32 : w.block;
   const uint8_t* row = w.codes + r * w.row_bytes;
   const float* ws = w.scales + r * w.scales_per_row;
@@ -87,15 +86,9 @@ float DotRef(const RefRow& a, const QuantMatrix& w, size_t r) {
   for (size_t u = 0; u * unit < a.codes.size(); ++u) {
     for (size_t l = 0; l < 16; ++l) {
       int32_t s = 0;
-      size_t first;  // an input of the lane, for its blocks
-      if (w.type == DType::kI8) {
-        first = 64 * u + 4 * l;
-        for (size_t i = 0; i < 4; ++i) s += a.codes[first + i] * wcode(first + i);
-      } else {
-        first = 128 * u + 32 * (l % 4) + 4 * (l / 4);
-        for (size_t i = 0; i < 4; ++i) {
-          s += a.codes[first + i] * wcode(first + i) + a.codes[first + 16 + i] * wcode(first + 16 + i);
-        }
+      const size_t first = 128 * u + 32 * (l % 4) + 4 * (l / 4);  // the lane's first input
+      for (size_t i = 0; i < 4; ++i) {
+        s += a.codes[first + i] * wcode(first + i) + a.codes[first + 16 + i] * wcode(first + 16 + i);
       }
       float f = a.scales[first / ablock];
       if (w.type == DType::kI4) {
@@ -146,7 +139,7 @@ TEST_P(GemvInt8Test, QuantizationMatchesTheDefinition) {
       for (size_t i = 0; i < 2; ++i) {
         SCOPED_TRACE(std::string(target_name()) + " k " + std::to_string(k) + " block " +
                      std::to_string(f.block) + " row " + std::to_string(i));
-        const RefRow ref = QuantizeRef(a.data() + i * k, k, UnitOf(f), ActBlockOf(f));
+        const RefRow ref = QuantizeRef(a.data() + i * k, k, kI4Group, ActBlockOf(f));
         const uint8_t* row = dst + i * lay.row_bytes;
         const int8_t* codes = reinterpret_cast<const int8_t*>(row);
         const float* scales = reinterpret_cast<const float*>(row + lay.scales_offset);
@@ -154,15 +147,9 @@ TEST_P(GemvInt8Test, QuantizationMatchesTheDefinition) {
         std::vector<int32_t> lane_sums(16 * lay.units, 0);
         for (size_t p = 0; p < ref.codes.size(); ++p) {
           const size_t u = p / lay.unit, e = p % lay.unit;
-          size_t at, lane;
-          if (f.type == DType::kI8) {
-            at = p;
-            lane = e / 4;
-          } else {  // e = 32j + 16h + 4l + i
-            const size_t j = e / 32, h = e % 32 / 16, l = e % 16 / 4, ii = e % 4;
-            at = 128 * u + 64 * h + 16 * l + 4 * j + ii;
-            lane = 4 * l + j;
-          }
+          // e = 32j + 16h + 4l + i
+          const size_t j = e / 32, h = e % 32 / 16, l = e % 16 / 4, ii = e % 4;
+          const size_t at = 128 * u + 64 * h + 16 * l + 4 * j + ii, lane = 4 * l + j;
           ASSERT_EQ(codes[at], ref.codes[p]) << "input " << p;
           lane_sums[16 * u + lane] += ref.codes[p];
         }
@@ -171,8 +158,7 @@ TEST_P(GemvInt8Test, QuantizationMatchesTheDefinition) {
             ASSERT_EQ(sums[16 * u + l], (f.type == DType::kI8 ? -128 : -8) * lane_sums[16 * u + l]);
           }
           for (size_t s = 0; s < lay.scales_per_unit; ++s) {
-            const size_t first = f.type == DType::kI8 ? 64 * u + 4 * s : 128 * u + 32 * s;
-            const float want = ref.scales[first / ActBlockOf(f)];
+            const float want = ref.scales[(128 * u + 32 * s) / ActBlockOf(f)];
             ASSERT_EQ(test::Bits(scales[lay.scales_per_unit * u + s]), test::Bits(want))
                 << "unit " << u << " scale " << s;
           }
@@ -208,7 +194,7 @@ TEST_P(GemvInt8Test, KernelsMatchTheReferenceBitwise) {
             GemvInt8Rows(kernel, qa, m, w.m,
                          {c.data(), m, n, 1, static_cast<ptrdiff_t>(2 * m)});
             for (size_t i = 0; i < m; ++i) {
-              const RefRow ref = QuantizeRef(a.data() + 1 + i * lda, k, UnitOf(f), ActBlockOf(f));
+              const RefRow ref = QuantizeRef(a.data() + 1 + i * lda, k, kI4Group, ActBlockOf(f));
               for (size_t r = 0; r < n; ++r) {
                 ASSERT_EQ(test::Bits(c[i + r * 2 * m]), test::Bits(DotRef(ref, w.m, r)))
                     << target_name() << " " << Int8KernelName(kernel) << " block " << f.block
