@@ -418,9 +418,13 @@ TEST(CApiTest, InvalidConfigs) {
   mha_layer_destroy(layer);
   layer = nullptr;
   c.prepack = MHA_PREPACK_ON;
-  c.compute = 2;
+  c.compute = 3;
   EXPECT_INVALID(create(c),
-                 "config->compute: expected MHA_COMPUTE_F32 (0) or MHA_COMPUTE_BF16 (1), got 2");
+                 "config->compute: expected MHA_COMPUTE_F32 (0), MHA_COMPUTE_BF16 (1) or "
+                 "MHA_COMPUTE_INT8 (2), got 3");
+  c.compute = MHA_COMPUTE_INT8;  // quantized weights only
+  EXPECT_INVALID(create(c),
+                 "compute: kInt8 (int8 activations) expects weight_dtype I8 or I4, got f32");
   c.compute = MHA_COMPUTE_BF16;
   ASSERT_EQ(create(c), MHA_STATUS_OK) << mha_last_error_message();
   ASSERT_EQ(mha_layer_get_config(layer, &got), MHA_STATUS_OK);

@@ -464,7 +464,7 @@ class Checker:
             else:
                 print(f"ok: {label} (max error {err:.3g} of the output scale)")
         self.expect_error("compute_bad", base + ["--compute", "f16"], 2,
-                          "--compute: expected 'f32' or 'bf16', got 'f16'")
+                          "--compute: expected 'f32', 'bf16' or 'int8', got 'f16'")
         self.expect_error("kv_dtype_bad", base + ["--kv-dtype", "int4"], 2,
                           "--kv-dtype: expected 'f32', 'bf16', 'f16' or 'int8', got 'int4'")
         self.expect_error("kv_dtype_need_weights", base + ["--kv-dtype", "int8",

@@ -421,9 +421,14 @@ TEST(QuantWeightsTest, LlamaShapedLayerError) {
   // 0.012 (max / RMS), i4 0.15 / 0.14, i4-128 0.16 / 0.18; each weight's error is up to half a
   // step of max|w| / 127 (row of E) or / 7 (block), about 1% and 8% of the weights' RMS.
   const double max_bound[3] = {0.03, 0.35, 0.35}, rms_bound[3] = {0.03, 0.35, 0.35};
-  for (int i = 0; i < 3; ++i) {
+  for (int k = 0; k < 6; ++k) {
+    const int i = k % 3;
+    // Then with int8 activations (Compute::kInt8): the activations' rounding adds little to
+    // the weights' (measured below), so the same bounds.
+    AttentionConfig qc = QuantConfig(c, kQuants[i]);
+    if (k >= 3) qc.compute = Compute::kInt8;
     std::vector<float> got;
-    forward(QuantConfig(c, kQuants[i]), &got);
+    forward(qc, &got);
     const testing_util::OutputError e = MaxError(got, exact);
     double err2 = 0;
     for (size_t j = 0; j < got.size(); ++j) {
@@ -431,9 +436,10 @@ TEST(QuantWeightsTest, LlamaShapedLayerError) {
     }
     const double rms_err = std::sqrt(err2 / static_cast<double>(got.size()));
     std::printf(
-        "[%s] Llama-shaped E %lld: max error %.3g of the max output, RMS error %.3g of "
+        "[%s%s] Llama-shaped E %lld: max error %.3g of the max output, RMS error %.3g of "
         "the RMS output\n",
-        kQuants[i].Name().c_str(), static_cast<long long>(E), e.err / e.scale, rms_err / rms);
+        kQuants[i].Name().c_str(), k >= 3 ? " int8 activations" : "", static_cast<long long>(E),
+        e.err / e.scale, rms_err / rms);
     EXPECT_LE(e.err, max_bound[i] * e.scale) << kQuants[i].Name();
     EXPECT_LE(rms_err, rms_bound[i] * rms) << kQuants[i].Name();
   }
