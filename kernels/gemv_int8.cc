@@ -17,6 +17,7 @@
 
 #include "kernels/check.h"
 #include "kernels/gemv_int8.h"
+#include "kernels/gemv_int8_native.h"
 #include "kernels/targets.h"
 
 namespace mha {
@@ -30,19 +31,26 @@ namespace {
 size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
 
 #if defined(__x86_64__)
-// AVX-512 F/BW/VL/DQ and AVX512_VNNI in the CPU, and the OS saving the opmask and zmm state.
-bool CpuHasAvx512Vnni() {
+// The register state the OS saves (XCR0) contains `mask`, and CPUID leaf 7.0 has the EBX bits
+// `ebx_bits` and ECX bits `ecx_bits`.
+bool CpuHas(uint32_t xcr0_mask, uint32_t ebx_bits, uint32_t ecx_bits) {
   uint32_t eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
   uint32_t xcr0_lo, xcr0_hi;
   __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & 0xE6) != 0xE6) return false;
+  if ((xcr0_lo & xcr0_mask) != xcr0_mask) return false;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const uint32_t need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F, DQ, BW, VL
-  return (ebx & need) == need && (ecx & (1u << 11)) != 0;                  // AVX512_VNNI
+  return (ebx & ebx_bits) == ebx_bits && (ecx & ecx_bits) == ecx_bits;
 }
+// AVX-512 F/DQ/BW/VL and AVX512_VNNI, the opmask and zmm state saved.
+bool CpuHasAvx512Vnni() {
+  return CpuHas(0xE6, (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31), 1u << 11);
+}
+// AVX2, the ymm state saved.
+bool CpuHasAvx2() { return CpuHas(0x6, 1u << 5, 0); }
 #else
 bool CpuHasAvx512Vnni() { return false; }
+bool CpuHasAvx2() { return false; }
 #endif
 
 }  // namespace
@@ -69,6 +77,10 @@ bool Int8KernelAvailable(Int8Kernel kernel) {
     case Int8Kernel::kAuto:
     case Int8Kernel::kPortable:
       return true;
+    case Int8Kernel::kAvx2: {
+      static const bool has = CpuHasAvx2();
+      return has;
+    }
     case Int8Kernel::kAvx512Vnni: {
       static const bool has = CpuHasAvx512Vnni();
       return has;
@@ -83,6 +95,8 @@ const char* Int8KernelName(Int8Kernel kernel) {
       return "auto";
     case Int8Kernel::kPortable:
       return "portable";
+    case Int8Kernel::kAvx2:
+      return "avx2";
     case Int8Kernel::kAvx512Vnni:
       return "avx512_vnni";
   }
@@ -95,8 +109,12 @@ void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const Quant
   if (rows == 0 || w.rows == 0) return;
   if (kernel == Int8Kernel::kAuto) {
 #if defined(__x86_64__)
-    kernel = ActiveTarget() == HWY_AVX3_DL && Int8KernelAvailable(Int8Kernel::kAvx512Vnni)
+    const int64_t target = ActiveTarget();
+    kernel = target == HWY_AVX3_DL && Int8KernelAvailable(Int8Kernel::kAvx512Vnni)
                  ? Int8Kernel::kAvx512Vnni
+             : (target == HWY_AVX3_DL || target == HWY_AVX3 || target == HWY_AVX2) &&
+                     Int8KernelAvailable(Int8Kernel::kAvx2)
+                 ? Int8Kernel::kAvx2
                  : Int8Kernel::kPortable;
 #else
     kernel = Int8Kernel::kPortable;
@@ -106,6 +124,10 @@ void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const Quant
 #if defined(__x86_64__)
   if (kernel == Int8Kernel::kAvx512Vnni) {
     GemvInt8Avx512Vnni(qa, rows, w, c);
+    return;
+  }
+  if (kernel == Int8Kernel::kAvx2) {
+    GemvInt8Avx2(qa, rows, w, c);
     return;
   }
 #endif

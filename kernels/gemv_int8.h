@@ -76,18 +76,15 @@ void QuantizeActivationsInt8(const float* a, size_t lda, size_t rows, size_t k, 
 void GemmInt8(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& c, void* scratch);
 
 // The kernels behind GemmInt8, on rows of quantized activations (QuantizeActivationsInt8's
-// layout for w): c row i = qa row i times w^T. kInt8Kernel names which; kAuto is the VNNI kernel
-// where the CPU has AVX512_VNNI and the dispatched Highway target is AVX3_DL (so MHA_TARGETS=AVX2
-// times the portable one), else the portable kernel on the dispatched target.
-enum class Int8Kernel { kAuto, kPortable, kAvx512Vnni };
+// layout for w): c row i = qa row i times w^T. Int8Kernel names which; kAuto is the VNNI kernel
+// where the CPU has AVX512_VNNI and the dispatched Highway target is AVX3_DL, the AVX2 kernel
+// where the dispatched target is AVX3 or AVX2 (so MHA_TARGETS=AVX2 times it on any AVX-512 CPU),
+// else the portable kernel on the dispatched target. All give the same bits.
+enum class Int8Kernel { kAuto, kPortable, kAvx2, kAvx512Vnni };
 bool Int8KernelAvailable(Int8Kernel kernel);
 const char* Int8KernelName(Int8Kernel kernel);
 void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const QuantMatrix& w,
                   const MatrixView& c);
-
-// Internal: the per-ISA kernel (gemv_int8_avx512vnni.cc, x86-64 only; run after
-// Int8KernelAvailable), the same contract as GemvInt8Rows.
-void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c);
 
 }  // namespace kernels
 }  // namespace mha

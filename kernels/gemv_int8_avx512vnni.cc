@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/gemv_int8.h"
+#include "kernels/gemv_int8_native.h"
 
 #define MHA_VNNI_ATTR __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define MHA_VNNI_INLINE MHA_VNNI_ATTR inline __attribute__((always_inline))
@@ -33,8 +34,6 @@ namespace {
 // Register tiles: up to kMaxRows rows of activations x kI8Cols weight rows (16 accumulators, 4
 // weight vectors) or kI4Cols (8 accumulators, 2 x 2 decoded weight vectors).
 constexpr size_t kMaxRows = 4;
-// Activation rows per block: 32 quantized rows of k 4096 are 384 KiB (kI8) or 208 KiB (kI4).
-constexpr size_t kBlockRows = 32;
 constexpr size_t kI8Cols = 4;
 constexpr size_t kI4Cols = 2;
 // All 16 lanes: the zero-masking forms of the intrinsics whose plain forms start from
@@ -49,13 +48,7 @@ MHA_VNNI_INLINE float LaneTree(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
 }
 
-struct Args {
-  const uint8_t* qa;
-  const Int8ActLayout* lay;
-  const QuantMatrix* w;
-  float* c;
-  ptrdiff_t c_rs, c_cs;
-};
+using Args = Int8Call;
 
 // A tile's accumulators zeroed, its weight rows' and activation rows' first bytes.
 template <size_t kRows, size_t kCols>
@@ -65,7 +58,7 @@ MHA_VNNI_INLINE void StartTile(const Args& x, size_t i0, size_t r0, __m512 (&acc
   for (size_t i = 0; i < kRows; ++i) {
 #pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) acc[i][j] = _mm512_setzero_ps();
-    arow[i] = x.qa + (i0 + i) * x.lay->row_bytes;
+    arow[i] = x.Row(i0 + i);
   }
 #pragma GCC unroll 4
   for (size_t j = 0; j < kCols; ++j) wrow[j] = x.w->codes + (r0 + j) * x.w->row_bytes;
@@ -120,7 +113,7 @@ MHA_VNNI_ATTR void TileI8(const Args& x, size_t i0, size_t r0) {
 #pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
       const float ws = w.scales[(r0 + j) * w.scales_per_row];
-      x.c[static_cast<ptrdiff_t>(i0 + i) * x.c_rs + static_cast<ptrdiff_t>(r0 + j) * x.c_cs] =
+      x.Out(i0 + i, r0 + j) =
           LaneTree(acc[i][j]) * ws;
     }
   }
@@ -179,7 +172,7 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
   for (size_t i = 0; i < kRows; ++i) {
 #pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
-      x.c[static_cast<ptrdiff_t>(i0 + i) * x.c_rs + static_cast<ptrdiff_t>(r0 + j) * x.c_cs] =
+      x.Out(i0 + i, r0 + j) =
           LaneTree(acc[i][j]);
     }
   }
@@ -221,13 +214,13 @@ MHA_VNNI_ATTR void RowBlock(const Args& x, size_t b0, size_t rows, size_t r0) {
   }
 }
 
-// Blocks of kBlockRows activation rows (their quantized rows stay in L2); within a block, the
+// Blocks of kInt8BlockRows activation rows (their quantized rows stay in L2); within a block, the
 // weight rows kCols at a time (the last 1..kCols - 1 one by one), each against the block's row
 // tiles (its codes stay in L1 across them): the weights are read from memory once per block.
 template <size_t kCols, template <size_t, size_t> class Kernel>
 MHA_VNNI_ATTR void AllTiles(const Args& x, size_t rows) {
-  for (size_t b0 = 0; b0 < rows; b0 += kBlockRows) {
-    const size_t n = std::min(kBlockRows, rows - b0);
+  for (size_t b0 = 0; b0 < rows; b0 += kInt8BlockRows) {
+    const size_t n = std::min(kInt8BlockRows, rows - b0);
     size_t r0 = 0;
     for (; r0 + kCols <= x.w->rows; r0 += kCols) RowBlock<kCols, Kernel>(x, b0, n, r0);
     for (; r0 < x.w->rows; ++r0) RowBlock<1, Kernel>(x, b0, n, r0);
@@ -243,7 +236,7 @@ MHA_VNNI_ATTR void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const Quan
                                       const MatrixView& c) {
   namespace v = gemv_int8_avx512vnni;
   const Int8ActLayout lay = Int8ActLayoutOf(w.type, w.block, w.cols);
-  const v::Args x{qa, &lay, &w, c.data, c.row_stride, c.col_stride};
+  const Int8Call x{qa, &lay, &w, c.data, c.row_stride, c.col_stride};
   if (w.type == DType::kI8) {
     v::AllTiles<v::kI8Cols, v::I8Kernel>(x, rows);
   } else {

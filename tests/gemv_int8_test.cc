@@ -176,7 +176,9 @@ TEST_P(GemvInt8Test, QuantizationMatchesTheDefinition) {
 TEST_P(GemvInt8Test, KernelsMatchTheReferenceBitwise) {
   std::mt19937 rng(5);
   std::vector<Int8Kernel> kernels = {Int8Kernel::kPortable};
-  if (Int8KernelAvailable(Int8Kernel::kAvx512Vnni)) kernels.push_back(Int8Kernel::kAvx512Vnni);
+  for (Int8Kernel k : {Int8Kernel::kAvx2, Int8Kernel::kAvx512Vnni}) {
+    if (Int8KernelAvailable(k)) kernels.push_back(k);
+  }
   for (const Format& f : kFormats) {
     for (size_t k : {1, 7, 32, 63, 65, 127, 160, 257, 300}) {
       for (size_t n : {1, 2, 5}) {
