@@ -136,7 +136,9 @@ void MultiplyPrepackedJob(const GemmJob& job, void* scratch) {
 }
 
 PanelShape PanelsOf(const GemmJob& job) {
-  if (job.c.rows <= kernels::kGemvMaxRows) return {kPanelRows, kFewRowsPanelCols};
+  if (job.c.rows <= kernels::kGemvMaxRows) {
+    return {kPanelRows, job.b_quant.int8_activations ? kInt8FewRowsPanelCols : kFewRowsPanelCols};
+  }
   const uint64_t large_tasks = job.batches * CeilDiv(job.c.rows, kLargePanelRows) *
                                CeilDiv(job.c.cols, kLargePanelCols);
   if (large_tasks >= kMinLargePanelTasks) return {kLargePanelRows, kLargePanelCols};
