@@ -33,7 +33,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Quantizes one block of B (32 or 128) activations, n of them valid (the rest read as zero),
 // into codes (B int8, input order); returns the block's scale.
 inline float QuantizeBlock(const float* a, size_t n, size_t block, int8_t* codes) {
-  const hn::ScalableTag<float> df;
+  // At most 16 lanes, so that vectors tile a block of 32 (SVE may be up to 64 f32 lanes wide).
+  const hn::CappedTag<float, 16> df;
   const hn::RebindToSigned<decltype(df)> di;
   const hn::Rebind<int8_t, decltype(di)> d8;
   const size_t lanes = hn::Lanes(df);
