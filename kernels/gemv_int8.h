@@ -3,7 +3,7 @@
 // row of a quantized to int8 per block as the call starts, integer dot products summed exactly
 // in int32 per block, then scaled and summed in f32. Plain declarations; the activation
 // quantization and the portable kernel are per-target code in gemv_int8-inl.h (dispatched in
-// gemv_int8.cc), the AVX-512 VNNI kernel is gemv_int8_avx512vnni.cc.
+// gemv_int8.cc), the x86 kernels gemv_int8_avx512vnni.cc (AVX512_VNNI) and gemv_int8_avx2.cc.
 //
 // Why: with f32 activations a quantized weight costs a widening, a conversion and an FMA per
 // multiply-add (GemvQuant), which one core cannot feed at memory speed; VPDPBUSD multiplies 64
@@ -28,8 +28,9 @@
 //   y = t2[0] + t2[1]; kI8: y = y * (the row's weight scale).
 // So a row of a gives the same bits whichever rows accompany it, however c is split and on
 // every target (the int sums are exact, the f32 operations the same lane by lane).
-// Error: the weights' quantization (quant.h) plus the activations': |a - code * scale| <=
-// scale / 2 per element; README "Quantized weights" states the measured error.
+// Error: the weights' quantization (quant.h) plus the activations': |a - code * scale| is at
+// most scale / 2 (plus the f32 rounding of inv and a * inv) per element; README "Quantized
+// weights" states the measured error.
 #ifndef MHA_KERNELS_GEMV_INT8_H_
 #define MHA_KERNELS_GEMV_INT8_H_
 
