@@ -690,6 +690,9 @@ class Decode(unittest.TestCase):
                            (["--decode", "--weights-dtype", "f64"], "--weights-dtype"),
                            (["--weights-dtype", "bf16"], "--weights-dtype"),
                            (["--decode", "--weights-dtype", "q4"], "i4-128, got 'q4'"),
+                           (["--decode", "--compute", "int8"],
+                            "--compute: int8 multiplies quantized weights"),
+                           (["--decode", "--compute", "fp8"], "f32, bf16 or int8, got 'fp8'"),
                            (["--decode", "--decode-shape", "64,3,1"], "--decode-shape"),
                            (["--decode-shape", "64,4,1"], "--decode-shape: expected --decode"),
                            (["--kv-dtypes", "f16"], "--kv-dtypes: expected --decode as well"),
@@ -810,6 +813,17 @@ class Decode(unittest.TestCase):
                 self.assertEqual(r["weights_dtype"], dtype)
                 self.assertEqual(r["weight_bytes"], (2 * 256 + 2 * 128) * per_row(256))
                 self.assertRegex(p.stdout, r"\n\s+64\s+1\s+256\s+4\s+2\s")
+
+    def test_int8_activations(self):
+        # --compute int8: the same layer with Compute::kInt8, named in the header and the JSON.
+        p, doc = self.run_json(["--decode", "--contexts", "40", "--batches", "1", "--threads",
+                                "1", "--min-time", "0", "--min-runs", "1", "--weights-dtype", "i4",
+                                "--compute", "int8", "--decode-shape", "256,4,2", "--prefill",
+                                "64", "--kv-dtypes", "f32"])
+        self.assertIn("weights: i4  |  compute: int8 activations", p.stdout)
+        self.assertEqual(doc["header"]["compute"], "int8")
+        self.assertEqual(len(doc["results"]), 1)
+        self.assertEqual(doc["results"][0]["error"], "")
 
 
     def test_cache_types(self):

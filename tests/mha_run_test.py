@@ -432,6 +432,20 @@ class Checker:
         self.expect_error("weights_dtype_bad", base + ["--weights-dtype", "f64"], 2,
                           "--weights-dtype: expected f32, bf16, f16, i8, i4 or i4-128, got "
                           "'f64'")
+        # --compute int8: int8 activations on the i8 layer, within their rounding of the i8
+        # layer's output (tests/int8_compute_test.cc bounds it); refused without quantized weights.
+        i8_want = self.gqa_reference(x, *(dequantized(m, 127, 0) for m in (wq, wk, wv)), b,
+                                     dequantized(wo, 127, 0), bo, H, KVH)
+        got = self.run_ok("gqa_i8_int8", base + ["--weights-dtype", "i8", "--compute", "int8"],
+                          self.path("gqa_i8_int8.safetensors"))
+        if got is not None:
+            err = np.abs(got["attn_output"] - i8_want).max() / np.abs(i8_want).max()
+            if not err < 4e-2:
+                fail(f"gqa_i8_int8: error {err:.3g} of the output's largest magnitude")
+            print(f"ok: gqa_i8_int8 (error {err:.2g})")
+        self.expect_error("compute_int8_f32_weights", base + ["--compute", "int8"], 1,
+                          "compute: kInt8 (int8 activations) expects weight_dtype I8 or I4, "
+                          "got f32")
         # --kv-dtype: token-by-token decoding through a KV cache equals the causal forward
         # within the cache's accuracy (tests/kv_cache_test.cc derives the tolerances).
         causal = self.run_ok("gqa_causal", base + ["--causal"], self.path("gqa_causal.safetensors"))
