@@ -6,6 +6,7 @@
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
+#include "kernels/gemv_int8.h"
 #include "runtime/task_grid.h"
 
 namespace mha {
@@ -270,15 +271,47 @@ PanelTask PanelTaskOf(const GemmJob& job, const PanelShape& panel, uint64_t t) {
   return p;
 }
 
-// Which rows of which a a worker's scratch holds Strassen sums of (StrassenSumsOfA), valid
-// within one ParallelGemm call: a's are not written during a call, and any other use of the
-// scratch (a BLIS product packs into it) clears it.
-struct SumsCache {
+// What a worker's scratch holds from its earlier tasks of one ParallelGemm call, so that the
+// next task over the same rows of the same a reuses it: Strassen sums of a
+// (StrassenSumsOfA), or a's rows quantized for int8-activation products
+// (kernels::QuantizeActivationsInt8, for weights of `type` and `block`). Valid within one call
+// only: a's are not written during a call, and any other use of the scratch (a BLIS product
+// packs into it) clears it.
+struct ScratchHolds {
+  enum class Kind { kNothing, kStrassenSums, kInt8Rows };
+  Kind kind = Kind::kNothing;
   const float* data = nullptr;
   size_t rows = 0, cols = 0;
   ptrdiff_t row_stride = 0;
-  kernels::StrassenA sums;
+  DType type = DType::kF32;  // kInt8Rows: the weights' quantization
+  size_t block = 0;
+  kernels::StrassenA sums;  // kStrassenSums
+
+  bool Holds(Kind k, const kernels::ConstMatrixView& a, DType t = DType::kF32, size_t b = 0) const {
+    return kind == k && data == a.data && rows == a.rows && cols == a.cols &&
+           row_stride == a.row_stride && type == t && block == b;
+  }
+  void Set(Kind k, const kernels::ConstMatrixView& a, DType t = DType::kF32, size_t b = 0) {
+    *this = ScratchHolds{};
+    kind = k;
+    data = a.data;
+    rows = a.rows;
+    cols = a.cols;
+    row_stride = a.row_stride;
+    type = t;
+    block = b;
+  }
 };
+
+// Whether a panel task of `job` with `rows` rows multiplies by int8 activations
+// (Compute::kInt8) whose quantized rows fit the worker's GEMM scratch (always, at real widths:
+// 128 rows of 4096 inputs take 0.8 MiB); otherwise kernels::GemmQuantB quantizes them in blocks.
+bool Int8RowsFit(const GemmJob& job, size_t rows) {
+  const kernels::QuantMatrix& w = job.b_quant;
+  if (!w.int8_activations || w.cols == 0 || job.a.col_stride != 1) return false;
+  return rows * kernels::Int8ActLayoutOf(w.type, w.block, w.cols).row_bytes <=
+         kernels::GemmScratchBytes();
+}
 
 // Panel task `t` of a Strassen job (StrassenPanelsOf, tasks over the left half's columns): rows
 // [r0, r0 + nr) of c's columns [c0, c0 + nc) and [n/2 + c0, n/2 + c0 + nc). The even rows run
@@ -287,7 +320,7 @@ struct SumsCache {
 // panels of one product, and q, k, v of one input); the rest (an odd last row, or a short
 // panel) the plain product by b_packed's same columns.
 void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
-                      kernels::GemmRoute plain, uint8_t* scratch, SumsCache* cache) {
+                      kernels::GemmRoute plain, uint8_t* scratch, ScratchHolds* cache) {
   const PanelTask p = PanelTaskOf(HalfColumns(job), panel, t);
   const size_t n2 = job.b_strassen.half_n();
   const kernels::ConstMatrixView a = job.BatchA(p.batch);
@@ -299,9 +332,9 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
   const size_t even = p.nr / 2 * 2;
   if (even >= kStrassenMinPanelRows) {
     const kernels::ConstMatrixView a_even = a.Block(p.r0, 0, even, a.cols);
-    if (cache->data != a_even.data || cache->rows != even || cache->cols != a.cols ||
-        cache->row_stride != a.row_stride) {
-      *cache = {a_even.data, even, a.cols, a.row_stride, kernels::StrassenSumsOfA(a_even, sums)};
+    if (!cache->Holds(ScratchHolds::Kind::kStrassenSums, a_even)) {
+      cache->Set(ScratchHolds::Kind::kStrassenSums, a_even);
+      cache->sums = kernels::StrassenSumsOfA(a_even, sums);
     }
     const bool ran = kernels::GemmStrassenPackedB(
         cache->sums, job.b_strassen.Columns(p.c0, p.nc), bias_left, bias_right,
@@ -311,7 +344,7 @@ void RunStrassenPanel(const GemmJob& job, const PanelShape& panel, uint64_t t,
   }
   if (done == p.nr) return;
   if (plain != kernels::GemmRoute::kDirectPackedB) {
-    *cache = SumsCache{};  // GemmBlisPackedB packs a into the scratch
+    *cache = ScratchHolds{};  // GemmBlisPackedB packs a into the scratch
   }
   const kernels::ConstMatrixView a_rest = a.Block(p.r0 + done, 0, p.nr - done, a.cols);
   MultiplyPackedB(plain, a_rest, job.b_packed.Columns(p.c0, p.nc), bias_left,
@@ -335,9 +368,9 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
   uint64_t first_pack[kMaxGemmJobs + 1] = {0};
   uint64_t first_task[kMaxGemmJobs + 1] = {0};
   const PanelShape packed_panel = PackedPanelsOf();
-  // Per worker (up to kCachedWorkers; more run without reuse): the Strassen sums it holds.
+  // Per worker (up to kCachedWorkers; more run without reuse): what its scratch holds.
   constexpr size_t kCachedWorkers = 64;
-  SumsCache caches[kCachedWorkers];
+  ScratchHolds caches[kCachedWorkers];
   size_t used = 0;
   for (size_t j = 0; j < n_jobs; ++j) {
     const GemmJob& job = jobs[j];
@@ -413,15 +446,14 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
       local = task - first_task[j];
     }
     const GemmJob& job = jobs[j];
-    SumsCache own_cache;
-    SumsCache* const cache = worker < kCachedWorkers ? &caches[worker] : &own_cache;
+    ScratchHolds own_cache;
+    ScratchHolds* const cache = worker < kCachedWorkers ? &caches[worker] : &own_cache;
     if (route[j] == kernels::GemmRoute::kStrassenPackedB) {
       const TraceSpan span(trace, worker, job.stage, -1, -1, static_cast<int64_t>(task));
       RunStrassenPanel(job, panels[j], task - first_task[j], plain[j],
                        scratch + worker * scratch_stride, cache);
       return;
     }
-    *cache = SumsCache{};  // the products below may pack into the scratch
     const PanelTask p = PanelTaskOf(job, panels[j], local);
     const TraceSpan span(trace, worker, job.stage, static_cast<int64_t>(p.batch), -1,
                          static_cast<int64_t>(task));
@@ -432,6 +464,21 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     const kernels::MatrixView c_blk = c.Block(p.r0, p.c0, p.nr, p.nc);
     uint8_t* const own_scratch = scratch + worker * scratch_stride;
     const float* const bias = job.bias != nullptr ? job.bias + p.c0 : nullptr;
+    if (Int8RowsFit(job, p.nr)) {
+      // The panel's rows quantized once per worker, not once per column panel: the q, k and v
+      // jobs of one input and all of a job's column panels reuse them.
+      const kernels::QuantMatrix& w = job.b_quant;
+      if (!cache->Holds(ScratchHolds::Kind::kInt8Rows, a_blk, w.type, w.block)) {
+        cache->Set(ScratchHolds::Kind::kInt8Rows, a_blk, w.type, w.block);
+        kernels::QuantizeActivationsInt8(a_blk.data, static_cast<size_t>(a_blk.row_stride), p.nr,
+                                         a_blk.cols, w.type, w.block, own_scratch);
+      }
+      kernels::GemvInt8Rows(kernels::Int8Kernel::kAuto, own_scratch, p.nr, w.Rows(p.c0, p.nc),
+                            c_blk);
+      AddBias(c_blk, bias);
+      return;
+    }
+    *cache = ScratchHolds{};  // the products below may pack into the scratch
     if (route[j] == kernels::GemmRoute::kBf16PackedB) {
       kernels::GemmBf16PackedB(bf16_kernel, 1.0f, a_blk, job.b_bf16.Columns(p.c0, p.nc), 0.0f, bias,
                                c_blk, own_scratch);

@@ -14,7 +14,9 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/gemv.h"
+#include "kernels/gemv_int8.h"
 #include "runtime/arena.h"
+#include "tests/quant_test_util.h"
 
 namespace mha {
 namespace {
@@ -299,6 +301,71 @@ TEST(ParallelGemmTest, PrepackedJobsSharingTheirInput) {
     for (size_t j = 0; j < 3; ++j) {
       ASSERT_EQ(0, std::memcmp(want[j].data(), cs[j].data(), want[j].size() * sizeof(float)))
           << "job " << j << ", " << threads << " threads";
+    }
+  }
+}
+
+// Int8 activations (Compute::kInt8): jobs sharing one a, each with weights of another format,
+// so that a worker holding a's rows quantized for one format must quantize them again for the
+// next. Every job's result is bitwise kernels::GemmInt8 over its whole product plus the bias, for
+// 1..4 threads, at decode's row counts (GEMV panels) and prefill's (row panels).
+TEST(ParallelGemmTest, Int8ActivationJobsSharingTheirInput) {
+  std::mt19937 rng(52);
+  const size_t k = 300;  // three 128-input units, the last partial
+  const size_t ns[] = {70, 600, 33};
+  const kernels::Format formats[] = {kernels::kFormats[0], kernels::kFormats[1],
+                                     kernels::kFormats[2]};
+  size_t stride = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &stride);
+  std::vector<uint8_t> one_scratch(stride + 64);
+  void* const aligned =
+      one_scratch.data() + (64 - reinterpret_cast<uintptr_t>(one_scratch.data()) % 64) % 64;
+  for (const size_t batches : {size_t{1}, size_t{2}}) {
+    for (const size_t m : {size_t{1}, size_t{3}, size_t{8}, size_t{200}}) {
+      std::vector<float> a, unused_w, unused_bias;
+      FillOperands({batches, m, k, 1, false}, &rng, &a, &unused_w, &unused_bias);
+      std::vector<kernels::QuantStorage> ws;
+      std::vector<std::vector<float>> biases(3), want(3);
+      for (size_t j = 0; j < 3; ++j) {
+        std::vector<float> a_j, w;
+        FillOperands({1, 1, k, ns[j], true}, &rng, &a_j, &w, &biases[j]);
+        ws.push_back(kernels::Quantize(w, ns[j], k, formats[j]));
+        ws[j].m.int8_activations = true;
+        want[j].assign(batches * m * ns[j], std::nanf(""));
+        for (size_t b = 0; b < batches; ++b) {
+          const kernels::MatrixView c{want[j].data() + b * m * ns[j], m, ns[j],
+                                      static_cast<ptrdiff_t>(ns[j]), 1};
+          kernels::GemmInt8({a.data() + b * m * (k + 3), m, k, static_cast<ptrdiff_t>(k + 3), 1},
+                            ws[j].m, c, aligned);
+          kernels::AddBiasToRows(biases[j].data(), c.data, m, ns[j], c.row_stride);
+        }
+      }
+      for (size_t threads = 1; threads <= 4; ++threads) {
+        ThreadPool pool(threads);
+        std::vector<std::vector<float>> cs(3);
+        GemmJob jobs[3];
+        for (size_t j = 0; j < 3; ++j) {
+          cs[j].assign(batches * m * ns[j], std::nanf(""));
+          jobs[j].a = {a.data(), m, k, static_cast<ptrdiff_t>(k + 3), 1};
+          jobs[j].b_quant = ws[j].m;
+          jobs[j].c = {cs[j].data(), m, ns[j], static_cast<ptrdiff_t>(ns[j]), 1};
+          jobs[j].bias = biases[j].data();
+          jobs[j].batches = batches;
+          jobs[j].a_batch_stride = static_cast<ptrdiff_t>(m * (k + 3));
+          jobs[j].c_batch_stride = static_cast<ptrdiff_t>(m * ns[j]);
+        }
+        Arena arena;
+        ASSERT_TRUE(arena.Init(stride * threads + 64).ok());
+        void* scratch = nullptr;
+        ASSERT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
+        ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride,
+                     kernels::Bf16ActiveKernel());
+        for (size_t j = 0; j < 3; ++j) {
+          ASSERT_EQ(0, std::memcmp(want[j].data(), cs[j].data(), want[j].size() * sizeof(float)))
+              << batches << " batches, m " << m << ", job " << j << " (" << formats[j].Name()
+              << "), " << threads << " threads";
+        }
+      }
     }
   }
 }
