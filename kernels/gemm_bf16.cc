@@ -17,19 +17,12 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "kernels/cpu_features.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_bf16_native.h"
 #include "kernels/pack_bf16.h"
 #include "kernels/targets.h"
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-#if defined(__aarch64__) && defined(__linux__)
-#include <asm/hwcap.h>
-#include <sys/auxv.h>
-#endif
 
 namespace mha {
 namespace kernels {
@@ -49,55 +42,10 @@ constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 // ---------------------------------------------------------------------------------------------
 // Kernel choice.
 
-bool CpuHasAvx512Bf16();
-bool CpuHasAmx();
-
-#if defined(__x86_64__)
-// XCR0: the register state the OS saves (xgetbv 0). Only valid when CPUID says OSXSAVE.
-uint64_t Xcr0() {
-  uint32_t eax, edx;
-  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-  return (static_cast<uint64_t>(edx) << 32) | eax;
-}
-
-// AVX-512 F/BW/VL/DQ in the CPU, and the OS saving the opmask and zmm state (XCR0 bits 1, 2,
-// 5, 6, 7).
-bool CpuHasAvx512() {
-  uint32_t eax, ebx, ecx, edx;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
-  if ((Xcr0() & 0xE6) != 0xE6) return false;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const uint32_t need = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);  // F, DQ, BW, VL
-  return (ebx & need) == need;
-}
-
-bool CpuHasAvx512Bf16() {
-  if (!CpuHasAvx512()) return false;
-  uint32_t eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return false;
-  return (eax & (1u << 5)) != 0;  // AVX512_BF16
-}
-
-// AMX-BF16 and AMX-TILE (CPUID 7.0 EDX bits 22 and 24), the OS saving the tile state (XCR0
-// bits 17 and 18), and AVX-512 (the kernel's epilogue).
-bool CpuHasAmx() {
-  if (!CpuHasAvx512()) return false;
-  uint32_t eax, ebx, ecx, edx;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const uint32_t need = (1u << 22) | (1u << 24);
-  if ((edx & need) != need) return false;
-  const uint64_t tiles = (1ull << 17) | (1ull << 18);
-  return (Xcr0() & tiles) == tiles;
-}
-#else
-bool CpuHasAvx512Bf16() { return false; }
-bool CpuHasAmx() { return false; }
-#endif
-
+// The NEON kernel exists in aarch64 builds whose compiler takes +bf16 (kernels/meson.build).
 bool CpuHasNeonBf16() {
-#if defined(__aarch64__) && defined(MHA_HAVE_BF16_NEON) && defined(__linux__) && \
-    defined(HWCAP2_BF16)
-  return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#if defined(MHA_HAVE_BF16_NEON)
+  return CpuHasArmBf16();
 #else
   return false;
 #endif

@@ -11,11 +11,8 @@
 #include <algorithm>
 #include <cassert>
 
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
-
 #include "kernels/check.h"
+#include "kernels/cpu_features.h"
 #include "kernels/gemv_int8.h"
 #include "kernels/gemv_int8_native.h"
 #include "kernels/targets.h"
@@ -29,29 +26,6 @@ HWY_EXPORT(GemvInt8PortableImpl);
 namespace {
 
 size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
-
-#if defined(__x86_64__)
-// The register state the OS saves (XCR0) contains `mask`, and CPUID leaf 7.0 has the EBX bits
-// `ebx_bits` and ECX bits `ecx_bits`.
-bool CpuHas(uint32_t xcr0_mask, uint32_t ebx_bits, uint32_t ecx_bits) {
-  uint32_t eax, ebx, ecx, edx;
-  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & (1u << 27))) return false;  // OSXSAVE
-  uint32_t xcr0_lo, xcr0_hi;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & xcr0_mask) != xcr0_mask) return false;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  return (ebx & ebx_bits) == ebx_bits && (ecx & ecx_bits) == ecx_bits;
-}
-// AVX-512 F/DQ/BW/VL and AVX512_VNNI, the opmask and zmm state saved.
-bool CpuHasAvx512Vnni() {
-  return CpuHas(0xE6, (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31), 1u << 11);
-}
-// AVX2, the ymm state saved.
-bool CpuHasAvx2() { return CpuHas(0x6, 1u << 5, 0); }
-#else
-bool CpuHasAvx512Vnni() { return false; }
-bool CpuHasAvx2() { return false; }
-#endif
 
 }  // namespace
 
