@@ -14,6 +14,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_route.h"
+#include "kernels/gemv_int8.h"
 #include "kernels/quant.h"
 #include "runtime/validate.h"
 
@@ -152,6 +153,27 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
     return InvalidArgument(std::string(op) +
                            "compute: kInt8 (int8 activations) expects weight_dtype I8 or I4, got " +
                            DTypeName(st));
+  }
+  if (config.compute == Compute::kInt8) {
+    // Each product quantizes rows of its input into one worker's GEMM scratch
+    // (kernels::GemmInt8), which must hold one row: ~1.6 bytes per feature against MBs.
+    const struct {
+      const char* name;
+      int64_t in;
+    } inputs[] = {{"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}, {"num_heads * head_dim", m.E}};
+    const size_t room = kernels::GemmScratchBytes();
+    for (const auto& input : inputs) {
+      const size_t row =
+          kernels::Int8ActLayoutOf(st, m.block, static_cast<size_t>(input.in)).row_bytes;
+      if (row > room) {
+        return InvalidArgument(std::string(op) + input.name +
+                               ": expected an input whose int8 row fits the GEMM scratch with "
+                               "compute kInt8 (" +
+                               Str(static_cast<int64_t>(row)) + " bytes of at most " +
+                               Str(static_cast<int64_t>(room)) + "), got " + Str(input.in) +
+                               " features");
+      }
+    }
   }
   if (config.compute == Compute::kBF16 && IsQuantized(st)) {
     return Unsupported(std::string(op) + "compute kBF16 with weight_dtype " + DTypeName(st) +

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.h"
+#include "kernels/gemv_int8.h"
 #include "mha/kv_cache.hpp"
 #include "mha/mha.hpp"
 #include "tests/attention_test_util.h"
@@ -212,6 +214,34 @@ TEST(Int8ComputeTest, RefusedWithoutQuantizedWeights) {
               std::string::npos)
         << s.message();
   }
+}
+
+// An input too wide for one quantized row in the GEMM scratch is refused at create, naming the
+// dimension, before any weight is read (the weights here are absent).
+TEST(Int8ComputeTest, RefusesAnInputWiderThanTheScratch) {
+  const size_t room = kernels::GemmScratchBytes();
+  int64_t in = 128;
+  while (kernels::Int8ActLayoutOf(DType::kI8, 0, static_cast<size_t>(in)).row_bytes <= room) {
+    in *= 2;
+  }
+  AttentionConfig c;
+  c.embed_dim = 64;
+  c.num_heads = 2;
+  c.kdim = in;
+  c.weight_dtype = DType::kI8;
+  c.compute = Compute::kInt8;
+  std::unique_ptr<MultiheadAttention> layer;
+  const Status s = MultiheadAttention::Create(c, AttentionWeights{}, WeightBinding::kCopy, &layer);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("kdim: expected an input whose int8 row fits the GEMM scratch"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("got " + std::to_string(in) + " features"), std::string::npos)
+      << s.message();
+  c.compute = Compute::kF32;  // the same width with f32 activations is no concern of this check
+  const Status f32 =
+      MultiheadAttention::Create(c, AttentionWeights{}, WeightBinding::kCopy, &layer);
+  EXPECT_EQ(f32.message().find("GEMM scratch"), std::string::npos) << f32.message();
 }
 
 }  // namespace
