@@ -213,7 +213,9 @@ enum class Compute : int {
               // in one fixed order, so every CPU and target gives the same bits (AVX-512 VNNI
               // VPDPBUSD where the CPU has it). Attention (scores, softmax, P V) and the KV cache
               // stay f32. Error: the weights' plus the activations' rounding; README "Quantized
-              // weights" states it as measured
+              // weights" states it as measured. Inputs of about a million features per projection
+              // at most (one quantized row must fit a worker's GEMM scratch, sized by the CPU's
+              // GEMM blocking: 1.4 M on Zen 4); wider: InvalidArgument at create
 };
 
 struct AttentionConfig {
