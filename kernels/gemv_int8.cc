@@ -77,23 +77,25 @@ const char* Int8KernelName(Int8Kernel kernel) {
   return "unknown";
 }
 
+Int8Kernel Int8ActiveKernel() {
+#if defined(__x86_64__)
+  const int64_t target = ActiveTarget();
+  if (target == HWY_AVX3_DL && Int8KernelAvailable(Int8Kernel::kAvx512Vnni)) {
+    return Int8Kernel::kAvx512Vnni;
+  }
+  if ((target == HWY_AVX3_DL || target == HWY_AVX3 || target == HWY_AVX2) &&
+      Int8KernelAvailable(Int8Kernel::kAvx2)) {
+    return Int8Kernel::kAvx2;
+  }
+#endif
+  return Int8Kernel::kPortable;
+}
+
 void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const QuantMatrix& w,
                   const MatrixView& c) {
   assert(c.rows == rows && c.cols == w.rows && "GemvInt8Rows: c must be [rows, w.rows]");
   if (rows == 0 || w.rows == 0) return;
-  if (kernel == Int8Kernel::kAuto) {
-#if defined(__x86_64__)
-    const int64_t target = ActiveTarget();
-    kernel = target == HWY_AVX3_DL && Int8KernelAvailable(Int8Kernel::kAvx512Vnni)
-                 ? Int8Kernel::kAvx512Vnni
-             : (target == HWY_AVX3_DL || target == HWY_AVX3 || target == HWY_AVX2) &&
-                     Int8KernelAvailable(Int8Kernel::kAvx2)
-                 ? Int8Kernel::kAvx2
-                 : Int8Kernel::kPortable;
-#else
-    kernel = Int8Kernel::kPortable;
-#endif
-  }
+  if (kernel == Int8Kernel::kAuto) kernel = Int8ActiveKernel();
   MHA_CHECK(Int8KernelAvailable(kernel), "GemvInt8Rows: the kernel must run on this CPU");
 #if defined(__x86_64__)
   if (kernel == Int8Kernel::kAvx512Vnni) {

@@ -84,6 +84,8 @@ void GemmInt8(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& 
 enum class Int8Kernel { kAuto, kPortable, kAvx2, kAvx512Vnni };
 bool Int8KernelAvailable(Int8Kernel kernel);
 const char* Int8KernelName(Int8Kernel kernel);
+// The kernel kAuto runs on this CPU and dispatched target (never kAuto).
+Int8Kernel Int8ActiveKernel();
 void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const QuantMatrix& w,
                   const MatrixView& c);
 

@@ -177,6 +177,8 @@ class HelpAndVersion(unittest.TestCase):
         self.assertIn("SIMD target:", p.stdout)
         self.assertIn("BLIS arch:", p.stdout)
         self.assertRegex(p.stdout, r"(?m)^f32 prepacking: (yes|no)$")
+        self.assertRegex(p.stdout,
+                         r"(?m)^int8 kernel: (avx512_vnni|avx2|neon_dotprod|portable)$")
 
 
 class Outputs(unittest.TestCase):
@@ -820,8 +822,10 @@ class Decode(unittest.TestCase):
                                 "1", "--min-time", "0", "--min-runs", "1", "--weights-dtype", "i4",
                                 "--compute", "int8", "--decode-shape", "256,4,2", "--prefill",
                                 "64", "--kv-dtypes", "f32"])
-        self.assertIn("weights: i4  |  compute: int8 activations", p.stdout)
+        kernel = version_fields()["int8 kernel"]
+        self.assertIn("weights: i4  |  compute: int8 activations (%s)" % kernel, p.stdout)
         self.assertEqual(doc["header"]["compute"], "int8")
+        self.assertEqual(doc["header"]["int8_kernel"], kernel)
         self.assertEqual(len(doc["results"]), 1)
         self.assertEqual(doc["results"][0]["error"], "")
 

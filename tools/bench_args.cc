@@ -848,9 +848,10 @@ Output (a table on stdout always; progress on stderr when it is a terminal):
                      https://ui.perfetto.dev or chrome://tracing
 
   --help, -h         this text
-  --version          mha version, SIMD target, BLIS architecture, bf16 kernel, and whether f32
-                     weights are prepacked here ("f32 prepacking: yes|no"; the grouped forward
-                     of short sequences needs it)
+  --version          mha version, SIMD target, BLIS architecture, the bf16 and int8-activation
+                     kernels (--compute bf16 / int8), and whether f32 weights are prepacked
+                     here ("f32 prepacking: yes|no"; the grouped forward of short sequences
+                     needs it)
 
 Columns:
   median_ms p10_ms p90_ms  latency of one forward, milliseconds (10th/50th/90th percentile)

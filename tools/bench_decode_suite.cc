@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/gemv_int8.h"
 #include "mha/mha.hpp"
 #include "tools/bench_bandwidth.h"
 #include "tools/bench_decode.h"
@@ -181,9 +182,11 @@ int RunDecodeSuite(const BenchOptions& o) {
     std::printf("read bandwidth (streaming sum of %zu MiB), %zu thread(s): %.1f GB/s\n",
                 ReadBufferBytes() >> 20, t, read_gbs[t]);
   }
-  const std::string compute = o.bf16_compute   ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")"
-                              : o.int8_compute ? "int8 activations"
-                                               : "f32";
+  const std::string compute = o.bf16_compute ? "bf16 (" + OrUnknown(Bf16Kernel()) + ")"
+                              : o.int8_compute
+                                  ? std::string("int8 activations (") +
+                                        kernels::Int8KernelName(kernels::Int8ActiveKernel()) + ")"
+                                  : "f32";
   std::printf("weights: %s  |  compute: %s\n",
               WeightsDtypeName(o.decode_weights, o.decode_weight_block).c_str(), compute.c_str());
   std::unique_ptr<PeerComparison> peers;
@@ -358,6 +361,7 @@ int RunDecodeSuite(const BenchOptions& o) {
     doc["header"]["tolerance"] = o.tolerance;
     doc["header"]["compute"] = o.bf16_compute ? "bf16" : o.int8_compute ? "int8" : "f32";
     doc["header"]["bf16_kernel"] = OrUnknown(Bf16Kernel());
+    doc["header"]["int8_kernel"] = kernels::Int8KernelName(kernels::Int8ActiveKernel());
     if (hf != nullptr) doc["header"]["hf"] = HfModelJson(hf_model);
     AddPeersHeaderJson(peer_header, &doc["header"]);
     doc["results"] = nlohmann::ordered_json::array();

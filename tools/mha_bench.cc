@@ -10,6 +10,7 @@
 #include <new>
 
 #include "kernels/gemm_route.h"
+#include "kernels/gemv_int8.h"
 #include "mha/mha.hpp"
 #include "tools/bench_args.h"
 #include "tools/bench_decode.h"
@@ -37,9 +38,10 @@ int Main(int argc, char** argv) {
       // as Debian's arm64 BLIS does under qemu (its cortexa57 configuration).
       std::printf(
           "mha-bench (mha %s)\nSIMD target: %s\nBLIS arch: %s\nbf16 kernel: %s\n"
-          "f32 prepacking: %s\n",
+          "int8 kernel: %s\nf32 prepacking: %s\n",
           OrUnknown(Version()).c_str(), OrUnknown(SimdTarget()).c_str(),
           OrUnknown(BlasArch()).c_str(), OrUnknown(Bf16Kernel()).c_str(),
+          kernels::Int8KernelName(kernels::Int8ActiveKernel()),
           kernels::WeightsPrepackable(DType::kF32) ? "yes" : "no");
       return kExitOk;
     case ParseAction::kRun:
