@@ -85,6 +85,10 @@ bool Int8KernelAvailable(Int8Kernel kernel) {
       static const bool has = CpuHasAvx512Vnni();
       return has;
     }
+    case Int8Kernel::kNeonDotProd: {
+      static const bool has = CpuHasNeonDotProd();
+      return has;
+    }
   }
   return false;
 }
@@ -99,6 +103,8 @@ const char* Int8KernelName(Int8Kernel kernel) {
       return "avx2";
     case Int8Kernel::kAvx512Vnni:
       return "avx512_vnni";
+    case Int8Kernel::kNeonDotProd:
+      return "neon_dotprod";
   }
   return "unknown";
 }
@@ -116,6 +122,9 @@ void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const Quant
                      Int8KernelAvailable(Int8Kernel::kAvx2)
                  ? Int8Kernel::kAvx2
                  : Int8Kernel::kPortable;
+#elif defined(__aarch64__)
+    kernel = Int8KernelAvailable(Int8Kernel::kNeonDotProd) ? Int8Kernel::kNeonDotProd
+                                                           : Int8Kernel::kPortable;
 #else
     kernel = Int8Kernel::kPortable;
 #endif
@@ -128,6 +137,11 @@ void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const Quant
   }
   if (kernel == Int8Kernel::kAvx2) {
     GemvInt8Avx2(qa, rows, w, c);
+    return;
+  }
+#elif defined(__aarch64__)
+  if (kernel == Int8Kernel::kNeonDotProd) {
+    GemvInt8NeonDotProd(qa, rows, w, c);
     return;
   }
 #endif
