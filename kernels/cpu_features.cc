@@ -9,6 +9,9 @@
 #if defined(__aarch64__) && defined(__linux__)
 #include <asm/hwcap.h>
 #include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)  // Linux arch/arm64 uapi hwcap.h
+#endif
 #endif
 
 namespace mha {
@@ -68,6 +71,14 @@ bool CpuHasAmx() { return false; }
 bool CpuHasArmBf16() {
 #if defined(__aarch64__) && defined(__linux__) && defined(HWCAP2_BF16)
   return (getauxval(AT_HWCAP2) & HWCAP2_BF16) != 0;
+#else
+  return false;
+#endif
+}
+
+bool CpuHasArmDotProd() {
+#if defined(__aarch64__) && defined(__linux__)
+  return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #else
   return false;
 #endif

@@ -22,6 +22,8 @@ bool CpuHasAvx512Bf16();
 bool CpuHasAmx();
 // Arm FEAT_BF16 (BFMMLA, BFDOT).
 bool CpuHasArmBf16();
+// Arm FEAT_DotProd (SDOT, UDOT).
+bool CpuHasArmDotProd();
 
 }  // namespace kernels
 }  // namespace mha

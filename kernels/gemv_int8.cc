@@ -1,6 +1,7 @@
 // Dynamic dispatch of the int8-activation products (gemv_int8.h): gemv_int8-inl.h is compiled
-// once per Highway target (foreach_target); the VNNI kernel (gemv_int8_avx512vnni.cc) is chosen
-// here after a CPU check.
+// once per Highway target (foreach_target); the per-ISA kernels (gemv_int8_avx512vnni.cc,
+// gemv_int8_avx2.cc, gemv_int8_neon_dotprod.cc) are chosen here after a CPU check
+// (cpu_features.h).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/gemv_int8.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -59,6 +60,10 @@ bool Int8KernelAvailable(Int8Kernel kernel) {
       static const bool has = CpuHasAvx512Vnni();
       return has;
     }
+    case Int8Kernel::kNeonDotProd: {
+      static const bool has = CpuHasArmDotProd();
+      return has;
+    }
   }
   return false;
 }
@@ -73,6 +78,8 @@ const char* Int8KernelName(Int8Kernel kernel) {
       return "avx2";
     case Int8Kernel::kAvx512Vnni:
       return "avx512_vnni";
+    case Int8Kernel::kNeonDotProd:
+      return "neon_dotprod";
   }
   return "unknown";
 }
@@ -87,6 +94,9 @@ Int8Kernel Int8ActiveKernel() {
       Int8KernelAvailable(Int8Kernel::kAvx2)) {
     return Int8Kernel::kAvx2;
   }
+#elif defined(__aarch64__)
+  // Every aarch64 Highway target, SVE's and SCALAR's too: the NEON kernel reads 128-bit halves.
+  if (Int8KernelAvailable(Int8Kernel::kNeonDotProd)) return Int8Kernel::kNeonDotProd;
 #endif
   return Int8Kernel::kPortable;
 }
@@ -104,6 +114,11 @@ void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const Quant
   }
   if (kernel == Int8Kernel::kAvx2) {
     GemvInt8Avx2(qa, rows, w, c);
+    return;
+  }
+#elif defined(__aarch64__)
+  if (kernel == Int8Kernel::kNeonDotProd) {
+    GemvInt8NeonDotProd(qa, rows, w, c);
     return;
   }
 #endif

@@ -3,11 +3,12 @@
 // row of a quantized to int8 per block as the call starts, integer dot products summed exactly
 // in int32 per block, then scaled and summed in f32. Plain declarations; the activation
 // quantization and the portable kernel are per-target code in gemv_int8-inl.h (dispatched in
-// gemv_int8.cc), the x86 kernels gemv_int8_avx512vnni.cc (AVX512_VNNI) and gemv_int8_avx2.cc.
+// gemv_int8.cc), the x86 kernels gemv_int8_avx512vnni.cc (AVX512_VNNI) and gemv_int8_avx2.cc,
+// the Arm one gemv_int8_neon_dotprod.cc (FEAT_DotProd).
 //
 // Why: with f32 activations a quantized weight costs a widening, a conversion and an FMA per
 // multiply-add (GemvQuant), which one core cannot feed at memory speed; VPDPBUSD multiplies 64
-// byte pairs and sums them in four per 32-bit lane in one instruction.
+// byte pairs and sums them in four per 32-bit lane in one instruction (Arm's SDOT: 16 pairs).
 //
 // Arithmetic (the definition every target reproduces bitwise; kernels/README.md "int8
 // activations" shows the lane layout):
@@ -80,8 +81,10 @@ void GemmInt8(const ConstMatrixView& a, const QuantMatrix& w, const MatrixView& 
 // layout for w): c row i = qa row i times w^T. Int8Kernel names which; kAuto is the VNNI kernel
 // where the CPU has AVX512_VNNI and the dispatched Highway target is AVX3_DL, the AVX2 kernel
 // where the dispatched target is AVX3 or AVX2 (so MHA_TARGETS=AVX2 times it on any AVX-512 CPU),
-// else the portable kernel on the dispatched target. All give the same bits.
-enum class Int8Kernel { kAuto, kPortable, kAvx2, kAvx512Vnni };
+// on aarch64 the SDOT kernel where the CPU has FEAT_DotProd (whichever Highway target runs: NEON,
+// SVE, or SCALAR on a core without AES), else the portable kernel on the dispatched target. All
+// give the same bits.
+enum class Int8Kernel { kAuto, kPortable, kAvx2, kAvx512Vnni, kNeonDotProd };
 bool Int8KernelAvailable(Int8Kernel kernel);
 const char* Int8KernelName(Int8Kernel kernel);
 // The kernel kAuto runs on this CPU and dispatched target (never kAuto).

@@ -1,6 +1,7 @@
-// What the per-ISA int8-activation kernels (gemv_int8_avx512vnni.cc, gemv_int8_avx2.cc) share:
-// their call's operands and cache blocking, and their entry points. Internal to kernels/; the
-// contract is GemvInt8Rows' (gemv_int8.h), and each runs only after Int8KernelAvailable.
+// What the per-ISA int8-activation kernels (gemv_int8_avx512vnni.cc, gemv_int8_avx2.cc,
+// gemv_int8_neon_dotprod.cc) share: their call's operands and cache blocking, and their entry
+// points. Internal to kernels/; the contract is GemvInt8Rows' (gemv_int8.h), and each runs only
+// after Int8KernelAvailable.
 #ifndef MHA_KERNELS_GEMV_INT8_NATIVE_H_
 #define MHA_KERNELS_GEMV_INT8_NATIVE_H_
 
@@ -34,6 +35,9 @@ inline constexpr size_t kInt8BlockRows = 32;
 // x86-64 only.
 void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c);
 void GemvInt8Avx2(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c);
+
+// aarch64 only (FEAT_DotProd: cpu_features.h's CpuHasArmDotProd).
+void GemvInt8NeonDotProd(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c);
 
 }  // namespace kernels
 }  // namespace mha

@@ -2,9 +2,12 @@
 // test's own scalar reading of the definition (input order, codes through quant.h's RowCode):
 // - the activation quantization: codes at their layout positions, scales, lane sums, bitwise;
 //   ties, non-finite and tiny blocks;
-// - every kernel (portable on each target, AVX-512 VNNI where the CPU has it): bitwise the
-//   reference, odd depths (1..300, across units and blocks), 1..9 rows, odd weight row counts,
-//   misaligned a, codes and scales, strided c;
+// - every kernel (portable on each target; AVX2, AVX-512 VNNI, Arm SDOT where the CPU has them,
+//   the kernels run printed per target): bitwise the reference, odd depths (1..300, across units
+//   and blocks), 1..9 and 33 rows (two row blocks), odd weight row counts, misaligned a, codes and
+//   scales, strided c;
+// - which kernels this CPU reports: SDOT exactly where Linux reports FEAT_DotProd, and always
+//   under qemu's `max` CPU (so an aarch64 run cannot pass without testing it);
 // - GemmInt8: a row gives the same bits alone and among many (decode == prefill);
 // - the error against the double product of the dequantized weights and f32 activations.
 #include "kernels/gemv_int8.h"
@@ -13,6 +16,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -24,6 +29,13 @@
 #include "tests/kernel_test_util.h"
 #include "tests/quant_test_util.h"
 #include "tests/random_util.h"
+
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1UL << 20)  // Linux arch/arm64 uapi hwcap.h
+#endif
+#endif
 
 namespace mha {
 namespace kernels {
@@ -176,13 +188,18 @@ TEST_P(GemvInt8Test, QuantizationMatchesTheDefinition) {
 TEST_P(GemvInt8Test, KernelsMatchTheReferenceBitwise) {
   std::mt19937 rng(5);
   std::vector<Int8Kernel> kernels = {Int8Kernel::kPortable};
-  for (Int8Kernel k : {Int8Kernel::kAvx2, Int8Kernel::kAvx512Vnni}) {
-    if (Int8KernelAvailable(k)) kernels.push_back(k);
+  std::string names = Int8KernelName(Int8Kernel::kPortable);
+  for (Int8Kernel k : {Int8Kernel::kAvx2, Int8Kernel::kAvx512Vnni, Int8Kernel::kNeonDotProd}) {
+    if (Int8KernelAvailable(k)) {
+      kernels.push_back(k);
+      names = names + " " + Int8KernelName(k);
+    }
   }
+  std::printf("int8 kernels on %s: %s\n", target_name(), names.c_str());
   for (const Format& f : kFormats) {
-    for (size_t k : {1, 7, 32, 63, 65, 127, 160, 257, 300}) {
+    for (size_t k : {1, 7, 32, 63, 65, 127, 160, 256, 257, 300}) {
       for (size_t n : {1, 2, 5}) {
-        for (size_t m : {1, 3, 4, 9}) {
+        for (size_t m : {1, 3, 4, 9, 33}) {
           const size_t lda = k + 1;  // misaligned rows from row 1 on
           std::vector<float> a = Activations(m, lda, &rng);
           const std::vector<float> wf = test::SymmetricFloats(n * k, 0.5f, &rng);
@@ -250,6 +267,23 @@ TEST_P(GemvInt8Test, RowsAreIndependentAndWithinTheActivationBound) {
 }
 
 MHA_INSTANTIATE_PER_TARGET(GemvInt8Test);
+
+// Int8KernelAvailable(kNeonDotProd) follows the CPU: the HWCAP bit on aarch64 Linux, false
+// elsewhere. qemu's default `max` CPU has FEAT_DotProd, so the emulated runs (QEMU_CPU, seen by
+// the guest, starting with "max") must report it.
+TEST(GemvInt8KernelsTest, NeonDotProdWhereTheCpuHasIt) {
+  const bool available = Int8KernelAvailable(Int8Kernel::kNeonDotProd);
+#if defined(__aarch64__) && defined(__linux__)
+  EXPECT_EQ(available, (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0);
+  const char* qemu_cpu = std::getenv("QEMU_CPU");
+  if (qemu_cpu != nullptr && std::strncmp(qemu_cpu, "max", 3) == 0) {
+    EXPECT_TRUE(available) << "QEMU_CPU=" << qemu_cpu << " emulates FEAT_DotProd";
+  }
+#else
+  EXPECT_FALSE(available);
+#endif
+  std::printf("neon_dotprod available: %s\n", available ? "yes" : "no");
+}
 
 }  // namespace
 }  // namespace kernels
