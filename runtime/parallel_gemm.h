@@ -39,9 +39,12 @@ inline constexpr uint64_t kMinLargePanelTasks = 8;
 // Columns per panel of a GEMV-route product (kernels::kGemvMaxRows rows or fewer): a memory-bound
 // stream of the weights, split finely so that all threads share it.
 inline constexpr size_t kFewRowsPanelCols = 64;
-// The same for int8 activations (Compute::kInt8): each task quantizes its rows of a afresh
-// (2.4 us per row of 4096 inputs, Zen 4), so wider panels: one thread, [1, 4096] x [6144, 4096]
-// i4 with VNNI, quantization + kernel 0.23 + 0.60 ms in 64-column panels.
+// The same for int8 activations (Compute::kInt8). A worker quantizes a panel's rows once for all
+// the column panels it takes (parallel_gemm.cc), so the width only trades the threads' balance
+// against per-task overhead: Llama-3-8B-shaped decode step, 512 positions, 2 threads, Zen 4 VM
+// (VNNI kernel), medians of 6 alternating runs: i8 1.18 ms at 256 columns against 1.26 at 64,
+// i4 0.72 against 0.67, both within the machine's run-to-run noise. Not yet measured on an
+// AVX2-only CPU.
 inline constexpr size_t kInt8FewRowsPanelCols = 256;
 
 // A weight matrix in nn.Linear layout [out, in], row-major (row stride = in), stored in f32,
