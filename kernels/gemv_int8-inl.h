@@ -85,7 +85,8 @@ inline void QuantizeRow(const float* a, size_t k, DType type, const Int8ActLayou
     for (size_t b = 0; b < blocks; ++b) {
       const size_t start = p0 + b * lay.block;
       const size_t n = start < k ? std::min(lay.block, k - start) : 0;
-      block_scales[b] = QuantizeBlock(a + std::min(start, k), n, lay.block, unit_codes + b * lay.block);
+      block_scales[b] =
+          QuantizeBlock(a + std::min(start, k), n, lay.block, unit_codes + b * lay.block);
     }
     int8_t* out = codes + p0;
     int32_t* lane_sums = sums + 16 * u;

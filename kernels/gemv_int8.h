@@ -57,11 +57,11 @@ inline constexpr float kInt8MinAmax = 1e-30f;
 //   sums   n_units * 16 int32: lane L's sum of activation codes times -128 (kI8) or -8 (kI4),
 //          the correction of VPDPBUSD's unsigned operand (w + 128, or the kI4 nibble code + 8).
 struct Int8ActLayout {
-  size_t unit = 0;      // inputs per unit: 128
-  size_t units = 0;     // ceil(k / unit)
-  size_t block = 0;     // activation block: 32 or 128
+  size_t unit = 0;             // inputs per unit: 128
+  size_t units = 0;            // ceil(k / unit)
+  size_t block = 0;            // activation block: 32 or 128
   size_t scales_per_unit = 0;  // 4
-  size_t scales_offset = 0;  // bytes from the row's start
+  size_t scales_offset = 0;    // bytes from the row's start
   size_t sums_offset = 0;
   size_t row_bytes = 0;  // a multiple of 64
 };

@@ -80,10 +80,10 @@ MHA_AVX2_ATTR void TileI4(const Args& x, size_t i0, size_t r) {
   const __m256i ones = _mm256_set1_epi16(1);
   for (size_t u = 0; u < lay.units; ++u) {
     const uint8_t* g = wrow + kI4GroupBytes * u;
-    const __m256i g0 = _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)),
-                                           gather);
-    const __m256i g1 = _mm256_shuffle_epi8(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)), gather);
+    const __m256i g0 =
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)), gather);
+    const __m256i g1 =
+        _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)), gather);
     const __m256i lo0 = _mm256_and_si256(g0, low4), lo1 = _mm256_and_si256(g1, low4);
     const __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(g0, 4), low4);
     const __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(g1, 4), low4);
@@ -106,8 +106,7 @@ MHA_AVX2_ATTR void TileI4(const Args& x, size_t i0, size_t r) {
       const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo1, _mm256_load_si256(a + 1)),
                                           _mm256_maddubs_epi16(hi1, _mm256_load_si256(a + 3)));
       const __m256i s0 = _mm256_add_epi32(_mm256_madd_epi16(p0, ones), _mm256_load_si256(corr));
-      const __m256i s1 =
-          _mm256_add_epi32(_mm256_madd_epi16(p1, ones), _mm256_load_si256(corr + 1));
+      const __m256i s1 = _mm256_add_epi32(_mm256_madd_epi16(p1, ones), _mm256_load_si256(corr + 1));
       const __m128 as4 =
           _mm_load_ps(reinterpret_cast<const float*>(arow[i] + lay.scales_offset) + 4 * u);
       const __m256 f = Broadcast4(_mm_mul_ps(as4, ws4));
@@ -117,8 +116,7 @@ MHA_AVX2_ATTR void TileI4(const Args& x, size_t i0, size_t r) {
   }
 #pragma GCC unroll 4
   for (size_t i = 0; i < kRows; ++i) {
-    x.Out(i0 + i, r) =
-        LaneTree(acc[i][0], acc[i][1]);
+    x.Out(i0 + i, r) = LaneTree(acc[i][0], acc[i][1]);
   }
 }
 
@@ -150,7 +148,8 @@ MHA_AVX2_ATTR void TileI8(const Args& x, size_t i0, size_t r) {
     } else {
       alignas(32) uint8_t tail[kI4Group] = {};
       std::copy(wrow + kI4Group * u, wrow + w.cols, tail);
-      for (size_t j = 0; j < 4; ++j) b[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail + 32 * j));
+      for (size_t j = 0; j < 4; ++j)
+        b[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail + 32 * j));
     }
     const __m256i t0 = _mm256_unpacklo_epi32(b[0], b[1]), t1 = _mm256_unpackhi_epi32(b[0], b[1]);
     const __m256i t2 = _mm256_unpacklo_epi32(b[2], b[3]), t3 = _mm256_unpackhi_epi32(b[2], b[3]);
@@ -169,8 +168,8 @@ MHA_AVX2_ATTR void TileI8(const Args& x, size_t i0, size_t r) {
                                           Dot4(hi0a, hi0, _mm256_load_si256(a + 2), ones));
       const __m256i s1 = _mm256_add_epi32(Dot4(lo1a, lo1, _mm256_load_si256(a + 1), ones),
                                           Dot4(hi1a, hi1, _mm256_load_si256(a + 3), ones));
-      const __m256 f = _mm256_broadcast_ps(
-          reinterpret_cast<const __m128*>(arow[i] + lay.scales_offset) + u);
+      const __m256 f =
+          _mm256_broadcast_ps(reinterpret_cast<const __m128*>(arow[i] + lay.scales_offset) + u);
       acc[i][0] = Accumulate(acc[i][0], s0, f);
       acc[i][1] = Accumulate(acc[i][1], s1, f);
     }
@@ -178,8 +177,7 @@ MHA_AVX2_ATTR void TileI8(const Args& x, size_t i0, size_t r) {
   const float ws = w.scales[r * w.scales_per_row];
 #pragma GCC unroll 4
   for (size_t i = 0; i < kRows; ++i) {
-    x.Out(i0 + i, r) =
-        LaneTree(acc[i][0], acc[i][1]) * ws;
+    x.Out(i0 + i, r) = LaneTree(acc[i][0], acc[i][1]) * ws;
   }
 }
 

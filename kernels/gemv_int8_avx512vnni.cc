@@ -48,7 +48,8 @@ constexpr __mmask16 kAll = 0xFFFF;
 
 // The definition's lane tree: lanes L + 8, then L + 4, L + 2, L + 1.
 MHA_VNNI_INLINE float LaneTree(__m512 acc) {
-  const __m256 t8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, acc, 0), _mm512_maskz_extractf32x8_ps(0xFF, acc, 1));
+  const __m256 t8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, acc, 0),
+                                  _mm512_maskz_extractf32x8_ps(0xFF, acc, 1));
   const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t8), _mm256_extractf128_ps(t8, 1));
   const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
   return _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
@@ -119,8 +120,7 @@ MHA_VNNI_ATTR void TileI8(const Args& x, size_t i0, size_t r0) {
 #pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
       const float ws = w.scales[(r0 + j) * w.scales_per_row];
-      x.Out(i0 + i, r0 + j) =
-          LaneTree(acc[i][j]) * ws;
+      x.Out(i0 + i, r0 + j) = LaneTree(acc[i][j]) * ws;
     }
   }
 }
@@ -138,8 +138,8 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
 #pragma GCC unroll 4
   for (size_t j = 0; j < kCols; ++j) wsrow[j] = w.scales + (r0 + j) * w.scales_per_row;
   // Within each 128-bit lane, byte 4j + i <- byte 4i + j: word 4l + i's byte j (block j).
-  const __m512i gather = _mm512_maskz_broadcast_i32x4(kAll,
-      _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  const __m512i gather = _mm512_maskz_broadcast_i32x4(
+      kAll, _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const size_t full_scales = w.scales_per_row / 4;  // units whose four 32-block scales exist
   for (size_t u = 0; u < lay.units; ++u) {
@@ -147,7 +147,8 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
     __m128 ws4[kCols];
 #pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
-      const __m512i g = _mm512_shuffle_epi8(_mm512_loadu_si512(wrow[j] + kI4GroupBytes * u), gather);
+      const __m512i g =
+          _mm512_shuffle_epi8(_mm512_loadu_si512(wrow[j] + kI4GroupBytes * u), gather);
       lo[j] = _mm512_and_si512(g, low4);
       hi[j] = _mm512_and_si512(_mm512_srli_epi16(g, 4), low4);
       if (!block32) {
@@ -178,8 +179,7 @@ MHA_VNNI_ATTR void TileI4(const Args& x, size_t i0, size_t r0) {
   for (size_t i = 0; i < kRows; ++i) {
 #pragma GCC unroll 4
     for (size_t j = 0; j < kCols; ++j) {
-      x.Out(i0 + i, r0 + j) =
-          LaneTree(acc[i][j]);
+      x.Out(i0 + i, r0 + j) = LaneTree(acc[i][j]);
     }
   }
 }

@@ -69,8 +69,15 @@ struct QuantMatrix {
   bool empty() const { return codes == nullptr; }
   // Rows [r0, r0 + n) (r0 + n <= rows).
   QuantMatrix Rows(size_t r0, size_t n) const {
-    return {codes + r0 * row_bytes, scales + r0 * scales_per_row, type, block, n, cols, row_bytes,
-            scales_per_row, int8_activations};
+    return {codes + r0 * row_bytes,
+            scales + r0 * scales_per_row,
+            type,
+            block,
+            n,
+            cols,
+            row_bytes,
+            scales_per_row,
+            int8_activations};
   }
 };
 

@@ -389,7 +389,8 @@ TEST(Bf16ComputeTest, ConfigRefusesAnUnknownCompute) {
   std::unique_ptr<MultiheadAttention> mha;
   const Status s = MultiheadAttention::Create(p.config, WeightsOf(p), p.binding, &mha);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("compute: expected kF32 (0), kBF16 (1) or kInt8 (2), got 7"), std::string::npos)
+  EXPECT_NE(s.message().find("compute: expected kF32 (0), kBF16 (1) or kInt8 (2), got 7"),
+            std::string::npos)
       << s.message();
 }
 

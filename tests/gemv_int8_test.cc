@@ -42,8 +42,8 @@ namespace kernels {
 namespace {
 
 // w [rows, cols] quantized (misaligned by `offset`), for int8-activation products.
-QuantStorage QuantizeWeights(const std::vector<float>& w, size_t rows, size_t cols,
-                             const Format& f, size_t offset) {
+QuantStorage QuantizeWeights(const std::vector<float>& w, size_t rows, size_t cols, const Format& f,
+                             size_t offset) {
   QuantStorage q = Quantize(w, rows, cols, f, offset);
   q.m.int8_activations = true;
   return q;
@@ -100,7 +100,8 @@ float DotRef(const RefRow& a, const QuantMatrix& w, size_t r) {
       int32_t s = 0;
       const size_t first = 128 * u + 32 * (l % 4) + 4 * (l / 4);  // the lane's first input
       for (size_t i = 0; i < 4; ++i) {
-        s += a.codes[first + i] * wcode(first + i) + a.codes[first + 16 + i] * wcode(first + 16 + i);
+        s +=
+            a.codes[first + i] * wcode(first + i) + a.codes[first + 16 + i] * wcode(first + 16 + i);
       }
       float f = a.scales[first / ablock];
       if (w.type == DType::kI4) {
@@ -210,8 +211,7 @@ TEST_P(GemvInt8Test, KernelsMatchTheReferenceBitwise) {
           QuantizeActivationsInt8(a.data() + 1, lda, m, k, f.type, f.block, qa);
           for (Int8Kernel kernel : kernels) {
             std::vector<float> c(m * n * 2, -7.0f);  // column-major with a padded stride
-            GemvInt8Rows(kernel, qa, m, w.m,
-                         {c.data(), m, n, 1, static_cast<ptrdiff_t>(2 * m)});
+            GemvInt8Rows(kernel, qa, m, w.m, {c.data(), m, n, 1, static_cast<ptrdiff_t>(2 * m)});
             for (size_t i = 0; i < m; ++i) {
               const RefRow ref = QuantizeRef(a.data() + 1 + i * lda, k, kI4Group, ActBlockOf(f));
               for (size_t r = 0; r < n; ++r) {

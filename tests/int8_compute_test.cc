@@ -59,9 +59,10 @@ TEST(Int8ComputeTest, CloseToF32ActivationsOnTheSameWeights) {
       const Format& q = kFormats[qi];
       SCOPED_TRACE(p.Describe() + " weight_dtype " + q.Name());
       testing_util::Views int8, f32;
-      testing_util::RunLayerForward(Int8Config(p.config, q), WeightsOf(p), WeightBinding::kCopy, p, 2, &int8);
-      testing_util::RunLayerForward(Int8Config(p.config, q, Compute::kF32), WeightsOf(p), WeightBinding::kCopy,
-                      p, 2, &f32);
+      testing_util::RunLayerForward(Int8Config(p.config, q), WeightsOf(p), WeightBinding::kCopy, p,
+                                    2, &int8);
+      testing_util::RunLayerForward(Int8Config(p.config, q, Compute::kF32), WeightsOf(p),
+                                    WeightBinding::kCopy, p, 2, &f32);
       if (::testing::Test::HasFatalFailure()) return;
       const testing_util::OutputError e = testing_util::MaxError(int8.output, f32.output);
       EXPECT_LE(e.err, kBound * std::max(e.scale, 1e-3));
@@ -105,8 +106,8 @@ TEST_P(Int8ComputeTargetTest, RowsGiveTheSameBitsAloneOrAmongMany) {
     c.batch_first = true;
     std::unique_ptr<MultiheadAttention> layer;
     WithDefaultTarget([&] {
-      ASSERT_TRUE(MultiheadAttention::Create(Int8Config(c, q), w, WeightBinding::kCopy, &layer)
-                      .ok());
+      ASSERT_TRUE(
+          MultiheadAttention::Create(Int8Config(c, q), w, WeightBinding::kCopy, &layer).ok());
     });
     const auto run = [&](int64_t n, const float* in, size_t threads, std::vector<float>* out) {
       ContextOptions o;
@@ -169,8 +170,7 @@ TEST(Int8ComputeTest, KvCacheDecodeMatchesForward) {
   for (const Format& q : kFormats) {
     SCOPED_TRACE(q.Name());
     std::unique_ptr<MultiheadAttention> layer;
-    ASSERT_TRUE(
-        MultiheadAttention::Create(Int8Config(c, q), w, WeightBinding::kCopy, &layer).ok());
+    ASSERT_TRUE(MultiheadAttention::Create(Int8Config(c, q), w, WeightBinding::kCopy, &layer).ok());
     std::unique_ptr<Context> ctx;
     ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
     std::unique_ptr<KvCache> cache;

@@ -31,7 +31,7 @@ struct QuantStorage {
 };
 
 inline QuantStorage Quantize(const std::vector<float>& w, size_t rows, size_t cols, const Format& f,
-                      size_t offset = 0, size_t row_pad = 0) {
+                             size_t offset = 0, size_t row_pad = 0) {
   QuantStorage q;
   const size_t row_bytes = QuantRowBytes(f.type, f.block, cols) + row_pad;
   const size_t spr = QuantScalesPerRow(f.type, f.block, cols);

@@ -614,8 +614,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     return r;
   }
   if (o->int8_compute && !IsQuantized(o->decode_weights)) {
-    r.error = std::string("--compute: int8 multiplies quantized weights: expected --weights-dtype "
-                          "i8, i4 or i4-128 (with --decode or --hf), got ") +
+    r.error = std::string(
+                  "--compute: int8 multiplies quantized weights: expected --weights-dtype "
+                  "i8, i4 or i4-128 (with --decode or --hf), got ") +
               DTypeName(o->decode_weights) + " weights";
     return r;
   }

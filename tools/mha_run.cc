@@ -312,8 +312,7 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
                        : text == "int8" ? Compute::kInt8
                                         : Compute::kF32;
         } else {
-          return InvalidArgument("--compute: expected 'f32', 'bf16' or 'int8', got '" + text +
-                                 "'");
+          return InvalidArgument("--compute: expected 'f32', 'bf16' or 'int8', got '" + text + "'");
         }
       }
     } else if (arg == "--kv-dtype") {
