@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <vector>
@@ -81,6 +82,35 @@ void FillOperands(const Problem& p, std::mt19937* rng, std::vector<float>* a, st
   for (std::vector<float>* v : {a, w, bias}) {
     for (float& x : *v) x = u(*rng);
   }
+}
+
+// Three jobs over one a [batches, m, k + 3] (padded rows) with `threads` threads, each with
+// biases[j] and c [batches, m, ns[j]]; set_weights gives job j its weights. Returns the c's.
+std::vector<std::vector<float>> RunSharedInput(
+    const std::vector<float>& a, size_t batches, size_t m, size_t k, const size_t (&ns)[3],
+    const std::vector<std::vector<float>>& biases, size_t threads,
+    const std::function<void(size_t, GemmJob*)>& set_weights) {
+  ThreadPool pool(threads);
+  std::vector<std::vector<float>> cs(3);
+  GemmJob jobs[3];
+  for (size_t j = 0; j < 3; ++j) {
+    cs[j].assign(batches * m * ns[j], std::nanf(""));
+    jobs[j].a = {a.data(), m, k, static_cast<ptrdiff_t>(k + 3), 1};
+    jobs[j].c = {cs[j].data(), m, ns[j], static_cast<ptrdiff_t>(ns[j]), 1};
+    jobs[j].bias = biases[j].data();
+    jobs[j].batches = batches;
+    jobs[j].a_batch_stride = static_cast<ptrdiff_t>(m * (k + 3));
+    jobs[j].c_batch_stride = static_cast<ptrdiff_t>(m * ns[j]);
+    set_weights(j, &jobs[j]);
+  }
+  size_t stride = 0;
+  RoundUpToAlignment(kernels::GemmScratchBytes(), &stride);
+  Arena arena;
+  EXPECT_TRUE(arena.Init(stride * threads + 64).ok());
+  void* scratch = nullptr;
+  EXPECT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
+  ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride, kernels::Bf16ActiveKernel());
+  return cs;
 }
 
 TEST(ParallelGemmTest, MatchesNaiveLoopAndIsIdenticalForAnyThreadCount) {
@@ -275,29 +305,12 @@ TEST(ParallelGemmTest, PrepackedJobsSharingTheirInput) {
     packs.push_back(Prepack(ws[j], k, ns[j]));
     want[j] = RunGemm(pj, a, ws[j], biases[j], 1, 0, packs[j].packed);
   }
-  size_t stride = 0;
-  RoundUpToAlignment(kernels::GemmScratchBytes(), &stride);
   for (size_t threads = 1; threads <= 4; ++threads) {
-    ThreadPool pool(threads);
-    std::vector<std::vector<float>> cs(3);
-    GemmJob jobs[3];
-    for (size_t j = 0; j < 3; ++j) {
-      cs[j].assign(batches * m * ns[j], std::nanf(""));
-      jobs[j].a = {a.data(), m, k, static_cast<ptrdiff_t>(k + 3), 1};
-      jobs[j].b = {ws[j].data(), k, ns[j], 1, static_cast<ptrdiff_t>(k)};
-      jobs[j].c = {cs[j].data(), m, ns[j], static_cast<ptrdiff_t>(ns[j]), 1};
-      jobs[j].b_packed = packs[j].packed;
-      jobs[j].bias = biases[j].data();
-      jobs[j].batches = batches;
-      jobs[j].a_batch_stride = static_cast<ptrdiff_t>(m * (k + 3));
-      jobs[j].c_batch_stride = static_cast<ptrdiff_t>(m * ns[j]);
-    }
-    Arena arena;
-    ASSERT_TRUE(arena.Init(stride * threads + 64).ok());
-    void* scratch = nullptr;
-    ASSERT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
-    ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride,
-                 kernels::Bf16ActiveKernel());
+    const std::vector<std::vector<float>> cs =
+        RunSharedInput(a, batches, m, k, ns, biases, threads, [&](size_t j, GemmJob* job) {
+          job->b = {ws[j].data(), k, ns[j], 1, static_cast<ptrdiff_t>(k)};
+          job->b_packed = packs[j].packed;
+        });
     for (size_t j = 0; j < 3; ++j) {
       ASSERT_EQ(0, std::memcmp(want[j].data(), cs[j].data(), want[j].size() * sizeof(float)))
           << "job " << j << ", " << threads << " threads";
@@ -341,25 +354,9 @@ TEST(ParallelGemmTest, Int8ActivationJobsSharingTheirInput) {
         }
       }
       for (size_t threads = 1; threads <= 4; ++threads) {
-        ThreadPool pool(threads);
-        std::vector<std::vector<float>> cs(3);
-        GemmJob jobs[3];
-        for (size_t j = 0; j < 3; ++j) {
-          cs[j].assign(batches * m * ns[j], std::nanf(""));
-          jobs[j].a = {a.data(), m, k, static_cast<ptrdiff_t>(k + 3), 1};
-          jobs[j].b_quant = ws[j].m;
-          jobs[j].c = {cs[j].data(), m, ns[j], static_cast<ptrdiff_t>(ns[j]), 1};
-          jobs[j].bias = biases[j].data();
-          jobs[j].batches = batches;
-          jobs[j].a_batch_stride = static_cast<ptrdiff_t>(m * (k + 3));
-          jobs[j].c_batch_stride = static_cast<ptrdiff_t>(m * ns[j]);
-        }
-        Arena arena;
-        ASSERT_TRUE(arena.Init(stride * threads + 64).ok());
-        void* scratch = nullptr;
-        ASSERT_TRUE(arena.Allocate(stride * threads, &scratch).ok());
-        ParallelGemm(pool, jobs, 3, static_cast<uint8_t*>(scratch), stride,
-                     kernels::Bf16ActiveKernel());
+        const std::vector<std::vector<float>> cs =
+            RunSharedInput(a, batches, m, k, ns, biases, threads,
+                           [&](size_t j, GemmJob* job) { job->b_quant = ws[j].m; });
         for (size_t j = 0; j < 3; ++j) {
           ASSERT_EQ(0, std::memcmp(want[j].data(), cs[j].data(), want[j].size() * sizeof(float)))
               << batches << " batches, m " << m << ", job " << j << " (" << formats[j].Name()
