@@ -194,8 +194,12 @@ bool Bf16KernelAvailable(Bf16Kernel kernel) {
       return has;
     }
     case Bf16Kernel::kAmx: {
+#if defined(__x86_64__)  // AmxPermitted is in gemm_bf16_amx.cc, an x86-64 file
       static const bool has = CpuHasAmx() && AmxPermitted();
       return has;
+#else
+      return false;
+#endif
     }
     case Bf16Kernel::kNeonBf16: {
       static const bool has = CpuHasNeonBf16();
