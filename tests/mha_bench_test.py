@@ -115,7 +115,10 @@ class ArgumentErrors(unittest.TestCase):
         (["--compare", "torch,onnx"], "'onnx' in 'torch,onnx'"),
         (["--compare"], "--compare: expected a value"),
         (["--compare-torch=1"], "--compare-torch"),
-        (["--decode", "--compare", "torch"], "--decode: expected --compare peers among ort, ort-int8, sdpa"),
+        (["--decode", "--compare", "torch"],
+         "--decode: expected --compare peers among ort, ort-int8, sdpa, ggml"),
+        (["--compare", "ggml"], "--compare: ggml times only a decode step"),
+        (["--compare", "torch,ort-int8"], "--compare: ort-int8 times only a decode step"),
         (["--decode", "--compare", "ort,openvino"], "'openvino'"),
         (["--decode", "--compare-torch"], "--decode"),
         (["--prefill", "512"], "--prefill: expected --decode as well"),
@@ -645,6 +648,30 @@ class PeersScript(unittest.TestCase):
             self.assertIn("cannot be imported", peers[name]["note"])
             self.assertIn("tools/dev peers", peers[name]["note"])
 
+    def test_ggml_without_llama_cpp_is_unavailable(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "llama_cpp"))
+            with open(os.path.join(d, "llama_cpp", "__init__.py"), "w") as f:
+                f.write("raise ImportError('not installed (stand-in)')\n")
+            env = dict(os.environ, PYTHONPATH=d, MHA_BENCH_PEER_PYTHON="/usr/bin/python3",
+                       MHA_BENCH_PEER_SCRIPT=self.SCRIPT)
+            jpath = os.path.join(d, "r.json")
+            p = subprocess.run(WRAPPER + [BENCH, "--decode", "--contexts", "16", "--batches", "1",
+                                          "--kv-dtypes", "f32", "--threads", "1", "--min-time",
+                                          "0", "--min-runs", "2", "--prefill", "none",
+                                          "--compare", "ggml", "--json", jpath],
+                               capture_output=True, text=True, timeout=240, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(jpath) as f:
+                doc = json.load(f)
+        self.assertEqual(len(doc["results"]), 2)  # MHA and GQA: asked once, then not run
+        for r in doc["results"]:
+            self.assertIsNone(r["peers"]["ggml"]["median_ms"])
+        self.assertIn("llama-cpp-python's ggml libraries cannot be loaded",
+                      doc["results"][0]["peers"]["ggml"]["note"])
+        self.assertIn("tools/dev peers", doc["results"][0]["peers"]["ggml"]["note"])
+        self.assertIn("unavailable", doc["results"][1]["peers"]["ggml"]["note"])
+
     def test_debian_torch_agrees_with_mha(self):
         if not system_python_has("torch"):
             self.skipTest("torch is not importable by /usr/bin/python3")
@@ -890,7 +917,7 @@ class Decode(unittest.TestCase):
 # A stand-in for tools/peers.py --decode: checks the data file mha-bench hands it (names, shapes,
 # dtypes), recomputes mha's decode step from it with numpy where numpy is importable (the layer,
 # the cached keys/values and the token must give mha's output), logs its call, and answers as
-# the real script can: ort agrees (its error is the recomputation's), sdpa disagrees.
+# the real script can: ort and ggml agree (their error is the recomputation's), sdpa disagrees.
 FAKE_DECODE_PEERS = r"""
 import json, os, struct, sys
 args = sys.argv[1:]
@@ -942,11 +969,12 @@ if np is not None and data_ok:
     err = float(np.max(np.abs(y - t["output"][:, 0])))
 with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
     f.write(json.dumps({"peer": peer, "args": args, "data_ok": data_ok, "err": err}) + "\n")
-ms = {"ort": 0.5, "ort-int8": 0.25, "sdpa": 3.0}[peer]
-precision = "int8" if peer == "ort-int8" else "f32"
+ms = {"ort": 0.5, "ort-int8": 0.25, "sdpa": 3.0, "ggml": 0.75}[peer]
+quantized = "--weights" in args
+precision = "int8" if peer == "ort-int8" or (peer == "ggml" and quantized) else "f32"
 print(json.dumps({"peer": peer, "version": "fake-" + peer, "precision": precision, "median_ms": ms,
                   "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "runs": 3,
-                  "max_abs_err": (err or 0.0) if peer.startswith("ort") else 0.5}))
+                  "max_abs_err": (err or 0.0) if peer != "sdpa" else 0.5}))
 """
 
 DECODE_PEER_FIELDS = {"median_ms", "p10_ms", "p90_ms", "runs", "ratio", "max_abs_err", "agrees",
@@ -972,36 +1000,37 @@ class DecodeCompare(unittest.TestCase):
                                                           "--weights-dtype", weights])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(leftovers, [])
-        # f32 rows only: {MHA, GQA} x batches {1, 2}, each ort then sdpa ("all": the decode
+        # f32 rows only: {MHA, GQA} x batches {1, 2}, each ort, sdpa, ggml ("all": the decode
         # peers).
         self.assertEqual([(c["peer"], c["args"][c["args"].index("--decode") + 1]) for c in calls],
                          [(peer, f"{b},16,1024,16,{kvh}") for kvh in (16, 4) for b in (1, 2)
-                          for peer in ("ort", "sdpa")])
+                          for peer in ("ort", "sdpa", "ggml")])
         for c in calls:
             self.assertTrue(c["data_ok"], c)
             self.assertEqual(c["args"][c["args"].index("--threads") + 1], "1")
             self.assertEqual(c["args"][c["args"].index("--min-runs") + 1], "2")
             if c["err"] is not None:  # numpy: the file's layer, cache and token give mha's output
                 self.assertLess(c["err"], 1e-4, c)
-        for title in ["ort_ms", "ort/mha", "sdpa_ms", "sdpa/mha", "fake-ort", "fake-sdpa"]:
+        for title in ["ort_ms", "ort/mha", "sdpa_ms", "sdpa/mha", "ggml_ms", "ggml/mha",
+                      "fake-ort", "fake-sdpa", "fake-ggml"]:
             self.assertIn(title, p.stdout)
         table = [line for line in p.stdout.splitlines() if line.strip().startswith("16 ")]
         self.assertEqual(len(table), 12)
         for line in table:
-            self.assertTrue(line.endswith("!"), line)  # sdpa disagrees: its ratio is marked
+            self.assertEqual(line.count("!"), 1, line)  # sdpa disagrees: its ratio is marked
         notes = [line for line in p.stderr.splitlines() if "note" in line]
         self.assertEqual(sum("sdpa" in n and "differs" in n for n in notes), 4, p.stderr)
 
         header = doc["header"]
-        self.assertEqual(header["compare"], ["ort", "sdpa"])
+        self.assertEqual(header["compare"], ["ort", "sdpa", "ggml"])
         self.assertEqual(header["peer_python"], sys.executable)
         self.assertEqual(header["peers"]["ort"], {"version": "fake-ort", "precision": "f32"})
         results = doc["results"]
         self.assertEqual(len(results), 12)
         for r in results:
             peers = r["peers"]
-            self.assertEqual(set(peers), {"ort", "sdpa"})
-            for name, ms in (("ort", 0.5), ("sdpa", 3.0)):
+            self.assertEqual(set(peers), {"ort", "sdpa", "ggml"})
+            for name, ms in (("ort", 0.5), ("sdpa", 3.0), ("ggml", 0.75)):
                 self.assertEqual(set(peers[name]), DECODE_PEER_FIELDS)
                 self.assertEqual(peers[name]["median_ms"], ms)
                 # Every cache type's row: the f32 peer time over the row's own median.
@@ -1009,28 +1038,30 @@ class DecodeCompare(unittest.TestCase):
                                        delta=RATIO_ROUNDING + 1e-3 * peers[name]["ratio"])
             self.assertIs(peers["ort"]["agrees"], True)
             self.assertIs(peers["sdpa"]["agrees"], False)
+            self.assertIs(peers["ggml"]["agrees"], True)
         self.assertEqual(len(rows), len(results))
         for row, r in zip(rows, results):
-            for name in ("ort", "sdpa"):
+            for name in ("ort", "sdpa", "ggml"):
                 self.assertAlmostEqual(float(row[name + "_ms"]), r["peers"][name]["median_ms"])
                 self.assertAlmostEqual(float(row[name + "_ratio"]), r["peers"][name]["ratio"],
                                        delta=RATIO_ROUNDING + 1e-3 * r["peers"][name]["ratio"])
                 self.assertIn(name + "_max_abs_err", row)
 
     def test_quantized_weights_reach_both_ort_peers(self):
-        # "all" with quantized weights adds ort-int8; both ort peers are told the storage, and
-        # the data file holds the dequantized weights (the stand-in's recomputation agrees).
+        # "all" with quantized weights adds ort-int8; the peers are told the storage, and the
+        # data file holds the dequantized weights (the stand-in's recomputation agrees).
         p, calls, doc, _, _ = self.run_decode(["--compare", "all", "--weights-dtype", "i4",
                                                "--batches", "1"])
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual([c["peer"] for c in calls], ["ort", "ort-int8", "sdpa"] * 2)
+        self.assertEqual([c["peer"] for c in calls], ["ort", "ort-int8", "sdpa", "ggml"] * 2)
         for c in calls:
             self.assertTrue(c["data_ok"], c)
             self.assertEqual(c["args"][c["args"].index("--weights") + 1], "i4", c)
             if c["err"] is not None:
                 self.assertLess(c["err"], 1e-4, c)
-        self.assertEqual(doc["header"]["compare"], ["ort", "ort-int8", "sdpa"])
+        self.assertEqual(doc["header"]["compare"], ["ort", "ort-int8", "sdpa", "ggml"])
         self.assertEqual(doc["header"]["peers"]["ort-int8"]["precision"], "int8")
+        self.assertEqual(doc["header"]["peers"]["ggml"]["precision"], "int8")
         self.assertIn("ort-int8/mha", p.stdout)
         # Without quantized weights ort-int8 has nothing to multiply: named, it is an error.
         p, calls, _, _, _ = self.run_decode(["--compare", "ort-int8"])

@@ -279,6 +279,14 @@ bool ValidateShape(const Shape& s, std::string* error) {
   return true;
 }
 
+// The first of `peers` that times only a decode step (a decode peer without a forward), or null.
+const std::string* DecodeOnlyPeer(const std::vector<std::string>& peers) {
+  for (const std::string& p : peers) {
+    if (std::find(PeerNames().begin(), PeerNames().end(), p) == PeerNames().end()) return &p;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 const std::vector<std::string>& PeerNames() {
@@ -289,7 +297,7 @@ const std::vector<std::string>& PeerNames() {
 
 const std::vector<std::string>& DecodePeerNames() {
   static const std::vector<std::string>* const kNames =
-      new std::vector<std::string>{"ort", "ort-int8", "sdpa"};
+      new std::vector<std::string>{"ort", "ort-int8", "sdpa", "ggml"};
   return *kNames;
 }
 
@@ -565,7 +573,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       if (!compare_all &&
           std::find(decode_peers.begin(), decode_peers.end(), p) == decode_peers.end()) {
         r.error =
-            "--decode: expected --compare peers among ort, ort-int8, sdpa (or all), the peers that "
+            "--decode: expected --compare peers among ort, ort-int8, sdpa, ggml (or all), the peers "
+            "that "
             "time a decode step, got " +
             Quoted(p);
         return r;
@@ -576,10 +585,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
     if (o->decode_caches.empty()) o->decode_caches = {DType::kF32, DType::kBF16, DType::kI8};
     if (!o->prefill_given) o->prefill_tokens = {512, 2048};
-  } else if (std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end()) {
-    r.error =
-        "--compare: ort-int8 times only a decode step: expected --decode as well, got "
-        "ort-int8 without --decode";
+  } else if (const std::string* only = DecodeOnlyPeer(o->compare)) {
+    r.error = "--compare: " + *only + " times only a decode step: expected --decode as well, got " +
+              *only + " without --decode";
     return r;
   } else if (o->decode_weights_given && !hf) {
     r.error =
@@ -764,7 +772,7 @@ Measurement:
                      Python: $MHA_BENCH_PEER_PYTHON, else the venv tools/dev peers creates
                      (build/peers-venv), else /usr/bin/python3 (Debian's torch 1.13 only).
                      Script: $MHA_BENCH_PEER_SCRIPT, else tools/peers.py of the source tree.
-                     With --decode: the decode peers ort, ort-int8 and sdpa (see below)
+                     With --decode: the decode peers ort, ort-int8, sdpa and ggml (below)
   --compare-torch    the same as --compare torch
 
 Incremental decoding (--decode runs this suite instead of the one above):
@@ -788,7 +796,8 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      8B's attention); not with --hf (the checkpoint's layer has its own)
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
                      heads, threads), right after mha's, with the same threads, weights, cache
-                     contents and token, --min-time and --min-runs: ort, ort-int8, sdpa or all
+                     contents and token, --min-time and --min-runs: ort, ort-int8, sdpa,
+                     ggml or all
                        ort   ONNX Runtime com.microsoft GroupQueryAttention (its generative
                              decoders' op): one MatMul+Add for packed q|k|v, GroupQueryAttention
                              with past_key/past_value [batch, kv_heads, context, head_dim] bound
@@ -806,6 +815,15 @@ Incremental decoding (--decode runs this suite instead of the one above):
                        sdpa  F.linear (packed q|k|v), the new key/value written into a
                              preallocated cache tensor, F.scaled_dot_product_attention
                              (enable_gqa where torch has it, else repeat_interleave), F.linear
+                       ggml  llama.cpp's graph for one token of the layer with flash attention,
+                             from ggml's operators (llama-cpp-python's libraries, through
+                             ctypes): mul_mat+add for packed q|k|v, the new key/value copied
+                             into f32 caches [head_dim, context, kv_heads, batch],
+                             flash_attn_ext, mul_mat+add; the CPU backend on `threads`
+                             threads. With --weights-dtype i8 / i4 / i4-128 the weights are
+                             ggml's q8_0 / q4_0 / q4_0 (quantized by ggml from mha's
+                             dequantized weights; int8 activations, checked at 5e-2), in the
+                             CPU_REPACK buffer where ggml takes them (as llama.cpp)
                      Columns <peer>_ms (its median) and <peer>/mha = <peer>_ms / median_ms
                      (above 1: mha is faster), '!' when its first output differs from mha's f32
                      step by more than --tolerance (with a note). The bf16 and i8 rows repeat

@@ -71,6 +71,13 @@ every call (so every call does the same work, as mha's step rewound after each r
   ort-int8  the same MatMulNBits with accuracy_level 4 (ONNX Runtime quantizes the activations
         to int8 per block and multiplies integers: its fastest CPU mode); quantized weights
         only; reports precision "int8"
+  ggml  llama.cpp's graph for one token of the layer with flash attention, built from ggml's
+        operators on llama-cpp-python's libraries (tools/peers_ggml.py): mul_mat + add for q, k
+        and v, the new key and value copied into f32 caches, flash_attn_ext, mul_mat + add, run
+        by ggml's CPU backend on `threads` threads. With --weights i8|i4|i4-128 the weights are
+        ggml's q8_0 / q4_0 / q4_0 quantized by ggml from the dequantized weights (its products
+        quantize the activations to q8_0: precision "int8"), in the CPU_REPACK buffer where ggml
+        takes them, as llama.cpp loads a model
 The other peers have no decode step here and report themselves unavailable. Timed calls are the library's Python call
 as a user makes it, inputs already in the library's tensor type.
 
@@ -97,8 +104,8 @@ import os
 import sys
 import time
 
-PEERS = ("torch", "sdpa", "ort", "ort-int8", "openvino", "openvino-bf16")
-DECODE_PEERS = ("ort", "ort-int8", "sdpa")
+PEERS = ("torch", "sdpa", "ort", "ort-int8", "openvino", "openvino-bf16", "ggml")
+DECODE_PEERS = ("ort", "ort-int8", "sdpa", "ggml")
 # --weights of a decode step: (bits, MatMulNBits block) of mha's quantized storage. i8 has one
 # scale per row; every 128-input block of a row repeats it (a block must be a power of 2).
 QUANTIZED = {"i8": (8, 128), "i4": (4, 32), "i4-128": (4, 128)}
@@ -654,14 +661,19 @@ def make_decode_peer(peer, case, data, threads, weights):
         return ort_decode_peer(case, data, threads, weights, peer == "ort-int8")
     if peer == "sdpa":
         return sdpa_decode_peer(case, data, threads)
+    if peer == "ggml":
+        import numpy as np
+        from peers_ggml import decode_peer
+        return decode_peer(case, data, threads, weights, np, Skip, decode_cache,
+                           packed_qkv_weight)
     raise Skip(f"{peer} has no decode step here (--decode compares {', '.join(DECODE_PEERS)})",
                unavailable=True)
 
 
 def make_peer(peer, case, data, threads, weights):
-    if peer == "ort-int8":
-        raise Skip("ort-int8 has only a decode step here (--decode with quantized weights)",
-                   unavailable=True)
+    if peer in ("ort-int8", "ggml"):
+        needs = " with quantized weights" if peer == "ort-int8" else ""
+        raise Skip(f"{peer} has only a decode step here (--decode{needs})", unavailable=True)
     if peer in ("torch", "sdpa"):
         return torch_peer(case, data, threads, fused=peer == "sdpa")
     if peer == "ort":
