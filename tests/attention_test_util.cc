@@ -219,6 +219,28 @@ Problem RandomProblem(std::mt19937* rng, int64_t max_len) {
   return p;
 }
 
+AttentionWeights SeparateWeights::View() const {
+  AttentionWeights w;
+  w.q_proj_weight = q.data();
+  w.k_proj_weight = k.data();
+  w.v_proj_weight = v.data();
+  w.out_proj_weight = out.data();
+  w.in_proj_bias = in_bias.empty() ? nullptr : in_bias.data();
+  w.out_proj_bias = out_bias.empty() ? nullptr : out_bias.data();
+  return w;
+}
+
+AttentionConfig LlamaLikeConfig(int64_t E, int64_t H, int64_t KVH) {
+  AttentionConfig c;
+  c.embed_dim = E;
+  c.num_heads = H;
+  c.num_kv_heads = KVH;
+  c.bias = false;
+  c.batch_first = true;
+  c.rope = RopeStyle::kNeox;
+  return c;
+}
+
 AttentionWeights WeightsOf(const Problem& p) {
   AttentionWeights w;
   if (p.packed) {

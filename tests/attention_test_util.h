@@ -180,6 +180,36 @@ void ExpectGroupedGivesStagedBits(const Problem& p, size_t threads, size_t rows)
 // aarch64) cannot have. Elsewhere every forward runs stage by stage.
 bool GroupingPossible();
 
+// A grouped-query layer's separate projections (nn.Linear layout): q and out [E, E], k and v
+// [kvE, E] with kvE = KVH * E / H; with `bias`, in-projection biases [E + 2 kvE] (q, k, v) and
+// an out-projection bias [E]. Drawn in that order, each element from `draw`.
+struct SeparateWeights {
+  std::vector<float> q, k, v, out, in_bias, out_bias;
+  // Pointers into the vectors; biases null when empty.
+  AttentionWeights View() const;
+};
+template <class Draw>
+SeparateWeights DrawSeparateWeights(int64_t E, int64_t H, int64_t KVH, bool bias, Draw draw) {
+  const size_t e = static_cast<size_t>(E), kve = static_cast<size_t>(E / H * KVH);
+  SeparateWeights w;
+  w.q.resize(e * e);
+  w.k.resize(kve * e);
+  w.v.resize(kve * e);
+  w.out.resize(e * e);
+  if (bias) {
+    w.in_bias.resize(e + 2 * kve);
+    w.out_bias.resize(e);
+  }
+  for (auto* m : {&w.q, &w.k, &w.v, &w.out, &w.in_bias, &w.out_bias}) {
+    for (float& x : *m) x = draw();
+  }
+  return w;
+}
+
+// A Llama-like layer's configuration: E features, H heads, KVH kv heads, no biases,
+// batch-first, RoPE (neox).
+AttentionConfig LlamaLikeConfig(int64_t E, int64_t H, int64_t KVH);
+
 }  // namespace testing_util
 }  // namespace mha
 

@@ -148,25 +148,16 @@ MHA_INSTANTIATE_PER_TARGET(Int8ComputeTargetTest);
 // projections give the same bits either way (above); the attention of a step and of the
 // forward differ in f32 rounding only.
 TEST(Int8ComputeTest, KvCacheDecodeMatchesForward) {
-  const int64_t E = 256, H = 4, KVH = 2, T = 10, kvE = E / H * KVH;
+  const int64_t E = 256, H = 4, KVH = 2, T = 10;
   std::mt19937 rng(12);
   std::normal_distribution<float> d(0.0f, 0.3f);
-  std::vector<float> wq(E * E), wk(kvE * E), wv(kvE * E), wo(E * E), x(T * E);
-  for (auto* v : {&wq, &wk, &wv, &wo, &x}) {
-    for (float& f : *v) f = d(rng);
-  }
-  AttentionWeights w;
-  w.q_proj_weight = wq.data();
-  w.k_proj_weight = wk.data();
-  w.v_proj_weight = wv.data();
-  w.out_proj_weight = wo.data();
-  AttentionConfig c;  // a Llama-like layer: GQA, no biases, RoPE
-  c.embed_dim = E;
-  c.num_heads = H;
-  c.num_kv_heads = KVH;
-  c.bias = false;
-  c.batch_first = true;
-  c.rope = RopeStyle::kNeox;
+  const auto draw = [&] { return d(rng); };
+  const testing_util::SeparateWeights weights =
+      testing_util::DrawSeparateWeights(E, H, KVH, /*bias=*/false, draw);
+  std::vector<float> x(T * E);
+  for (float& f : x) f = draw();
+  const AttentionWeights w = weights.View();
+  const AttentionConfig c = testing_util::LlamaLikeConfig(E, H, KVH);
   for (const Format& q : kFormats) {
     SCOPED_TRACE(q.Name());
     std::unique_ptr<MultiheadAttention> layer;

@@ -261,14 +261,12 @@ TEST(QuantWeightsTest, KvCacheDecode) {
   const int64_t E = 64, H = 4, KVH = 2, T = 12;
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  auto fill = [&](size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-  };
+  const auto draw = [&] { return u(rng); };
   const int64_t kvE = E / H * KVH;
-  const std::vector<float> wq = fill(E * E), wk = fill(kvE * E), wv = fill(kvE * E),
-                           wo = fill(E * E), b = fill(E + 2 * kvE), bo = fill(E), x = fill(T * E);
+  const testing_util::SeparateWeights weights =
+      testing_util::DrawSeparateWeights(E, H, KVH, /*bias=*/true, draw);
+  std::vector<float> x(T * E);
+  for (float& f : x) f = draw();
   for (const Quant& q : kQuants) {
     SCOPED_TRACE(q.Name());
     AttentionConfig c;
@@ -276,15 +274,10 @@ TEST(QuantWeightsTest, KvCacheDecode) {
     c.num_heads = H;
     c.num_kv_heads = KVH;
     c.batch_first = true;
-    AttentionWeights w;
-    w.q_proj_weight = wq.data();
-    w.k_proj_weight = wk.data();
-    w.v_proj_weight = wv.data();
-    w.in_proj_bias = b.data();
-    w.out_proj_weight = wo.data();
-    w.out_proj_bias = bo.data();
-    const std::vector<float> dq = Dequantize(wq, E, q), dk = Dequantize(wk, kvE, q),
-                             dv = Dequantize(wv, kvE, q), dout = Dequantize(wo, E, q);
+    const AttentionWeights w = weights.View();
+    const std::vector<float> dq = Dequantize(weights.q, E, q), dk = Dequantize(weights.k, kvE, q),
+                             dv = Dequantize(weights.v, kvE, q),
+                             dout = Dequantize(weights.out, E, q);
     AttentionWeights wd = w;
     wd.q_proj_weight = dq.data();
     wd.k_proj_weight = dk.data();
@@ -372,31 +365,17 @@ TEST(QuantWeightsTest, Bf16WeightsQuantizeAsTheirF32Values) {
 TEST(QuantWeightsTest, LlamaShapedLayerError) {
   const char* env = std::getenv("MHA_QUANT_LLAMA_E");
   const int64_t E = env != nullptr ? std::atoll(env) : 1024, hd = 128, H = E / hd, KVH = H / 4;
-  const int64_t L = 64, kvE = KVH * hd;
+  const int64_t L = 64;
   ASSERT_TRUE(E % (4 * hd) == 0) << "MHA_QUANT_LLAMA_E: a multiple of 512";
   std::mt19937 rng(8);
   std::normal_distribution<float> weight(0.0f, 0.02f), hidden(0.0f, 1.0f);
-  auto fill = [&](size_t n, std::normal_distribution<float>& d) {
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-  };
-  const std::vector<float> wq = fill(E * E, weight), wk = fill(kvE * E, weight),
-                           wv = fill(kvE * E, weight), wo = fill(E * E, weight),
-                           x = fill(L * E, hidden);
-  AttentionConfig c;
-  c.embed_dim = E;
-  c.num_heads = H;
-  c.num_kv_heads = KVH;
-  c.bias = false;
-  c.batch_first = true;
-  c.rope = RopeStyle::kNeox;
+  const testing_util::SeparateWeights weights =
+      testing_util::DrawSeparateWeights(E, H, KVH, /*bias=*/false, [&] { return weight(rng); });
+  std::vector<float> x(L * E);
+  for (float& f : x) f = hidden(rng);
+  AttentionConfig c = testing_util::LlamaLikeConfig(E, H, KVH);
   c.rope_theta = 500000.0f;
-  AttentionWeights w;
-  w.q_proj_weight = wq.data();
-  w.k_proj_weight = wk.data();
-  w.v_proj_weight = wv.data();
-  w.out_proj_weight = wo.data();
+  const AttentionWeights w = weights.View();
   std::unique_ptr<Context> ctx;
   ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
   const auto forward = [&](const AttentionConfig& config, std::vector<float>* out) {
