@@ -36,12 +36,16 @@ namespace {
 constexpr size_t kMaxRows = 4;
 constexpr size_t kI8Cols = 4;
 constexpr size_t kI4Cols = 2;
-// kI4 products of at most this many rows (decode) take one weight row at a time: two rows read
-// in lock-step streamed from memory at 8.5 GB/s, one at 13 GB/s (one thread, Zen 4 VM, 50 MB of
-// i4 weights, [1, 4096] x [24576, 4096] in 256-row panels: 5.9-6.1 ms against 3.8-3.9), while
-// prefill's 128-row panels gain from the pair (47 ms against 59 for [128, 4096] x [6144, 4096]).
-// kI8's 4-row tile streams as fast as one row (2.7-2.8 ms either way for 50 MB).
-constexpr size_t kI4OneColumnMaxRows = 2;
+// Products of at most this many rows (decode) take one weight row at a time: weight rows read
+// in lock-step stream from memory slower than one row alone (Zen 4 VM). kI4, one thread, 50 MB
+// of weights, [1, 4096] x [24576, 4096] in 256-row panels: two rows 5.9-6.1 ms, one 3.8-3.9,
+// while prefill's 128-row panels gain from the pair (47 ms against 59 for [128, 4096] x [6144,
+// 4096]). kI8, a Llama-3-8B-shaped decode step (mha-bench --decode-shape 4096,32,8, 512
+// positions, f32 cache, three alternating rounds): batch 1, 2 threads, four rows 1.41-1.97 ms,
+// one 0.97-1.20; one thread 2.64-3.05 against 1.66-2.35; batch 2, 2 threads 1.81-2.08 against
+// 1.40-1.96; 70B-shaped (8192,64,8), batch 1, 2 threads 4.90-5.61 against 4.69-5.15, two rows
+// 5.17-5.72.
+constexpr size_t kOneColumnMaxRows = 2;
 // All 16 lanes: the zero-masking forms of the intrinsics whose plain forms start from
 // _mm512_undefined_*, which GCC 12 reports as maybe-uninitialized.
 constexpr __mmask16 kAll = 0xFFFF;
@@ -236,16 +240,20 @@ MHA_VNNI_ATTR void AllTiles(const Args& x, size_t rows) {
 }  // namespace
 }  // namespace gemv_int8_avx512vnni
 
-// AllTiles' blocking; the weight rows 4 (kI8) or 2 (kI4: two decoded vectors per weight row)
-// at a time.
+// AllTiles' blocking; the weight rows one at a time for decode's few rows (kOneColumnMaxRows),
+// else 4 (kI8) or 2 (kI4: two decoded vectors per weight row) at a time.
 MHA_VNNI_ATTR void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w,
                                       const MatrixView& c) {
   namespace v = gemv_int8_avx512vnni;
   const Int8ActLayout lay = Int8ActLayoutOf(w.type, w.block, w.cols);
   const Int8Call x{qa, &lay, &w, c.data, c.row_stride, c.col_stride};
   if (w.type == DType::kI8) {
-    v::AllTiles<v::kI8Cols, v::I8Kernel>(x, rows);
-  } else if (rows <= v::kI4OneColumnMaxRows) {
+    if (rows <= v::kOneColumnMaxRows) {
+      v::AllTiles<1, v::I8Kernel>(x, rows);
+    } else {
+      v::AllTiles<v::kI8Cols, v::I8Kernel>(x, rows);
+    }
+  } else if (rows <= v::kOneColumnMaxRows) {
     v::AllTiles<1, v::I4Kernel>(x, rows);
   } else {
     v::AllTiles<v::kI4Cols, v::I4Kernel>(x, rows);
