@@ -574,8 +574,7 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
           std::find(decode_peers.begin(), decode_peers.end(), p) == decode_peers.end()) {
         r.error =
             "--decode: expected --compare peers among ort, ort-int8, sdpa, ggml (or all), the peers "
-            "that "
-            "time a decode step, got " +
+            "that time a decode step, got " +
             Quoted(p);
         return r;
       }
