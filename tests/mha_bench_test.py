@@ -116,10 +116,12 @@ class ArgumentErrors(unittest.TestCase):
         (["--compare"], "--compare: expected a value"),
         (["--compare-torch=1"], "--compare-torch"),
         (["--decode", "--compare", "torch"],
-         "--decode: expected --compare peers among ort, ort-int8, sdpa, ggml"),
+         "--decode: expected --compare peers among ort, ort-int8, sdpa, openvino, "
+         "openvino-int8, ggml"),
         (["--compare", "ggml"], "--compare: ggml times only a decode step"),
         (["--compare", "torch,ort-int8"], "--compare: ort-int8 times only a decode step"),
-        (["--decode", "--compare", "ort,openvino"], "'openvino'"),
+        (["--compare", "openvino-int8"], "--compare: openvino-int8 times only a decode step"),
+        (["--decode", "--compare", "ort,openvino-bf16"], "'openvino-bf16'"),
         (["--decode", "--compare-torch"], "--decode"),
         (["--prefill", "512"], "--prefill: expected --decode as well"),
         (["--decode", "--prefill", "0"], "--prefill"),
@@ -648,10 +650,17 @@ class PeersScript(unittest.TestCase):
             self.assertIn("cannot be imported", peers[name]["note"])
             self.assertIn("tools/dev peers", peers[name]["note"])
 
-    def test_ggml_without_llama_cpp_is_unavailable(self):
+    def test_decode_peer_without_its_library_is_unavailable(self):
+        for peer, module, message in (
+                ("ggml", "llama_cpp", "llama-cpp-python's ggml libraries cannot be loaded"),
+                ("openvino", "openvino", "openvino cannot be imported")):
+            with self.subTest(peer=peer):
+                self.check_decode_unavailable(peer, module, message)
+
+    def check_decode_unavailable(self, peer, module, message):
         with tempfile.TemporaryDirectory() as d:
-            os.makedirs(os.path.join(d, "llama_cpp"))
-            with open(os.path.join(d, "llama_cpp", "__init__.py"), "w") as f:
+            os.makedirs(os.path.join(d, module))
+            with open(os.path.join(d, module, "__init__.py"), "w") as f:
                 f.write("raise ImportError('not installed (stand-in)')\n")
             env = dict(os.environ, PYTHONPATH=d, MHA_BENCH_PEER_PYTHON="/usr/bin/python3",
                        MHA_BENCH_PEER_SCRIPT=self.SCRIPT)
@@ -659,18 +668,17 @@ class PeersScript(unittest.TestCase):
             p = subprocess.run(WRAPPER + [BENCH, "--decode", "--contexts", "16", "--batches", "1",
                                           "--kv-dtypes", "f32", "--threads", "1", "--min-time",
                                           "0", "--min-runs", "2", "--prefill", "none",
-                                          "--compare", "ggml", "--json", jpath],
+                                          "--compare", peer, "--json", jpath],
                                capture_output=True, text=True, timeout=240, env=env)
             self.assertEqual(p.returncode, 0, p.stderr)
             with open(jpath) as f:
                 doc = json.load(f)
         self.assertEqual(len(doc["results"]), 2)  # MHA and GQA: asked once, then not run
         for r in doc["results"]:
-            self.assertIsNone(r["peers"]["ggml"]["median_ms"])
-        self.assertIn("llama-cpp-python's ggml libraries cannot be loaded",
-                      doc["results"][0]["peers"]["ggml"]["note"])
-        self.assertIn("tools/dev peers", doc["results"][0]["peers"]["ggml"]["note"])
-        self.assertIn("unavailable", doc["results"][1]["peers"]["ggml"]["note"])
+            self.assertIsNone(r["peers"][peer]["median_ms"])
+        self.assertIn(message, doc["results"][0]["peers"][peer]["note"])
+        self.assertIn("tools/dev peers", doc["results"][0]["peers"][peer]["note"])
+        self.assertIn("unavailable", doc["results"][1]["peers"][peer]["note"])
 
     def test_debian_torch_agrees_with_mha(self):
         if not system_python_has("torch"):
@@ -969,9 +977,10 @@ if np is not None and data_ok:
     err = float(np.max(np.abs(y - t["output"][:, 0])))
 with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
     f.write(json.dumps({"peer": peer, "args": args, "data_ok": data_ok, "err": err}) + "\n")
-ms = {"ort": 0.5, "ort-int8": 0.25, "sdpa": 3.0, "ggml": 0.75}[peer]
+ms = {"ort": 0.5, "ort-int8": 0.25, "sdpa": 3.0, "openvino": 0.625, "openvino-int8": 0.375,
+      "ggml": 0.75}[peer]
 quantized = "--weights" in args
-precision = "int8" if peer == "ort-int8" or (peer == "ggml" and quantized) else "f32"
+precision = "int8" if peer.endswith("-int8") or (peer == "ggml" and quantized) else "f32"
 print(json.dumps({"peer": peer, "version": "fake-" + peer, "precision": precision, "median_ms": ms,
                   "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "runs": 3,
                   "max_abs_err": (err or 0.0) if peer != "sdpa" else 0.5}))
@@ -1000,19 +1009,20 @@ class DecodeCompare(unittest.TestCase):
                                                           "--weights-dtype", weights])
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(leftovers, [])
-        # f32 rows only: {MHA, GQA} x batches {1, 2}, each ort, sdpa, ggml ("all": the decode
-        # peers).
+        # f32 rows only: {MHA, GQA} x batches {1, 2}, each ort, sdpa, openvino, ggml ("all":
+        # the decode peers but the -int8 ones, which need quantized weights).
         self.assertEqual([(c["peer"], c["args"][c["args"].index("--decode") + 1]) for c in calls],
                          [(peer, f"{b},16,1024,16,{kvh}") for kvh in (16, 4) for b in (1, 2)
-                          for peer in ("ort", "sdpa", "ggml")])
+                          for peer in ("ort", "sdpa", "openvino", "ggml")])
         for c in calls:
             self.assertTrue(c["data_ok"], c)
             self.assertEqual(c["args"][c["args"].index("--threads") + 1], "1")
             self.assertEqual(c["args"][c["args"].index("--min-runs") + 1], "2")
             if c["err"] is not None:  # numpy: the file's layer, cache and token give mha's output
                 self.assertLess(c["err"], 1e-4, c)
-        for title in ["ort_ms", "ort/mha", "sdpa_ms", "sdpa/mha", "ggml_ms", "ggml/mha",
-                      "fake-ort", "fake-sdpa", "fake-ggml"]:
+        for title in ["ort_ms", "ort/mha", "sdpa_ms", "sdpa/mha", "openvino_ms", "openvino/mha",
+                      "ggml_ms", "ggml/mha", "fake-ort", "fake-sdpa", "fake-openvino",
+                      "fake-ggml"]:
             self.assertIn(title, p.stdout)
         table = [line for line in p.stdout.splitlines() if line.strip().startswith("16 ")]
         self.assertEqual(len(table), 12)
@@ -1022,15 +1032,15 @@ class DecodeCompare(unittest.TestCase):
         self.assertEqual(sum("sdpa" in n and "differs" in n for n in notes), 4, p.stderr)
 
         header = doc["header"]
-        self.assertEqual(header["compare"], ["ort", "sdpa", "ggml"])
+        self.assertEqual(header["compare"], ["ort", "sdpa", "openvino", "ggml"])
         self.assertEqual(header["peer_python"], sys.executable)
         self.assertEqual(header["peers"]["ort"], {"version": "fake-ort", "precision": "f32"})
         results = doc["results"]
         self.assertEqual(len(results), 12)
         for r in results:
             peers = r["peers"]
-            self.assertEqual(set(peers), {"ort", "sdpa", "ggml"})
-            for name, ms in (("ort", 0.5), ("sdpa", 3.0), ("ggml", 0.75)):
+            self.assertEqual(set(peers), {"ort", "sdpa", "openvino", "ggml"})
+            for name, ms in (("ort", 0.5), ("sdpa", 3.0), ("openvino", 0.625), ("ggml", 0.75)):
                 self.assertEqual(set(peers[name]), DECODE_PEER_FIELDS)
                 self.assertEqual(peers[name]["median_ms"], ms)
                 # Every cache type's row: the f32 peer time over the row's own median.
@@ -1038,36 +1048,42 @@ class DecodeCompare(unittest.TestCase):
                                        delta=RATIO_ROUNDING + 1e-3 * peers[name]["ratio"])
             self.assertIs(peers["ort"]["agrees"], True)
             self.assertIs(peers["sdpa"]["agrees"], False)
+            self.assertIs(peers["openvino"]["agrees"], True)
             self.assertIs(peers["ggml"]["agrees"], True)
         self.assertEqual(len(rows), len(results))
         for row, r in zip(rows, results):
-            for name in ("ort", "sdpa", "ggml"):
+            for name in ("ort", "sdpa", "openvino", "ggml"):
                 self.assertAlmostEqual(float(row[name + "_ms"]), r["peers"][name]["median_ms"])
                 self.assertAlmostEqual(float(row[name + "_ratio"]), r["peers"][name]["ratio"],
                                        delta=RATIO_ROUNDING + 1e-3 * r["peers"][name]["ratio"])
                 self.assertIn(name + "_max_abs_err", row)
 
-    def test_quantized_weights_reach_both_ort_peers(self):
-        # "all" with quantized weights adds ort-int8; the peers are told the storage, and the
-        # data file holds the dequantized weights (the stand-in's recomputation agrees).
+    def test_quantized_weights_reach_the_int8_peers(self):
+        # "all" with quantized weights adds ort-int8 and openvino-int8; the peers are told the
+        # storage, and the data file holds the dequantized weights (the stand-in's recomputation
+        # agrees).
+        every = ["ort", "ort-int8", "sdpa", "openvino", "openvino-int8", "ggml"]
         p, calls, doc, _, _ = self.run_decode(["--compare", "all", "--weights-dtype", "i4",
                                                "--batches", "1"])
         self.assertEqual(p.returncode, 0, p.stderr)
-        self.assertEqual([c["peer"] for c in calls], ["ort", "ort-int8", "sdpa", "ggml"] * 2)
+        self.assertEqual([c["peer"] for c in calls], every * 2)
         for c in calls:
             self.assertTrue(c["data_ok"], c)
             self.assertEqual(c["args"][c["args"].index("--weights") + 1], "i4", c)
             if c["err"] is not None:
                 self.assertLess(c["err"], 1e-4, c)
-        self.assertEqual(doc["header"]["compare"], ["ort", "ort-int8", "sdpa", "ggml"])
-        self.assertEqual(doc["header"]["peers"]["ort-int8"]["precision"], "int8")
-        self.assertEqual(doc["header"]["peers"]["ggml"]["precision"], "int8")
+        self.assertEqual(doc["header"]["compare"], every)
+        for name in ("ort-int8", "openvino-int8", "ggml"):
+            self.assertEqual(doc["header"]["peers"][name]["precision"], "int8")
+        self.assertEqual(doc["header"]["peers"]["openvino"]["precision"], "f32")
         self.assertIn("ort-int8/mha", p.stdout)
-        # Without quantized weights ort-int8 has nothing to multiply: named, it is an error.
-        p, calls, _, _, _ = self.run_decode(["--compare", "ort-int8"])
-        self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertIn("ort-int8 multiplies quantized weights", p.stderr)
-        self.assertEqual(calls, [])
+        self.assertIn("openvino-int8/mha", p.stdout)
+        # Without quantized weights the -int8 peers have nothing to multiply: named, an error.
+        for name in ("ort-int8", "openvino-int8"):
+            p, calls, _, _, _ = self.run_decode(["--compare", "ort," + name])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(f"--compare: {name} multiplies quantized weights", p.stderr)
+            self.assertEqual(calls, [])
 
     def test_real_peers_or_their_note(self):
         # No stand-in: the interpreter mha-bench finds itself. With the peers venv (tools/dev

@@ -279,6 +279,13 @@ bool ValidateShape(const Shape& s, std::string* error) {
   return true;
 }
 
+// A peer that quantizes the activations to int8: it needs quantized weights ("ort-int8").
+bool Int8Peer(const std::string& peer) {
+  const std::string suffix = "-int8";
+  return peer.size() > suffix.size() &&
+         peer.compare(peer.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 // The first of `peers` that times only a decode step (a decode peer without a forward), or null.
 const std::string* DecodeOnlyPeer(const std::vector<std::string>& peers) {
   for (const std::string& p : peers) {
@@ -297,7 +304,7 @@ const std::vector<std::string>& PeerNames() {
 
 const std::vector<std::string>& DecodePeerNames() {
   static const std::vector<std::string>* const kNames =
-      new std::vector<std::string>{"ort", "ort-int8", "sdpa", "ggml"};
+      new std::vector<std::string>{"ort", "ort-int8", "sdpa", "openvino", "openvino-int8", "ggml"};
   return *kNames;
 }
 
@@ -550,21 +557,23 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
       }
     }
     // Only the decode peers time a decode step; "all" means all of them.
-    // ort-int8 multiplies quantized weights only: "all" takes it with them, naming it
-    // without them is an error.
+    // The -int8 peers multiply quantized weights only: "all" takes them with such weights,
+    // naming one without them is an error.
     const bool quantized = IsQuantized(o->decode_weights);
-    const bool int8_named =
-        std::find(o->compare.begin(), o->compare.end(), "ort-int8") != o->compare.end();
-    if (int8_named && !quantized) {
-      r.error = std::string(
-                    "--compare: ort-int8 multiplies quantized weights: expected "
-                    "--weights-dtype i8, i4 or i4-128, got ") +
-                DTypeName(o->decode_weights) + " weights";
-      return r;
+    for (const std::string& p : o->compare) {
+      if (Int8Peer(p) && !quantized) {
+        r.error = "--compare: " + p +
+                  " multiplies quantized weights: expected --weights-dtype i8, i4 or i4-128, "
+                  "got " +
+                  DTypeName(o->decode_weights) + " weights";
+        return r;
+      }
     }
+    std::string decode_names;
     std::vector<std::string> decode_peers;
     for (const std::string& p : DecodePeerNames()) {
-      if (p == "ort-int8" && !quantized) continue;
+      decode_names += p + ", ";
+      if (Int8Peer(p) && !quantized) continue;
       if (compare_all || std::find(o->compare.begin(), o->compare.end(), p) != o->compare.end()) {
         decode_peers.push_back(p);
       }
@@ -572,10 +581,8 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     for (const std::string& p : o->compare) {
       if (!compare_all &&
           std::find(decode_peers.begin(), decode_peers.end(), p) == decode_peers.end()) {
-        r.error =
-            "--decode: expected --compare peers among ort, ort-int8, sdpa, ggml (or all), the peers "
-            "that time a decode step, got " +
-            Quoted(p);
+        r.error = "--decode: expected --compare peers among " + decode_names +
+                  "or all (the peers that time a decode step), got " + Quoted(p);
         return r;
       }
     }
@@ -771,7 +778,8 @@ Measurement:
                      Python: $MHA_BENCH_PEER_PYTHON, else the venv tools/dev peers creates
                      (build/peers-venv), else /usr/bin/python3 (Debian's torch 1.13 only).
                      Script: $MHA_BENCH_PEER_SCRIPT, else tools/peers.py of the source tree.
-                     With --decode: the decode peers ort, ort-int8, sdpa and ggml (below)
+                     With --decode: the decode peers ort, ort-int8, sdpa, openvino,
+                     openvino-int8 and ggml (below)
   --compare-torch    the same as --compare torch
 
 Incremental decoding (--decode runs this suite instead of the one above):
@@ -796,7 +804,7 @@ Incremental decoding (--decode runs this suite instead of the one above):
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
                      heads, threads), right after mha's, with the same threads, weights, cache
                      contents and token, --min-time and --min-runs: ort, ort-int8, sdpa,
-                     ggml or all
+                     openvino, openvino-int8, ggml or all
                        ort   ONNX Runtime com.microsoft GroupQueryAttention (its generative
                              decoders' op): one MatMul+Add for packed q|k|v, GroupQueryAttention
                              with past_key/past_value [batch, kv_heads, context, head_dim] bound
@@ -814,6 +822,19 @@ Incremental decoding (--decode runs this suite instead of the one above):
                        sdpa  F.linear (packed q|k|v), the new key/value written into a
                              preallocated cache tensor, F.scaled_dot_product_attention
                              (enable_gqa where torch has it, else repeat_interleave), F.linear
+                       openvino  the stateful graph OpenVINO's LLM exports run (ReadValue ->
+                             Gather(beam_idx) -> Concat -> ScaledDotProductAttention, Assign),
+                             which its CPU plugin fuses into its in-place KV-cache attention
+                             (KV_CACHE_PRECISION f32), MatMul+Add around it;
+                             INFERENCE_NUM_THREADS = threads. A call appends a position, so the
+                             cache is reset untimed every 15 calls: the timed calls attend up to
+                             14 positions fewer than `context`. With --weights-dtype i8/i4/i4-128
+                             the products are NNCF's compressed-weight pattern (i8 per row, i4
+                             per 32 / 128 inputs) holding mha's codes and scales, on f32
+                             activations (DYNAMIC_QUANTIZATION_GROUP_SIZE 0)
+                       openvino-int8  the same with the plugin's default dynamic quantization of
+                             the activations to int8; only with quantized weights; checked at
+                             5e-2
                        ggml  llama.cpp's graph for one token of the layer with flash attention,
                              from ggml's operators (llama-cpp-python's libraries, through
                              ctypes): mul_mat+add for packed q|k|v, the new key/value copied

@@ -48,9 +48,10 @@ all CONTEXT of them. The data file holds the layer (q_proj_weight [E, E], k_proj
 v_proj_weight [kvE, E] with kvE = KV_HEADS * head_dim, in_proj_bias [E + 2 kvE] for q, k, v,
 out_proj.weight, out_proj.bias), the cached keys and values past_key and past_value
 [B, KV_HEADS, CONTEXT - 1, head_dim] (projected, as mha's cache holds them), the token query
-[B, 1, E] and mha's output [B, 1, E]. Each peer allocates a cache of CONTEXT positions once,
-fills the first CONTEXT - 1 and writes the step's key and value at position CONTEXT - 1 on
-every call (so every call does the same work, as mha's step rewound after each run):
+[B, 1, E] and mha's output [B, 1, E]. Each peer but openvino allocates a cache of CONTEXT
+positions once, fills the first CONTEXT - 1 and writes the step's key and value at position
+CONTEXT - 1 on every call (so every call does the same work, as mha's step rewound after each
+run):
   ort   ONNX Runtime's com.microsoft GroupQueryAttention, the op its generative decoders use:
         one MatMul + Add for q, k and v (packed into GroupQueryAttention's query input), then
         GroupQueryAttention(num_heads, kv_num_heads) with past_key/past_value [B, KV_HEADS,
@@ -71,6 +72,16 @@ every call (so every call does the same work, as mha's step rewound after each r
   ort-int8  the same MatMulNBits with accuracy_level 4 (ONNX Runtime quantizes the activations
         to int8 per block and multiplies integers: its fastest CPU mode); quantized weights
         only; reports precision "int8"
+  openvino  the stateful graph OpenVINO's LLM exports run (ReadValue -> Gather(beam_idx) ->
+        Concat -> ScaledDotProductAttention, Assign), fused by its CPU plugin into its in-place
+        KV-cache attention (KV_CACHE_PRECISION f32), MatMul + Add around it, in
+        tools/peers_openvino.py. A call appends a position: the cache is set back untimed
+        every WINDOW - 1 calls, so the timed calls attend up to WINDOW - 2 positions fewer than
+        CONTEXT (that file's doc). With --weights i8|i4|i4-128 the products are NNCF's
+        compressed-weight pattern (i8 [N, K] * row scale, i4 groups of 32 / 128) holding mha's
+        codes and scales, on f32 activations (DYNAMIC_QUANTIZATION_GROUP_SIZE 0)
+  openvino-int8  the same with the plugin's default dynamic quantization of the activations to
+        int8 for its compressed-weight products; quantized weights only; precision "int8"
   ggml  llama.cpp's graph for one token of the layer with flash attention, built from ggml's
         operators on llama-cpp-python's libraries (tools/peers_ggml.py): mul_mat + add for q, k
         and v, the new key and value copied into f32 caches, flash_attn_ext, mul_mat + add, run
@@ -78,8 +89,8 @@ every call (so every call does the same work, as mha's step rewound after each r
         ggml's q8_0 / q4_0 / q4_0 quantized by ggml from the dequantized weights (its products
         quantize the activations to q8_0: precision "int8"), in the CPU_REPACK buffer where ggml
         takes them, as llama.cpp loads a model
-The other peers have no decode step here and report themselves unavailable. Timed calls are the library's Python call
-as a user makes it, inputs already in the library's tensor type.
+The other peers have no decode step here and report themselves unavailable. Timed calls are
+the library's Python call as a user makes it, inputs already in the library's tensor type.
 
 glibc's malloc is put in the state a long-running process reaches (fixed mmap threshold of 32
 MiB, no trimming; what PyTorch's CPU tuning guide gets with jemalloc or tcmalloc): in a fresh
@@ -99,13 +110,20 @@ cases; 2 for a bad command line.
 """
 
 import argparse
+import collections
 import json
 import os
 import sys
 import time
 
-PEERS = ("torch", "sdpa", "ort", "ort-int8", "openvino", "openvino-bf16", "ggml")
-DECODE_PEERS = ("ort", "ort-int8", "sdpa", "ggml")
+PEERS = ("torch", "sdpa", "ort", "ort-int8", "openvino", "openvino-bf16", "openvino-int8",
+         "ggml")
+DECODE_PEERS = ("ort", "ort-int8", "sdpa", "openvino", "openvino-int8", "ggml")
+# What make_peer / make_decode_peer return: the timed call, a call returning the output as a numpy
+# array, the library's version, the precision it computes in, a context manager the calls run in
+# (or None), and an untimed call made before each timed one (or None).
+Peer = collections.namedtuple("Peer", "run run_numpy version precision context between",
+                              defaults=(None,))
 # --weights of a decode step: (bits, MatMulNBits block) of mha's quantized storage. i8 has one
 # scale per row; every 128-input block of a row repeats it (a block must be a power of 2).
 QUANTIZED = {"i8": (8, 128), "i4": (4, 32), "i4-128": (4, 128)}
@@ -504,16 +522,16 @@ def decode_cache(data, case):
     return caches
 
 
-def matmul_nbits(w, weights, accuracy_level, name, x, y, helper, numpy_helper):
-    """com.microsoft MatMulNBits y = x w^T for w [N, K] (nn.Linear layout) holding mha's
-    dequantized weights: the codes and scales recovered from them (per row for i8, per block
-    for i4: max |w| / 127 or / 7, codes rint(w / scale), stored with ORT's default zero point
-    2^(bits-1)), so ORT multiplies the values mha multiplies. Returns (node, initializers)."""
+def weight_codes(w, weights):
+    """The codes and scales mha quantized w [N, K] (its dequantized weights, nn.Linear layout)
+    from, recovered: groups of G inputs (QUANTIZED's block), scale max |w| / 127 per row (i8;
+    every group of a row repeats it) or / 7 per group (i4), codes rint(w / scale). Returns codes
+    [N, K / G, G] (int32, -127..127 or -7..7) and scales [N, K / G] (f32)."""
     import numpy as np
     bits, block = QUANTIZED[weights]
     n, k = w.shape
     if k % block:
-        raise Skip(f"MatMulNBits here needs inputs ({k}) a multiple of its block ({block})")
+        raise Skip(f"the peers' quantized weights need inputs ({k}) a multiple of {block}")
     qmax = 2 ** (bits - 1) - 1
     blocks = w.reshape(n, k // block, block)
     group = np.abs(w).max(1)[:, None] if bits == 8 else np.abs(blocks).max(2)
@@ -521,8 +539,18 @@ def matmul_nbits(w, weights, accuracy_level, name, x, y, helper, numpy_helper):
     scale[scale == 0] = 1
     if bits == 8:
         scale = np.repeat(scale, k // block, axis=1)
-    codes = np.rint(blocks / scale[..., None]).astype(np.int32) + 2 ** (bits - 1)
-    packed = codes.astype(np.uint8)
+    return np.rint(blocks / scale[..., None]).astype(np.int32), scale
+
+
+def matmul_nbits(w, weights, accuracy_level, name, x, y, helper, numpy_helper):
+    """com.microsoft MatMulNBits y = x w^T for w [N, K] holding mha's dequantized weights: its
+    codes and scales (weight_codes) stored with ORT's default zero point 2^(bits-1), so ORT
+    multiplies the values mha multiplies. Returns (node, initializers)."""
+    import numpy as np
+    bits, block = QUANTIZED[weights]
+    n, k = w.shape
+    codes, scale = weight_codes(w, weights)
+    packed = (codes + 2 ** (bits - 1)).astype(np.uint8)
     if bits == 4:  # element 2i in the low nibble, 2i + 1 in the high one
         packed = (packed[..., 0::2] | (packed[..., 1::2] << 4)).astype(np.uint8)
     inits = [numpy_helper.from_array(packed, name + "_q"),
@@ -661,6 +689,11 @@ def make_decode_peer(peer, case, data, threads, weights):
         return ort_decode_peer(case, data, threads, weights, peer == "ort-int8")
     if peer == "sdpa":
         return sdpa_decode_peer(case, data, threads)
+    if peer in ("openvino", "openvino-int8"):
+        import numpy as np
+        from peers_openvino import decode_peer
+        return decode_peer(case, data, threads, weights, peer == "openvino-int8", np, Skip,
+                           packed_qkv_weight, weight_codes)
     if peer == "ggml":
         import numpy as np
         from peers_ggml import decode_peer
@@ -671,8 +704,8 @@ def make_decode_peer(peer, case, data, threads, weights):
 
 
 def make_peer(peer, case, data, threads, weights):
-    if peer in ("ort-int8", "ggml"):
-        needs = " with quantized weights" if peer == "ort-int8" else ""
+    if peer in ("ort-int8", "openvino-int8", "ggml"):
+        needs = " with quantized weights" if peer.endswith("-int8") else ""
         raise Skip(f"{peer} has only a decode step here (--decode{needs})", unavailable=True)
     if peer in ("torch", "sdpa"):
         return torch_peer(case, data, threads, fused=peer == "sdpa")
@@ -681,23 +714,26 @@ def make_peer(peer, case, data, threads, weights):
     return openvino_peer(case, data, threads, "f32" if peer == "openvino" else "bf16")
 
 
-def time_peer(run, run_numpy, context, expected, min_time, min_runs):
+def time_peer(peer, expected, min_time, min_runs):
     """Returns (max_abs_err of the first call, sorted call times in ms)."""
     import contextlib
     import numpy as np
-    got = np.asarray(run_numpy(), dtype=np.float32)
+    run, between = peer.run, peer.between or (lambda: None)
+    got = np.asarray(peer.run_numpy(), dtype=np.float32)
     if got.shape != expected.shape:
         raise RuntimeError(f"output shape {got.shape}, expected {expected.shape}")
     err = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
-    with (context() if context else contextlib.nullcontext()):
+    with (peer.context() if peer.context else contextlib.nullcontext()):
         warm_start = time.perf_counter()
         warm_runs = 0
         while warm_runs < 3 or time.perf_counter() - warm_start < 0.2 * min_time:
+            between()
             run()
             warm_runs += 1
         samples = []
         start = time.perf_counter()
         while len(samples) < min_runs or time.perf_counter() - start < min_time:
+            between()
             t0 = time.perf_counter()
             run()
             samples.append((time.perf_counter() - t0) * 1e3)
@@ -743,11 +779,10 @@ def main():
         case = args.decode or args.case
         if args.case is not None:
             case = dict(case, variants=variants, variants_text=args.variants)
-        run, run_numpy, version, precision, context = make(
-            args.peer, case, data, args.threads, args.weights)
-        err, samples = time_peer(run, run_numpy, context, data["output"].astype(np.float64),
-                                 args.min_time, args.min_runs)
-        result.update({"version": version, "precision": precision,
+        peer = Peer(*make(args.peer, case, data, args.threads, args.weights))
+        err, samples = time_peer(peer, data["output"].astype(np.float64), args.min_time,
+                                 args.min_runs)
+        result.update({"version": peer.version, "precision": peer.precision,
                        "median_ms": round(percentile(samples, 50), 6),
                        "p10_ms": round(percentile(samples, 10), 6),
                        "p90_ms": round(percentile(samples, 90), 6),

@@ -170,7 +170,7 @@ def decode_peer(case, data, threads, weights, np, Skip, decode_cache, packed_qkv
         if written != host.size:
             raise RuntimeError(f"ggml_quantize_chunk wrote {written} bytes, expected {host.size}")
         for buft in extra_bufts + [cpu_buft]:
-            c = context(2)
+            c = context(3)  # the weight, the probe's activations and its mul_mat
             t = g.new_tensor_2d(c, wtype, e, rows)
             buf = g.backend_alloc_ctx_tensors_from_buft(c, buft)
             if not buf:
