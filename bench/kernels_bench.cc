@@ -6,6 +6,8 @@
 //   and a projection split into ParallelGemm's panels with and without the weights packed once;
 //   products by a packed operand through BLIS's micro-kernel and mha's direct one
 //   (kernels/gemm_direct.h) at the operator's shapes; Gemm against BLIS's bli_sgemm_ex;
+// - the int8-activation decode product (kernels/gemv_int8.h) per kernel, its weights in L2 and
+//   beyond the L3, against a plain read of the same bytes;
 // - the bf16 compute product (kernels/gemm_bf16.h) per kernel (emulated, AVX512_BF16, AMX,
 //   BFDOT) at a projection's, the scores' and P V's shapes;
 // - the attention core of one head (scores, online softmax, P V in strips), on every target this
@@ -38,10 +40,13 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
 #include "kernels/gemm_direct.h"
+#include "kernels/gemv_int8.h"
+#include "kernels/quant.h"
 #include "kernels/rope.h"
 #include "kernels/softmax.h"
 #include "kernels/targets.h"
 #include "runtime/forward_plan.h"
+#include "runtime/large_buffer.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/thread_pool.h"
 
@@ -291,6 +296,92 @@ void BM_DecodeKernel(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 BENCHMARK(BM_DecodeKernel)->ArgsProduct({{0, 1, 2, 3}, {1, 4}, {0, 1}});
+
+// The int8-activation decode product (kernels/gemv_int8.h): one row of quantized activations
+// (k 4096) times quantized weights on one thread, weights of 1 MiB (L2-resident: the kernel's
+// compute rate) or 96 MiB (beyond any L3 here: its memory stream; a decode step needs it near
+// the read probe's rate per thread). Arguments: kernel (0 the active one, 1 AVX2, 2 portable,
+// 3 none: a plain sum of the same bytes, the thread's streaming read rate), weights (0 i8, 1 i4
+// in 32-blocks), size (0 L2, 1 DRAM). bytes/s counts the weights' codes and scales read.
+void BM_GemvInt8(benchmark::State& state) {
+  constexpr kernels::Int8Kernel kKernels[] = {kernels::Int8Kernel::kAuto,
+                                              kernels::Int8Kernel::kAvx2,
+                                              kernels::Int8Kernel::kPortable,
+                                              kernels::Int8Kernel::kPortable};
+  kernels::Int8Kernel kernel = kKernels[state.range(0)];
+  if (kernel == kernels::Int8Kernel::kAuto) kernel = kernels::Int8ActiveKernel();
+  if (!kernels::Int8KernelAvailable(kernel)) {
+    state.SkipWithError("this CPU lacks the kernel");
+    return;
+  }
+  const DType type = state.range(1) == 0 ? DType::kI8 : DType::kI4;
+  const size_t block = type == DType::kI4 ? kernels::kI4Block : 0;
+  constexpr size_t k = 4096;
+  const size_t row_bytes = kernels::QuantRowBytes(type, block, k);
+  const size_t scales_per_row = kernels::QuantScalesPerRow(type, block, k);
+  const size_t weight_bytes = (state.range(2) == 0 ? 1 : 96) << 20;
+  const size_t n = weight_bytes / (row_bytes + scales_per_row * sizeof(float));
+  state.SetLabel(std::string(kernels::Int8KernelName(kernel)) + " " + DTypeName(type) +
+                 (state.range(2) == 0 ? " L2" : " DRAM"));
+  // Codes of random bytes (every value a valid i8 / two i4 codes), scales near 1 / 127, in one
+  // LargeBuffer as a layer holds them (layer_weights.cc: huge pages from 32 MiB).
+  LargeBuffer storage = AllocateLargeBuffer(n * row_bytes + n * scales_per_row * sizeof(float) + 64);
+  if (!storage) {
+    state.SkipWithError("out of memory");
+    return;
+  }
+  uint8_t* codes = storage.get();
+  std::mt19937 rng(14);
+  for (size_t i = 0; i < n * row_bytes; ++i) {
+    codes[i] = static_cast<uint8_t>(rng() & (type == DType::kI8 ? 0x7F : 0x77));
+  }
+  float* scales = reinterpret_cast<float*>(codes + (n * row_bytes + 63) / 64 * 64);
+  const std::vector<float> drawn = RandomFloats(n * scales_per_row, 0.007f, 0.009f, 15);
+  std::copy(drawn.begin(), drawn.end(), scales);
+  kernels::QuantMatrix w;
+  w.codes = codes;
+  w.scales = scales;
+  w.type = type;
+  w.block = block;
+  w.rows = n;
+  w.cols = k;
+  w.row_bytes = row_bytes;
+  w.scales_per_row = scales_per_row;
+  w.int8_activations = true;
+  if (state.range(0) == 3) {  // the same bytes summed: one thread's streaming read rate
+    const uint64_t* p = reinterpret_cast<const uint64_t*>(codes);
+    const size_t words = (n * row_bytes + n * scales_per_row * sizeof(float)) / 8;
+    for (auto _ : state) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = 0; i + 4 <= words; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+      }
+      benchmark::DoNotOptimize(s0 + s1 + s2 + s3);
+    }
+    state.SetLabel(std::string("read ") + DTypeName(type) +
+                   (state.range(2) == 0 ? " L2" : " DRAM"));
+    state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * words * 8));
+    return;
+  }
+  const std::vector<float> a = RandomFloats(k, -1.0f, 1.0f, 16);
+  const kernels::Int8ActLayout lay = kernels::Int8ActLayoutOf(type, block, k);
+  std::vector<uint8_t> buf(lay.row_bytes + 64);  // the kernels read it 64-byte aligned
+  uint8_t* qa = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
+  kernels::QuantizeActivationsInt8(a.data(), k, 1, k, type, block, qa);
+  std::vector<float> c(n);
+  const MatrixView cv{c.data(), 1, n, static_cast<ptrdiff_t>(n), 1};
+  for (auto _ : state) {
+    kernels::GemvInt8Rows(kernel, qa, 1, w, cv);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(
+      static_cast<int64_t>(state.iterations() * n * (row_bytes + scales_per_row * sizeof(float))));
+}
+BENCHMARK(BM_GemvInt8)->ArgsProduct({{0, 1, 2, 3}, {0, 1}, {0, 1}});
 
 // Softmax of 16 x 1024 on each target this CPU supports (argument = index into the list).
 void BM_SoftmaxRowsPerTarget(benchmark::State& state) {

@@ -1,12 +1,14 @@
-// Large, long-lived zeroed buffers (a KV cache's storage) backed by transparent huge pages where
-// the kernel offers them: a decode step streams the whole cache, and with 4 KiB pages every
-// 4 KiB of it costs a TLB miss, which a virtual machine's nested page walk makes dear.
+// Large, long-lived zeroed buffers (a KV cache's storage, a layer's weights) backed by transparent
+// huge pages where the kernel offers them: a decode step streams the whole cache and every
+// weight, and with 4 KiB pages every 4 KiB of them costs a TLB miss, which a virtual machine's
+// nested page walk makes dear.
 #ifndef MHA_RUNTIME_LARGE_BUFFER_H_
 #define MHA_RUNTIME_LARGE_BUFFER_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 
 namespace mha {
 
@@ -26,6 +28,35 @@ using LargeBuffer = std::unique_ptr<uint8_t[], LargeBufferFree>;
 // allocation fails. Huge pages are a request: where the kernel refuses them (THP "never", not
 // Linux) the buffer has ordinary pages and the same contents.
 LargeBuffer AllocateLargeBuffer(size_t bytes);
+
+// n zeroed elements of a trivial T in a LargeBuffer: a layer's weights in each form it keeps,
+// which a batch-1 decode step streams whole every token, as it streams the cache.
+template <typename T>
+class LargeArray {
+ public:
+  // Replaces the contents with n zeroed elements (none for 0); throws std::bad_alloc when the
+  // memory is not there, as std::vector does.
+  void Assign(size_t n) {
+    Clear();
+    if (n == 0) return;
+    if (n > SIZE_MAX / sizeof(T)) throw std::bad_alloc();
+    buffer_ = AllocateLargeBuffer(n * sizeof(T));
+    if (!buffer_) throw std::bad_alloc();
+    size_ = n;
+  }
+  void Clear() {
+    buffer_.reset();
+    size_ = 0;
+  }
+  T* data() { return reinterpret_cast<T*>(buffer_.get()); }
+  const T* data() const { return reinterpret_cast<const T*>(buffer_.get()); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  LargeBuffer buffer_;
+  size_t size_ = 0;
+};
 
 }  // namespace mha
 

@@ -491,9 +491,9 @@ void BindCopies(const AttentionWeights& w, LayerWeights& m) {
   const size_t n_bo = out_bias ? m.D : 0;
   const bool f32 = st == DType::kF32;
   if (f32) {
-    m.owned.resize(n_w);
+    m.owned.Assign(n_w);
   } else {
-    m.owned16.resize(n_w);
+    m.owned16.Assign(n_w);
   }
   m.owned_biases.resize(n_b + n_bkv + n_bo);
   uint8_t* wblk = f32 ? reinterpret_cast<uint8_t*>(m.owned.data())
@@ -623,7 +623,7 @@ Status BindQuantized(const AttentionWeights& weights, LayerWeights& m) {
     scale_at.push_back(bytes);
     bytes = round_up(bytes + rows * kernels::QuantScalesPerRow(st, m.block, in) * sizeof(float));
   }
-  m.quantized.assign(bytes + kAlign, 0);
+  m.quantized.Assign(bytes + kAlign);
   uint8_t* base = m.quantized.data();
   base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   std::vector<float> row;
@@ -768,7 +768,7 @@ void PackBf16(LayerWeights* m) {
   size_t elements = 0;
   for (int i = 0; i < count; ++i) elements += kernels::PackedBf16Elements(ins[i], outs[i]);
   constexpr size_t kAlign = 64 / sizeof(uint16_t);
-  m->bf16_packed.assign(elements + kAlign, 0);
+  m->bf16_packed.Assign(elements + kAlign);
   uint16_t* dst = m->bf16_packed.data();
   dst += (kAlign - reinterpret_cast<uintptr_t>(dst) / sizeof(uint16_t) % kAlign) % kAlign;
   for (int i = 0; i < count; ++i) {
@@ -817,15 +817,15 @@ void LayerWeights::Prepack() {
     }
   }
   constexpr size_t kAlignFloats = kernels::kGemmScratchAlignment / sizeof(float);
-  const auto aligned = [](std::vector<float>& v) {
+  const auto aligned = [](LargeArray<float>& v) {
     float* p = v.data();
     return p + (kAlignFloats - reinterpret_cast<uintptr_t>(p) / sizeof(float) % kAlignFloats) %
                    kAlignFloats;
   };
-  prepacked.assign(floats + kAlignFloats, 0.0f);
+  prepacked.Assign(floats + kAlignFloats);
   float* dst = aligned(prepacked);
   std::vector<float> tmp(tmp_floats);
-  if (strassen_floats > 0) strassen_packed.assign(strassen_floats + kAlignFloats, 0.0f);
+  if (strassen_floats > 0) strassen_packed.Assign(strassen_floats + kAlignFloats);
   float* sdst = strassen_floats > 0 ? aligned(strassen_packed) : nullptr;
   for (int i = 0; i < 4; ++i) {
     const kernels::ConstMatrixView wt{static_cast<const float*>(mats[i]->data),
@@ -851,8 +851,8 @@ bool LayerWeights::PackingsServeEveryProduct() const {
 
 void LayerWeights::KeepOnlyPackings() {
   if (!PackingsServeEveryProduct()) return;
-  std::vector<float>().swap(owned);
-  std::vector<uint16_t>().swap(owned16);
+  owned.Clear();
+  owned16.Clear();
   for (WeightMatrix* w : {&w_packed, &w_q, &w_k, &w_v, &w_o}) w->data = nullptr;
 }
 

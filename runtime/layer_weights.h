@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mha/mha.hpp"
+#include "runtime/large_buffer.h"
 #include "runtime/parallel_gemm.h"
 #include "runtime/rope_scaling.h"
 
@@ -63,8 +64,8 @@ struct LayerWeights {
   // reordered to q, k, v rows): `owned` holds f32 weights, `owned16` 16-bit weights,
   // `owned_biases` every bias. A copy keeps only its packings when every product reads one
   // (KeepOnlyPackings): the matrices' `data` are then null.
-  std::vector<float> owned;
-  std::vector<uint16_t> owned16;
+  LargeArray<float> owned;
+  LargeArray<uint16_t> owned16;
   std::vector<float> owned_biases;
   // Separate q/k/v biases gathered as one [E + 2 kvE] array (zeros for an unbiased part).
   std::vector<float> qkv_bias;
@@ -88,18 +89,18 @@ struct LayerWeights {
   // [w_q | w_k | w_v] as one matrix when qkv_adjacent (w_packed's `quant`, whose row ranges
   // w_q, w_k, w_v take), else of each, then of w_o (their `quant` members point here, 64-byte
   // aligned; kernels/quant.h's layout). The matrices' `data` are null.
-  std::vector<uint8_t> quantized;
+  LargeArray<uint8_t> quantized;
   // config.prepack: the packings of w_q, w_k, w_v and w_o (their `packed` members point here;
   // empty when nothing is packed). w_packed is never prepacked: with prepacked weights the
   // fused projection runs as three products into the column ranges of its buffer.
-  std::vector<float> prepacked;
+  LargeArray<float> prepacked;
   // Compute::kBF16: w_q, w_k, w_v and w_o packed as bf16 (their `bf16` members point here;
   // empty otherwise), or w_packed whole with w_q, w_k, w_v its column ranges when they start on
   // bf16 panels; the f32 prepacking is then not made.
-  std::vector<uint16_t> bf16_packed;
+  LargeArray<uint16_t> bf16_packed;
   // config.prepack kOn: the Strassen operands of the matrices StrassenPacks() takes (their
   // `strassen` members point here; empty when none).
-  std::vector<float> strassen_packed;
+  LargeArray<float> strassen_packed;
 
   // Key/value positions appended after the S real ones (add_bias_kv, add_zero_attn): S' - S.
   int64_t Extra() const { return (config.add_bias_kv ? 1 : 0) + (config.add_zero_attn ? 1 : 0); }
