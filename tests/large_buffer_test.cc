@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <new>
 #include <sstream>
 #include <string>
 
@@ -72,6 +73,39 @@ TEST(LargeBufferTest, LargeBuffersAskForHugePages) {
   if (eligible < 0) GTEST_SKIP() << "no THPeligible line in /proc/self/smaps for the buffer";
   EXPECT_EQ(eligible, 1);
 #endif
+}
+
+TEST(LargeArrayTest, AssignGivesZeroedElementsAndClearFrees) {
+  LargeArray<float> a;
+  EXPECT_TRUE(a.empty());
+  EXPECT_EQ(a.data(), nullptr);
+  a.Assign(1001);
+  ASSERT_EQ(a.size(), 1001u);
+  ASSERT_NE(a.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 64, 0u);
+  EXPECT_TRUE(AllZero(reinterpret_cast<const uint8_t*>(a.data()), 1001 * sizeof(float)));
+  a.data()[1000] = 1.0f;
+  a.Assign(3);  // replaces the contents: zeroed again
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_TRUE(AllZero(reinterpret_cast<const uint8_t*>(a.data()), 3 * sizeof(float)));
+  a.Assign(0);
+  EXPECT_TRUE(a.empty());
+  a.Assign(5);
+  a.Clear();
+  EXPECT_TRUE(a.empty());
+  EXPECT_EQ(a.data(), nullptr);
+}
+
+TEST(LargeArrayTest, LargeArraysAreHugePageAligned) {
+  LargeArray<uint16_t> a;
+  a.Assign(kHugePageMinBytes / sizeof(uint16_t));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kHugePageBytes, 0u);
+}
+
+TEST(LargeArrayTest, OverflowingSizesThrow) {
+  LargeArray<float> a;
+  EXPECT_THROW(a.Assign(SIZE_MAX / 2), std::bad_alloc);
+  EXPECT_TRUE(a.empty());
 }
 
 }  // namespace
