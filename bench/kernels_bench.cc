@@ -338,16 +338,8 @@ void BM_GemvInt8(benchmark::State& state) {
   float* scales = reinterpret_cast<float*>(codes + (n * row_bytes + 63) / 64 * 64);
   const std::vector<float> drawn = RandomFloats(n * scales_per_row, 0.007f, 0.009f, 15);
   std::copy(drawn.begin(), drawn.end(), scales);
-  kernels::QuantMatrix w;
-  w.codes = codes;
-  w.scales = scales;
-  w.type = type;
-  w.block = block;
-  w.rows = n;
-  w.cols = k;
-  w.row_bytes = row_bytes;
-  w.scales_per_row = scales_per_row;
-  w.int8_activations = true;
+  const kernels::QuantMatrix w{codes, scales, type, block, n, k, row_bytes, scales_per_row,
+                               /*int8_activations=*/true};
   if (state.range(0) == 3) {  // the same bytes summed: one thread's streaming read rate
     const uint64_t* p = reinterpret_cast<const uint64_t*>(codes);
     const size_t words = (n * row_bytes + n * scales_per_row * sizeof(float)) / 8;

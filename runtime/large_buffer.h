@@ -48,6 +48,7 @@ class LargeArray {
     buffer_.reset();
     size_ = 0;
   }
+  // 64-byte aligned (2 MiB from kHugePageMinBytes); null when empty.
   T* data() { return reinterpret_cast<T*>(buffer_.get()); }
   const T* data() const { return reinterpret_cast<const T*>(buffer_.get()); }
   size_t size() const { return size_; }

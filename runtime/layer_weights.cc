@@ -623,9 +623,8 @@ Status BindQuantized(const AttentionWeights& weights, LayerWeights& m) {
     scale_at.push_back(bytes);
     bytes = round_up(bytes + rows * kernels::QuantScalesPerRow(st, m.block, in) * sizeof(float));
   }
-  m.quantized.Assign(bytes + kAlign);
+  m.quantized.Assign(bytes);  // a LargeArray starts 64-byte aligned
   uint8_t* base = m.quantized.data();
-  base += (kAlign - reinterpret_cast<uintptr_t>(base) % kAlign) % kAlign;
   std::vector<float> row;
   for (size_t i = 0; i < sources.size(); ++i) {
     const QuantSource& src = sources[i];
@@ -767,10 +766,8 @@ void PackBf16(LayerWeights* m) {
   const int count = fused ? 2 : 4;
   size_t elements = 0;
   for (int i = 0; i < count; ++i) elements += kernels::PackedBf16Elements(ins[i], outs[i]);
-  constexpr size_t kAlign = 64 / sizeof(uint16_t);
-  m->bf16_packed.Assign(elements + kAlign);
+  m->bf16_packed.Assign(elements);  // 64-byte aligned, as a LargeArray starts
   uint16_t* dst = m->bf16_packed.data();
-  dst += (kAlign - reinterpret_cast<uintptr_t>(dst) / sizeof(uint16_t) % kAlign) % kAlign;
   for (int i = 0; i < count; ++i) {
     const size_t in = static_cast<size_t>(ins[i]), out = static_cast<size_t>(outs[i]);
     const ptrdiff_t ld = static_cast<ptrdiff_t>(in);
@@ -816,17 +813,13 @@ void LayerWeights::Prepack() {
       tmp_floats = std::max(tmp_floats, kernels::StrassenPackTmpFloats(ins[i], outs[i]));
     }
   }
-  constexpr size_t kAlignFloats = kernels::kGemmScratchAlignment / sizeof(float);
-  const auto aligned = [](LargeArray<float>& v) {
-    float* p = v.data();
-    return p + (kAlignFloats - reinterpret_cast<uintptr_t>(p) / sizeof(float) % kAlignFloats) %
-                   kAlignFloats;
-  };
-  prepacked.Assign(floats + kAlignFloats);
-  float* dst = aligned(prepacked);
+  // The packings start at a LargeArray's 64-byte alignment, which the kernels ask for.
+  static_assert(kernels::kGemmScratchAlignment <= 64, "LargeArray data is 64-byte aligned");
+  prepacked.Assign(floats);
+  float* dst = prepacked.data();
   std::vector<float> tmp(tmp_floats);
-  if (strassen_floats > 0) strassen_packed.Assign(strassen_floats + kAlignFloats);
-  float* sdst = strassen_floats > 0 ? aligned(strassen_packed) : nullptr;
+  strassen_packed.Assign(strassen_floats);
+  float* sdst = strassen_packed.data();  // null when nothing takes Strassen
   for (int i = 0; i < 4; ++i) {
     const kernels::ConstMatrixView wt{static_cast<const float*>(mats[i]->data),
                                       static_cast<size_t>(ins[i]), static_cast<size_t>(outs[i]), 1,
