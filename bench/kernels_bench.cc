@@ -324,7 +324,7 @@ void BM_GemvInt8(benchmark::State& state) {
   state.SetLabel(std::string(kernels::Int8KernelName(kernel)) + " " + DTypeName(type) +
                  (state.range(2) == 0 ? " L2" : " DRAM"));
   // Codes of random bytes (every value a valid i8 / two i4 codes), scales near 1 / 127, in one
-  // LargeBuffer as a layer holds them (layer_weights.cc: huge pages from 32 MiB).
+  // LargeBuffer as a layer holds them (layer_weights.cc: huge pages on its whole 2 MiB blocks).
   LargeBuffer storage = AllocateLargeBuffer(n * row_bytes + n * scales_per_row * sizeof(float) + 64);
   if (!storage) {
     state.SkipWithError("out of memory");

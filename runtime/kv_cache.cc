@@ -111,7 +111,7 @@ struct __attribute__((visibility("hidden"))) KvCache::Impl {
 
   int64_t batch = 0;
   CacheStorage storage;  // K, then V: the layout of the file comment
-  LargeBuffer owned;     // huge pages from kHugePageMinBytes (large_buffer.h)
+  LargeBuffer owned;     // huge pages from kHugePageBytes (large_buffer.h)
   std::vector<int64_t> lengths;  // [batch], sized at creation
   std::vector<int64_t> ends;     // [batch]: a call's lengths after it, until it commits
   // Ring: the window of the last layer used (0 before any), and per entry the lowest position

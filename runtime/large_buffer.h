@@ -12,22 +12,35 @@
 
 namespace mha {
 
-// From this size a buffer asks for huge pages (Linux madvise(MADV_HUGEPAGE) on a 2 MiB-aligned
-// block, before its pages are first touched). Its size is rounded up to 2 MiB, so it holds at
-// most 1/16 more than asked (the last huge page); smaller buffers, which the last-level cache
-// holds anyway, get ordinary pages and no rounding.
+// A buffer of at least one huge page is mapped on its own (mmap), starts on a huge-page boundary
+// and asks for huge pages on its whole 2 MiB blocks (Linux madvise(MADV_HUGEPAGE), before its
+// pages are first touched); its last, partial block keeps ordinary pages, so no buffer holds more
+// memory than asked (to the page). A model's per-layer caches and weights are mostly 2-32 MiB,
+// each streamed from memory once per token across its layers. Smaller buffers come from malloc,
+// with ordinary pages.
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
-inline constexpr size_t kHugePageMinBytes = size_t{32} << 20;
 
+// Frees a LargeBuffer: munmap of `mapped` bytes, or free() where mapped is 0.
 struct LargeBufferFree {
+  size_t mapped = 0;
   void operator()(uint8_t* p) const;
 };
 using LargeBuffer = std::unique_ptr<uint8_t[], LargeBufferFree>;
 
-// `bytes` zeroed bytes, 64-byte aligned (2 MiB from kHugePageMinBytes); null when the
-// allocation fails. Huge pages are a request: where the kernel refuses them (THP "never", not
-// Linux) the buffer has ordinary pages and the same contents.
+// `bytes` zeroed bytes, 64-byte aligned (2 MiB from kHugePageBytes), every page touched (no
+// page faults in the steps that read it); null when the allocation fails. Huge pages are a
+// request: where the kernel refuses them (THP "never", not Linux) the buffer has ordinary pages
+// and the same contents.
 LargeBuffer AllocateLargeBuffer(size_t bytes);
+
+// Bytes the LargeBuffers of kHugePageBytes or more map outside malloc (whose statistics count
+// the smaller ones): `live` now (what layers and caches hold outside the heap), `total` ever
+// (what creating them mapped on the way).
+struct LargeBufferCounts {
+  size_t live = 0;
+  size_t total = 0;
+};
+LargeBufferCounts LargeBufferMapped();
 
 // n zeroed elements of a trivial T in a LargeBuffer: a layer's weights in each form it keeps,
 // which a batch-1 decode step streams whole every token, as it streams the cache.
@@ -48,7 +61,7 @@ class LargeArray {
     buffer_.reset();
     size_ = 0;
   }
-  // 64-byte aligned (2 MiB from kHugePageMinBytes); null when empty.
+  // 64-byte aligned (2 MiB from kHugePageBytes); null when empty.
   T* data() { return reinterpret_cast<T*>(buffer_.get()); }
   const T* data() const { return reinterpret_cast<const T*>(buffer_.get()); }
   size_t size() const { return size_; }

@@ -15,6 +15,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_route.h"
 #include "mha/mha.hpp"
+#include "runtime/large_buffer.h"
 #include "tests/alloc_counter.h"
 #include "tests/attention_test_util.h"
 #include "tests/kernel_test_util.h"
@@ -164,10 +165,17 @@ TEST(AllocTest, CounterSeesAllocations) {
 }
 
 #ifndef MHA_SANITIZED
-// Heap bytes in use (glibc: small blocks plus mmapped ones).
+// Heap bytes in use (glibc: small blocks plus mmapped ones), and the large buffers mapped
+// outside malloc (runtime/large_buffer.h).
 size_t HeapInUse() {
   const struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks + mi.hblkhd;
+  return mi.uordblks + mi.hblkhd + LargeBufferMapped().live;
+}
+
+// Bytes allocated since g_allocated_bytes was reset and LargeBufferMapped().total read
+// `mapped_before`: by malloc and by the large buffers mapped outside it.
+size_t AllocatedSince(size_t mapped_before) {
+  return g_allocated_bytes.load() + (LargeBufferMapped().total - mapped_before);
 }
 
 // Heap bytes a layer of E = 1024 (`heads` heads, bias) holds after Create with `binding` and
@@ -192,6 +200,7 @@ double LayerBytesOverWeights(WeightBinding binding, WeightPrepack prepack,
   w.out_proj_bias = out_b.data();
   std::unique_ptr<MultiheadAttention> layer;
   const size_t before = HeapInUse();
+  const size_t mapped_before = LargeBufferMapped().total;
   g_allocated_bytes = 0;
   g_counting = true;
   const Status s = MultiheadAttention::Create(c, w, binding, &layer);
@@ -199,7 +208,7 @@ double LayerBytesOverWeights(WeightBinding binding, WeightPrepack prepack,
   const size_t after = HeapInUse();
   EXPECT_TRUE(s.ok()) << s.ToString();
   const double weights = 4.0 * static_cast<double>(4 * e * e + 4 * e);
-  if (allocated != nullptr) *allocated = static_cast<double>(g_allocated_bytes.load()) / weights;
+  if (allocated != nullptr) *allocated = static_cast<double>(AllocatedSince(mapped_before)) / weights;
   return static_cast<double>(after - before) / weights;
 }
 
@@ -343,6 +352,7 @@ TEST(AllocTest, QuantizedLayerHoldsOnlyItsCodes) {
       w.out_proj_bias = out_b.data();
       std::unique_ptr<MultiheadAttention> layer;
       const size_t before = HeapInUse();
+      const size_t mapped_before = LargeBufferMapped().total;
       g_allocated_bytes = 0;
       g_counting = true;
       const Status s = MultiheadAttention::Create(config, w, WeightBinding::kCopy, &layer);
@@ -350,7 +360,7 @@ TEST(AllocTest, QuantizedLayerHoldsOnlyItsCodes) {
       const size_t after = HeapInUse();
       ASSERT_TRUE(s.ok()) << s.ToString();
       const double held = static_cast<double>(after - before) / f32_bytes;
-      const double allocated = static_cast<double>(g_allocated_bytes.load()) / f32_bytes;
+      const double allocated = static_cast<double>(AllocatedSince(mapped_before)) / f32_bytes;
       std::printf(
           "[measured] %s from %s: layer holds %.4f, Create allocated %.4f x the f32 "
           "weights' bytes (codes + scales + biases: %.4f)\n",

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string>
 
+#include <unistd.h>
+
 namespace mha {
 namespace {
 
@@ -29,7 +31,7 @@ TEST(LargeBufferTest, SmallBuffersAreZeroedAnd64ByteAligned) {
 }
 
 TEST(LargeBufferTest, LargeBuffersAreZeroedAndHugePageAligned) {
-  const size_t bytes = kHugePageMinBytes + 3;
+  const size_t bytes = 3 * kHugePageBytes + 3;  // a partial last block
   LargeBuffer b = AllocateLargeBuffer(bytes);
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.get()) % kHugePageBytes, 0u);
@@ -37,8 +39,26 @@ TEST(LargeBufferTest, LargeBuffersAreZeroedAndHugePageAligned) {
   b[bytes - 1] = 1;  // the whole size is writable
 }
 
-// A size whose rounding to huge pages overflows fails before allocating.
-TEST(LargeBufferTest, OverflowingSizesFail) { EXPECT_EQ(AllocateLargeBuffer(SIZE_MAX), nullptr); }
+// A buffer of kHugePageBytes or more is mapped to the page, no more, and unmapped when freed.
+TEST(LargeBufferTest, LargeBuffersMapTheirPagesOnly) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t bytes = 3 * kHugePageBytes + page + 1;
+  const LargeBufferCounts before = LargeBufferMapped();
+  {
+    LargeBuffer b = AllocateLargeBuffer(bytes);
+    ASSERT_NE(b, nullptr);
+    const LargeBufferCounts now = LargeBufferMapped();
+    EXPECT_EQ(now.live - before.live, 3 * kHugePageBytes + 2 * page);
+    EXPECT_EQ(now.total - before.total, 3 * kHugePageBytes + 2 * page);
+    LargeBuffer small = AllocateLargeBuffer(kHugePageBytes - 1);  // from malloc
+    ASSERT_NE(small, nullptr);
+    EXPECT_EQ(LargeBufferMapped().live, now.live);
+  }
+  EXPECT_EQ(LargeBufferMapped().live, before.live);
+}
+
+// A size no allocator can give fails (null), as any other refused allocation.
+TEST(LargeBufferTest, ImpossibleSizesFail) { EXPECT_EQ(AllocateLargeBuffer(SIZE_MAX), nullptr); }
 
 // The THPeligible line of the /proc/self/smaps mapping that holds `p`, or -1.
 int ThpEligible(const void* p) {
@@ -67,11 +87,22 @@ TEST(LargeBufferTest, LargeBuffersAskForHugePages) {
   if (mode.empty() || mode.find("[never]") != std::string::npos) {
     GTEST_SKIP() << "transparent huge pages are off here: '" << mode << "'";
   }
-  LargeBuffer large = AllocateLargeBuffer(kHugePageMinBytes);
+  // Two whole blocks and a partial one: huge pages for the blocks; where the mode is "madvise"
+  // (only what asks gets them), ordinary pages for the partial block, as nothing is rounded up.
+  const size_t bytes = 2 * kHugePageBytes + 12345;
+  LargeBuffer large = AllocateLargeBuffer(bytes);
   ASSERT_NE(large, nullptr);
-  const int eligible = ThpEligible(large.get() + kHugePageBytes);
-  if (eligible < 0) GTEST_SKIP() << "no THPeligible line in /proc/self/smaps for the buffer";
-  EXPECT_EQ(eligible, 1);
+  const int first = ThpEligible(large.get());
+  const int second = ThpEligible(large.get() + 2 * kHugePageBytes - 1);
+  const int tail = ThpEligible(large.get() + bytes - 1);
+  if (first < 0 || second < 0 || tail < 0) {
+    GTEST_SKIP() << "no THPeligible line in /proc/self/smaps for the buffer";
+  }
+  EXPECT_EQ(first, 1);
+  EXPECT_EQ(second, 1);
+  if (mode.find("[madvise]") != std::string::npos) {
+    EXPECT_EQ(tail, 0);
+  }
 #endif
 }
 
@@ -98,7 +129,7 @@ TEST(LargeArrayTest, AssignGivesZeroedElementsAndClearFrees) {
 
 TEST(LargeArrayTest, LargeArraysAreHugePageAligned) {
   LargeArray<uint16_t> a;
-  a.Assign(kHugePageMinBytes / sizeof(uint16_t));
+  a.Assign(kHugePageBytes / sizeof(uint16_t));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kHugePageBytes, 0u);
 }
 
