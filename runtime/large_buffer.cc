@@ -1,12 +1,12 @@
 #include "runtime/large_buffer.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 namespace mha {
 namespace {

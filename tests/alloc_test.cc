@@ -208,7 +208,8 @@ double LayerBytesOverWeights(WeightBinding binding, WeightPrepack prepack,
   const size_t after = HeapInUse();
   EXPECT_TRUE(s.ok()) << s.ToString();
   const double weights = 4.0 * static_cast<double>(4 * e * e + 4 * e);
-  if (allocated != nullptr) *allocated = static_cast<double>(AllocatedSince(mapped_before)) / weights;
+  if (allocated != nullptr)
+    *allocated = static_cast<double>(AllocatedSince(mapped_before)) / weights;
   return static_cast<double>(after - before) / weights;
 }
 

@@ -1,6 +1,7 @@
 #include "runtime/large_buffer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -8,8 +9,6 @@
 #include <new>
 #include <sstream>
 #include <string>
-
-#include <unistd.h>
 
 namespace mha {
 namespace {
