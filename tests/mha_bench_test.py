@@ -100,7 +100,6 @@ class ArgumentErrors(unittest.TestCase):
         (["--rounds", "0"], "--rounds"),
         (["--rounds", "101"], "--rounds"),
         (["--rounds", "two"], "--rounds"),
-        (["--decode", "--rounds", "2"], "--rounds"),
         (["--sgemm-size", "-1"], "--sgemm-size"),
         (["--tolerance", "x"], "--tolerance"),
         (["--seq"], "--seq: expected a value"),
@@ -779,7 +778,8 @@ class Decode(unittest.TestCase):
         self.assertEqual(len(rows), len(results))
         seen = set()
         for r in results:
-            self.assertEqual(set(r), self.DECODE_FIELDS)
+            self.assertEqual(set(r), self.DECODE_FIELDS | {"rounds"})  # JSON only: the rounds
+            self.assertEqual(r["rounds"], [{"median_ms": r["median_ms"]}])  # one by default
             self.assertEqual(r["error"], "")
             self.assertGreaterEqual(r["runs"], 2)
             self.assertGreater(r["median_ms"], 0)
@@ -979,6 +979,15 @@ with open(os.environ["FAKE_PEERS_LOG"], "a") as f:
     f.write(json.dumps({"peer": peer, "args": args, "data_ok": data_ok, "err": err}) + "\n")
 ms = {"ort": 0.5, "ort-int8": 0.25, "sdpa": 3.0, "openvino": 0.625, "openvino-int8": 0.375,
       "ggml": 0.75}[peer]
+# FAKE_PEERS_ROUND_SCALES "a,b,c": the peer's time times a on its first call of a case, b on the
+# second, ... (--rounds: one call per round).
+scales = os.environ.get("FAKE_PEERS_ROUND_SCALES")
+if scales:
+    with open(os.environ["FAKE_PEERS_LOG"]) as f:
+        earlier = [json.loads(line) for line in f]
+    calls = sum(c["peer"] == peer and c["args"][c["args"].index("--decode") + 1] ==
+                arg("--decode") for c in earlier)
+    ms *= [float(x) for x in scales.split(",")][calls - 1]
 quantized = "--weights" in args
 precision = "int8" if peer.endswith("-int8") or (peer == "ggml" and quantized) else "f32"
 print(json.dumps({"peer": peer, "version": "fake-" + peer, "precision": precision, "median_ms": ms,
@@ -1057,6 +1066,46 @@ class DecodeCompare(unittest.TestCase):
                 self.assertAlmostEqual(float(row[name + "_ratio"]), r["peers"][name]["ratio"],
                                        delta=RATIO_ROUNDING + 1e-3 * r["peers"][name]["ratio"])
                 self.assertIn(name + "_max_abs_err", row)
+
+    def test_rounds_alternate_mha_and_the_peers(self):
+        # --rounds 3: after each of mha's three rounds of an f32 row, each peer times the same
+        # share of --min-time and --min-runs; its time is the median of its rounds, <peer>/mha
+        # the median of the rounds' paired ratios (the peer's round over mha's round before it).
+        p, calls, doc, rows, leftovers = self.run_decode(
+            ["--compare", "ort,ggml", "--batches", "1", "--kv-dtypes", "f32,bf16", "--rounds",
+             "3", "--min-runs", "5", "--min-time", "0.03"],
+            env={"FAKE_PEERS_ROUND_SCALES": "1,4,2"})
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(leftovers, [])
+        self.assertIn("3 round(s)", p.stdout)
+        # f32 rows of MHA and GQA: three rounds each, each round ort then ggml.
+        self.assertEqual([(c["peer"], c["args"][c["args"].index("--decode") + 1]) for c in calls],
+                         [(peer, f"1,16,1024,16,{kvh}") for kvh in (16, 4) for _ in range(3)
+                          for peer in ("ort", "ggml")])
+        for c in calls:
+            self.assertTrue(c["data_ok"], c)
+            self.assertEqual(c["args"][c["args"].index("--min-runs") + 1], "2")  # ceil(5 / 3)
+            self.assertAlmostEqual(float(c["args"][c["args"].index("--min-time") + 1]), 0.01)
+        results = doc["results"]
+        self.assertEqual([r["cache_dtype"] for r in results], ["f32", "bf16"] * 2)
+        for r, row in zip(results, rows):
+            self.assertEqual(len(r["rounds"]), 3)
+            self.assertGreaterEqual(r["runs"], 6)  # at least ceil(5 / 3) in each round
+            for name, ms in (("ort", 0.5), ("ggml", 0.75)):
+                peer = r["peers"][name]
+                self.assertEqual(peer["median_ms"], 2 * ms)  # the median of ms, 4 ms, 2 ms
+                self.assertAlmostEqual(peer["p10_ms"], 0.9 * ms)  # the rounds' extremes
+                self.assertAlmostEqual(peer["p90_ms"], 1.1 * 4 * ms)
+                self.assertEqual(peer["runs"], 9)
+                if r["cache_dtype"] == "f32":
+                    got = [rr["peers_ms"][name] for rr in r["rounds"]]
+                    self.assertEqual(got, [ms, 4 * ms, 2 * ms])
+                    want = sorted(g / rr["median_ms"] for g, rr in zip(got, r["rounds"]))[1]
+                else:  # the bf16 row repeats the f32 row's peers, over its own median
+                    self.assertTrue(all("peers_ms" not in rr for rr in r["rounds"]))
+                    want = 2 * ms / r["median_ms"]
+                self.assertAlmostEqual(peer["ratio"], want, delta=RATIO_ROUNDING + 1e-3 * want)
+                self.assertAlmostEqual(float(row[name + "_ratio"]), want, delta=1e-6 * want)
 
     def test_quantized_weights_reach_the_int8_peers(self):
         # "all" with quantized weights adds ort-int8 and openvino-int8; the peers are told the

@@ -545,7 +545,6 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
                      {o->no_prepack, "--no-prepack"},
                      {o->strassen, "--strassen"},
                      {o->breakdown, "--breakdown"},
-                     {o->rounds_given, "--rounds"},
                      {!o->trace_path.empty(), "--trace"}};
     for (const auto& c : conflicts) {
       if (c.given) {
@@ -745,7 +744,11 @@ Measurement:
   --min-time SEC     measure each case for at least SEC seconds (default 0.5)
   --min-runs N       and at least N runs (default 5); one untimed warm-up run precedes them
   --rounds N         measure each case in N rounds (default 3, at most 100): each round times
-                     the BLIS baseline, then mha for 1/N of --min-time and of --min-runs
+                     the BLIS baseline, then mha for 1/N of --min-time and of --min-runs.
+                     With --decode (default 1): each round times mha's step for that share,
+                     then each --compare peer's for the same share (its process started
+                     again), so mha and the peers alternate on a machine whose bandwidth
+                     drifts; <peer>/mha is the median of the rounds' paired ratios
   --sgemm-size M     BLIS baseline: the fastest of 3 M x M x M sgemm products with the same
                      threads, at the start of every round, and once at the start of the run for
                      the header (default 2048; 0 skips it and the multiply-add peak, and leaves
@@ -802,8 +805,9 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      and prefill rows (batch 1) instead of the suite's, e.g. 4096,32,8 (Llama 3
                      8B's attention); not with --hf (the checkpoint's layer has its own)
   --compare LIST     also time the peers' decode step for every f32 row (context, batch, kv
-                     heads, threads), right after mha's, with the same threads, weights, cache
-                     contents and token, --min-time and --min-runs: ort, ort-int8, sdpa,
+                     heads, threads), after each round of mha's (--rounds), with the same
+                     threads, weights, cache contents and token, and each round's share of
+                     --min-time and --min-runs: ort, ort-int8, sdpa,
                      openvino, openvino-int8, ggml or all
                        ort   ONNX Runtime com.microsoft GroupQueryAttention (its generative
                              decoders' op): one MatMul+Add for packed q|k|v, GroupQueryAttention
@@ -876,8 +880,8 @@ Incremental decoding (--decode runs this suite instead of the one above):
   convention); JSON has both (read_* and copy_* fields). --json/--csv write these fields (JSON:
   "peers" per row as in the forward suite, the prefill rows under "prefill"; CSV: the decode
   rows with <peer>_ms, <peer>_ratio, <peer>_max_abs_err); --min-time/--min-runs/--threads/--seed
-  apply; --decode cannot be combined with shape flags, --causal, --need-weights, --breakdown,
-  --rounds or --trace.
+  and --rounds apply; --decode cannot be combined with shape flags, --causal, --need-weights,
+  --breakdown or --trace.
 
 Output (a table on stdout always; progress on stderr when it is a terminal):
   --json FILE        results as JSON: {"header": {...}, "results": [{...}, ...]}

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,29 @@ double MatrixBytes(const AttentionConfig& c, int64_t rows, int64_t in) {
                                    4 * kernels::QuantScalesPerRow(c.weight_dtype, block, i));
   }
   return n * static_cast<double>(in) * static_cast<double>(DTypeSize(c.weight_dtype));
+}
+
+// One peer's result over --rounds: the median of its rounds' medians, the extremes of their
+// deciles, the largest error; a peer no round timed keeps the first round's note.
+PeerResult CombinePeerRounds(const std::vector<PeerResult>& rounds) {
+  std::vector<double> medians;
+  PeerResult c;
+  for (const PeerResult& p : rounds) {
+    if (!p.timed) continue;
+    if (!c.timed) {
+      c = p;
+    } else {
+      c.p10_ms = std::min(c.p10_ms, p.p10_ms);
+      c.p90_ms = std::max(c.p90_ms, p.p90_ms);
+      c.runs += p.runs;
+      if (!(p.max_abs_err <= c.max_abs_err)) c.max_abs_err = p.max_abs_err;  // NaN stays
+    }
+    medians.push_back(p.median_ms);
+  }
+  if (!c.timed) return rounds.front();
+  std::sort(medians.begin(), medians.end());
+  c.median_ms = Percentile(medians, 0.5);
+  return c;
 }
 
 }  // namespace
@@ -155,75 +179,146 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.heads = m.heads;
   r.head_dim = m.head_dim;
   const int64_t E = m.embed, hd = m.head_dim, kvh = m.kv_heads, A = m.heads * hd;
-  ContextOptions co;
-  co.num_threads = threads;
-  std::unique_ptr<Context> ctx;
-  Status st = Context::Create(co, &ctx);
-  std::unique_ptr<KvCache> cache;
-  if (st.ok())
-    st = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
-  // Fill context - 1 positions from the model's random keys/values (a strided view of them).
+  // Cached positions: context - 1 per entry, from the model's random keys/values (a strided view
+  // of them).
   const int64_t prior = context - 1;
   const int64_t batch_stride = kvh * m.max_context * hd, head_stride = m.max_context * hd;
   const float* keys = m.kv.data();
   const float* values = keys + m.kv.size() / 2;
-  if (st.ok() && prior > 0) {
-    const int64_t shape[4] = {batch, kvh, prior, hd};
-    const int64_t strides[4] = {batch_stride, head_stride, hd, 1};
-    float* k = const_cast<float*>(keys);
-    float* v = const_cast<float*>(values);
-    TensorView kt, vt;
-    st = TensorView::Strided(k, DType::kF32, 4, shape, strides, &kt, "k");
-    if (st.ok()) st = TensorView::Strided(v, DType::kF32, 4, shape, strides, &vt, "v");
-    if (st.ok()) st = cache->AppendProjected(kt, vt);
-  }
   std::vector<float> x(batch * E), out(batch * E);
   Random rng(o.seed);
   rng.Fill(&x, 1.0f);
   const int64_t xs[3] = {batch, 1, E};
   TensorView xv, ov;
-  if (st.ok()) st = TensorView::Dense(x.data(), DType::kF32, 3, xs, &xv, "x");
+  Status st = TensorView::Dense(x.data(), DType::kF32, 3, xs, &xv, "x");
   if (st.ok()) st = TensorView::Dense(out.data(), DType::kF32, 3, xs, &ov, "output");
-  auto rewind = [&] {
-    for (int64_t n = 0; n < batch && st.ok(); ++n) st = cache->Truncate(n, prior);
+  std::unique_ptr<Context> ctx;
+  std::unique_ptr<KvCache> cache;
+  const auto rewind = [&]() -> Status {
+    Status s;
+    for (int64_t n = 0; n < batch && s.ok(); ++n) s = cache->Truncate(n, prior);
+    return s;
   };
-  // Warm-up: the arena grows to the plan, caches and pages settle.
-  for (int i = 0; i < 2 && st.ok(); ++i) {
-    st = cache->Step(*ctx, *m.layer, xv, ov);
-    rewind();
-  }
+  // The context and the filled cache, with two untimed steps: the arena grows to the plan,
+  // caches and pages settle.
+  const auto prepare = [&]() -> Status {
+    ContextOptions co;
+    co.num_threads = threads;
+    Status s = Context::Create(co, &ctx);
+    if (s.ok()) {
+      s = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
+    }
+    if (s.ok() && prior > 0) {
+      const int64_t shape[4] = {batch, kvh, prior, hd};
+      const int64_t strides[4] = {batch_stride, head_stride, hd, 1};
+      TensorView kt, vt;
+      s = TensorView::Strided(const_cast<float*>(keys), DType::kF32, 4, shape, strides, &kt, "k");
+      if (s.ok()) {
+        s = TensorView::Strided(const_cast<float*>(values), DType::kF32, 4, shape, strides, &vt,
+                                "v");
+      }
+      if (s.ok()) s = cache->AppendProjected(kt, vt);
+    }
+    for (int i = 0; i < 2 && s.ok(); ++i) {
+      s = cache->Step(*ctx, *m.layer, xv, ov);
+      if (s.ok()) s = rewind();
+    }
+    return s;
+  };
+  if (st.ok()) st = prepare();
   if (!st.ok()) {
     r.error = st.ToString();
     return r;
   }
-  std::vector<double> samples_ms, attn_samples_ms;
+  // The peers time an f32 cache's step only (the other cache types' rows repeat it).
+  const bool with_peers = peers != nullptr && dtype == DType::kF32 && !m.wq.empty();
+  DecodePeerCase pc;
+  if (with_peers) {
+    pc.batch = batch;
+    pc.context = context;
+    pc.embed = E;
+    pc.heads = m.heads;
+    pc.kv_heads = kvh;
+    pc.q_weight = m.wq.data();
+    pc.k_weight = m.wk.data();
+    pc.v_weight = m.wv.data();
+    pc.in_bias = m.bias.data();
+    pc.out_weight = m.wo.data();
+    pc.out_bias = m.bo.data();
+    pc.keys = keys;
+    pc.values = values;
+    pc.batch_stride = batch_stride;
+    pc.head_stride = head_stride;
+    pc.x = x.data();
+    // `out` holds the first round's last step: every step attends the same cache and token, and
+    // mha's output is the same for any thread count.
+    pc.output = out.data();
+    const AttentionConfig& lc = m.layer->config();
+    if (IsQuantized(lc.weight_dtype)) {
+      pc.quantized = WeightsDtypeName(lc.weight_dtype, lc.weight_block);
+    }
+  }
+  // --rounds N (default 1): mha's step for 1/N of --min-time and --min-runs, then each peer's
+  // for the same share, N times. A shared machine's bandwidth moves by tens of percent within
+  // seconds; a peer timed only after all of mha's runs compares two different machines.
+  const int64_t rounds = o.rounds_given ? o.rounds : 1;
+  const int64_t round_min_runs = (o.min_runs + rounds - 1) / rounds;
+  const int64_t round_min_ns =
+      static_cast<int64_t>(o.min_time_s * 1e9 / static_cast<double>(rounds));
+  const int64_t round_max_runs = std::max<int64_t>(kMaxRuns / rounds, 1);
+  std::vector<double> samples_ms, attn_samples_ms, round_ms;
+  std::map<std::string, std::vector<PeerResult>> peer_rounds;  // per peer, its rounds' results
   // The attention tasks of one step record events here (at most batch * kv_heads * chunks
   // + batch * heads of them; generously sized, never reallocated while timing).
   TraceRecorder recorder(static_cast<size_t>(4 * batch * m.heads * (context / 64 + 2)));
-  SetTrace(*ctx, &recorder);
-  const int64_t min_time_ns = static_cast<int64_t>(o.min_time_s * 1e9);
-  const int64_t start_ns = TraceRecorder::NowNs();
-  for (;;) {
-    recorder.Clear();
-    const int64_t t0 = TraceRecorder::NowNs();
-    st = cache->Step(*ctx, *m.layer, xv, ov);
-    const int64_t t1 = TraceRecorder::NowNs();
-    if (st.ok()) rewind();
+  for (int64_t round = 0; round < rounds; ++round) {
+    if (ctx == nullptr) st = prepare();  // the peers' round released them
     if (!st.ok()) {
-      r.error = "KvCache::Step: " + st.ToString();
+      r.error = st.ToString();
       return r;
     }
-    samples_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
-    int64_t first = 0, last = 0;
-    for (size_t i = 0; i < recorder.size(); ++i) {
-      const TraceEvent& e = recorder.events[i];
-      if (e.stage != Stage::kCacheAttention) continue;
-      first = first == 0 ? e.begin_ns : std::min(first, e.begin_ns);
-      last = std::max(last, e.end_ns);
+    SetTrace(*ctx, &recorder);
+    round_ms.clear();
+    const int64_t start_ns = TraceRecorder::NowNs();
+    for (;;) {
+      recorder.Clear();
+      const int64_t t0 = TraceRecorder::NowNs();
+      st = cache->Step(*ctx, *m.layer, xv, ov);
+      const int64_t t1 = TraceRecorder::NowNs();
+      if (st.ok()) st = rewind();
+      if (!st.ok()) {
+        r.error = "KvCache::Step: " + st.ToString();
+        return r;
+      }
+      round_ms.push_back(static_cast<double>(t1 - t0) * 1e-6);
+      samples_ms.push_back(round_ms.back());
+      int64_t first = 0, last = 0;
+      for (size_t i = 0; i < recorder.size(); ++i) {
+        const TraceEvent& e = recorder.events[i];
+        if (e.stage != Stage::kCacheAttention) continue;
+        first = first == 0 ? e.begin_ns : std::min(first, e.begin_ns);
+        last = std::max(last, e.end_ns);
+      }
+      attn_samples_ms.push_back(static_cast<double>(last - first) * 1e-6);
+      const int64_t runs = static_cast<int64_t>(round_ms.size());
+      if ((runs >= round_min_runs && t1 - start_ns >= round_min_ns) || runs >= round_max_runs) {
+        break;
+      }
     }
-    attn_samples_ms.push_back(static_cast<double>(last - first) * 1e-6);
-    const int64_t runs = static_cast<int64_t>(samples_ms.size());
-    if ((runs >= o.min_runs && t1 - start_ns >= min_time_ns) || runs >= kMaxRuns) break;
+    SetTrace(*ctx, nullptr);
+    std::sort(round_ms.begin(), round_ms.end());
+    r.rounds.push_back({Percentile(round_ms, 0.5), {}});
+    if (!with_peers) continue;
+    // mha's threads and cache go first: the peers get the machine as mha had it.
+    ctx.reset();
+    cache.reset();
+    if (round == 0) peers->WriteDecode(pc);
+    std::map<std::string, PeerResult> got;
+    peers->TimeDecode(pc, threads, rounds, status, &got);
+    for (auto& [name, p] : got) {
+      if (p.timed) r.rounds.back().peer_ms[name] = p.median_ms;
+      peer_rounds[name].push_back(std::move(p));
+    }
   }
   r.runs = static_cast<int64_t>(samples_ms.size());
   std::sort(samples_ms.begin(), samples_ms.end());
@@ -242,35 +337,7 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   r.cache_gbs = r.cache_bytes / sec * 1e-9;
   r.attn_gbs = r.attn_ms > 0 ? r.cache_bytes / (r.attn_ms * 1e-3) * 1e-9 : 0.0;
   r.total_gbs = (r.cache_bytes + r.weight_bytes) / sec * 1e-9;
-  if (peers != nullptr && dtype == DType::kF32 && !m.wq.empty()) {
-    // mha's threads and cache go first: the peers get the machine as mha had it.
-    ctx.reset();
-    cache.reset();
-    // `out` holds the last timed step's output: every step attends the same cache and token.
-    DecodePeerCase c;
-    c.batch = batch;
-    c.context = context;
-    c.embed = E;
-    c.heads = m.heads;
-    c.kv_heads = kvh;
-    c.q_weight = m.wq.data();
-    c.k_weight = m.wk.data();
-    c.v_weight = m.wv.data();
-    c.in_bias = m.bias.data();
-    c.out_weight = m.wo.data();
-    c.out_bias = m.bo.data();
-    c.keys = keys;
-    c.values = values;
-    c.batch_stride = batch_stride;
-    c.head_stride = head_stride;
-    c.x = x.data();
-    c.output = out.data();
-    const AttentionConfig& lc = m.layer->config();
-    if (IsQuantized(lc.weight_dtype)) {
-      c.quantized = WeightsDtypeName(lc.weight_dtype, lc.weight_block);
-    }
-    peers->RunDecode(c, threads, status, &r.peers);
-  }
+  for (auto& [name, results] : peer_rounds) r.peers[name] = CombinePeerRounds(results);
   return r;
 }
 

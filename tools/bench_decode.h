@@ -41,8 +41,15 @@ struct DecodeResult {
   double copy_gbs = 0;               // the machine's copy bandwidth at this thread count
   double read_gbs = 0;               // and its streaming read bandwidth: a step's limit
   // --compare: the peers' f32 decode step of this (context, batch, kv heads, threads), timed
-  // right after mha's f32 row; rows of other cache types show the same peer times.
+  // after each round of mha's f32 row; rows of other cache types show the same peer times.
   std::map<std::string, PeerResult> peers;
+  // --rounds: mha's median in each round and, on a row the peers ran for, each timed peer's
+  // median in the same round, right after it.
+  struct Round {
+    double median_ms = 0;
+    std::map<std::string, double> peer_ms;
+  };
+  std::vector<Round> rounds;
 };
 
 // Bytes of one cache row of hd elements in `dtype` (int8: its codes and f32 scale).
@@ -74,8 +81,9 @@ Status MakeDecodeModel(int64_t embed, int64_t heads, int64_t kv_heads, int64_t m
 void MakeDecodeModelForLayer(std::unique_ptr<MultiheadAttention> layer, int64_t embed,
                              int64_t max_batch, int64_t max_context, uint64_t seed, DecodeModel* m);
 
-// Times KvCache::Step of one token per entry over `context` - 1 cached positions; with `peers`
-// (an f32 cache only), then the peers' step on the same layer, cache contents and token.
+// Times KvCache::Step of one token per entry over `context` - 1 cached positions in --rounds
+// rounds (default 1); with `peers` (an f32 cache only), each round then times the peers' step on
+// the same layer, cache contents and token.
 DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
                            size_t threads, const BenchOptions& o, PeerComparison* peers,
                            const std::function<void(const std::string&)>& status);

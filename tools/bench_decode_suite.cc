@@ -103,6 +103,19 @@ bool RunPrefill(const BenchOptions& o, const DecodeModel* hf, Progress* progress
 }
 
 // The peers' cells of a decode row: <peer>_ms and <peer>/mha ('!' when its output disagreed).
+// <peer>/mha of a row: where the peer ran after mha's rounds (the f32 row), the median over
+// those rounds of its round median over mha's; elsewhere its median over the row's.
+double DecodePeerRatio(const DecodeResult& r, const std::string& peer) {
+  std::vector<double> ratios;
+  for (const DecodeResult::Round& round : r.rounds) {
+    const auto it = round.peer_ms.find(peer);
+    if (it != round.peer_ms.end()) ratios.push_back(it->second / round.median_ms);
+  }
+  if (ratios.empty()) return PeerRatio(r.peers, peer, r.median_ms);
+  std::sort(ratios.begin(), ratios.end());
+  return Percentile(ratios, 0.5);
+}
+
 std::string PeerCells(const std::vector<std::string>& compare, const DecodeResult& r) {
   std::string cells;
   for (const std::string& p : compare) {
@@ -112,7 +125,7 @@ std::string PeerCells(const std::vector<std::string>& compare, const DecodeResul
       std::snprintf(buf, sizeof(buf), " %9s %9s", "-", "-");
     } else {
       std::snprintf(buf, sizeof(buf), " %9.3f %8.2f%s", it->second.median_ms,
-                    PeerRatio(r.peers, p, r.median_ms),
+                    DecodePeerRatio(r, p),
                     it->second.max_abs_err <= it->second.tolerance ? " " : "!");
     }
     cells += buf;
@@ -194,9 +207,12 @@ int RunDecodeSuite(const BenchOptions& o) {
     peers = std::make_unique<PeerComparison>(o);
     std::printf(
         "peers: <peer>_ms = the peer's f32 decode step on the same layer, cache contents, token "
-        "and threads, timed right after mha's f32 row (the bf16 and i8 rows repeat it); "
-        "<peer>/mha = <peer>_ms / median_ms, above 1: mha is faster; '!': its output differs "
-        "from mha's f32 step by more than --tolerance\n");
+        "and threads, timed after each of the %lld round(s) of mha's f32 row (the bf16 and i8 "
+        "rows repeat it), the median of its rounds; <peer>/mha = on the f32 row the median over "
+        "rounds of the peer's round over mha's round just before it, on the others <peer>_ms / "
+        "median_ms; above 1: mha is faster; '!': its output differs from mha's f32 step by more "
+        "than --tolerance\n",
+        static_cast<long long>(o.rounds_given ? o.rounds : 1));
   }
   const auto status = [&progress](const std::string& text) { progress.ShowOrClear(text); };
   std::printf("\n%8s %6s %4s %5s %7s %10s %10s %10s %9s %10s %13s %6s %9s %8s %9s %6s", "context",
@@ -367,7 +383,21 @@ int RunDecodeSuite(const BenchOptions& o) {
     doc["results"] = nlohmann::ordered_json::array();
     for (const DecodeResult& r : results) {
       nlohmann::ordered_json j = fields(r);
-      if (!o.compare.empty()) j["peers"] = PeerResultsJson(o.compare, r.peers, r.median_ms);
+      j["rounds"] = nlohmann::ordered_json::array();
+      for (const DecodeResult::Round& round : r.rounds) {
+        nlohmann::ordered_json jr;
+        jr["median_ms"] = round.median_ms;
+        if (!round.peer_ms.empty()) jr["peers_ms"] = round.peer_ms;
+        j["rounds"].push_back(std::move(jr));
+      }
+      if (!o.compare.empty()) {
+        j["peers"] = PeerResultsJson(o.compare, r.peers, r.median_ms);
+        for (const std::string& p : o.compare) {
+          if (r.peers.count(p) != 0 && r.peers.at(p).timed) {
+            j["peers"][p]["ratio"] = std::round(DecodePeerRatio(r, p) * 1e4) / 1e4;  // 4 places
+          }
+        }
+      }
       doc["results"].push_back(std::move(j));
     }
     doc["prefill"] = nlohmann::ordered_json::array();
@@ -404,7 +434,7 @@ int RunDecodeSuite(const BenchOptions& o) {
         const bool timed = it != r.peers.end() && it->second.timed;
         j[p + "_ms"] = timed ? nlohmann::ordered_json(it->second.median_ms) : nullptr;
         j[p + "_ratio"] =
-            timed ? nlohmann::ordered_json(PeerRatio(r.peers, p, r.median_ms)) : nullptr;
+            timed ? nlohmann::ordered_json(DecodePeerRatio(r, p)) : nullptr;
         j[p + "_max_abs_err"] = timed ? nlohmann::ordered_json(it->second.max_abs_err) : nullptr;
       }
       if (first) {

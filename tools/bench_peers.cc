@@ -158,57 +158,61 @@ void PeerComparison::Run(const Workload& w, size_t threads,
                      (s.need_weights ? "1" : "0");
   // "kv_heads=8 rope=neox window=1024" as one argument: peers.py runs what it supports.
   if (s.variants.any()) args += " --variants " + ShellQuote(VariantsLabel(s).substr(1));
-  RunPeers(data_ok, ShapeLabel(s), args, threads, status, &result->peers);
+  RunPeers(data_ok, ShapeLabel(s), args, threads, /*rounds=*/1, status, &result->peers);
 }
 
-void PeerComparison::RunDecode(const DecodePeerCase& c, size_t threads,
-                               const std::function<void(const std::string&)>& status,
-                               std::map<std::string, PeerResult>* peers) {
+void PeerComparison::WriteDecode(const DecodePeerCase& c) {
   const int64_t E = c.embed, hd = c.embed / c.heads, kvE = c.kv_heads * hd, past = c.context - 1;
-  bool data_ok = usable_;
-  if (data_ok) {
-    // The cached positions, dense [batch, kv_heads, context - 1, head_dim].
-    std::vector<float> k(static_cast<size_t>(c.batch * kvE * past)), v(k.size());
-    size_t i = 0;
-    for (int64_t n = 0; n < c.batch; ++n) {
-      for (int64_t g = 0; g < c.kv_heads; ++g) {
-        const int64_t at = n * c.batch_stride + g * c.head_stride;
-        const size_t count = static_cast<size_t>(past * hd);
-        std::copy(c.keys + at, c.keys + at + count, k.begin() + i);
-        std::copy(c.values + at, c.values + at + count, v.begin() + i);
-        i += count;
-      }
+  decode_data_ok_ = usable_;
+  if (!decode_data_ok_) return;
+  // The cached positions, dense [batch, kv_heads, context - 1, head_dim].
+  std::vector<float> k(static_cast<size_t>(c.batch * kvE * past)), v(k.size());
+  size_t i = 0;
+  for (int64_t n = 0; n < c.batch; ++n) {
+    for (int64_t g = 0; g < c.kv_heads; ++g) {
+      const int64_t at = n * c.batch_stride + g * c.head_stride;
+      const size_t count = static_cast<size_t>(past * hd);
+      std::copy(c.keys + at, c.keys + at + count, k.begin() + i);
+      std::copy(c.values + at, c.values + at + count, v.begin() + i);
+      i += count;
     }
-    const std::vector<int64_t> cache = {c.batch, c.kv_heads, past, hd}, token = {c.batch, 1, E};
-    data_ok = WriteData({{"q_proj_weight", {E, E}, c.q_weight},
-                         {"k_proj_weight", {kvE, E}, c.k_weight},
-                         {"v_proj_weight", {kvE, E}, c.v_weight},
-                         {"in_proj_bias", {E + 2 * kvE}, c.in_bias},
-                         {"out_proj.weight", {E, E}, c.out_weight},
-                         {"out_proj.bias", {E}, c.out_bias},
-                         {"past_key", cache, k.data()},
-                         {"past_value", cache, v.data()},
-                         {"query", token, c.x},
-                         {"output", token, c.output}});
   }
+  const std::vector<int64_t> cache = {c.batch, c.kv_heads, past, hd}, token = {c.batch, 1, E};
+  decode_data_ok_ = WriteData({{"q_proj_weight", {E, E}, c.q_weight},
+                               {"k_proj_weight", {kvE, E}, c.k_weight},
+                               {"v_proj_weight", {kvE, E}, c.v_weight},
+                               {"in_proj_bias", {E + 2 * kvE}, c.in_bias},
+                               {"out_proj.weight", {E, E}, c.out_weight},
+                               {"out_proj.bias", {E}, c.out_bias},
+                               {"past_key", cache, k.data()},
+                               {"past_value", cache, v.data()},
+                               {"query", token, c.x},
+                               {"output", token, c.output}});
+}
+
+void PeerComparison::TimeDecode(const DecodePeerCase& c, size_t threads, int64_t rounds,
+                                const std::function<void(const std::string&)>& status,
+                                std::map<std::string, PeerResult>* peers) {
   const std::string args = " --decode " + std::to_string(c.batch) + "," +
-                           std::to_string(c.context) + "," + std::to_string(E) + "," +
+                           std::to_string(c.context) + "," + std::to_string(c.embed) + "," +
                            std::to_string(c.heads) + "," + std::to_string(c.kv_heads) +
                            (c.quantized.empty() ? "" : " --weights " + c.quantized);
   const std::string label = "decode (context " + std::to_string(c.context) + ", batch " +
                             std::to_string(c.batch) + ", kv heads " + std::to_string(c.kv_heads) +
                             ")";
-  RunPeers(data_ok, label, args, threads, status, peers);
+  RunPeers(decode_data_ok_, label, args, threads, rounds, status, peers);
 }
 
 void PeerComparison::RunPeers(bool data_ok, const std::string& label, const std::string& case_args,
-                              size_t threads, const std::function<void(const std::string&)>& status,
+                              size_t threads, int64_t rounds,
+                              const std::function<void(const std::string&)>& status,
                               std::map<std::string, PeerResult>* peers) {
+  // A round's share of --min-time and --min-runs, as mha's rounds take them.
   char min_time[32];
-  std::snprintf(min_time, sizeof(min_time), "%g", options_.min_time_s);
+  std::snprintf(min_time, sizeof(min_time), "%g", options_.min_time_s / static_cast<double>(rounds));
   const std::string args = case_args + " --data " + ShellQuote(data_path_) + " --threads " +
                            std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
-                           std::to_string(options_.min_runs);
+                           std::to_string((options_.min_runs + rounds - 1) / rounds);
   for (const std::string& peer : options_.compare) {
     PeerResult& p = (*peers)[peer];
     if (!data_ok) {

@@ -61,10 +61,14 @@ class PeerComparison {
   // on their own.
   void Run(const Workload& w, size_t threads,
            const std::function<void(const std::string&)>& status, CaseResult* result);
-  // The same for one decode step (tools/peers.py --decode): fills *peers by peer name.
-  void RunDecode(const DecodePeerCase& c, size_t threads,
-                 const std::function<void(const std::string&)>& status,
-                 std::map<std::string, PeerResult>* peers);
+  // One decode step (tools/peers.py --decode), in two calls: WriteDecode writes the case's data
+  // file (a note if it cannot), TimeDecode times every peer on it, each for its 1/rounds share
+  // of --min-time and --min-runs (mha-bench --decode --rounds alternates mha's share and the
+  // peers' on the file written once), and fills *peers by peer name.
+  void WriteDecode(const DecodePeerCase& c);
+  void TimeDecode(const DecodePeerCase& c, size_t threads, int64_t rounds,
+                  const std::function<void(const std::string&)>& status,
+                  std::map<std::string, PeerResult>* peers);
 
   // The peers' versions and precisions as reported so far (by peer name), and the interpreter.
   void Describe(RunHeader* header) const;
@@ -79,10 +83,11 @@ class PeerComparison {
   // Writes `tensors` to data_path_; false after a note.
   bool WriteData(const std::vector<Tensor>& tensors);
   // Runs every peer of options.compare on the data file just written (`data_ok`: it was),
-  // with `case_args` (tools/peers.py's --case or --decode) and `threads`; `label` names the
-  // case in notes and progress.
+  // with `case_args` (tools/peers.py's --case or --decode) and `threads`, each for 1/rounds of
+  // --min-time and --min-runs; `label` names the case in notes and progress.
   void RunPeers(bool data_ok, const std::string& label, const std::string& case_args,
-                size_t threads, const std::function<void(const std::string&)>& status,
+                size_t threads, int64_t rounds,
+                const std::function<void(const std::string&)>& status,
                 std::map<std::string, PeerResult>* peers);
   void Note(const std::string& text);
 
@@ -90,6 +95,7 @@ class PeerComparison {
   std::string python_, script_;
   std::string dir_, data_path_;  // dir_ empty: no temporary directory
   bool usable_ = true;           // false: python, script or directory missing (one note)
+  bool decode_data_ok_ = false;  // WriteDecode wrote the data file
   std::set<std::string> unavailable_;  // peers that said they cannot run any case
   std::set<std::string> notes_;
   std::map<std::string, std::string> versions_, precisions_;
