@@ -205,7 +205,7 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
         // step's single row cost more than its tile products.
         for (size_t r = 0; r < rows; ++r) {
           for (size_t j = 0; j < 32; ++j) {
-            buf[r * 32 + j] = j >= cols                ? 0.0f
+            buf[r * 32 + j] = j >= cols               ? 0.0f
                               : bias_start != nullptr ? bias_start[col + j]
                                                       : c[static_cast<ptrdiff_t>(r) * blk.c_rs + j];
           }
