@@ -160,7 +160,8 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
     *stride = static_cast<long>(blk.depth * sizeof(uint16_t));
     return staged;
   };
-  alignas(64) float buf[kBlockRows * 32];
+  // Zeroed once: its rows past a block's are loaded into the tiles but never stored back.
+  alignas(64) float buf[kBlockRows * 32] = {};
   // alpha 1, unit column stride and beta 0 or 1 (the attention core's scores and P V, the
   // projections): the tiles start from c (beta 1, or a later k block), from the bias (the first
   // block: GemmBf16PackedB gives this kernel the bias there) or from zero, and are stored to c
@@ -197,11 +198,14 @@ MHA_AMX_ATTR void Bf16BlockAmx(const Bf16Block& blk) {
         start_stride = 0;
       }
       if (in_place && !whole && start != nullptr) {
-        // c's part of the block (or the bias in every row) into buf, zeros around it.
-        for (size_t r = 0; r < kBlockRows; ++r) {
+        // c's part of the block (or the bias in every row) into buf's first `rows` rows, zeros
+        // in the columns past c's edge. A tile row's sums depend on that row alone, and only
+        // the first `rows` rows are stored back, so the rows below keep whatever finite values
+        // buf holds (zeros, or an earlier block's sums): filling all 32 x 32 for a decode
+        // step's single row cost more than its tile products.
+        for (size_t r = 0; r < rows; ++r) {
           for (size_t j = 0; j < 32; ++j) {
-            const bool inside = r < rows && j < cols;
-            buf[r * 32 + j] = !inside                 ? 0.0f
+            buf[r * 32 + j] = j >= cols               ? 0.0f
                               : bias_start != nullptr ? bias_start[col + j]
                                                       : c[static_cast<ptrdiff_t>(r) * blk.c_rs + j];
           }
