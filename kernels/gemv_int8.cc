@@ -101,15 +101,22 @@ Int8Kernel Int8ActiveKernel() {
   return Int8Kernel::kPortable;
 }
 
+Int8FewRows Int8FewRowsOnThisCpu() {
+  static const Int8FewRows choice = CpuHasAmx() ? Int8FewRows::kTiled : Int8FewRows::kOneWeightRow;
+  return choice;
+}
+
 void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const QuantMatrix& w,
-                  const MatrixView& c) {
+                  const MatrixView& c, Int8FewRows few_rows) {
   assert(c.rows == rows && c.cols == w.rows && "GemvInt8Rows: c must be [rows, w.rows]");
   if (rows == 0 || w.rows == 0) return;
   if (kernel == Int8Kernel::kAuto) kernel = Int8ActiveKernel();
   MHA_CHECK(Int8KernelAvailable(kernel), "GemvInt8Rows: the kernel must run on this CPU");
+  (void)few_rows;  // the VNNI kernel's choice only
 #if defined(__x86_64__)
   if (kernel == Int8Kernel::kAvx512Vnni) {
-    GemvInt8Avx512Vnni(qa, rows, w, c);
+    GemvInt8Avx512Vnni(qa, rows, w, c,
+                       few_rows == Int8FewRows::kAuto ? Int8FewRowsOnThisCpu() : few_rows);
     return;
   }
   if (kernel == Int8Kernel::kAvx2) {

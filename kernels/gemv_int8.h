@@ -89,8 +89,18 @@ bool Int8KernelAvailable(Int8Kernel kernel);
 const char* Int8KernelName(Int8Kernel kernel);
 // The kernel kAuto runs on this CPU and dispatched target (never kAuto).
 Int8Kernel Int8ActiveKernel();
+// How the VNNI kernel streams the weights for a decode product's few rows (at most
+// kInt8FewRows): one weight row at a time, or in its tiles of 4 (kI8) / 2 (kI4) rows read in
+// lock-step, as it always does for more rows. The same bits either way; only the speed of
+// reading the weights from memory differs by CPU (gemv_int8_avx512vnni.cc). kAuto: this CPU's
+// (Int8FewRowsTiledOnThisCpu). The other kernels take no such choice.
+enum class Int8FewRows { kAuto, kOneWeightRow, kTiled };
+inline constexpr size_t kInt8FewRows = 2;
+// kAuto's choice: kTiled where the CPU has AMX (Intel's server cores from Sapphire Rapids on),
+// else kOneWeightRow.
+Int8FewRows Int8FewRowsOnThisCpu();
 void GemvInt8Rows(Int8Kernel kernel, const uint8_t* qa, size_t rows, const QuantMatrix& w,
-                  const MatrixView& c);
+                  const MatrixView& c, Int8FewRows few_rows = Int8FewRows::kAuto);
 
 }  // namespace kernels
 }  // namespace mha

@@ -36,16 +36,21 @@ namespace {
 constexpr size_t kMaxRows = 4;
 constexpr size_t kI8Cols = 4;
 constexpr size_t kI4Cols = 2;
-// Products of at most this many rows (decode) take one weight row at a time: weight rows read
-// in lock-step stream from memory slower than one row alone (Zen 4 VM). kI4, one thread, 50 MB
-// of weights, [1, 4096] x [24576, 4096] in 256-row panels: two rows 5.9-6.1 ms, one 3.8-3.9,
-// while prefill's 128-row panels gain from the pair (47 ms against 59 for [128, 4096] x [6144,
-// 4096]). kI8, a Llama-3-8B-shaped decode step (mha-bench --decode-shape 4096,32,8, 512
-// positions, f32 cache, three alternating rounds): batch 1, 2 threads, four rows 1.41-1.97 ms,
-// one 0.97-1.20; one thread 2.64-3.05 against 1.66-2.35; batch 2, 2 threads 1.81-2.08 against
-// 1.40-1.96; 70B-shaped (8192,64,8), batch 1, 2 threads 4.90-5.61 against 4.69-5.15, two rows
-// 5.17-5.72.
-constexpr size_t kOneColumnMaxRows = 2;
+// Decode: products of at most kInt8FewRows rows read their weights one row at a time
+// (Int8FewRows::kOneWeightRow) or in the tiles above (kTiled); which streams faster from memory
+// differs by CPU. Zen 4 VM, one weight row faster: kI4, one thread, 50 MB of weights, [1, 4096] x
+// [24576, 4096] in 256-row panels: two rows 5.9-6.1 ms, one 3.8-3.9, while prefill's 128-row
+// panels gain from the pair (47 ms against 59 for [128, 4096] x [6144, 4096]). kI8, a
+// Llama-3-8B-shaped decode step (mha-bench --decode-shape 4096,32,8, 512 positions, f32 cache,
+// three alternating rounds): batch 1, 2 threads, four rows 1.41-1.97 ms, one 0.97-1.20; one thread
+// 2.64-3.05 against 1.66-2.35; batch 2, 2 threads 1.81-2.08 against 1.40-1.96; 70B-shaped
+// (8192,64,8), batch 1, 2 threads 4.90-5.61 against 4.69-5.15, two rows 5.17-5.72. Intel Xeon VM
+// with AMX, tiles faster where the weights come from memory: the 70B-shaped step (151 MB of kI8,
+// 94 MB of kI4, same command and rounds) kI8 7.47 -> 4.77 ms, kI4 4.04 -> 3.00; the 8B-shaped one,
+// whose weights this VM's L3 holds, kI8 0.93 -> 0.89, kI4 0.60 -> 0.66. A core of Intel's mesh
+// streams one sequential row slower than several at once; the ISA that tells the two measured
+// families apart is AMX (Int8FewRowsOnThisCpu).
+
 // All 16 lanes: the zero-masking forms of the intrinsics whose plain forms start from
 // _mm512_undefined_*, which GCC 12 reports as maybe-uninitialized.
 constexpr __mmask16 kAll = 0xFFFF;
@@ -240,20 +245,21 @@ MHA_VNNI_ATTR void AllTiles(const Args& x, size_t rows) {
 }  // namespace
 }  // namespace gemv_int8_avx512vnni
 
-// AllTiles' blocking; the weight rows one at a time for decode's few rows (kOneColumnMaxRows),
-// else 4 (kI8) or 2 (kI4: two decoded vectors per weight row) at a time.
+// AllTiles' blocking; the weight rows one at a time for decode's few rows where `few_rows`
+// says so, else 4 (kI8) or 2 (kI4: two decoded vectors per weight row) at a time.
 MHA_VNNI_ATTR void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w,
-                                      const MatrixView& c) {
+                                      const MatrixView& c, Int8FewRows few_rows) {
   namespace v = gemv_int8_avx512vnni;
   const Int8ActLayout lay = Int8ActLayoutOf(w.type, w.block, w.cols);
   const Int8Call x{qa, &lay, &w, c.data, c.row_stride, c.col_stride};
+  const bool one_row = rows <= kInt8FewRows && few_rows == Int8FewRows::kOneWeightRow;
   if (w.type == DType::kI8) {
-    if (rows <= v::kOneColumnMaxRows) {
+    if (one_row) {
       v::AllTiles<1, v::I8Kernel>(x, rows);
     } else {
       v::AllTiles<v::kI8Cols, v::I8Kernel>(x, rows);
     }
-  } else if (rows <= v::kOneColumnMaxRows) {
+  } else if (one_row) {
     v::AllTiles<1, v::I4Kernel>(x, rows);
   } else {
     v::AllTiles<v::kI4Cols, v::I4Kernel>(x, rows);

@@ -33,7 +33,8 @@ struct Int8Call {
 inline constexpr size_t kInt8BlockRows = 32;
 
 // x86-64 only.
-void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c);
+void GemvInt8Avx512Vnni(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c,
+                        Int8FewRows few_rows);  // never kAuto
 void GemvInt8Avx2(const uint8_t* qa, size_t rows, const QuantMatrix& w, const MatrixView& c);
 
 // aarch64 only (FEAT_DotProd: cpu_features.h's CpuHasArmDotProd).

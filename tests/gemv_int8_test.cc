@@ -5,7 +5,7 @@
 // - every kernel (portable on each target; AVX2, AVX-512 VNNI, Arm SDOT where the CPU has them,
 //   the kernels run printed per target): bitwise the reference, odd depths (1..300, across units
 //   and blocks), 1..9 and 33 rows (two row blocks), odd weight row counts, misaligned a, codes and
-//   scales, strided c;
+//   scales, strided c; the VNNI kernel both ways of reading the weights for few rows;
 // - which kernels this CPU reports: SDOT exactly where Linux reports FEAT_DotProd, and always
 //   under qemu's `max` CPU (so an aarch64 run cannot pass without testing it);
 // - GemmInt8: a row gives the same bits alone and among many (decode == prefill);
@@ -200,7 +200,7 @@ TEST_P(GemvInt8Test, KernelsMatchTheReferenceBitwise) {
   for (const Format& f : kFormats) {
     for (size_t k : {1, 7, 32, 63, 65, 127, 160, 256, 257, 300}) {
       for (size_t n : {1, 2, 5}) {
-        for (size_t m : {1, 3, 4, 9, 33}) {
+        for (size_t m : {1, 2, 3, 4, 9, 33}) {
           const size_t lda = k + 1;  // misaligned rows from row 1 on
           std::vector<float> a = Activations(m, lda, &rng);
           const std::vector<float> wf = test::SymmetricFloats(n * k, 0.5f, &rng);
@@ -210,14 +210,21 @@ TEST_P(GemvInt8Test, KernelsMatchTheReferenceBitwise) {
           uint8_t* qa = buf.data() + (64 - reinterpret_cast<uintptr_t>(buf.data()) % 64) % 64;
           QuantizeActivationsInt8(a.data() + 1, lda, m, k, f.type, f.block, qa);
           for (Int8Kernel kernel : kernels) {
-            std::vector<float> c(m * n * 2, -7.0f);  // column-major with a padded stride
-            GemvInt8Rows(kernel, qa, m, w.m, {c.data(), m, n, 1, static_cast<ptrdiff_t>(2 * m)});
-            for (size_t i = 0; i < m; ++i) {
-              const RefRow ref = QuantizeRef(a.data() + 1 + i * lda, k, kI4Group, ActBlockOf(f));
-              for (size_t r = 0; r < n; ++r) {
-                ASSERT_EQ(test::Bits(c[i + r * 2 * m]), test::Bits(DotRef(ref, w.m, r)))
-                    << target_name() << " " << Int8KernelName(kernel) << " block " << f.block
-                    << " k " << k << " n " << n << " m " << m << " (" << i << ", " << r << ")";
+            // The VNNI kernel both ways of reading the weights for few rows, whichever this
+            // CPU's choice is.
+            for (Int8FewRows few : {Int8FewRows::kOneWeightRow, Int8FewRows::kTiled}) {
+              std::vector<float> c(m * n * 2, -7.0f);  // column-major with a padded stride
+              GemvInt8Rows(kernel, qa, m, w.m, {c.data(), m, n, 1, static_cast<ptrdiff_t>(2 * m)},
+                           few);
+              for (size_t i = 0; i < m; ++i) {
+                const RefRow ref = QuantizeRef(a.data() + 1 + i * lda, k, kI4Group, ActBlockOf(f));
+                for (size_t r = 0; r < n; ++r) {
+                  ASSERT_EQ(test::Bits(c[i + r * 2 * m]), test::Bits(DotRef(ref, w.m, r)))
+                      << target_name() << " " << Int8KernelName(kernel)
+                      << (few == Int8FewRows::kTiled ? " tiled" : " one weight row") << " block "
+                      << f.block << " k " << k << " n " << n << " m " << m << " (" << i << ", " << r
+                      << ")";
+                }
               }
             }
           }
