@@ -542,6 +542,13 @@ def weight_codes(w, weights):
     return np.rint(blocks / scale[..., None]).astype(np.int32), scale
 
 
+def pack_nibbles(values):
+    """4-bit values (uint8, 0..15) two per byte along the last axis: element 2i in the low
+    nibble, 2i + 1 in the high one, the order MatMulNBits and OpenVINO's i4 constants read."""
+    import numpy as np
+    return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
 def matmul_nbits(w, weights, accuracy_level, name, x, y, helper, numpy_helper):
     """com.microsoft MatMulNBits y = x w^T for w [N, K] holding mha's dequantized weights: its
     codes and scales (weight_codes) stored with ORT's default zero point 2^(bits-1), so ORT
@@ -551,8 +558,8 @@ def matmul_nbits(w, weights, accuracy_level, name, x, y, helper, numpy_helper):
     n, k = w.shape
     codes, scale = weight_codes(w, weights)
     packed = (codes + 2 ** (bits - 1)).astype(np.uint8)
-    if bits == 4:  # element 2i in the low nibble, 2i + 1 in the high one
-        packed = (packed[..., 0::2] | (packed[..., 1::2] << 4)).astype(np.uint8)
+    if bits == 4:
+        packed = pack_nibbles(packed)
     inits = [numpy_helper.from_array(packed, name + "_q"),
              numpy_helper.from_array(scale.reshape(-1), name + "_scales")]
     node = helper.make_node("MatMulNBits", [x, name + "_q", name + "_scales"], [y],
@@ -693,7 +700,7 @@ def make_decode_peer(peer, case, data, threads, weights):
         import numpy as np
         from peers_openvino import decode_peer
         return decode_peer(case, data, threads, weights, peer == "openvino-int8", np, Skip,
-                           packed_qkv_weight, weight_codes)
+                           packed_qkv_weight, weight_codes, pack_nibbles)
     if peer == "ggml":
         import numpy as np
         from peers_ggml import decode_peer

@@ -35,7 +35,7 @@ WINDOW = 16
 
 
 def decode_peer(case, data, threads, weights, int8_activations, np, Skip, packed_qkv_weight,
-                weight_codes):
+                weight_codes, pack_nibbles):
     """Returns (run, run_numpy, version, precision, context, between) as tools/peers.py's
     decode peers, between() being the untimed call before each timed one."""
     try:
@@ -68,9 +68,8 @@ def decode_peer(case, data, threads, weights, int8_activations, np, Skip, packed
         if weights == "i8":  # one scale per row (G divides the row; every group repeats it)
             c = ops.constant(codes.reshape(n, k).astype(np.int8))
             return ops.multiply(ops.convert(c, ov.Type.f32), ops.constant(scale[:, :1].copy()))
-        nibbles = codes.astype(np.uint8) & 0xF  # element 2i in the low nibble, 2i + 1 high
-        t = ov.Tensor(ov.Type.i4, ov.Shape(list(codes.shape)))
-        t.data[...] = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).reshape(t.data.shape)
+        t = ov.Tensor(ov.Type.i4, ov.Shape(list(codes.shape)))  # two's complement nibbles
+        t.data[...] = pack_nibbles(codes.astype(np.uint8) & 0xF).reshape(t.data.shape)
         c = ops.multiply(ops.convert(ov.op.Constant(t), ov.Type.f32),
                          ops.constant(scale[..., None].astype(np.float32)))
         return ops.reshape(c, i64(n, k), False)
