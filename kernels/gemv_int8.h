@@ -93,7 +93,7 @@ Int8Kernel Int8ActiveKernel();
 // kInt8FewRows): one weight row at a time, or in its tiles of 4 (kI8) / 2 (kI4) rows read in
 // lock-step, as it always does for more rows. The same bits either way; only the speed of
 // reading the weights from memory differs by CPU (gemv_int8_avx512vnni.cc). kAuto: this CPU's
-// (Int8FewRowsTiledOnThisCpu). The other kernels take no such choice.
+// (Int8FewRowsOnThisCpu). The other kernels take no such choice.
 enum class Int8FewRows { kAuto, kOneWeightRow, kTiled };
 inline constexpr size_t kInt8FewRows = 2;
 // kAuto's choice: kTiled where the CPU has AMX (Intel's server cores from Sapphire Rapids on),
