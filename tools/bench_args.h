@@ -72,6 +72,16 @@ struct BenchOptions {
   std::string trace_path;
 };
 
+// One round's share of --min-time and --min-runs when a case is measured in `rounds` rounds
+// (mha's forward and decode rounds, and each peer's decode round, take the same share).
+struct RoundShare {
+  double min_time_s;
+  int64_t min_runs;
+};
+inline RoundShare RoundShareOf(const BenchOptions& o, int64_t rounds) {
+  return {o.min_time_s / static_cast<double>(rounds), (o.min_runs + rounds - 1) / rounds};
+}
+
 // The peers --compare knows (tools/peers.py), in the order of the table's columns.
 const std::vector<std::string>& PeerNames();
 // The peers that time a decode step (--decode --compare), in the order of its columns.

@@ -262,9 +262,9 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
   // for the same share, N times. A shared machine's bandwidth moves by tens of percent within
   // seconds; a peer timed only after all of mha's runs compares two different machines.
   const int64_t rounds = o.rounds_given ? o.rounds : 1;
-  const int64_t round_min_runs = (o.min_runs + rounds - 1) / rounds;
-  const int64_t round_min_ns =
-      static_cast<int64_t>(o.min_time_s * 1e9 / static_cast<double>(rounds));
+  const RoundShare share = RoundShareOf(o, rounds);
+  const int64_t round_min_runs = share.min_runs;
+  const int64_t round_min_ns = static_cast<int64_t>(share.min_time_s * 1e9);
   const int64_t round_max_runs = std::max<int64_t>(kMaxRuns / rounds, 1);
   std::vector<double> samples_ms, attn_samples_ms, round_ms;
   std::map<std::string, std::vector<PeerResult>> peer_rounds;  // per peer, its rounds' results

@@ -107,9 +107,9 @@ CaseResult RunCase(Workload& w, size_t threads, const BenchOptions& o,
   const double flops = AttentionFlops(r.shape);
   const int64_t rounds = o.rounds;
   // Each round's share of the case's minimum runs and time.
-  const int64_t round_min_runs = (o.min_runs + rounds - 1) / rounds;
-  const int64_t round_min_ns =
-      static_cast<int64_t>(o.min_time_s * 1e9 / static_cast<double>(rounds));
+  const RoundShare share = RoundShareOf(o, rounds);
+  const int64_t round_min_runs = share.min_runs;
+  const int64_t round_min_ns = static_cast<int64_t>(share.min_time_s * 1e9);
   const int64_t round_max_runs = std::max<int64_t>(kMaxRuns / rounds, 1);
   std::vector<double> samples_ms, round_ms;
   samples_ms.reserve(static_cast<size_t>(o.min_runs));

@@ -208,11 +208,12 @@ void PeerComparison::RunPeers(bool data_ok, const std::string& label, const std:
                               const std::function<void(const std::string&)>& status,
                               std::map<std::string, PeerResult>* peers) {
   // A round's share of --min-time and --min-runs, as mha's rounds take them.
+  const RoundShare share = RoundShareOf(options_, rounds);
   char min_time[32];
-  std::snprintf(min_time, sizeof(min_time), "%g", options_.min_time_s / static_cast<double>(rounds));
+  std::snprintf(min_time, sizeof(min_time), "%g", share.min_time_s);
   const std::string args = case_args + " --data " + ShellQuote(data_path_) + " --threads " +
                            std::to_string(threads) + " --min-time " + min_time + " --min-runs " +
-                           std::to_string((options_.min_runs + rounds - 1) / rounds);
+                           std::to_string(share.min_runs);
   for (const std::string& peer : options_.compare) {
     PeerResult& p = (*peers)[peer];
     if (!data_ok) {
