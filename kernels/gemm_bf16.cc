@@ -31,12 +31,6 @@ HWY_EXPORT(Bf16BlockEmulated);
 
 namespace {
 
-// Rows of a the scratch holds in bf16 (one block deep): larger products run in chunks of this
-// many rows. A multiple of every kernel's row tile (emulated 4 and 8, AVX-512 6, AMX 32), so
-// chunks cut no tile short; 96 KiB.
-constexpr size_t kChunkRows = 96;
-constexpr size_t kARowsBytes = kChunkRows * kBf16BlockDepth * sizeof(uint16_t);
-
 constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
 // ---------------------------------------------------------------------------------------------
@@ -57,27 +51,7 @@ constexpr Bf16Kernel kAllKernels[] = {Bf16Kernel::kEmulated, Bf16Kernel::kAvx512
 // -1: no kernel forced (Bf16DefaultKernel), else a Bf16Kernel.
 std::atomic<int> g_forced{-1};
 
-// The block kernel of `kernel` (available).
-using BlockFn = void (*)(const Bf16Block&);
-
 void EmulatedBlock(const Bf16Block& blk) { HWY_DYNAMIC_DISPATCH(Bf16BlockEmulated)(blk); }
-
-BlockFn BlockFor(Bf16Kernel kernel) {
-  switch (kernel) {
-#if defined(__x86_64__)
-    case Bf16Kernel::kAvx512Bf16:
-      return &Bf16BlockAvx512;
-    case Bf16Kernel::kAmx:
-      return &Bf16BlockAmx;
-#endif
-#if defined(__aarch64__) && defined(MHA_HAVE_BF16_NEON)
-    case Bf16Kernel::kNeonBf16:
-      return &Bf16BlockNeon;
-#endif
-    default:
-      return &EmulatedBlock;
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Rounding and packing.
@@ -246,7 +220,46 @@ void ForceBf16Kernel(Bf16Kernel kernel) {
   AdvanceDispatchEpoch();
 }
 
-size_t GemmBf16ScratchBytes() { return kARowsBytes + kBf16BlockScratchBytes; }
+Bf16BlockFn Bf16BlockFnOf(Bf16Kernel kernel) {
+  switch (kernel) {
+#if defined(__x86_64__)
+    case Bf16Kernel::kAvx512Bf16:
+      return &Bf16BlockAvx512;
+    case Bf16Kernel::kAmx:
+      return &Bf16BlockAmx;
+#endif
+#if defined(__aarch64__) && defined(MHA_HAVE_BF16_NEON)
+    case Bf16Kernel::kNeonBf16:
+      return &Bf16BlockNeon;
+#endif
+    default:
+      return &EmulatedBlock;
+  }
+}
+
+void RoundRowsForKernel(Bf16Kernel kernel, const float* x, ptrdiff_t row_stride,
+                        ptrdiff_t col_stride, size_t rows, size_t kc, size_t depth, uint16_t* dst) {
+  if (col_stride != 1) {
+    for (size_t i = 0; i < rows; ++i) {
+      uint16_t* y = dst + i * depth;
+      RoundRow(x + static_cast<ptrdiff_t>(i) * row_stride, col_stride, kc, y);
+      std::memset(y + kc, 0, (depth - kc) * sizeof(uint16_t));
+    }
+    return;
+  }
+#if defined(__x86_64__)
+  // The x86 kernels read bf16 subnormals as zero: their rows may round with the instruction.
+  if (kernel == Bf16Kernel::kAmx || kernel == Bf16Kernel::kAvx512Bf16) {
+    RoundRowsToBF16Flushed(x, row_stride, rows, kc, depth, dst, depth);
+    return;
+  }
+#else
+  (void)kernel;
+#endif
+  RoundRowsToBF16(x, row_stride, rows, kc, depth, dst, depth);
+}
+
+size_t GemmBf16ScratchBytes() { return kBf16ChunkRowsBytes + kBf16BlockScratchBytes; }
 
 void GemmBf16PackedB(Bf16Kernel kernel, float alpha, const ConstMatrixView& a, const PackedBf16B& b,
                      float beta, const float* bias, const MatrixView& c, void* scratch) {
@@ -271,24 +284,11 @@ void GemmBf16PackedB(Bf16Kernel kernel, float alpha, const ConstMatrixView& a, c
     return;
   }
   MHA_CHECK(Bf16KernelAvailable(kernel), "GemmBf16PackedB: the kernel must run on this CPU");
-  const BlockFn block_fn = BlockFor(kernel);
+  const Bf16BlockFn block_fn = Bf16BlockFnOf(kernel);
   // The AMX kernel starts its tiles from the bias (gemm_bf16.h, Numerics): it takes the bias
   // with the first k block where it does so, the others with the last.
   const bool bias_first =
       kernel == Bf16Kernel::kAmx && alpha == 1.0f && beta == 0.0f && c.col_stride == 1;
-  // The x86 kernels read bf16 subnormals as zero: their rows may round with the instruction.
-  const auto round_rows = [kernel](const float* x, ptrdiff_t rs, size_t rows, size_t kc,
-                                   size_t depth, uint16_t* dst) {
-#if defined(__x86_64__)
-    if (kernel == Bf16Kernel::kAmx || kernel == Bf16Kernel::kAvx512Bf16) {
-      RoundRowsToBF16Flushed(x, rs, rows, kc, depth, dst, depth);
-      return;
-    }
-#else
-    (void)kernel;
-#endif
-    RoundRowsToBF16(x, rs, rows, kc, depth, dst, depth);
-  };
   uint16_t* a_rows = static_cast<uint16_t*>(scratch);
   const size_t panels = (b.packed_n + kBf16PanelCols - 1) / kBf16PanelCols;
   Bf16Block blk;
@@ -297,9 +297,9 @@ void GemmBf16PackedB(Bf16Kernel kernel, float alpha, const ConstMatrixView& a, c
   blk.c_rs = c.row_stride;
   blk.alpha = alpha;
   blk.beta = beta;
-  blk.scratch = static_cast<char*>(scratch) + kARowsBytes;
-  for (size_t i0 = 0; i0 < m; i0 += kChunkRows) {
-    const size_t rows = std::min(kChunkRows, m - i0);
+  blk.scratch = static_cast<char*>(scratch) + kBf16ChunkRowsBytes;
+  for (size_t i0 = 0; i0 < m; i0 += kBf16ChunkRows) {
+    const size_t rows = std::min(kBf16ChunkRows, m - i0);
     const uint16_t* packed_block = b.data;  // the current k block of the packing
     for (size_t pc = 0; pc < k; pc += kBf16BlockDepth) {
       const size_t kc = std::min(kBf16BlockDepth, k - pc);
@@ -311,15 +311,7 @@ void GemmBf16PackedB(Bf16Kernel kernel, float alpha, const ConstMatrixView& a, c
       const size_t panel_stride = packed_depth * kBf16PanelCols;
       const float* a_block = a.data + static_cast<ptrdiff_t>(i0) * a.row_stride +
                              static_cast<ptrdiff_t>(pc) * a.col_stride;
-      if (a.col_stride == 1) {
-        round_rows(a_block, a.row_stride, rows, kc, depth, a_rows);
-      } else {
-        for (size_t i = 0; i < rows; ++i) {
-          uint16_t* dst = a_rows + i * depth;
-          RoundRow(a_block + static_cast<ptrdiff_t>(i) * a.row_stride, a.col_stride, kc, dst);
-          std::memset(dst + kc, 0, (depth - kc) * sizeof(uint16_t));
-        }
-      }
+      RoundRowsForKernel(kernel, a_block, a.row_stride, a.col_stride, rows, kc, depth, a_rows);
       blk.a = a_rows;
       blk.lda = depth;
       blk.m = rows;

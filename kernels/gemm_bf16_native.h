@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/gemm_bf16.h"
+
 namespace mha {
 namespace kernels {
 
@@ -40,6 +42,23 @@ struct Bf16Block {
 };
 
 inline constexpr size_t kBf16BlockScratchBytes = 16 * 1024;
+
+// Rows of a the drivers hold in bf16 (one block deep, at the scratch's start): larger products
+// run in chunks of this many rows. A multiple of every kernel's row tile (emulated 4 and 8,
+// AVX-512 6, AMX 32), so chunks cut no tile short; 96 KiB.
+inline constexpr size_t kBf16ChunkRows = 96;
+inline constexpr size_t kBf16ChunkRowsBytes = kBf16ChunkRows * kBf16BlockDepth * sizeof(uint16_t);
+
+// The block kernel of `kernel` (available).
+using Bf16BlockFn = void (*)(const Bf16Block&);
+Bf16BlockFn Bf16BlockFnOf(Bf16Kernel kernel);
+
+// dst row i (depth elements apart) = bf16(x row i)[0, kc), then zeros up to depth: rows of a as
+// `kernel` reads them (x86's kernels: f32 subnormals flushed, RoundRowsToBF16Flushed; others
+// RoundRowsToBF16). Element (i, p) of x at x[i * row_stride + p * col_stride]; with col_stride
+// != 1, kc <= kBf16BlockDepth.
+void RoundRowsForKernel(Bf16Kernel kernel, const float* x, ptrdiff_t row_stride,
+                        ptrdiff_t col_stride, size_t rows, size_t kc, size_t depth, uint16_t* dst);
 
 // Defined only where compiled (x86-64: AVX512_BF16 and AMX; aarch64: BFDOT).
 void Bf16BlockAvx512(const Bf16Block& blk);

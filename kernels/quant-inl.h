@@ -107,7 +107,12 @@ inline void DequantizeRowsImpl(const uint8_t* codes, const float* scales, DType 
                                size_t row_bytes, size_t scales_per_row, size_t r0, size_t rows,
                                size_t p0, size_t n, float* dst, size_t ld) {
   namespace qd = quant_detail;
+  namespace hn = hwy::HWY_NAMESPACE;
   const qd::QuantTag df;
+  // kI4 blocks are powers of two (32 or 128): an element's scale by a shift, not a division
+  // per run of 16 (a 64-bit division cost more than the run's dequantization).
+  size_t block_shift = 0;
+  while (type == DType::kI4 && (size_t{1} << block_shift) < block) ++block_shift;
   for (size_t i = 0; i < rows; ++i) {
     const uint8_t* row = codes + (r0 + i) * row_bytes;
     const float* row_scales = scales + (r0 + i) * scales_per_row;
@@ -116,12 +121,31 @@ inline void DequantizeRowsImpl(const uint8_t* codes, const float* scales, DType 
       qd::DequantizeRun(df, qd::I8Run{row + p0}, row_scales[0], n, out);
       continue;
     }
-    for (size_t p = p0; p < p0 + n;) {
+    size_t p = p0;
+    const size_t N = hn::Lanes(df);
+    if (p % kI4Group == 0 && 16 % N == 0) {
+      // Whole groups: each vector of a group's words loaded once for its 8 nibbles (the runs
+      // below, minus their per-run bookkeeping).
+      for (; p + kI4Group <= p0 + n; p += kI4Group) {
+        const uint8_t* words = row + p / kI4Group * kI4GroupBytes;
+        float* o = out + (p - p0);
+        for (size_t k0 = 0; k0 < 16; k0 += N) {
+          const auto w = qd::I4Words(df, words + 4 * k0);
+          for (int nib = 0; nib < 8; ++nib) {
+            const auto scale = hn::Set(df, row_scales[(p + 16 * nib) >> block_shift]);
+            const auto codes = qd::I4CodesOf(df, hn::ShiftRightSame(w, 4 * nib));
+            hn::StoreU(hn::Mul(codes, scale), df, o + 16 * nib + k0);
+          }
+        }
+      }
+    }
+    for (; p < p0 + n;) {
       const size_t in_slice = p % 16;
       const size_t len = (16 - in_slice < p0 + n - p ? 16 - in_slice : p0 + n - p);
       const uint8_t* words = row + p / kI4Group * kI4GroupBytes + 4 * in_slice;
       const int shift = static_cast<int>(p % kI4Group / 16 * 4);
-      qd::DequantizeRun(df, qd::I4Run{words, shift}, row_scales[p / block], len, out + (p - p0));
+      qd::DequantizeRun(df, qd::I4Run{words, shift}, row_scales[p >> block_shift], len,
+                        out + (p - p0));
       p += len;
     }
   }

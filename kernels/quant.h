@@ -65,6 +65,9 @@ struct QuantMatrix {
   // Compute::kInt8: products by this matrix quantize their activations to int8 (gemv_int8.h)
   // instead of dequantizing the weights to f32 (GemmQuantB routes by it).
   bool int8_activations = false;
+  // Compute::kBF16: products of more than kGemvMaxRows rows multiply bf16(a) by bf16 of the
+  // dequantized weights (gemm_bf16_quant.h; the runtime routes by it, GemmQuantB ignores it).
+  bool bf16_products = false;
 
   bool empty() const { return codes == nullptr; }
   // Rows [r0, r0 + n) (r0 + n <= rows).
@@ -77,7 +80,8 @@ struct QuantMatrix {
             cols,
             row_bytes,
             scales_per_row,
-            int8_activations};
+            int8_activations,
+            bf16_products};
   }
 };
 

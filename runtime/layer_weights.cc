@@ -176,8 +176,23 @@ Status ResolveConfig(const AttentionConfig& config, DType weights_dtype, LayerWe
     }
   }
   if (config.compute == Compute::kBF16 && IsQuantized(st)) {
-    return Unsupported(std::string(op) + "compute kBF16 with weight_dtype " + DTypeName(st) +
-                       ": quantized weights multiply in f32 only (use Compute::kF32)");
+    // Many-row products pack a group of at least 32 rows of their input, transposed, into a
+    // worker's GEMM scratch (QuantBf16GroupRows).
+    const struct {
+      const char* name;
+      int64_t in;
+    } inputs[] = {{"q_dim", m.qd}, {"kdim", m.kd}, {"vdim", m.vd}, {"num_heads * head_dim", m.E}};
+    const size_t room = WorkerGemmScratchBytes();
+    for (const auto& input : inputs) {
+      if (QuantBf16GroupRows(static_cast<size_t>(input.in), room) == 0) {
+        return InvalidArgument(
+            std::string(op) + input.name +
+            ": expected an input whose bf16 packing of 32 rows fits the GEMM scratch with "
+            "compute kBF16 and weight_dtype " +
+            DTypeName(st) + " (" + Str(static_cast<int64_t>(room)) + " bytes), got " +
+            Str(input.in) + " features");
+      }
+    }
   }
   if (config.prepack != WeightPrepack::kOn && config.prepack != WeightPrepack::kOff &&
       config.prepack != WeightPrepack::kPlain && config.prepack != WeightPrepack::kStrassen) {
@@ -639,6 +654,7 @@ Status BindQuantized(const AttentionWeights& weights, LayerWeights& m) {
     q.row_bytes = kernels::QuantRowBytes(st, m.block, in);
     q.scales_per_row = kernels::QuantScalesPerRow(st, m.block, in);
     q.int8_activations = m.config.compute == Compute::kInt8;
+    q.bf16_products = m.config.compute == Compute::kBF16;
     row.resize(in);
     for (int64_t r = 0; r < src.rows; ++r) {
       const void* from = src.qkv_row >= 0 ? QkvRow(w, m, src.qkv_row + r)
@@ -794,6 +810,7 @@ void PackBf16(LayerWeights* m) {
 }  // namespace
 
 void LayerWeights::Prepack() {
+  if (IsQuantized(config.weight_dtype)) return;  // products read the codes (BindQuantized)
   if (config.compute == Compute::kBF16) {
     PackBf16(this);
     return;
@@ -834,6 +851,7 @@ void LayerWeights::Prepack() {
 }
 
 bool LayerWeights::PackingsServeEveryProduct() const {
+  if (IsQuantized(config.weight_dtype)) return false;  // the codes are the layer's only copy
   if (config.compute == Compute::kBF16) {  // PackBf16 packs every matrix, whatever its dtype
     return hd % static_cast<int64_t>(kernels::kBf16PanelCols) == 0;
   }

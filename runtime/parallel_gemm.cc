@@ -5,6 +5,7 @@
 
 #include "kernels/check.h"
 #include "kernels/elementwise.h"
+#include "kernels/gemm_bf16_quant.h"
 #include "kernels/gemm_direct.h"
 #include "kernels/gemv_int8.h"
 #include "runtime/task_grid.h"
@@ -14,6 +15,27 @@ namespace mha {
 namespace {
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+size_t RoundUp64(size_t x) { return (x + 63) / 64 * 64; }
+
+// Whether a product of `rows` rows by w multiplies in bf16 (kernels::GemmBf16QuantB).
+bool QuantBf16Rows(const kernels::QuantMatrix& w, size_t rows) {
+  return !w.empty() && w.bf16_products && rows > kernels::kGemvMaxRows;
+}
+
+// c = a * w^T (+ bias) with bf16 products, a's rows in groups of `group_rows` (>= 1) packed
+// transposed at the offset QuantBf16PackingOffset(group_rows) of the scratch.
+void MultiplyQuantBf16(const kernels::ConstMatrixView& a, const kernels::QuantMatrix& w,
+                       const float* bias, const kernels::MatrixView& c, uint8_t* scratch,
+                       size_t group_rows, kernels::Bf16Kernel bf16_kernel) {
+  uint16_t* packed = reinterpret_cast<uint16_t*>(scratch + QuantBf16PackingOffset(group_rows));
+  for (size_t i0 = 0; i0 < a.rows; i0 += group_rows) {
+    const size_t rows = std::min(group_rows, a.rows - i0);
+    const kernels::PackedBf16B at =
+        kernels::PackBf16Transposed(bf16_kernel, a.Block(i0, 0, rows, a.cols), packed);
+    kernels::GemmBf16QuantB(bf16_kernel, at, w, bias, c.Block(i0, 0, rows, c.cols), scratch);
+  }
+}
 
 // w^T of an [out, in] f32 weight: element (i, o) at w[o * in + i].
 kernels::ConstMatrixView WeightT(const WeightMatrix& w, size_t out, size_t in) {
@@ -25,6 +47,20 @@ kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in
 }
 
 }  // namespace
+
+size_t QuantBf16PackingOffset(size_t group_rows) {
+  return RoundUp64(kernels::GemmBf16QuantScratchBytes(group_rows));
+}
+
+size_t QuantBf16GroupRows(size_t k, size_t scratch_bytes) {
+  for (size_t g = kQuantBf16MaxGroupRows; g >= kernels::kBf16PanelCols;
+       g -= kernels::kBf16PanelCols) {
+    const size_t bytes =
+        QuantBf16PackingOffset(g) + kernels::PackedBf16Elements(k, g) * sizeof(uint16_t);
+    if (bytes <= scratch_bytes) return g;
+  }
+  return 0;
+}
 
 void GemmJob::SetWeights(const WeightMatrix& w, size_t out, size_t in) {
   b_bf16 = Bf16Of(w, in, out);
@@ -103,6 +139,13 @@ void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weig
     MultiplyPackedB(route, a, PackingOf(weights, a.cols, out), bias, c, scratch);
     return;
   }
+  if (QuantBf16Rows(weights.quant, a.rows)) {
+    const size_t group = QuantBf16GroupRows(a.cols, WorkerGemmScratchBytes());
+    MHA_CHECK(group > 0, "MultiplyWeights: the layer's inputs fit a bf16 group (checked at creation)");
+    MultiplyQuantBf16(a, weights.quant.Rows(0, out), bias, c, static_cast<uint8_t*>(scratch), group,
+                      bf16_kernel);
+    return;
+  }
   if (!weights.quant.empty()) {
     kernels::GemmQuantB(a, weights.quant.Rows(0, out), c, scratch);
     AddBias(c, bias);
@@ -176,6 +219,27 @@ PanelShape Bf16PanelsOf(const GemmJob& job) {
   }
   return panel;
 }
+
+namespace {
+
+// Panels of a job with bf16 products by quantized weights: one near-equal share of the rows,
+// the fewest groups of at most QuantBf16GroupRows (rounded up to the bf16 panel's 32), by the
+// widest of 1024, 512, 256, 128 or 96 columns that still gives kMinLargePanelTasks tasks.
+PanelShape QuantBf16PanelsOf(const GemmJob& job, size_t scratch_stride) {
+  const size_t group = QuantBf16GroupRows(job.a.cols, scratch_stride);
+  MHA_CHECK(group > 0, "ParallelGemm: the layer's inputs fit a bf16 group (checked at creation)");
+  const size_t groups = CeilDiv(job.c.rows, group);
+  const size_t rows = CeilDiv(CeilDiv(job.c.rows, groups), kernels::kBf16PanelCols) *
+                      kernels::kBf16PanelCols;
+  PanelShape panel{std::min(rows, group), job.c.cols};
+  for (size_t w : {size_t{1024}, size_t{512}, size_t{256}, size_t{128}, size_t{96}}) {
+    if (PanelTasks(job, panel) >= kMinLargePanelTasks) break;
+    if (w < job.c.cols) panel.cols = w;
+  }
+  return panel;
+}
+
+}  // namespace
 
 PanelShape PrepackedPanelsOf(const GemmJob& job, bool direct) {
   const kernels::GemmBlocks& blk = kernels::GemmBlocking();
@@ -274,11 +338,13 @@ PanelTask PanelTaskOf(const GemmJob& job, const PanelShape& panel, uint64_t t) {
 // What a worker's scratch holds from its earlier tasks of one ParallelGemm call, so that the
 // next task over the same rows of the same a reuses it: Strassen sums of a
 // (StrassenSumsOfA), or a's rows quantized for int8-activation products
-// (kernels::QuantizeActivationsInt8, for weights of `type` and `block`). Valid within one call
+// (kernels::QuantizeActivationsInt8, for weights of `type` and `block`), or a's rows packed
+// transposed for bf16 products by quantized weights (kernels::PackBf16Transposed, at
+// QuantBf16PackingOffset). Valid within one call
 // only: a's are not written during a call, and any other use of the scratch (a BLIS product
 // packs into it) clears it.
 struct ScratchHolds {
-  enum class Kind { kNothing, kStrassenSums, kInt8Rows };
+  enum class Kind { kNothing, kStrassenSums, kInt8Rows, kBf16Transposed };
   Kind kind = Kind::kNothing;
   const float* data = nullptr;
   size_t rows = 0, cols = 0;
@@ -362,6 +428,7 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
   // sums of its packing tasks (column panels) and panel tasks.
   kernels::GemmRoute route[kMaxGemmJobs] = {};
   kernels::GemmRoute plain[kMaxGemmJobs] = {};  // a Strassen job's plain product (edge rows)
+  bool quant_bf16[kMaxGemmJobs] = {};            // bf16 products by quantized weights
   kernels::PackedB packing[kMaxGemmJobs] = {};
   float* pack_dst[kMaxGemmJobs] = {};
   PanelShape panels[kMaxGemmJobs] = {};
@@ -382,6 +449,9 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
     if (job.b_bf16.data != nullptr) {
       route[j] = kernels::GemmRoute::kBf16PackedB;
       panels[j] = Bf16PanelsOf(job);
+    } else if (QuantBf16Rows(job.b_quant, job.c.rows)) {
+      quant_bf16[j] = true;
+      panels[j] = QuantBf16PanelsOf(job, scratch_stride);
     } else if (job.b_packed.data != nullptr && OverPackedB(prepacked)) {
       route[j] = plain[j] = prepacked;
       packing[j] = job.b_packed;
@@ -420,7 +490,7 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
   // of reading every row panel of a once per job.
   bool same_rows = n_jobs > 1;
   for (size_t j = 0; j < n_jobs && same_rows; ++j) {
-    same_rows = OverPackedB(route[j]) && jobs[j].a.data == jobs[0].a.data &&
+    same_rows = (OverPackedB(route[j]) || quant_bf16[j]) && jobs[j].a.data == jobs[0].a.data &&
                 jobs[j].a.row_stride == jobs[0].a.row_stride &&
                 jobs[j].a.col_stride == jobs[0].a.col_stride && jobs[j].c.rows == jobs[0].c.rows &&
                 jobs[j].batches == jobs[0].batches &&
@@ -476,6 +546,21 @@ void RunJobs(ThreadPool& pool, const GemmJob* jobs, size_t n_jobs, bool alone, u
       kernels::GemvInt8Rows(kernels::Int8Kernel::kAuto, own_scratch, p.nr, w.Rows(p.c0, p.nc),
                             c_blk);
       AddBias(c_blk, bias);
+      return;
+    }
+    if (quant_bf16[j]) {
+      // The group's a^T packed once per worker for all the column panels (of every job of this
+      // a) it takes.
+      const size_t group = panels[j].rows;
+      uint16_t* const at_dst =
+          reinterpret_cast<uint16_t*>(own_scratch + QuantBf16PackingOffset(group));
+      if (!cache->Holds(ScratchHolds::Kind::kBf16Transposed, a_blk)) {
+        cache->Set(ScratchHolds::Kind::kBf16Transposed, a_blk);
+        kernels::PackBf16Transposed(bf16_kernel, a_blk, at_dst);
+      }
+      const kernels::PackedBf16B at{at_dst, a_blk.cols, a_blk.rows, a_blk.rows, 0, a_blk.cols};
+      kernels::GemmBf16QuantB(bf16_kernel, at, job.b_quant.Rows(p.c0, p.nc), bias, c_blk,
+                              own_scratch);
       return;
     }
     *cache = ScratchHolds{};  // the products below may pack into the scratch

@@ -96,6 +96,19 @@ inline size_t WorkerGemmScratchBytes() {
   return std::max(kernels::GemmScratchBytes(), kernels::GemmBf16ScratchBytes());
 }
 
+// Products by quantized weights with bf16 compute (QuantMatrix::bf16_products, more than
+// kernels::kGemvMaxRows rows) pack a's transpose for a group of its rows into the worker's
+// scratch (kernels::PackBf16Transposed) and run kernels::GemmBf16QuantB on it. The rows of a
+// group: the most, at most kQuantBf16MaxGroupRows and a multiple of the bf16 panel (32), whose
+// packing and product scratch fit `scratch_bytes` for `k` inputs; 0 if not even 32 rows fit
+// (a layer refuses such widths at creation). Why a cap: each group dequantizes every weight
+// once, so larger groups spread that over more rows, while the packing of 512 rows of 4096
+// inputs already takes 4 MiB.
+inline constexpr size_t kQuantBf16MaxGroupRows = 512;
+size_t QuantBf16GroupRows(size_t k, size_t scratch_bytes);
+// Byte offset of the packed a^T in a worker's scratch for groups of `group_rows` rows.
+size_t QuantBf16PackingOffset(size_t group_rows);
+
 // The bf16 packing of `weights` if it holds w^T [in, >= out], as its columns [0, out); else empty.
 inline kernels::PackedBf16B Bf16Of(const WeightMatrix& weights, size_t in, size_t out) {
   const kernels::PackedBf16B& p = weights.bf16;
@@ -139,7 +152,8 @@ bool UsesPrepacked(const WeightMatrix& weights, size_t rows, size_t in, size_t o
 // c = a * w^T (+ bias [out] on every row, if not null) for w = rows [0, out) of `weights` with
 // `in` = a.cols columns, on WeightsRoute: the bf16 packing (kernels::GemmBf16PackedB), the
 // prepacked weights (MultiplyPackedB), kernels::Gemm, kernels::GemmHalfB for 16-bit weights or
-// kernels::GemmQuantB for quantized ones; bf16 packings on `bf16_kernel` (the context's).
+// kernels::GemmQuantB for quantized ones (more than kGemvMaxRows rows with bf16_products: a's
+// rows in groups, QuantBf16GroupRows); bf16 products on `bf16_kernel` (the context's).
 // Single-threaded; scratch: WorkerGemmScratchBytes(). c.col_stride must be 1 when bias is given.
 void MultiplyWeights(const kernels::ConstMatrixView& a, const WeightMatrix& weights, size_t out,
                      const float* bias, const kernels::MatrixView& c, void* scratch,
@@ -209,6 +223,11 @@ inline constexpr size_t kMaxGemmJobs = 8;
 //
 // - bf16 weights (b_bf16): each panel task (PanelsOf, columns multiples of the bf16 panel)
 //   calls kernels::GemmBf16PackedB on its rows and a column range of b_bf16.
+// - Quantized weights with bf16 products (b_quant.bf16_products, more than kGemvMaxRows rows):
+//   panels of one group of rows (QuantBf16GroupRows, the job's rows split into near-equal
+//   groups) by up to 1024 columns; a worker packs its group's a^T once into its scratch
+//   (kernels::PackBf16Transposed) for all the column panels it takes, each of which dequantizes
+//   its weights once (kernels::GemmBf16QuantB). c's rows do not depend on the grouping.
 //
 // Task order: job by job, each in batch, row panel, column panel order; jobs over prepacked
 // weights that share one a and its row panels (q, k and v of one input) instead go row panel by

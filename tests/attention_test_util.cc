@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kernels/gemm_route.h"
+#include "mha/kv_cache.hpp"
 #include "tests/random_util.h"
 
 namespace mha {
@@ -634,6 +635,32 @@ void ExpectGroupedGivesStagedBits(const Problem& p, size_t threads, size_t rows)
       << " threads\n"
       << p.Describe();
   ExpectMatchesReference(p, grouped);
+}
+
+void DecodeAndCausalForward(Context& ctx, const MultiheadAttention& layer,
+                            const std::vector<float>& x, int64_t T, int64_t E,
+                            std::vector<float>* steps, std::vector<float>* full) {
+  std::unique_ptr<KvCache> cache;
+  ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(layer, 1, T), &cache).ok());
+  steps->assign(T * E, 0.0f);
+  full->assign(T * E, 0.0f);
+  float* in_data = const_cast<float*>(x.data());
+  const int64_t one[3] = {1, 1, E};
+  for (int64_t i = 0; i < T; ++i) {
+    TensorView xi, yi;
+    ASSERT_TRUE(TensorView::Dense(in_data + i * E, DType::kF32, 3, one, &xi).ok());
+    ASSERT_TRUE(TensorView::Dense(steps->data() + i * E, DType::kF32, 3, one, &yi).ok());
+    const Status s = cache->Step(ctx, layer, xi, yi);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  AttentionInputs in;
+  AttentionOutputs out;
+  const int64_t seq[3] = {1, T, E};
+  ASSERT_TRUE(TensorView::Dense(in_data, DType::kF32, 3, seq, &in.query).ok());
+  ASSERT_TRUE(TensorView::Dense(full->data(), DType::kF32, 3, seq, &out.output).ok());
+  in.causal = true;
+  const Status s = layer.Forward(ctx, in, out);
+  ASSERT_TRUE(s.ok()) << s.ToString();
 }
 
 }  // namespace testing_util

@@ -104,6 +104,13 @@ bool Close(double got, double want);
 // the forward's output.
 double MaxScaledError(const std::vector<float>& got, const std::vector<float>& want);
 
+// One batch entry's tokens x [T, E] (batch_first layer) through `layer` on ctx: token by token
+// through a new KvCache into *steps [T, E], and as one causal forward into *full [T, E]. gtest
+// failures on any error.
+void DecodeAndCausalForward(Context& ctx, const MultiheadAttention& layer,
+                            const std::vector<float>& x, int64_t T, int64_t E,
+                            std::vector<float>* steps, std::vector<float>* full);
+
 // Creates the layer of `p`, plans and runs its forward on `threads` threads into `v` (gtest
 // assertions: every step succeeds, the workspace stays within the plan).
 void RunForward(const Problem& p, size_t threads, Views* v);

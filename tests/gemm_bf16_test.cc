@@ -29,21 +29,8 @@ namespace kernels {
 namespace {
 
 constexpr float kSentinel = -12345.5f;
-constexpr Bf16Kernel kKernels[] = {Bf16Kernel::kEmulated, Bf16Kernel::kAvx512Bf16, Bf16Kernel::kAmx,
-                                   Bf16Kernel::kNeonBf16};
 
-// Heap memory aligned to 64 bytes (the scratch's and the packing's alignment), plus an offset
-// for misaligned views.
-template <typename T>
-struct Aligned {
-  explicit Aligned(size_t n) : raw(new uint8_t[n * sizeof(T) + 64]) {
-    const uintptr_t p = reinterpret_cast<uintptr_t>(raw.get());
-    data = reinterpret_cast<T*>(raw.get() + (64 - p % 64) % 64);
-  }
-  std::unique_ptr<uint8_t[]> raw;
-  T* data;
-};
-
+using test::Aligned;
 using test::Bits;
 using test::FromBits;
 using test::RoundBf16;
@@ -304,7 +291,7 @@ TEST_P(Bf16KernelTest, TrivialProducts) {
   for (const float x : c) EXPECT_EQ(x, 0.0f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, Bf16KernelTest, testing::ValuesIn(kKernels),
+INSTANTIATE_TEST_SUITE_P(Kernels, Bf16KernelTest, testing::ValuesIn(test::kAllBf16Kernels),
                          [](const testing::TestParamInfo<Bf16Kernel>& info) {
                            return std::string(Bf16KernelName(info.param));
                          });
@@ -459,7 +446,7 @@ TEST(Bf16KernelChoiceTest, NamesAndDefault) {
   ForceBf16Kernel(Bf16DefaultKernel());
   EXPECT_EQ(Bf16ActiveKernel(), Bf16DefaultKernel());
   std::string available;
-  for (const Bf16Kernel kernel : kKernels) {
+  for (const Bf16Kernel kernel : test::kAllBf16Kernels) {
     if (Bf16KernelAvailable(kernel)) available += std::string(" ") + Bf16KernelName(kernel);
   }
   std::printf("bf16 kernels available:%s; default %s\n", available.c_str(),
@@ -467,7 +454,7 @@ TEST(Bf16KernelChoiceTest, NamesAndDefault) {
   // MHA_BF16_KERNEL naming an available kernel selects it (tests/meson.build runs this test
   // with the variable set too); unset, unknown or unavailable: the fastest available.
   const char* env = std::getenv("MHA_BF16_KERNEL");
-  for (const Bf16Kernel kernel : kKernels) {
+  for (const Bf16Kernel kernel : test::kAllBf16Kernels) {
     if (env != nullptr && std::strcmp(env, Bf16KernelName(kernel)) == 0 &&
         Bf16KernelAvailable(kernel)) {
       EXPECT_EQ(Bf16DefaultKernel(), kernel) << "MHA_BF16_KERNEL=" << env;

@@ -164,24 +164,9 @@ TEST(Int8ComputeTest, KvCacheDecodeMatchesForward) {
     ASSERT_TRUE(MultiheadAttention::Create(Int8Config(c, q), w, WeightBinding::kCopy, &layer).ok());
     std::unique_ptr<Context> ctx;
     ASSERT_TRUE(Context::Create(ContextOptions(), &ctx).ok());
-    std::unique_ptr<KvCache> cache;
-    ASSERT_TRUE(KvCache::Create(KvCacheOptions::ForLayer(*layer, 1, T), &cache).ok());
-    std::vector<float> steps(T * E, 0.0f), full(T * E, 0.0f);
-    const int64_t one[3] = {1, 1, E};
-    for (int64_t i = 0; i < T; ++i) {
-      TensorView xi, yi;
-      ASSERT_TRUE(TensorView::Dense(x.data() + i * E, DType::kF32, 3, one, &xi).ok());
-      ASSERT_TRUE(TensorView::Dense(steps.data() + i * E, DType::kF32, 3, one, &yi).ok());
-      const Status s = cache->Step(*ctx, *layer, xi, yi);
-      ASSERT_TRUE(s.ok()) << s.ToString();
-    }
-    AttentionInputs in;
-    AttentionOutputs out;
-    const int64_t seq[3] = {1, T, E};
-    ASSERT_TRUE(TensorView::Dense(x.data(), DType::kF32, 3, seq, &in.query).ok());
-    ASSERT_TRUE(TensorView::Dense(full.data(), DType::kF32, 3, seq, &out.output).ok());
-    in.causal = true;
-    ASSERT_TRUE(layer->Forward(*ctx, in, out).ok());
+    std::vector<float> steps, full;
+    testing_util::DecodeAndCausalForward(*ctx, *layer, x, T, E, &steps, &full);
+    if (::testing::Test::HasFatalFailure()) return;
     // The first token attends to itself only: its projections are the forward's bits.
     ExpectSameBits(std::vector<float>(steps.begin(), steps.begin() + E),
                    std::vector<float>(full.begin(), full.begin() + E), "first token");

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/gemm_bf16.h"
 #include "kernels/targets.h"
 
 namespace mha {
@@ -69,6 +71,22 @@ inline uint16_t RoundBf16(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 inline float FromBf16(uint16_t h) { return FromBits(static_cast<uint32_t>(h) << 16); }
+
+// Every bf16 kernel (each test skips those this CPU does not run).
+inline constexpr kernels::Bf16Kernel kAllBf16Kernels[] = {
+    kernels::Bf16Kernel::kEmulated, kernels::Bf16Kernel::kAvx512Bf16, kernels::Bf16Kernel::kAmx,
+    kernels::Bf16Kernel::kNeonBf16};
+
+// n elements of heap memory aligned to 64 bytes (the kernels' scratch and packing alignment).
+template <typename T>
+struct Aligned {
+  explicit Aligned(size_t n) : raw(new uint8_t[n * sizeof(T) + 64]) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(raw.get());
+    data = reinterpret_cast<T*>(raw.get() + (64 - p % 64) % 64);
+  }
+  std::unique_ptr<uint8_t[]> raw;
+  T* data;
+};
 
 }  // namespace test
 }  // namespace mha

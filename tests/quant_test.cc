@@ -195,11 +195,11 @@ class QuantTargetTest : public test::PerTargetTest {};
 TEST_P(QuantTargetTest, DequantizeRowsGivesCodeTimesScale) {
   std::mt19937 rng(12);
   for (const Format& f : kFormats) {
-    for (const size_t cols : {1, 7, 15, 16, 33, 64, 127, 129, 200, 300}) {
+    for (const size_t cols : {1, 7, 15, 16, 33, 64, 127, 129, 200, 300, 513}) {
       const std::vector<float> w = TestWeights(6, cols, &rng);
       const QuantStorage q = Quantize(w, 6, cols, f, 3, 1);
       const std::vector<float> ref = Dequantized(q.m);
-      const size_t p0s[] = {0, 1, 5, 16, 31, 100, 128, 130, 161};
+      const size_t p0s[] = {0, 1, 5, 16, 31, 100, 128, 130, 161, 256};
       for (const size_t p0 : p0s) {
         if (p0 >= cols) continue;
         for (const size_t n : {cols - p0, (cols - p0 + 1) / 2}) {

@@ -12,8 +12,17 @@
 // - bitwise equal to that f32 layer (same projections on the same values: GEMV and the blocked
 //   driver), on every SIMD target (but SVE wider than 512 bits: within the bound), and bitwise
 //   the same for 1, 2 and 3 threads;
-// - from bf16 weights as from their f32 widening; kView, bf16 compute, bad blocks and
-//   non-finite weights refused.
+// - from bf16 weights as from their f32 widening; kView, bad blocks and non-finite weights
+//   refused.
+// With Compute::kBF16 the products of more than 16 rows multiply bf16(activations) by bf16(the
+// dequantized weights) (kernels/gemm_bf16_quant.h), on every bf16 kernel this CPU runs:
+// - bitwise the kBF16 layer holding the dequantized weights in f32 (its bf16 packing holds the
+//   same bf16 values, and the products sum alike) where every product has more than 16 rows and
+//   no projection adds a bias, and within 1e-4 of the output's scale of it with biases (added
+//   after the sums, where AMX starts its tiles from them);
+// - bitwise the same for 1, 2 and 3 threads, with rows in several groups (600 rows);
+// - token-by-token decode (one-row products read the codes in f32) within the bf16 bound of the
+//   layer's causal forward.
 // Against the f32 weights themselves the error is the quantization's, measured and bounded here.
 #include <gtest/gtest.h>
 
@@ -26,6 +35,7 @@
 #include <vector>
 
 #include "kernels/elementwise.h"
+#include "kernels/gemm_bf16.h"
 #include "kernels/gemv_quant.h"
 #include "kernels/quant.h"
 #include "mha/kv_cache.hpp"
@@ -207,13 +217,19 @@ TEST_P(QuantWeightsTargetTest, MatchesReferenceOnDequantizedWeights) {
 
 MHA_INSTANTIATE_PER_TARGET(QuantWeightsTargetTest);
 
-// Project's per-head products: bitwise the f32 layer's on the dequantized weights.
+// Project's per-head products: bitwise the f32 layer's on the dequantized weights; with
+// Compute::kBF16 (21 and 29 rows, no biases) bitwise the kBF16 layer's on them.
 TEST(QuantWeightsTest, ProjectEqualsF32OnDequantizedWeights) {
   std::mt19937 rng(12);
   for (const Quant& q : kQuants) {
-    for (const bool packed : {false, true}) {
+    for (const int variant : {0, 1, 2}) {
+      const bool packed = variant == 1;
+      const bool bf16 = variant == 2;
       Problem p;
-      p.config.embed_dim = 4 * 24;
+      p.config.bias = !bf16;
+      p.config.compute = bf16 ? Compute::kBF16 : Compute::kF32;
+      // bf16: heads on the bf16 packing's 32-column panels, as the twin's per-head products need.
+      p.config.embed_dim = 4 * (bf16 ? 32 : 24);
       p.config.num_heads = 4;
       p.config.num_kv_heads = packed ? 0 : 2;
       p.config.batch_first = true;
@@ -223,7 +239,7 @@ TEST(QuantWeightsTest, ProjectEqualsF32OnDequantizedWeights) {
       p.S = packed ? 21 : 29;
       testing_util::FillProblem(&p, &rng);
       const Problem deq = Dequantized(p, q);
-      const int64_t H = 4, KVH = packed ? 4 : 2, hd = 24;
+      const int64_t H = 4, KVH = packed ? 4 : 2, hd = bf16 ? 32 : 24;
       std::vector<float> outs[2][3];
       for (int l = 0; l < 2; ++l) {
         AttentionConfig c = l == 0 ? QuantConfig(p.config, q) : deq.config;
@@ -249,31 +265,50 @@ TEST(QuantWeightsTest, ProjectEqualsF32OnDequantizedWeights) {
         ASSERT_TRUE(s.ok()) << s.ToString();
       }
       for (int i = 0; i < 3; ++i) {
-        ExpectTwin(outs[0][i], outs[1][i], q.Name() + " projection " + std::to_string(i));
+        const std::string what = q.Name() + (bf16 ? " bf16" : "") + " projection " +
+                                 std::to_string(i);
+        if (bf16) {
+          ExpectSameBits(outs[0][i], outs[1][i], what);
+        } else {
+          ExpectTwin(outs[0][i], outs[1][i], what);
+        }
       }
     }
   }
+}
+
+// A decode test's layer: separate weights with biases, drawn from `seed` in [-0.5, 0.5], and
+// T tokens x [T, E].
+testing_util::SeparateWeights DrawDecodeProblem(unsigned seed, int64_t E, int64_t H, int64_t KVH,
+                                                int64_t T, std::vector<float>* x) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  const auto draw = [&] { return u(rng); };
+  testing_util::SeparateWeights weights =
+      testing_util::DrawSeparateWeights(E, H, KVH, /*bias=*/true, draw);
+  x->resize(T * E);
+  for (float& f : *x) f = draw();
+  return weights;
+}
+
+// Its configuration: batch-first, biases, no RoPE.
+AttentionConfig DecodeConfig(int64_t E, int64_t H, int64_t KVH) {
+  AttentionConfig c = testing_util::LlamaLikeConfig(E, H, KVH);
+  c.bias = true;
+  c.rope = RopeStyle::kNone;
+  return c;
 }
 
 // Token-by-token decode through the KV cache: bitwise the f32 layer's on the dequantized
 // weights, and within the f32 bound of the quantized layer's own one-shot causal forward.
 TEST(QuantWeightsTest, KvCacheDecode) {
   const int64_t E = 64, H = 4, KVH = 2, T = 12;
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  const auto draw = [&] { return u(rng); };
   const int64_t kvE = E / H * KVH;
-  const testing_util::SeparateWeights weights =
-      testing_util::DrawSeparateWeights(E, H, KVH, /*bias=*/true, draw);
-  std::vector<float> x(T * E);
-  for (float& f : x) f = draw();
+  std::vector<float> x;
+  const testing_util::SeparateWeights weights = DrawDecodeProblem(11, E, H, KVH, T, &x);
   for (const Quant& q : kQuants) {
     SCOPED_TRACE(q.Name());
-    AttentionConfig c;
-    c.embed_dim = E;
-    c.num_heads = H;
-    c.num_kv_heads = KVH;
-    c.batch_first = true;
+    const AttentionConfig c = DecodeConfig(E, H, KVH);
     const AttentionWeights w = weights.View();
     const std::vector<float> dq = Dequantize(weights.q, E, q), dk = Dequantize(weights.k, kvE, q),
                              dv = Dequantize(weights.v, kvE, q),
@@ -424,6 +459,146 @@ TEST(QuantWeightsTest, LlamaShapedLayerError) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Compute::kBF16.
+
+constexpr Bf16KernelChoice kBf16Choices[] = {Bf16KernelChoice::kEmulated,
+                                             Bf16KernelChoice::kAvx512Bf16, Bf16KernelChoice::kAmx,
+                                             Bf16KernelChoice::kNeonBf16};
+constexpr const kernels::Bf16Kernel* kBf16Kernels = test::kAllBf16Kernels;
+
+// A random problem whose every product has more than 16 rows (L and S 17..60 per batch entry),
+// computed in bf16.
+Problem ManyRowsBf16Problem(std::mt19937* rng) {
+  Problem p = RandomProblem(rng);
+  p.L = 17 + static_cast<int64_t>((*rng)() % 44);
+  p.S = p.self_attention ? p.L : 17 + static_cast<int64_t>((*rng)() % 44);
+  testing_util::FillProblem(&p, rng);
+  p.config.compute = Compute::kBF16;
+  return p;
+}
+
+// The quantized kBF16 layer against the kBF16 layer of the dequantized f32 weights, on
+// `options`' kernel and threads.
+void CheckBf16Twin(const Problem& p, const Quant& q, const ContextOptions& options) {
+  SCOPED_TRACE(p.Describe() + " weight_dtype " + q.Name());
+  const Problem deq = Dequantized(p, q);
+  std::unique_ptr<MultiheadAttention> quant_layer, twin_layer;
+  Status s = MultiheadAttention::Create(QuantConfig(p.config, q), WeightsOf(p),
+                                        WeightBinding::kCopy, &quant_layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  s = MultiheadAttention::Create(deq.config, WeightsOf(deq), WeightBinding::kCopy, &twin_layer);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  Views quant, twin;
+  testing_util::RunLayerOn(*quant_layer, p, options, &quant);
+  testing_util::RunLayerOn(*twin_layer, deq, options, &twin);
+  if (::testing::Test::HasFatalFailure()) return;
+  const bool biased = p.config.bias_projections != 0 || p.config.bias;
+  if (!biased) {
+    ExpectSameBits(quant.output, twin.output, "output");
+    ExpectSameBits(quant.weights, twin.weights, "attention weights");
+    return;
+  }
+  const testing_util::OutputError e = MaxError(quant.output, twin.output);
+  EXPECT_LE(e.err, 1e-4 * std::max(e.scale, 1e-3));
+}
+
+class QuantBf16KernelTest : public testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!kernels::Bf16KernelAvailable(kBf16Kernels[GetParam()])) {
+      GTEST_SKIP() << "this CPU does not run the "
+                   << kernels::Bf16KernelName(kBf16Kernels[GetParam()]) << " kernel";
+    }
+  }
+  ContextOptions Options(size_t threads) const {
+    ContextOptions o;
+    o.num_threads = threads;
+    o.bf16_kernel = kBf16Choices[GetParam()];
+    return o;
+  }
+};
+
+TEST_P(QuantBf16KernelTest, EqualsBf16LayerOnDequantizedWeights) {
+  std::mt19937 rng(808);
+  for (int i = 0; i < 36; ++i) {
+    Problem p = ManyRowsBf16Problem(&rng);
+    if (i % 2 == 0) {  // half without projection biases: bitwise
+      p.config.bias = false;
+      p.config.bias_projections = 0;
+      testing_util::FillProblem(&p, &rng);
+    }
+    CheckBf16Twin(p, kQuants[i % 3], Options(2));
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// 600 rows per batch entry (two groups of rows of the transposed packing) on 1, 2 and 3 threads.
+TEST_P(QuantBf16KernelTest, ThreadCountsAndGroupsGiveTheSameBits) {
+  std::mt19937 rng(77);
+  for (const Quant& q : kQuants) {
+    Problem p = RandomProblem(&rng);
+    p.config.num_heads = 4;
+    p.config.num_kv_heads = p.packed ? 0 : 2;
+    p.config.head_dim = 0;
+    p.config.embed_dim = 4 * 24;
+    p.config.q_dim = p.config.kdim = p.config.vdim = 0;
+    p.config.bias = false;
+    p.config.bias_projections = 0;
+    p.config.compute = Compute::kBF16;
+    p.need_weights = false;
+    p.L = 600;
+    p.S = p.self_attention ? p.L : 610;
+    testing_util::FillProblem(&p, &rng);
+    CheckBf16Twin(p, q, Options(2));
+    std::unique_ptr<MultiheadAttention> layer;
+    ASSERT_TRUE(MultiheadAttention::Create(QuantConfig(p.config, q), WeightsOf(p),
+                                           WeightBinding::kCopy, &layer)
+                    .ok());
+    Views outs[3];
+    for (size_t threads = 1; threads <= 3; ++threads) {
+      testing_util::RunLayerOn(*layer, p, Options(threads), &outs[threads - 1]);
+    }
+    ExpectSameBits(outs[1].output, outs[0].output, q.Name() + " 2 threads vs 1");
+    ExpectSameBits(outs[2].output, outs[0].output, q.Name() + " 3 threads vs 1");
+  }
+}
+
+// Token-by-token decode (one-row products: the codes in f32) against the layer's causal
+// forward of the same tokens (more than 16 rows: bf16 products), within bf16 compute's bound.
+TEST_P(QuantBf16KernelTest, KvCacheDecodeWithinBf16BoundOfForward) {
+  const int64_t E = 64, H = 4, KVH = 2, T = 24;
+  std::vector<float> x;
+  const testing_util::SeparateWeights weights = DrawDecodeProblem(21, E, H, KVH, T, &x);
+  for (const Quant& q : kQuants) {
+    SCOPED_TRACE(q.Name());
+    AttentionConfig c = DecodeConfig(E, H, KVH);
+    c.compute = Compute::kBF16;
+    std::unique_ptr<MultiheadAttention> layer;
+    ASSERT_TRUE(MultiheadAttention::Create(QuantConfig(c, q), weights.View(), WeightBinding::kCopy,
+                                           &layer)
+                    .ok());
+    std::unique_ptr<Context> ctx;
+    ASSERT_TRUE(Context::Create(Options(2), &ctx).ok());
+    std::vector<float> steps, full;
+    testing_util::DecodeAndCausalForward(*ctx, *layer, x, T, E, &steps, &full);
+    if (::testing::Test::HasFatalFailure()) return;
+    const testing_util::OutputError e = MaxError(steps, full);
+    // bf16 compute's bound (tests/bf16_compute_test.cc, README "bf16 compute"): the forward's
+    // operands are rounded to bf16, the steps' projections are not.
+    EXPECT_LE(e.err, 3e-2 * std::max(e.scale, 1e-3));
+    std::printf("[ %s %s ] decode vs forward: %.3g of the output scale\n",
+                kernels::Bf16KernelName(kBf16Kernels[GetParam()]), q.Name().c_str(),
+                e.scale > 0 ? e.err / e.scale : e.err);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, QuantBf16KernelTest, testing::Range(0, 4),
+                         [](const testing::TestParamInfo<int>& info) {
+                           return std::string(kernels::Bf16KernelName(kBf16Kernels[info.param]));
+                         });
+
+
 TEST(QuantWeightsTest, InvalidSettings) {
   std::mt19937 rng(5);
   Problem p = RandomProblem(&rng);
@@ -438,10 +613,6 @@ TEST(QuantWeightsTest, InvalidSettings) {
   expect(c, WeightsOf(p), WeightBinding::kView, StatusCode::kInvalidArgument,
          "binding: weight_dtype i8 quantizes the weights into the layer's own codes: expected "
          "WeightBinding::kCopy, got kView");
-  AttentionConfig bf16 = c;
-  bf16.compute = Compute::kBF16;
-  expect(bf16, WeightsOf(p), WeightBinding::kCopy, StatusCode::kUnsupported,
-         "compute kBF16 with weight_dtype i8: quantized weights multiply in f32 only");
   AttentionConfig block = QuantConfig(p.config, {DType::kI4, 64});
   expect(block, WeightsOf(p), WeightBinding::kCopy, StatusCode::kInvalidArgument,
          "weight_block: expected 0, 32 or 128 with weight_dtype I4, got 64");

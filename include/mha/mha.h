@@ -249,7 +249,9 @@ typedef enum mha_compute {
                           products where the CPU has them (mha_bf16_kernel names which). Error:
                           measured at most 1.9e-2 of the output's largest magnitude over
                           3,000 random configurations, typically 5e-3 (tested
-                          bound 3e-2) */,
+                          bound 3e-2). With MHA_DTYPE_I8 / I4 weights: products of more than
+                          16 rows on bf16 of the dequantized weights, fewer rows (decode) in
+                          f32 as MHA_COMPUTE_F32 */,
   MHA_COMPUTE_INT8 = 2 /* weight_dtype MHA_DTYPE_I8 / I4 only: the projections' activations
                           quantized to int8 per block of 32 (I4: of weight_block) as each product
                           runs, integer dot products, f32 scaling in one fixed order (the same
@@ -311,8 +313,8 @@ typedef struct mha_layer_config {
   /* Storage of the four projection matrices, an mha_dtype: MHA_DTYPE_F32 (0, the default),
    * MHA_DTYPE_BF16 or MHA_DTYPE_F16. 16-bit weights are widened exactly inside the products
    * (f32 arithmetic): the only error is their rounding (relative 2^-9 bf16, 2^-11 f16).
-   * MHA_DTYPE_I8 / MHA_DTYPE_I4: quantized at creation (MHA_WEIGHTS_COPY, f32 compute only;
-   * weight_block below), as mha::AttentionConfig::weight_dtype says. */
+   * MHA_DTYPE_I8 / MHA_DTYPE_I4: quantized at creation (MHA_WEIGHTS_COPY; f32, bf16 or int8
+   * compute; weight_block below), as mha::AttentionConfig::weight_dtype says. */
   int32_t weight_dtype;
   /* An mha_prepack (see mha::WeightPrepack for the contract). MHA_PREPACK_ON (0, the default):
    * an f32 layer keeps a second, CPU-specific copy of its projection weights (about their f32

@@ -205,7 +205,10 @@ enum class Compute : int {
               // 32 holds only that). Error against float64 on the f32 inputs:
               // measured at most 1.9e-2 of the output's largest magnitude over 3,000 random
               // configurations, typically 5e-3 (tested bound 3e-2);
-              // README "bf16 compute"
+              // README "bf16 compute". With quantized weights (kI8 / kI4) the products of more
+              // than 16 rows (prefill, forward) multiply bf16 of the dequantized weights,
+              // dequantized per block as they run (no bf16 copy held); products of 16 rows or
+              // fewer (decode) read the codes in f32 as kF32 does
   kInt8 = 2,  // quantized weights only (weight_dtype kI8 / kI4, else InvalidArgument): each row
               // of a projection's activations quantized to int8 as the product runs (symmetric,
               // per block of 32 inputs, or of weight_block for kI4; round to nearest even),
@@ -235,14 +238,14 @@ struct AttentionConfig {
   // weights are widened exactly inside the products), so a 16-bit layer computes exactly what
   // an f32 layer holding the rounded weights computes with prepack kOff; the only error is the
   // weights' rounding (relative 2^-9 per bf16 element, 2^-11 per f16 element). Biases stay f32.
-  // kI8 / kI4: quantized once at creation (WeightBinding::kCopy only; compute kF32, or kInt8
-  // for int8 activations; kBF16 is Unsupported) from the given f32/bf16/f16 weights, symmetric,
-  // round to nearest even: kI8 one f32 scale per output row (max|w| / 127, codes in
+  // kI8 / kI4: quantized once at creation (WeightBinding::kCopy only; compute kF32, kBF16 for
+  // bf16 prefill products, or kInt8 for int8 activations) from the given f32/bf16/f16 weights,
+  // symmetric, round to nearest even: kI8 one f32 scale per output row (max|w| / 127, codes in
   // [-127, 127]), kI4 one per block of weight_block consecutive inputs of a row (max|w| / 7,
   // codes in [-7, 7]); the layer then holds only the codes and scales (about 1/4 and 5/32 of
-  // the f32 bytes at block 32), and with kF32 computes in
-  // f32 what an f32 layer holding the dequantized weights (code * scale, rounded to f32) computes
-  // with prepack kOff. The weights must be finite. README "Quantized weights".
+  // the f32 bytes at block 32), and with kF32 computes in f32 what an f32 layer holding the
+  // dequantized weights (code * scale, rounded to f32) computes with prepack kOff. The weights
+  // must be finite. README "Quantized weights".
   DType weight_dtype = DType::kF32;
   // kI4: inputs per scale, 32 or 128 (0 = 32); must be 0 for every other weight_dtype.
   int64_t weight_block = 0;
