@@ -435,12 +435,18 @@ TEST(QuantWeightsTest, LlamaShapedLayerError) {
   // 0.012 (max / RMS), i4 0.15 / 0.14, i4-128 0.16 / 0.18; each weight's error is up to half a
   // step of max|w| / 127 (row of E) or / 7 (block), about 1% and 8% of the weights' RMS.
   const double max_bound[3] = {0.03, 0.35, 0.35}, rms_bound[3] = {0.03, 0.35, 0.35};
-  for (int k = 0; k < 6; ++k) {
+  // Each dtype with f32 products, int8 activations (Compute::kInt8) and bf16 products
+  // (Compute::kBF16, 64 rows: the bf16 kernels): the activations' rounding adds little to the
+  // weights' (measured, printed), so the same bounds. Then bf16 products on the f32 weights (k
+  // 9, no bound here: tests/bf16_compute_test.cc holds them), for the part of the error that is
+  // bf16's.
+  const Compute computes[3] = {Compute::kF32, Compute::kInt8, Compute::kBF16};
+  const char* compute_names[3] = {"", " int8 activations", " bf16 products"};
+  for (int k = 0; k < 10; ++k) {
     const int i = k % 3;
-    // Then with int8 activations (Compute::kInt8): the activations' rounding adds little to
-    // the weights' (measured below), so the same bounds.
-    AttentionConfig qc = QuantConfig(c, kQuants[i]);
-    if (k >= 3) qc.compute = Compute::kInt8;
+    const bool f32_weights = k == 9;
+    AttentionConfig qc = f32_weights ? c : QuantConfig(c, kQuants[i]);
+    qc.compute = f32_weights ? Compute::kBF16 : computes[k / 3];
     std::vector<float> got;
     forward(qc, &got);
     const testing_util::OutputError e = MaxError(got, exact);
@@ -452,8 +458,10 @@ TEST(QuantWeightsTest, LlamaShapedLayerError) {
     std::printf(
         "[%s%s] Llama-shaped E %lld: max error %.3g of the max output, RMS error %.3g of "
         "the RMS output\n",
-        kQuants[i].Name().c_str(), k >= 3 ? " int8 activations" : "", static_cast<long long>(E),
+        f32_weights ? "f32" : kQuants[i].Name().c_str(),
+        f32_weights ? " bf16 products" : compute_names[k / 3], static_cast<long long>(E),
         e.err / e.scale, rms_err / rms);
+    if (f32_weights) continue;
     EXPECT_LE(e.err, max_bound[i] * e.scale) << kQuants[i].Name();
     EXPECT_LE(rms_err, rms_bound[i] * rms) << kQuants[i].Name();
   }
