@@ -621,6 +621,27 @@ TEST(QuantWeightsTest, InvalidSettings) {
   expect(c, WeightsOf(p), WeightBinding::kView, StatusCode::kInvalidArgument,
          "binding: weight_dtype i8 quantizes the weights into the layer's own codes: expected "
          "WeightBinding::kCopy, got kView");
+  {
+    // bf16 products pack 32 rows of an input transposed into a worker's scratch (~2-3 MiB):
+    // 200,000 key features do not fit on any CPU.
+    AttentionConfig wide;
+    wide.embed_dim = 8;
+    wide.num_heads = 2;
+    wide.kdim = 200000;
+    wide.bias = false;
+    wide.compute = Compute::kBF16;
+    const std::vector<float> small(8 * 8, 0.25f), k_weights(8 * 200000, 0.5f);
+    AttentionWeights w;
+    w.q_proj_weight = small.data();
+    w.k_proj_weight = k_weights.data();
+    w.v_proj_weight = small.data();
+    w.out_proj_weight = small.data();
+    expect(QuantConfig(wide, kQuants[0]), w, WeightBinding::kCopy, StatusCode::kInvalidArgument,
+           "kdim: expected an input whose bf16 packing of 32 rows fits the GEMM scratch with "
+           "compute kBF16 and weight_dtype i8 (");
+    expect(QuantConfig(wide, kQuants[0]), w, WeightBinding::kCopy, StatusCode::kInvalidArgument,
+           "bytes), got 200000 features");
+  }
   AttentionConfig block = QuantConfig(p.config, {DType::kI4, 64});
   expect(block, WeightsOf(p), WeightBinding::kCopy, StatusCode::kInvalidArgument,
          "weight_block: expected 0, 32 or 128 with weight_dtype I4, got 64");
