@@ -31,8 +31,6 @@ HWY_EXPORT(Bf16BlockEmulated);
 
 namespace {
 
-constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
-
 // ---------------------------------------------------------------------------------------------
 // Kernel choice.
 

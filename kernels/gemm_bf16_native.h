@@ -43,6 +43,9 @@ struct Bf16Block {
 
 inline constexpr size_t kBf16BlockScratchBytes = 16 * 1024;
 
+// x rounded up to a multiple of `to` (depths to kBf16DepthAlign, byte counts to 64).
+constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
 // Rows of a the drivers hold in bf16 (one block deep, at the scratch's start): larger products
 // run in chunks of this many rows. A multiple of every kernel's row tile (emulated 4 and 8,
 // AVX-512 6, AMX 32), so chunks cut no tile short; 96 KiB.

@@ -15,8 +15,6 @@ namespace kernels {
 
 namespace {
 
-constexpr size_t RoundUp(size_t x, size_t to) { return (x + to - 1) / to * to; }
-
 // Rows of w dequantized to f32 per call of DequantizeRows (a 16 KiB stack buffer).
 constexpr size_t kDequantRows = 8;
 

@@ -35,7 +35,7 @@ namespace kernels {
 PackedBf16B PackBf16Transposed(Bf16Kernel kernel, const ConstMatrixView& a, uint16_t* dst);
 
 // Bytes of scratch GemmBf16QuantB needs for m rows of c (GemmBf16ScratchBytes and a chunk of
-// c^T [96, m] f32), 64-byte aligned.
+// c^T [96, m] f32): a multiple of 64, so a buffer placed after it stays 64-byte aligned.
 size_t GemmBf16QuantScratchBytes(size_t m);
 
 // c = bf16(a) * bf16(w)^T, then c[i, j] += bias[j] when bias is not null (bias [n]), with a

@@ -16,8 +16,6 @@ namespace {
 
 uint64_t CeilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
-size_t RoundUp64(size_t x) { return (x + 63) / 64 * 64; }
-
 // Whether a product of `rows` rows by w multiplies in bf16 (kernels::GemmBf16QuantB).
 bool QuantBf16Rows(const kernels::QuantMatrix& w, size_t rows) {
   return !w.empty() && w.bf16_products && rows > kernels::kGemvMaxRows;
@@ -49,7 +47,7 @@ kernels::HalfMatrixView HalfWeightT(const WeightMatrix& w, size_t out, size_t in
 }  // namespace
 
 size_t QuantBf16PackingOffset(size_t group_rows) {
-  return RoundUp64(kernels::GemmBf16QuantScratchBytes(group_rows));
+  return kernels::GemmBf16QuantScratchBytes(group_rows);
 }
 
 size_t QuantBf16GroupRows(size_t k, size_t scratch_bytes) {
