@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,16 @@ inline float FromBits(uint32_t u) {
   float x;
   std::memcpy(&x, &u, sizeof(x));
   return x;
+}
+
+// FNV-1a over the bits of some arrays of floats: names the inputs a result computed once (a
+// double reference that every target's instance checks against) is of.
+inline uint64_t Fingerprint(std::initializer_list<const std::vector<float>*> arrays) {
+  uint64_t h = 14695981039346656037u;
+  for (const std::vector<float>* v : arrays) {
+    for (const float x : *v) h = (h ^ Bits(x)) * 1099511628211u;
+  }
+  return h;
 }
 
 // The reference bf16 rounding of the kernels (elementwise.h, gemm_bf16.h): nearest even, NaN

@@ -248,46 +248,115 @@ float At(const ConstMatrixView& v, size_t i, size_t j) {
       .data[static_cast<ptrdiff_t>(i) * v.row_stride + static_cast<ptrdiff_t>(j) * v.col_stride];
 }
 
-TEST_P(QuantTargetTest, GemvQuantIsGemvOnTheDequantizedWeights) {
+// One case of the GemvQuant sweep: a quantized [n, k] matrix, its dequantized reading and a's
+// [m, k] rows (stride k + 3), with c's layout and offset.
+struct GemvQuantCase {
+  const Format* f;
+  size_t m, k, n, offset;
+  int layout;
+  QuantStorage q;
+  std::vector<float> deq, a_buf;
+  ConstMatrixView a() const {
+    return {a_buf.data() + offset, m, k, static_cast<ptrdiff_t>(k + 3), 1};
+  }
+  std::string Name() const {
+    return f->Name() + " m " + std::to_string(m) + " k " + std::to_string(k) + " n " +
+           std::to_string(n);
+  }
+};
+
+// Runs visit on every case of the sweep, in order, with the same inputs at every call: every
+// format, m 1..9 and 16, every k of kKs and n of kNs; misaligned rows of a, codes and scales
+// (offset), padded weight rows, every storage of c. Stops at a fatal failure.
+template <class Visit>
+void ForEachGemvQuantCase(const Visit& visit) {
   std::mt19937 rng(13);
   for (const Format& f : kFormats) {
     for (const size_t m : {1, 2, 3, 4, 5, 6, 7, 8, 9, 16}) {
       for (const size_t k : kKs) {
         for (const size_t n : kNs) {
-          const size_t pick = m + k + n;
-          const size_t offset = pick % 4;
-          const int layout = static_cast<int>(pick % 3);
+          GemvQuantCase t;
+          t.f = &f;
+          t.m = m;
+          t.k = k;
+          t.n = n;
+          t.offset = (m + k + n) % 4;
+          t.layout = static_cast<int>((m + k + n) % 3);
           const std::vector<float> w = TestWeights(n, k, &rng);
-          const QuantStorage q = Quantize(w, n, k, f, offset, pick % 2 == 0 ? 0 : 5);
-          const std::vector<float> deq = Dequantized(q.m);
-          const size_t a_stride = k + 3;
-          const std::vector<float> a_buf = test::SymmetricFloats(offset + m * a_stride, 1.0f, &rng);
-          const ConstMatrixView a{a_buf.data() + offset, m, k, static_cast<ptrdiff_t>(a_stride), 1};
-          std::vector<float> c_buf, r_buf;
-          const MatrixView c = MakeC(&c_buf, m, n, layout, offset);
-          const MatrixView r = MakeC(&r_buf, m, n, layout, offset);
-          GemvQuant(a, q.m, c);
-          Gemv(1.0f, a, ConstMatrixView{deq.data(), k, n, 1, static_cast<ptrdiff_t>(k)}, 0.0f, r);
-          const std::string what = f.Name() + " m " + std::to_string(m) + " k " +
-                                   std::to_string(k) + " n " + std::to_string(n);
-          for (size_t e = 0; e < c_buf.size() && GemvQuantOrdersAsGemv(); ++e) {
-            ASSERT_EQ(test::Bits(c_buf[e]), test::Bits(r_buf[e])) << what << " element " << e;
-          }
-          for (size_t i = 0; i < m; ++i) {
-            for (size_t j = 0; j < n; ++j) {
-              double dot = 0.0, abs_sum = 0.0;
-              for (size_t p = 0; p < k; ++p) {
-                const double prod = static_cast<double>(At(a, i, p)) * deq[j * k + p];
-                dot += prod;
-                abs_sum += std::fabs(prod);
-              }
-              const double tol = (2.0 * static_cast<double>(k) + 8.0) * kU * abs_sum + 1e-30;
-              ASSERT_LE(std::fabs(At(c, i, j) - dot), tol) << what << " (" << i << ", " << j << ")";
-            }
-          }
+          t.q = Quantize(w, n, k, f, t.offset, (m + k + n) % 2 == 0 ? 0 : 5);
+          t.deq = Dequantized(t.q.m);
+          t.a_buf = test::SymmetricFloats(t.offset + m * (k + 3), 1.0f, &rng);
+          visit(t);
+          if (::testing::Test::HasFatalFailure()) return;
         }
       }
     }
+  }
+}
+
+// A case's double reference c = a deq^T, [m, n], with Gemv's bound on each element.
+struct GemvQuantReference {
+  uint64_t inputs;
+  std::vector<double> dot, tol;
+};
+
+// The references of the whole sweep, computed once per process (every target's instance checks
+// against them; a fingerprint ties each to its inputs) and apart from the kernels' calls: under
+// qemu with 256-bit SVE the same loops ran over ten times as long interleaved with them, case by
+// case.
+const std::vector<GemvQuantReference>& GemvQuantReferences() {
+  static const std::vector<GemvQuantReference> references = [] {
+    std::vector<GemvQuantReference> refs;
+    ForEachGemvQuantCase([&](const GemvQuantCase& t) {
+      GemvQuantReference r{test::Fingerprint({&t.deq, &t.a_buf}), std::vector<double>(t.m * t.n),
+                           std::vector<double>(t.m * t.n)};
+      const ConstMatrixView a = t.a();
+      for (size_t i = 0; i < t.m; ++i) {
+        for (size_t j = 0; j < t.n; ++j) {
+          double dot = 0.0, abs_sum = 0.0;
+          for (size_t p = 0; p < t.k; ++p) {
+            const double prod = static_cast<double>(At(a, i, p)) * t.deq[j * t.k + p];
+            dot += prod;
+            abs_sum += std::fabs(prod);
+          }
+          r.dot[i * t.n + j] = dot;
+          r.tol[i * t.n + j] = (2.0 * static_cast<double>(t.k) + 8.0) * kU * abs_sum + 1e-30;
+        }
+      }
+      refs.push_back(std::move(r));
+    });
+    return refs;
+  }();
+  return references;
+}
+
+TEST_P(QuantTargetTest, GemvQuantIsGemvOnTheDequantizedWeights) {
+  const std::vector<GemvQuantReference>& references = GemvQuantReferences();
+  size_t index = 0;
+  ForEachGemvQuantCase([&](const GemvQuantCase& t) {
+    ASSERT_LT(index, references.size());
+    const GemvQuantReference& ref = references[index++];
+    const std::string what = t.Name();
+    ASSERT_EQ(ref.inputs, test::Fingerprint({&t.deq, &t.a_buf}))
+        << what << ": not the reference's inputs";
+    const ConstMatrixView a = t.a();
+    std::vector<float> c_buf, r_buf;
+    const MatrixView c = MakeC(&c_buf, t.m, t.n, t.layout, t.offset);
+    const MatrixView r = MakeC(&r_buf, t.m, t.n, t.layout, t.offset);
+    GemvQuant(a, t.q.m, c);
+    Gemv(1.0f, a, ConstMatrixView{t.deq.data(), t.k, t.n, 1, static_cast<ptrdiff_t>(t.k)}, 0.0f, r);
+    for (size_t e = 0; e < c_buf.size() && GemvQuantOrdersAsGemv(); ++e) {
+      ASSERT_EQ(test::Bits(c_buf[e]), test::Bits(r_buf[e])) << what << " element " << e;
+    }
+    for (size_t i = 0; i < t.m; ++i) {
+      for (size_t j = 0; j < t.n; ++j) {
+        ASSERT_LE(std::fabs(At(c, i, j) - ref.dot[i * t.n + j]), ref.tol[i * t.n + j])
+            << what << " (" << i << ", " << j << ")";
+      }
+    }
+  });
+  if (!HasFatalFailure()) {
+    EXPECT_EQ(index, references.size()) << "cases checked";
   }
 }
 
