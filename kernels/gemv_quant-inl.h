@@ -199,25 +199,23 @@ HWY_INLINE void GroupNibbles(DF df, const TileRows<kRows, kCols>& t, const float
   }
 }
 
-// Finishes element (r, j): the lane sum of acc, plus the products over [kv, k) in order (each
-// weight dequantized alone), into *c: Gemv's Finish with alpha 1 and beta 0.
-template <class DF>
-HWY_INLINE void Finish(DF df, hn::Vec<DF> acc, const float* HWY_RESTRICT a, const QuantMatrix& w,
-                       size_t j, size_t kv, float* HWY_RESTRICT c) {
-  float dot = hn::GetLane(hn::SumOfLanes(df, acc));
+// Finishes element (r, j) from `dot`, the lane sum of its accumulator: plus the products over
+// [kv, k) in order (each weight dequantized alone), into *c: Gemv's Finish with alpha 1 and
+// beta 0.
+HWY_INLINE void Finish(float dot, const float* HWY_RESTRICT a, const QuantMatrix& w, size_t j,
+                       size_t kv, float* HWY_RESTRICT c) {
   for (size_t p = kv; p < w.cols; ++p) dot += a[p] * DequantizedWeight(w, j, p);
   *c = dot;
 }
 
-// Finishes row r of a tile (a at a_row): its first kCols elements, c_row[j * c_cs].
+// The lane sums of row r's first kCols accumulators, into dots[0..kCols).
 template <size_t kCols, class DF, class V = hn::Vec<DF>>
-HWY_INLINE void FinishRow(DF df, V s0, V s1, V s2, V s3, const float* a_row, const QuantMatrix& w,
-                          size_t j0, size_t kv, float* c_row, ptrdiff_t c_cs) {
-  Finish(df, s0, a_row, w, j0, kv, c_row);
+HWY_INLINE void LaneSums(DF df, V s0, V s1, V s2, V s3, float* dots) {
+  dots[0] = hn::GetLane(hn::SumOfLanes(df, s0));
   if constexpr (kCols > 1) {
-    Finish(df, s1, a_row, w, j0 + 1, kv, c_row + c_cs);
-    Finish(df, s2, a_row, w, j0 + 2, kv, c_row + 2 * c_cs);
-    Finish(df, s3, a_row, w, j0 + 3, kv, c_row + 3 * c_cs);
+    dots[1] = hn::GetLane(hn::SumOfLanes(df, s1));
+    dots[2] = hn::GetLane(hn::SumOfLanes(df, s2));
+    dots[3] = hn::GetLane(hn::SumOfLanes(df, s3));
   }
 }
 
@@ -290,14 +288,20 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride, c
           s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33);
     }
   }
-  FinishRow<kCols>(df, s00, s01, s02, s03, t.a[0], w, j0, kv, c, c_cs);
-  if constexpr (kRows > 1)
-    FinishRow<kCols>(df, s10, s11, s12, s13, t.a[1], w, j0, kv, c + c_rs, c_cs);
-  if constexpr (kRows > 2) {
-    FinishRow<kCols>(df, s20, s21, s22, s23, t.a[2], w, j0, kv, c + 2 * c_rs, c_cs);
-  }
-  if constexpr (kRows > 3) {
-    FinishRow<kCols>(df, s30, s31, s32, s33, t.a[3], w, j0, kv, c + 3 * c_rs, c_cs);
+  // Every lane sum before the first tail's calls (DequantizedWeight is out of line): a vector
+  // live across a call lives in memory, and GCC 12 then kept it there through the loops above
+  // too (on AVX2 a store-to-load chain per vector: bench/README.md "Quantized weights on AMD
+  // Zen 3").
+  float dots[kRows][kCols];
+  LaneSums<kCols>(df, s00, s01, s02, s03, dots[0]);
+  if constexpr (kRows > 1) LaneSums<kCols>(df, s10, s11, s12, s13, dots[1]);
+  if constexpr (kRows > 2) LaneSums<kCols>(df, s20, s21, s22, s23, dots[2]);
+  if constexpr (kRows > 3) LaneSums<kCols>(df, s30, s31, s32, s33, dots[3]);
+  for (size_t r = 0; r < kRows; ++r) {
+    for (size_t j = 0; j < kCols; ++j) {
+      Finish(dots[r][j], t.a[r], w, j0 + j, kv,
+             c + static_cast<ptrdiff_t>(r) * c_rs + static_cast<ptrdiff_t>(j) * c_cs);
+    }
   }
 }
 
