@@ -327,8 +327,8 @@ HWY_INLINE void ScoreRowsPaired(DF df, const float* HWY_RESTRICT qp,
   const float* HWY_RESTRICT q3 = q2 + (kR > 3 ? hd : 0);
   // The even elements of the four keys, then their odd elements (each a second load of the
   // same words, from L1): four key vectors live at a time instead of eight, which with two
-  // rows' eight accumulators exceeded AVX2's 16 registers and kept two accumulators in memory
-  // (bench/README.md "Decoding on AMD Zen 3"). Each accumulator still adds even, then odd.
+  // rows' eight accumulators exceeded AVX2's 16 registers and kept one accumulator in memory
+  // (bench/README.md "AMD EPYC Zen 3", "Decoding"). Each accumulator still adds even, then odd.
   const hn::Repartition<uint32_t, DF> du;
   const auto words = [&](const uint16_t* HWY_RESTRICT p) {
     return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));

@@ -290,8 +290,8 @@ HWY_NOINLINE void Tile(DF df, const float* HWY_RESTRICT a, ptrdiff_t a_stride, c
   }
   // Every lane sum before the first tail's calls (DequantizedWeight is out of line): a vector
   // live across a call lives in memory, and GCC 12 then kept it there through the loops above
-  // too (on AVX2 a store-to-load chain per vector: bench/README.md "Quantized weights on AMD
-  // Zen 3").
+  // too (on AVX2 a store-to-load chain per vector: bench/README.md "AMD EPYC Zen 3",
+  // "Quantized weights").
   float dots[kRows][kCols];
   LaneSums<kCols>(df, s00, s01, s02, s03, dots[0]);
   if constexpr (kRows > 1) LaneSums<kCols>(df, s10, s11, s12, s13, dots[1]);
