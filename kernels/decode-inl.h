@@ -114,7 +114,9 @@ HWY_INLINE void SumLanes4(DF df, V a0, V a1, V a2, V a3, float* HWY_RESTRICT out
 // Four streams: both kernels split the n cache rows into four equal runs and read them side by
 // side (row i of each run in turn), then the n % 4 remaining rows in order: each stream gets its
 // own hardware prefetcher, and one sequential stream leaves a core well below the read
-// bandwidth (bench/README.md). Each stream also requests its rows kPrefetchBytes ahead.
+// bandwidth (bench/README.md). Each stream also requests its rows kPrefetchBytes ahead
+// (`prefetch`: always for 16-bit and int8 rows, for f32 rows where the CPU's family reads them
+// faster for it: kernels::DecodePrefetchActive, decode.h).
 constexpr size_t kStreams = 4;
 // 512 bytes: 2 f32 or 4 bf16 rows of head_dim 64. A prefetch is a hint and never faults, so
 // running past the end of the cache is harmless.
@@ -215,7 +217,7 @@ template <class Row>
 HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
                        const typename Row::T* HWY_RESTRICT keys, ptrdiff_t key_stride,
                        const float* HWY_RESTRICT key_scales, size_t n, size_t hd,
-                       float* HWY_RESTRICT scores, ptrdiff_t score_stride) {
+                       float* HWY_RESTRICT scores, ptrdiff_t score_stride, bool prefetch) {
   using T = typename Row::T;
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
@@ -229,7 +231,9 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
     const T* k1 = k0 + run_stride;
     const T* k2 = k1 + run_stride;
     const T* k3 = k2 + run_stride;
-    PrefetchStreams(k0, hd * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
+    if (prefetch) {
+      PrefetchStreams(k0, hd * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
+    }
     const float scale[4] = {RowScale<Row>(key_scales, i), RowScale<Row>(key_scales, run + i),
                             RowScale<Row>(key_scales, 2 * run + i),
                             RowScale<Row>(key_scales, 3 * run + i)};
@@ -377,7 +381,8 @@ HWY_INLINE void ScoreRowsPaired(DF df, const float* HWY_RESTRICT qp,
 // that fit QueryPairs' buffer (each block reads the keys again; decode calls have one block).
 HWY_INLINE void ScoresPairedBF16(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
                                  const uint16_t* HWY_RESTRICT keys, ptrdiff_t key_stride, size_t n,
-                                 size_t hd, float* HWY_RESTRICT scores, ptrdiff_t score_stride) {
+                                 size_t hd, float* HWY_RESTRICT scores, ptrdiff_t score_stride,
+                                 bool prefetch) {
   const hn::ScalableTag<float> df;
   HWY_ALIGN float qp[kPairQueryFloats];
   const size_t block = kPairQueryFloats / hd;
@@ -392,8 +397,10 @@ HWY_INLINE void ScoresPairedBF16(const float* HWY_RESTRICT q, size_t rows, ptrdi
       const uint16_t* k1 = k0 + run_stride;
       const uint16_t* k2 = k1 + run_stride;
       const uint16_t* k3 = k2 + run_stride;
-      PrefetchStreams(k0, hd * sizeof(uint16_t),
-                      static_cast<size_t>(run_stride) * sizeof(uint16_t));
+      if (prefetch) {
+        PrefetchStreams(k0, hd * sizeof(uint16_t),
+                        static_cast<size_t>(run_stride) * sizeof(uint16_t));
+      }
       size_t r = 0;
       for (; r + kGroupRows <= nr; r += kGroupRows) {
         ScoreRowsPaired<kGroupRows>(df, qp + r * hd, k0, k1, k2, k3, hd, run,
@@ -579,7 +586,7 @@ template <class Row>
 HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff_t p_stride,
                                const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
                                const float* HWY_RESTRICT value_scales, size_t n, size_t hd,
-                               float* HWY_RESTRICT acc, ptrdiff_t acc_stride) {
+                               float* HWY_RESTRICT acc, ptrdiff_t acc_stride, bool prefetch) {
   using T = typename Row::T;
   const hn::ScalableTag<float> df;
   const size_t N = hn::Lanes(df);
@@ -597,12 +604,12 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
     size_t r = 0;
     for (; r + kGroupRows <= rows; r += kGroupRows) {
       WeightedBlock<Row, kGroupRows>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride,
-                                     values + d, value_stride, n, run, weight, r == 0,
+                                     values + d, value_stride, n, run, weight, prefetch && r == 0,
                                      acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
     }
     for (; r < rows; ++r) {
       WeightedBlock<Row, 1>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride, values + d,
-                            value_stride, n, run, weight, r == 0,
+                            value_stride, n, run, weight, prefetch && r == 0,
                             acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
     }
   }
@@ -645,45 +652,45 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
 // See kernels/decode.h. `type`: 0 f32, 1 bf16, 2 f16, 5 int8 (DType).
 inline void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void* keys,
                            int type, ptrdiff_t key_stride, const float* key_scales, size_t n,
-                           size_t hd, float* scores, ptrdiff_t score_stride) {
+                           size_t hd, float* scores, ptrdiff_t score_stride, bool prefetch) {
   namespace dd = decode_detail;
   if (type == 0) {
     dd::Scores<dd::F32Row>(q, rows, q_stride, static_cast<const float*>(keys), key_stride,
-                           key_scales, n, hd, scores, score_stride);
+                           key_scales, n, hd, scores, score_stride, prefetch);
   } else if (type == 1) {
     if (dd::PairedBF16(hwy::HWY_NAMESPACE::ScalableTag<float>(), hd)) {
       dd::ScoresPairedBF16(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride, n, hd,
-                           scores, score_stride);
+                           scores, score_stride, prefetch);
     } else {
       dd::Scores<dd::BF16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
-                              key_scales, n, hd, scores, score_stride);
+                              key_scales, n, hd, scores, score_stride, prefetch);
     }
   } else if (type == 2) {
     dd::Scores<dd::F16Row>(q, rows, q_stride, static_cast<const uint16_t*>(keys), key_stride,
-                           key_scales, n, hd, scores, score_stride);
+                           key_scales, n, hd, scores, score_stride, prefetch);
   } else {
     dd::Scores<dd::I8Row>(q, rows, q_stride, static_cast<const int8_t*>(keys), key_stride,
-                          key_scales, n, hd, scores, score_stride);
+                          key_scales, n, hd, scores, score_stride, prefetch);
   }
 }
 
 inline void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride,
                                      const void* values, int type, ptrdiff_t value_stride,
                                      const float* value_scales, size_t n, size_t hd, float* acc,
-                                     ptrdiff_t acc_stride) {
+                                     ptrdiff_t acc_stride, bool prefetch) {
   namespace dd = decode_detail;
   if (type == 0) {
     dd::WeightedValues<dd::F32Row>(p, rows, p_stride, static_cast<const float*>(values),
-                                   value_stride, value_scales, n, hd, acc, acc_stride);
+                                   value_stride, value_scales, n, hd, acc, acc_stride, prefetch);
   } else if (type == 1) {
     dd::WeightedValues<dd::BF16Row>(p, rows, p_stride, static_cast<const uint16_t*>(values),
-                                    value_stride, value_scales, n, hd, acc, acc_stride);
+                                    value_stride, value_scales, n, hd, acc, acc_stride, prefetch);
   } else if (type == 2) {
     dd::WeightedValues<dd::F16Row>(p, rows, p_stride, static_cast<const uint16_t*>(values),
-                                   value_stride, value_scales, n, hd, acc, acc_stride);
+                                   value_stride, value_scales, n, hd, acc, acc_stride, prefetch);
   } else {
     dd::WeightedValues<dd::I8Row>(p, rows, p_stride, static_cast<const int8_t*>(values),
-                                  value_stride, value_scales, n, hd, acc, acc_stride);
+                                  value_stride, value_scales, n, hd, acc, acc_stride, prefetch);
   }
 }
 

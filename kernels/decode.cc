@@ -8,12 +8,40 @@
 #include "kernels/decode-inl.h"
 
 #if HWY_ONCE
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
+#include "kernels/cpu_features.h"
 #include "kernels/decode.h"
 
 namespace mha {
 namespace kernels {
+
+namespace {
+std::atomic<DecodePrefetch> g_prefetch{DecodePrefetch::kAuto};
+}  // namespace
+
+void SetDecodePrefetch(DecodePrefetch mode) { g_prefetch.store(mode, std::memory_order_relaxed); }
+
+bool DecodePrefetchOnThisCpu() {
+  static const bool on = [] {
+    if (const char* env = std::getenv("MHA_DECODE_PREFETCH"); env != nullptr && *env != '\0') {
+      if (std::strcmp(env, "on") == 0) return true;
+      if (std::strcmp(env, "off") == 0) return false;
+      std::fprintf(stderr, "mha: MHA_DECODE_PREFETCH=%s: unknown (on, off); ignored\n", env);
+    }
+    return CpuHasAmx();
+  }();
+  return on;
+}
+
+bool DecodePrefetchActive() {
+  const DecodePrefetch mode = g_prefetch.load(std::memory_order_relaxed);
+  return mode == DecodePrefetch::kAuto ? DecodePrefetchOnThisCpu() : mode == DecodePrefetch::kOn;
+}
 
 HWY_EXPORT(QueryKeyScores);
 HWY_EXPORT(AccumulateWeightedValues);
@@ -24,7 +52,7 @@ void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void*
   if (rows == 0 || n == 0) return;
   HWY_DYNAMIC_DISPATCH(QueryKeyScores)
   (q, rows, q_stride, keys, static_cast<int>(type), key_stride, key_scales, n, hd, scores,
-   score_stride);
+   score_stride, type != DType::kF32 || DecodePrefetchActive());
 }
 
 void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, const void* values,
@@ -33,7 +61,7 @@ void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, c
   if (rows == 0 || n == 0 || hd == 0) return;
   HWY_DYNAMIC_DISPATCH(AccumulateWeightedValues)
   (p, rows, p_stride, values, static_cast<int>(type), value_stride, value_scales, n, hd, acc,
-   acc_stride);
+   acc_stride, type != DType::kF32 || DecodePrefetchActive());
 }
 
 void QuantizeRowI8(const float* x, size_t hd, int8_t* codes, float* scale) {

@@ -54,6 +54,25 @@ void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, c
                               DType type, ptrdiff_t value_stride, const float* value_scales,
                               size_t n, size_t hd, float* acc, ptrdiff_t acc_stride);
 
+// Software prefetch of f32 cache rows (the four streams' rows kPrefetchBytes ahead,
+// decode-inl.h) on top of the hardware prefetchers; 16-bit and int8 rows are always prefetched.
+// A hint: the results are bitwise the same either way (tested); only the read rate differs, and
+// by CPU family. Measured (bench/decode_bench BM_DecodePrefetch, bench/README.md "Decode
+// prefetch"): on f32 rows it raised the attention's read rate on the Intel Xeon (AMX) VM and
+// lowered it on the AMD Zen 4 VM, where steps over f32 caches beyond the L3 ran 5-10% faster
+// without it (16-bit and int8 rows: 0-6% faster with it there too). kAuto: this CPU's choice
+// (DecodePrefetchOnThisCpu). Process-wide, for every later kernel call; benchmarks and tests set
+// it, a library user never needs to.
+enum class DecodePrefetch { kAuto, kOff, kOn };
+void SetDecodePrefetch(DecodePrefetch mode);
+// Whether the kernels prefetch now (the setting, kAuto resolved).
+bool DecodePrefetchActive();
+// kAuto's choice: the environment's MHA_DECODE_PREFETCH (on or off; anything else is ignored
+// with a message on stderr), read once; else on where the CPU has AMX (the family it was
+// measured to help: an ISA bit that tells the two families measured apart, never a CPU name),
+// else off.
+bool DecodePrefetchOnThisCpu();
+
 // The int8 rows the kernels above read: symmetric codes of one row of hd f32 values x with one
 // f32 scale, scale = max_d |x_d| / 127 and codes[d] = round_half_even(x_d * (127 / max_d |x_d|))
 // in [-127, 127], so code_d * scale is within scale / 2 (plus the f32 roundings of the two

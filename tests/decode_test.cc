@@ -302,6 +302,42 @@ TEST_P(DecodeTargetTest, QuantizedRowsReadAsCodeTimesScale) {
   }
 }
 
+// The software prefetch (kernels::SetDecodePrefetch) is a hint: on or off, both kernels give the
+// same bits, for every type, row count and a key/value count with and without a tail of n % 4.
+TEST_P(DecodeTargetTest, PrefetchOnOrOffGivesTheSameBits) {
+  std::mt19937 rng(19);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (DType type : kTypes) {
+    for (size_t n : {67, 256}) {
+      for (size_t rows : {1, 4}) {
+        SCOPED_TRACE(::testing::Message() << TypeName(type) << " n " << n << " rows " << rows);
+        const size_t hd = 64, stride = hd + 3;
+        CacheRows rows_kv;
+        MakeRows(type, n, stride, 1, &rng, &rows_kv);
+        std::vector<float> q(rows * hd), p(rows * n);
+        for (float& v : q) v = u(rng);
+        for (float& v : p) v = 0.5f * (u(rng) + 1.0f);
+        std::vector<float> s[2], acc[2];
+        for (int on = 0; on < 2; ++on) {
+          kernels::SetDecodePrefetch(on ? kernels::DecodePrefetch::kOn
+                                        : kernels::DecodePrefetch::kOff);
+          ASSERT_EQ(kernels::DecodePrefetchActive(), on == 1);
+          s[on].assign(rows * n, 0.0f);
+          acc[on].assign(rows * hd, 0.25f);
+          kernels::QueryKeyScores(q.data(), rows, hd, rows_kv.data, type, stride,
+                                  ScalesFrom(rows_kv, 0), n, hd, s[on].data(), n);
+          kernels::AccumulateWeightedValues(p.data(), rows, n, rows_kv.data, type, stride,
+                                            ScalesFrom(rows_kv, 0), n, hd, acc[on].data(), hd);
+        }
+        kernels::SetDecodePrefetch(kernels::DecodePrefetch::kAuto);
+        ASSERT_EQ(kernels::DecodePrefetchActive(), kernels::DecodePrefetchOnThisCpu());
+        ASSERT_EQ(std::memcmp(s[0].data(), s[1].data(), s[0].size() * sizeof(float)), 0);
+        ASSERT_EQ(std::memcmp(acc[0].data(), acc[1].data(), acc[0].size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
 MHA_INSTANTIATE_PER_TARGET(DecodeTargetTest);
 
 // kernels::QuantizeRowI8 (scalar: the same bytes on every target) against its contract computed
