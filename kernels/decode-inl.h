@@ -46,8 +46,8 @@ struct I8Row {
   using T = int8_t;
   template <class DF>
   static HWY_INLINE hn::Vec<DF> Load(DF df, const T* p) {
-    return hn::ConvertTo(df, hn::PromoteTo(hn::Rebind<int32_t, DF>(),
-                                           hn::LoadU(hn::Rebind<int8_t, DF>(), p)));
+    return hn::ConvertTo(
+        df, hn::PromoteTo(hn::Rebind<int32_t, DF>(), hn::LoadU(hn::Rebind<int8_t, DF>(), p)));
   }
   static HWY_INLINE float Scalar(T x) { return static_cast<float>(x); }
 };
@@ -567,6 +567,99 @@ HWY_INLINE void WeightedRowsPaired(DF df, const float* HWY_RESTRICT pr, ptrdiff_
   }
 }
 
+// One row's columns [d, d + 8N) in one pass (WeightedRows' order of value rows and the same
+// multiply-add per element): below AVX-512 a head_dim-64 f32 row is 8 vectors, and four-vector
+// blocks would read each value row in two passes, the second over half of every row's cache
+// lines (bench/README.md "Decode on AVX2: one pass over the values"). a: the 8N accumulators in
+// the order `step` keeps them; step(v, w, a0..a7) adds w times the 8N values at v.
+template <class T, class DF, class Weight, class Step>
+HWY_INLINE void WeightedPass8(DF df, const float* HWY_RESTRICT pr, const T* HWY_RESTRICT values,
+                              ptrdiff_t value_stride, size_t n, size_t run, const Weight& weight,
+                              bool prefetch, float* HWY_RESTRICT a, const Step& step) {
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
+  const size_t tail = kStreams * run;
+  V a0 = hn::LoadU(df, a), a1 = hn::LoadU(df, a + N), a2 = hn::LoadU(df, a + 2 * N);
+  V a3 = hn::LoadU(df, a + 3 * N), a4 = hn::LoadU(df, a + 4 * N);
+  V a5 = hn::LoadU(df, a + 5 * N), a6 = hn::LoadU(df, a + 6 * N);
+  V a7 = hn::LoadU(df, a + 7 * N);
+  const auto row = [&](const T* HWY_RESTRICT v, size_t j) {
+    step(v, hn::Set(df, weight(pr, j)), a0, a1, a2, a3, a4, a5, a6, a7);
+  };
+  const T* v = values;
+  for (size_t i = 0; i < run; ++i, v += value_stride) {
+    if (prefetch) {
+      PrefetchStreams(v, 8 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
+    }
+    for (size_t s = 0; s < kStreams; ++s)
+      row(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
+  }
+  v = values + static_cast<ptrdiff_t>(tail) * value_stride;
+  for (size_t j = tail; j < n; ++j, v += value_stride) row(v, j);
+  hn::StoreU(a0, df, a);
+  hn::StoreU(a1, df, a + N);
+  hn::StoreU(a2, df, a + 2 * N);
+  hn::StoreU(a3, df, a + 3 * N);
+  hn::StoreU(a4, df, a + 4 * N);
+  hn::StoreU(a5, df, a + 5 * N);
+  hn::StoreU(a6, df, a + 6 * N);
+  hn::StoreU(a7, df, a + 7 * N);
+}
+
+// WeightedPass8 over rows widened by Row::Load, accumulating in place in ar.
+template <class Row, class DF, class Weight>
+HWY_INLINE void WeightedRow8(DF df, const float* HWY_RESTRICT pr,
+                             const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
+                             size_t n, size_t run, const Weight& weight, bool prefetch,
+                             float* HWY_RESTRICT ar) {
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  WeightedPass8(df, pr, values, value_stride, n, run, weight, prefetch, ar,
+                [&](const typename Row::T* HWY_RESTRICT v, V w, V& a0, V& a1, V& a2, V& a3, V& a4,
+                    V& a5, V& a6, V& a7) {
+                  MulAdd4(w, Row::Load(df, v), Row::Load(df, v + N), Row::Load(df, v + 2 * N),
+                          Row::Load(df, v + 3 * N), a0, a1, a2, a3);
+                  MulAdd4(w, Row::Load(df, v + 4 * N), Row::Load(df, v + 5 * N),
+                          Row::Load(df, v + 6 * N), Row::Load(df, v + 7 * N), a4, a5, a6, a7);
+                });
+}
+
+// WeightedPass8 over bf16 values read as pairs (LoadPairs), on ar split as WeightedRowsPaired
+// splits its rows (per 2N block: its even, then its odd columns) and merged back on exit.
+template <class DF, class Weight>
+HWY_INLINE void WeightedRowPaired8(DF df, const float* HWY_RESTRICT pr,
+                                   const uint16_t* HWY_RESTRICT values, ptrdiff_t value_stride,
+                                   size_t n, size_t run, const Weight& weight, bool prefetch,
+                                   float* HWY_RESTRICT ar) {
+  using V = hn::Vec<DF>;
+  const size_t N = hn::Lanes(df);
+  HWY_ALIGN float split[8 * hn::MaxLanes(df)];
+  for (size_t b = 0; b < 8 * N; b += 2 * N) {
+    for (size_t i = 0; i < N; ++i) {
+      split[b + i] = ar[b + 2 * i];
+      split[b + N + i] = ar[b + 2 * i + 1];
+    }
+  }
+  WeightedPass8(df, pr, values, value_stride, n, run, weight, prefetch, split,
+                [&](const uint16_t* HWY_RESTRICT v, V w, V& a0, V& a1, V& a2, V& a3, V& a4, V& a5,
+                    V& a6, V& a7) {
+                  V e0, o0, e1, o1;
+                  LoadPairs(df, v, e0, o0);
+                  LoadPairs(df, v + 2 * N, e1, o1);
+                  MulAdd4(w, e0, o0, e1, o1, a0, a1, a2, a3);
+                  LoadPairs(df, v + 4 * N, e0, o0);
+                  LoadPairs(df, v + 6 * N, e1, o1);
+                  MulAdd4(w, e0, o0, e1, o1, a4, a5, a6, a7);
+                });
+  for (size_t b = 0; b < 8 * N; b += 2 * N) {
+    for (size_t i = 0; i < N; ++i) {
+      ar[b + 2 * i] = split[b + i];
+      ar[b + 2 * i + 1] = split[b + N + i];
+    }
+  }
+}
+
 // The four-vector column blocks of WeightedValues: bf16 rows as pairs, the others widened.
 template <class Row, size_t kR, class DF, class Weight>
 HWY_INLINE void WeightedBlock(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
@@ -597,10 +690,21 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
   auto weight = [value_scales](const float* pr, size_t j) {
     return pr[j] * RowScale<Row>(value_scales, j);
   };
+  // One row: blocks of eight vectors first (WeightedRow8, bf16 rows as pairs).
+  size_t d0 = 0;
+  if (rows == 1) {
+    for (; d0 + 8 * N <= hd; d0 += 8 * N) {
+      if constexpr (std::is_same<Row, BF16Row>::value) {
+        WeightedRowPaired8(df, p, values + d0, value_stride, n, run, weight, prefetch, acc + d0);
+      } else {
+        WeightedRow8<Row>(df, p, values + d0, value_stride, n, run, weight, prefetch, acc + d0);
+      }
+    }
+  }
   // Output columns in blocks of four vectors, kGroupRows rows per pass (WeightedRows), in the
   // order i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
-  const size_t d4 = hd / (4 * N) * (4 * N);
-  for (size_t d = 0; d < d4; d += 4 * N) {
+  const size_t d4 = d0 + (hd - d0) / (4 * N) * (4 * N);
+  for (size_t d = d0; d < d4; d += 4 * N) {
     size_t r = 0;
     for (; r + kGroupRows <= rows; r += kGroupRows) {
       WeightedBlock<Row, kGroupRows>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride,
