@@ -65,7 +65,7 @@ void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, c
 // it, a library user never needs to.
 enum class DecodePrefetch { kAuto, kOff, kOn };
 void SetDecodePrefetch(DecodePrefetch mode);
-// Whether the kernels prefetch now (the setting, kAuto resolved).
+// Whether the kernels prefetch f32 rows now (the setting, kAuto resolved).
 bool DecodePrefetchActive();
 // kAuto's choice: the environment's MHA_DECODE_PREFETCH (on or off; anything else is ignored
 // with a message on stderr), read once; else on where the CPU has AMX (the family it was
