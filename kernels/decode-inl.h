@@ -425,12 +425,12 @@ HWY_INLINE void ScoresPairedBF16(const float* HWY_RESTRICT q, size_t rows, ptrdi
 
 // acc rows [r, r + kR) (row i at ar + i * acc_stride, weights at pr + i * p_stride), output
 // columns [d, d + 4N): += sum_j weight_j v_j over the n rows in WeightedValues' order, each value
-// vector loaded once for the kR rows. prefetch: request the streams ahead (the first pass over
-// this block of columns streams V from memory; later passes find it in cache).
+// vector loaded once for the kR rows. prefetch_bytes: of each stream's row from this block's first
+// column on, the bytes to request ahead (0: none).
 template <class Row, size_t kR, class DF, class Weight>
 HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
                              const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
-                             size_t n, size_t run, const Weight& weight, bool prefetch,
+                             size_t n, size_t run, const Weight& weight, size_t prefetch_bytes,
                              float* HWY_RESTRICT ar, ptrdiff_t acc_stride) {
   using T = typename Row::T;
   using V = hn::Vec<DF>;
@@ -471,8 +471,9 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
   // Rows i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
   const T* v = values;
   for (size_t i = 0; i < run; ++i, v += value_stride) {
-    if (prefetch)
-      PrefetchStreams(v, 4 * N * sizeof(T), static_cast<size_t>(run_stride) * sizeof(T));
+    if (prefetch_bytes != 0) {
+      PrefetchStreams(v, prefetch_bytes, static_cast<size_t>(run_stride) * sizeof(T));
+    }
     for (size_t s = 0; s < kStreams; ++s)
       step(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
   }
@@ -498,8 +499,9 @@ HWY_INLINE void WeightedRows(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_st
 template <size_t kR, class DF, class Weight>
 HWY_INLINE void WeightedRowsPaired(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
                                    const uint16_t* HWY_RESTRICT values, ptrdiff_t value_stride,
-                                   size_t n, size_t run, const Weight& weight, bool prefetch,
-                                   float* HWY_RESTRICT ar, ptrdiff_t acc_stride) {
+                                   size_t n, size_t run, const Weight& weight,
+                                   size_t prefetch_bytes, float* HWY_RESTRICT ar,
+                                   ptrdiff_t acc_stride) {
   using V = hn::Vec<DF>;
   const size_t N = hn::Lanes(df);
   const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
@@ -537,9 +539,8 @@ HWY_INLINE void WeightedRowsPaired(DF df, const float* HWY_RESTRICT pr, ptrdiff_
   };
   const uint16_t* v = values;
   for (size_t i = 0; i < run; ++i, v += value_stride) {
-    if (prefetch) {
-      PrefetchStreams(v, 4 * N * sizeof(uint16_t),
-                      static_cast<size_t>(run_stride) * sizeof(uint16_t));
+    if (prefetch_bytes != 0) {
+      PrefetchStreams(v, prefetch_bytes, static_cast<size_t>(run_stride) * sizeof(uint16_t));
     }
     for (size_t s = 0; s < kStreams; ++s)
       step(v + static_cast<ptrdiff_t>(s) * run_stride, s * run + i);
@@ -664,14 +665,14 @@ HWY_INLINE void WeightedRowPaired8(DF df, const float* HWY_RESTRICT pr,
 template <class Row, size_t kR, class DF, class Weight>
 HWY_INLINE void WeightedBlock(DF df, const float* HWY_RESTRICT pr, ptrdiff_t p_stride,
                               const typename Row::T* HWY_RESTRICT values, ptrdiff_t value_stride,
-                              size_t n, size_t run, const Weight& weight, bool prefetch,
+                              size_t n, size_t run, const Weight& weight, size_t prefetch_bytes,
                               float* HWY_RESTRICT ar, ptrdiff_t acc_stride) {
   if constexpr (std::is_same<Row, BF16Row>::value) {
-    WeightedRowsPaired<kR>(df, pr, p_stride, values, value_stride, n, run, weight, prefetch, ar,
-                           acc_stride);
+    WeightedRowsPaired<kR>(df, pr, p_stride, values, value_stride, n, run, weight, prefetch_bytes,
+                           ar, acc_stride);
   } else {
-    WeightedRows<Row, kR>(df, pr, p_stride, values, value_stride, n, run, weight, prefetch, ar,
-                          acc_stride);
+    WeightedRows<Row, kR>(df, pr, p_stride, values, value_stride, n, run, weight, prefetch_bytes,
+                          ar, acc_stride);
   }
 }
 
@@ -705,15 +706,20 @@ HWY_INLINE void WeightedValues(const float* HWY_RESTRICT p, size_t rows, ptrdiff
   // order i, run + i, 2 run + i, 3 run + i for i < run, then tail, tail + 1, ..., n - 1.
   const size_t d4 = d0 + (hd - d0) / (4 * N) * (4 * N);
   for (size_t d = d0; d < d4; d += 4 * N) {
+    // The walk of the first rows over the values requests each row ahead from this block's first
+    // column to the row's end, not only this block's columns: below AVX-512 a bf16 or int8 row of
+    // head_dim 64 is two blocks, and the lines of the second then come from memory with the
+    // first's (bench/README.md "Decode on AVX2: one pass over the values").
+    const size_t ahead = prefetch ? (hd - d) * sizeof(T) : 0;
     size_t r = 0;
     for (; r + kGroupRows <= rows; r += kGroupRows) {
       WeightedBlock<Row, kGroupRows>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride,
-                                     values + d, value_stride, n, run, weight, prefetch && r == 0,
+                                     values + d, value_stride, n, run, weight, r == 0 ? ahead : 0,
                                      acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
     }
     for (; r < rows; ++r) {
       WeightedBlock<Row, 1>(df, p + static_cast<ptrdiff_t>(r) * p_stride, p_stride, values + d,
-                            value_stride, n, run, weight, prefetch && r == 0,
+                            value_stride, n, run, weight, r == 0 ? ahead : 0,
                             acc + static_cast<ptrdiff_t>(r) * acc_stride + d, acc_stride);
     }
   }
