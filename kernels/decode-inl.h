@@ -270,14 +270,14 @@ HWY_INLINE void Scores(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_str
 // widen with one shift (the low half moved up), the odd ones with one mask (the high half kept):
 // one instruction per N elements instead of a zero-extension and a shift, which bound the scores
 // of grouped-query decoding (four query rows per key; bench/kernels_bench BM_DecodeKernel). The
-// query rows are split into the same even/odd order once per call (QueryPairs).
+// query rows are split into the same even/odd order once per call (SplitPairs).
 //
-// Rows of a pass of QueryPairs' buffer: a row of hd floats is, per block of 2N elements, its N
+// Rows of a pass of SplitPairs' buffer: a row of hd floats is, per block of 2N elements, its N
 // even then its N odd elements.
 constexpr size_t kPairQueryFloats = 4096;  // 16 KiB on the stack
 
 // Whether a score of hd elements takes the paired path: hd a whole number of 2N blocks, and one
-// row fits QueryPairs' buffer. Depends on hd and the target only, so a score's operations do
+// row fits SplitPairs' buffer. Depends on hd and the target only, so a score's operations do
 // not depend on the call's rows.
 template <class DF>
 HWY_INLINE bool PairedBF16(DF df, size_t hd) {
@@ -285,19 +285,37 @@ HWY_INLINE bool PairedBF16(DF df, size_t hd) {
   return hd >= N2 && hd % N2 == 0 && hd <= kPairQueryFloats;
 }
 
-// dst[r * hd + ...] = rows [0, rows) of q in the paired order.
+// dst[r * hd + ...] = rows [0, rows) of src (row r at src + r * src_stride) in the paired order
+// (hd a multiple of 2N): the query rows of the bf16 scores, the accumulators of the bf16 sums.
 template <class DF>
-HWY_INLINE void QueryPairs(DF df, const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
+HWY_INLINE void SplitPairs(DF df, const float* HWY_RESTRICT src, size_t rows, ptrdiff_t src_stride,
                            size_t hd, float* HWY_RESTRICT dst) {
   const size_t N = hn::Lanes(df);
   for (size_t r = 0; r < rows; ++r) {
-    const float* qr = q + static_cast<ptrdiff_t>(r) * q_stride;
+    const float* sr = src + static_cast<ptrdiff_t>(r) * src_stride;
     float* dr = dst + r * hd;
     // Scalar: once per call, and portable to targets without ConcatEven (HWY_SCALAR).
     for (size_t d = 0; d < hd; d += 2 * N) {
       for (size_t i = 0; i < N; ++i) {
-        dr[d + i] = qr[d + 2 * i];
-        dr[d + N + i] = qr[d + 2 * i + 1];
+        dr[d + i] = sr[d + 2 * i];
+        dr[d + N + i] = sr[d + 2 * i + 1];
+      }
+    }
+  }
+}
+
+// The inverse of SplitPairs: rows of hd paired floats at src back into dst's natural order.
+template <class DF>
+HWY_INLINE void MergePairs(DF df, const float* HWY_RESTRICT src, size_t rows, size_t hd,
+                           float* HWY_RESTRICT dst, ptrdiff_t dst_stride) {
+  const size_t N = hn::Lanes(df);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* sr = src + r * hd;
+    float* dr = dst + static_cast<ptrdiff_t>(r) * dst_stride;
+    for (size_t d = 0; d < hd; d += 2 * N) {
+      for (size_t i = 0; i < N; ++i) {
+        dr[d + 2 * i] = sr[d + i];
+        dr[d + 2 * i + 1] = sr[d + N + i];
       }
     }
   }
@@ -313,7 +331,7 @@ HWY_INLINE void LoadPairs(DF df, const uint16_t* HWY_RESTRICT p, hn::Vec<DF>& ev
   odd = hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u)));
 }
 
-// ScoreRows over bf16 keys in pairs: qp = kR rows of QueryPairs' buffer (row stride hd).
+// ScoreRows over bf16 keys in pairs: qp = kR rows of SplitPairs' buffer (row stride hd).
 template <size_t kR, class DF>
 HWY_INLINE void ScoreRowsPaired(DF df, const float* HWY_RESTRICT qp,
                                 const uint16_t* HWY_RESTRICT k0, const uint16_t* HWY_RESTRICT k1,
@@ -378,7 +396,7 @@ HWY_INLINE void ScoreRowsPaired(DF df, const float* HWY_RESTRICT qp,
 }
 
 // Scores over bf16 keys when PairedBF16(hd): Scores' order of keys and rows, the rows in blocks
-// that fit QueryPairs' buffer (each block reads the keys again; decode calls have one block).
+// that fit SplitPairs' buffer (each block reads the keys again; decode calls have one block).
 HWY_INLINE void ScoresPairedBF16(const float* HWY_RESTRICT q, size_t rows, ptrdiff_t q_stride,
                                  const uint16_t* HWY_RESTRICT keys, ptrdiff_t key_stride, size_t n,
                                  size_t hd, float* HWY_RESTRICT scores, ptrdiff_t score_stride,
@@ -390,7 +408,7 @@ HWY_INLINE void ScoresPairedBF16(const float* HWY_RESTRICT q, size_t rows, ptrdi
   const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * key_stride;
   for (size_t r0 = 0; r0 < rows; r0 += block) {
     const size_t nr = std::min(block, rows - r0);
-    QueryPairs(df, q + static_cast<ptrdiff_t>(r0) * q_stride, nr, q_stride, hd, qp);
+    SplitPairs(df, q + static_cast<ptrdiff_t>(r0) * q_stride, nr, q_stride, hd, qp);
     float* sb = scores + static_cast<ptrdiff_t>(r0) * score_stride;
     for (size_t i = 0; i < run; ++i) {
       const uint16_t* k0 = keys + static_cast<ptrdiff_t>(i) * key_stride;
@@ -506,17 +524,9 @@ HWY_INLINE void WeightedRowsPaired(DF df, const float* HWY_RESTRICT pr, ptrdiff_
   const size_t N = hn::Lanes(df);
   const ptrdiff_t run_stride = static_cast<ptrdiff_t>(run) * value_stride;
   const size_t tail = kStreams * run;
-  const auto row = [&](size_t r) { return ar + static_cast<ptrdiff_t>(r) * acc_stride; };
   // Row r's 4N accumulators, split: [even, odd] of each 2N block (at most 4 rows of 4 vectors).
   HWY_ALIGN float split[4 * 4 * hn::MaxLanes(df)];
-  for (size_t r = 0; r < kR; ++r) {
-    for (size_t b = 0; b < 4 * N; b += 2 * N) {
-      for (size_t i = 0; i < N; ++i) {
-        split[r * 4 * N + b + i] = row(r)[b + 2 * i];
-        split[r * 4 * N + b + N + i] = row(r)[b + 2 * i + 1];
-      }
-    }
-  }
+  SplitPairs(df, ar, kR, acc_stride, 4 * N, split);
   const auto at = [&](size_t r, size_t v) { return hn::Load(df, split + r * 4 * N + v * N); };
   V x00 = at(0, 0), x01 = at(0, 1), x02 = at(0, 2), x03 = at(0, 3);
   V x10 = x00, x11 = x00, x12 = x00, x13 = x00, x20 = x00, x21 = x00, x22 = x00, x23 = x00;
@@ -558,14 +568,7 @@ HWY_INLINE void WeightedRowsPaired(DF df, const float* HWY_RESTRICT pr, ptrdiff_
   if constexpr (kR > 1) put(1, x10, x11, x12, x13);
   if constexpr (kR > 2) put(2, x20, x21, x22, x23);
   if constexpr (kR > 3) put(3, x30, x31, x32, x33);
-  for (size_t r = 0; r < kR; ++r) {
-    for (size_t b = 0; b < 4 * N; b += 2 * N) {
-      for (size_t i = 0; i < N; ++i) {
-        row(r)[b + 2 * i] = split[r * 4 * N + b + i];
-        row(r)[b + 2 * i + 1] = split[r * 4 * N + b + N + i];
-      }
-    }
-  }
+  MergePairs(df, split, kR, 4 * N, ar, acc_stride);
 }
 
 // One row's columns [d, d + 8N) in one pass (WeightedRows' order of value rows and the same
@@ -636,12 +639,7 @@ HWY_INLINE void WeightedRowPaired8(DF df, const float* HWY_RESTRICT pr,
   using V = hn::Vec<DF>;
   const size_t N = hn::Lanes(df);
   HWY_ALIGN float split[8 * hn::MaxLanes(df)];
-  for (size_t b = 0; b < 8 * N; b += 2 * N) {
-    for (size_t i = 0; i < N; ++i) {
-      split[b + i] = ar[b + 2 * i];
-      split[b + N + i] = ar[b + 2 * i + 1];
-    }
-  }
+  SplitPairs(df, ar, 1, 0, 8 * N, split);
   WeightedPass8(df, pr, values, value_stride, n, run, weight, prefetch, split,
                 [&](const uint16_t* HWY_RESTRICT v, V w, V& a0, V& a1, V& a2, V& a3, V& a4, V& a5,
                     V& a6, V& a7) {
@@ -653,12 +651,7 @@ HWY_INLINE void WeightedRowPaired8(DF df, const float* HWY_RESTRICT pr,
                   LoadPairs(df, v + 6 * N, e1, o1);
                   MulAdd4(w, e0, o0, e1, o1, a4, a5, a6, a7);
                 });
-  for (size_t b = 0; b < 8 * N; b += 2 * N) {
-    for (size_t i = 0; i < N; ++i) {
-      ar[b + 2 * i] = split[b + i];
-      ar[b + 2 * i + 1] = split[b + N + i];
-    }
-  }
+  MergePairs(df, split, 1, 8 * N, ar, 0);
 }
 
 // The four-vector column blocks of WeightedValues: bf16 rows as pairs, the others widened.

@@ -43,6 +43,11 @@ bool DecodePrefetchActive() {
   return mode == DecodePrefetch::kAuto ? DecodePrefetchOnThisCpu() : mode == DecodePrefetch::kOn;
 }
 
+namespace {
+// Whether the kernels prefetch rows of `type`: f32 rows as the setting says, the others always.
+bool PrefetchRows(DType type) { return type != DType::kF32 || DecodePrefetchActive(); }
+}  // namespace
+
 HWY_EXPORT(QueryKeyScores);
 HWY_EXPORT(AccumulateWeightedValues);
 
@@ -52,7 +57,7 @@ void QueryKeyScores(const float* q, size_t rows, ptrdiff_t q_stride, const void*
   if (rows == 0 || n == 0) return;
   HWY_DYNAMIC_DISPATCH(QueryKeyScores)
   (q, rows, q_stride, keys, static_cast<int>(type), key_stride, key_scales, n, hd, scores,
-   score_stride, type != DType::kF32 || DecodePrefetchActive());
+   score_stride, PrefetchRows(type));
 }
 
 void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, const void* values,
@@ -61,7 +66,7 @@ void AccumulateWeightedValues(const float* p, size_t rows, ptrdiff_t p_stride, c
   if (rows == 0 || n == 0 || hd == 0) return;
   HWY_DYNAMIC_DISPATCH(AccumulateWeightedValues)
   (p, rows, p_stride, values, static_cast<int>(type), value_stride, value_scales, n, hd, acc,
-   acc_stride, type != DType::kF32 || DecodePrefetchActive());
+   acc_stride, PrefetchRows(type));
 }
 
 void QuantizeRowI8(const float* x, size_t hd, int8_t* codes, float* scale) {
