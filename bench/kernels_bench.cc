@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "kernels/decode.h"
+#include "kernels/decode_int8.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_bf16.h"
@@ -296,6 +297,42 @@ void BM_DecodeKernel(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 BENCHMARK(BM_DecodeKernel)->ArgsProduct({{0, 1, 2, 3}, {1, 4}, {0, 1}});
+
+// The int8 dot-product decode kernels (kernels/decode_int8.h) on BM_DecodeKernel's int8 block,
+// to set beside its f32-arithmetic int8 rows. Arguments: kernel (0 portable, 1 AVX512_VNNI:
+// skipped where the CPU lacks it), query rows, product (0 scores, 1 weighted sum).
+void BM_DecodeDotKernel(benchmark::State& state) {
+  const kernels::DecodeDotKernel kernel =
+      state.range(0) == 0 ? kernels::DecodeDotKernel::kPortable : kernels::DecodeDotKernel::kAvx512Vnni;
+  if (!kernels::DecodeDotKernelAvailable(kernel)) {
+    state.SkipWithError("kernel not available on this CPU");
+    return;
+  }
+  const size_t rows = static_cast<size_t>(state.range(1));
+  const bool values = state.range(2) != 0;
+  constexpr size_t n = 2048, hd = 64;
+  state.SetLabel(std::string(kernels::DecodeDotKernelName(kernel)) + (values ? " P V" : " q K^T"));
+  const std::vector<float> src = RandomFloats(n * hd, -1.0f, 1.0f, 11);
+  std::vector<int8_t> cache(n * hd);
+  for (size_t i = 0; i < src.size(); ++i) cache[i] = static_cast<int8_t>(std::lround(src[i] * 127));
+  std::vector<float> scales(n, 1.0f / 127);
+  const std::vector<float> q = RandomFloats(rows * hd, -1.0f, 1.0f, 12);
+  std::vector<float> p = RandomFloats(rows * n, 0.0f, 1.0f / n, 13);
+  std::vector<float> out(rows * std::max(n, hd));
+  for (auto _ : state) {
+    if (values) {
+      kernels::AccumulateWeightedValuesDot(kernel, p.data(), rows, n, cache.data(), hd,
+                                           scales.data(), n, hd, out.data(), hd);
+    } else {
+      kernels::QueryKeyScoresDot(kernel, q.data(), rows, hd, cache.data(), hd, scales.data(), n,
+                                 hd, out.data(), n);
+    }
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * (n * hd + n * sizeof(float))));
+}
+BENCHMARK(BM_DecodeDotKernel)->ArgsProduct({{0, 1}, {1, 4}, {0, 1}});
 
 // The int8-activation decode product (kernels/gemv_int8.h): one row of quantized activations
 // (k 4096) times quantized weights on one thread, weights of 1 MiB (L2-resident: the kernel's

@@ -49,6 +49,16 @@ Status ToCacheOptions(const mha_layer* layer, const mha_kv_cache_options* option
     return InvalidArgument("options->ring: expected 0 or 1, got " + std::to_string(options->ring));
   }
   out->ring = options->ring != 0;
+  if (options->int8_attention != 0 && options->int8_attention != 1) {
+    return InvalidArgument("options->int8_attention: expected 0 or 1, got " +
+                           std::to_string(options->int8_attention));
+  }
+  if (options->int8_attention == 1 && dtype != MHA_DTYPE_I8) {
+    return InvalidArgument(
+        "options->int8_attention: expected options->dtype MHA_DTYPE_I8 (5), got " +
+        std::to_string(dtype));
+  }
+  out->int8_attention = options->int8_attention != 0;
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/decode.h"
+#include "kernels/decode_int8.h"
 #include "kernels/elementwise.h"
 #include "kernels/softmax.h"
 #include "runtime/forward_plan.h"
@@ -57,6 +58,13 @@ void KeyScores(const CacheReads& r, const float* q, size_t rows, ptrdiff_t q_str
   const CacheStorage& c = r.cache;
   const size_t hd = static_cast<size_t>(c.head_dim);
   c.ForEachRun(n, g, a, b, [&](int64_t row, int64_t offset, int64_t run) {
+    if (c.int8_dot) {
+      kernels::QueryKeyScoresDot(kernels::DecodeDotKernel::kAuto, q, rows, q_stride,
+                                 reinterpret_cast<const int8_t*>(c.KeyRow(row)), c.head_dim,
+                                 c.KeyScale(row), static_cast<size_t>(run), hd, scores + offset,
+                                 score_stride);
+      return;
+    }
     kernels::QueryKeyScores(q, rows, q_stride, c.KeyRow(row), c.dtype, c.head_dim, c.KeyScale(row),
                             static_cast<size_t>(run), hd, scores + offset, score_stride);
   });
@@ -68,6 +76,13 @@ void WeightedValues(const CacheReads& r, const float* p, size_t rows, ptrdiff_t 
   const CacheStorage& c = r.cache;
   const size_t hd = static_cast<size_t>(c.head_dim);
   c.ForEachRun(n, g, a, b, [&](int64_t row, int64_t offset, int64_t run) {
+    if (c.int8_dot) {
+      kernels::AccumulateWeightedValuesDot(kernels::DecodeDotKernel::kAuto, p + offset, rows,
+                                           p_stride, reinterpret_cast<const int8_t*>(c.ValueRow(row)),
+                                           c.head_dim, c.ValueScale(row), static_cast<size_t>(run),
+                                           hd, acc, acc_stride);
+      return;
+    }
     kernels::AccumulateWeightedValues(p + offset, rows, p_stride, c.ValueRow(row), c.dtype,
                                       c.head_dim, c.ValueScale(row), static_cast<size_t>(run), hd,
                                       acc, acc_stride);

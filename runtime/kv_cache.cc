@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/decode.h"
+#include "kernels/decode_int8.h"
 #include "kernels/elementwise.h"
 #include "runtime/attention_impl.h"
 #include "runtime/context_internal.h"
@@ -167,6 +168,15 @@ Status KvCache::RequiredBytes(const KvCacheOptions& o, size_t* bytes) {
     return InvalidArgument(std::string(op) + "dtype: expected f32, bf16, f16 or i8, got " +
                            DTypeName(o.dtype));
   }
+  if (o.int8_attention && o.dtype != DType::kI8) {
+    return InvalidArgument(std::string(op) + "int8_attention: expected dtype i8, got " +
+                           DTypeName(o.dtype));
+  }
+  if (o.int8_attention && o.head_dim > static_cast<int64_t>(kernels::kDotMaxHeadDim)) {
+    return InvalidArgument(std::string(op) + "int8_attention: expected head_dim <= " +
+                           Str(static_cast<int64_t>(kernels::kDotMaxHeadDim)) + ", got " +
+                           Str(o.head_dim));
+  }
   // K and V: 2 * batch * kv_heads * capacity * head_dim elements, kept below 2^62 bytes.
   const double total = 2.0 * static_cast<double>(o.batch) * static_cast<double>(o.num_kv_heads) *
                        static_cast<double>(o.capacity) * static_cast<double>(o.head_dim) *
@@ -212,6 +222,7 @@ Status KvCache::Create(const KvCacheOptions& o, std::unique_ptr<KvCache>* out) {
   st.head_dim = o.head_dim;
   st.capacity = o.capacity;
   st.ring = o.ring;
+  st.int8_dot = o.int8_attention;
   uint8_t* base = static_cast<uint8_t*>(o.buffer);
   if (base == nullptr) {
     c->owned = AllocateLargeBuffer(bytes);

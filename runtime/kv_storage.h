@@ -24,6 +24,7 @@ struct CacheStorage {
   DType dtype = DType::kF32;
   int64_t kv_heads = 0, head_dim = 0, capacity = 0;
   bool ring = false;
+  bool int8_dot = false;  // KvCacheOptions::int8_attention: kernels/decode_int8.h reads the rows
 
   // The slot (row within its (entry, kv head) block) of position `pos`.
   int64_t Slot(int64_t pos) const { return ring ? pos % capacity : pos; }

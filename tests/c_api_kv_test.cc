@@ -54,6 +54,7 @@ struct Fixture {
   std::vector<float> wq, wk, wv, bias, wo, bo, x, sinks;
   mha_layer* layer = nullptr;
   mha_context* ctx = nullptr;
+  bool int8_attention = false;  // the caches' (C and C++) int8_attention option
 
   Fixture(int64_t e, int64_t h, int64_t kvh, int64_t n, int64_t s, uint32_t seed,
           const Variant& variant = Variant())
@@ -123,6 +124,7 @@ struct Fixture {
     o.capacity = capacity;
     o.dtype = dtype;
     o.ring = ring ? 1 : 0;
+    o.int8_attention = int8_attention ? 1 : 0;
     return o;
   }
 
@@ -140,6 +142,7 @@ struct Fixture {
     std::unique_ptr<KvCache> cache;
     KvCacheOptions o = KvCacheOptions::ForLayer(cpp(), N, capacity, static_cast<DType>(dtype));
     o.ring = ring;
+    o.int8_attention = int8_attention;
     EXPECT_TRUE(KvCache::Create(o, &cache).ok());
     return cache;
   }
@@ -299,6 +302,30 @@ TEST(CApiKvCacheTest, SixteenBitAndInt8Caches) {
   CheckDecode(f, MHA_DTYPE_BF16, PrefillThenDecode(f.S, 5));
   CheckDecode(f, MHA_DTYPE_F16, PrefillThenDecode(f.S, 5));
   CheckDecode(f, MHA_DTYPE_I8, PrefillThenDecode(f.S, 5));
+}
+
+// int8 storage with integer dot products (options.int8_attention): the C API gives the C++
+// cache's bits; the option's errors name it.
+TEST(CApiKvCacheTest, Int8AttentionCaches) {
+  Fixture f(32, 4, 2, 2, 40, 4);
+  f.int8_attention = true;
+  CheckDecode(f, MHA_DTYPE_I8, PrefillThenDecode(f.S, 5));
+  CheckDecode(f, MHA_DTYPE_I8, PrefillThenDecode(f.S, 0));
+  mha_kv_cache* cache = nullptr;
+  mha_kv_cache_options o = f.Options(MHA_DTYPE_BF16, 8);
+  EXPECT_EQ(mha_kv_cache_create(f.layer, &o, &cache), MHA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mha_last_error_message())
+                .find("options->int8_attention: expected options->dtype MHA_DTYPE_I8 (5), got 1"),
+            std::string::npos)
+      << mha_last_error_message();
+  o = f.Options(MHA_DTYPE_I8, 8);
+  o.int8_attention = 3;
+  EXPECT_EQ(mha_kv_cache_create(f.layer, &o, &cache), MHA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(mha_last_error_message())
+                .find("options->int8_attention: expected 0 or 1, got 3"),
+            std::string::npos)
+      << mha_last_error_message();
+  EXPECT_EQ(cache, nullptr);
 }
 
 TEST(CApiKvCacheTest, GroupedAndMultiQueryLayers) {

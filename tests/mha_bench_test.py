@@ -866,16 +866,18 @@ class Decode(unittest.TestCase):
 
 
     def test_cache_types(self):
-        # Any subset, run f32 first (the peers' rows); f16 rows read 2 bytes per element.
+        # Any subset, run f32 first (the peers' rows); f16 rows read 2 bytes per element, i8
+        # and i8dot (int8 with integer dot products) one and a 4-byte scale per row.
         _, doc = self.run_json(["--decode", "--contexts", "40", "--batches", "1", "--threads",
                                 "1", "--min-time", "0", "--min-runs", "1", "--kv-dtypes",
-                                "f16,f32", "--prefill", "none"])
+                                "i8dot,f16,f32,i8", "--prefill", "none"])
         results = doc["results"]
+        kinds = [(16, "f32"), (16, "f16"), (16, "i8"), (16, "i8dot")]
         self.assertEqual([(r["kv_heads"], r["cache_dtype"]) for r in results],
-                         [(16, "f32"), (16, "f16"), (4, "f32"), (4, "f16")])
+                         kinds + [(4, k) for _, k in kinds])
         for r in results:
             self.assertEqual(r["error"], "")
-            row = {"f32": 64 * 4, "f16": 64 * 2}[r["cache_dtype"]]
+            row = {"f32": 64 * 4, "f16": 64 * 2, "i8": 64 + 4, "i8dot": 64 + 4}[r["cache_dtype"]]
             self.assertEqual(r["cache_bytes"], 2 * r["batch"] * r["kv_heads"] * r["context"] * row)
 
     PREFILL_FIELDS = {"tokens", "batch", "embed", "heads", "kv_heads", "threads", "error", "runs",

@@ -449,7 +449,8 @@ class Checker:
         # --kv-dtype: token-by-token decoding through a KV cache equals the causal forward
         # within the cache's accuracy (tests/kv_cache_test.cc derives the tolerances).
         causal = self.run_ok("gqa_causal", base + ["--causal"], self.path("gqa_causal.safetensors"))
-        for dtype, tol in (("f32", 1e-5), ("bf16", 2e-2), ("f16", 4e-3), ("int8", 2e-2)):
+        for dtype, tol in (("f32", 1e-5), ("bf16", 2e-2), ("f16", 4e-3), ("int8", 2e-2),
+                           ("int8dot", 2e-2)):
             label = "gqa_kv_" + dtype
             got = self.run_ok(label, base + ["--kv-dtype", dtype],
                               self.path(label + "_out.safetensors"))
@@ -480,7 +481,8 @@ class Checker:
         self.expect_error("compute_bad", base + ["--compute", "f16"], 2,
                           "--compute: expected 'f32', 'bf16' or 'int8', got 'f16'")
         self.expect_error("kv_dtype_bad", base + ["--kv-dtype", "int4"], 2,
-                          "--kv-dtype: expected 'f32', 'bf16', 'f16' or 'int8', got 'int4'")
+                          "--kv-dtype: expected 'f32', 'bf16', 'f16', 'int8' or 'int8dot', got "
+                          "'int4'")
         self.expect_error("kv_dtype_need_weights", base + ["--kv-dtype", "int8",
                                                           "--need-weights"], 1,
                           "--kv-dtype: expected self-attention")

@@ -158,24 +158,35 @@ bool ParseIntList(const std::string& flag, const std::string& text, int64_t lo, 
   return true;
 }
 
-// "f32,i8": distinct KV-cache storage types, sorted f32 first (the peers are timed with the
-// f32 rows and shown on the others).
-bool ParseCacheTypes(const std::string& flag, const std::string& text, std::vector<DType>* out,
+}  // namespace
+
+const char* CacheKindName(const CacheKind& kind) {
+  return kind.int8_attention ? "i8dot" : DTypeName(kind.dtype);
+}
+
+namespace {
+
+// "f32,i8": distinct KV-cache kinds, sorted f32 first (the peers are timed with the f32 rows
+// and shown on the others).
+bool ParseCacheTypes(const std::string& flag, const std::string& text, std::vector<CacheKind>* out,
                      std::string* error) {
   out->clear();
   for (const std::string& item : SplitCommas(text)) {
-    DType t;
+    CacheKind t;
     if (item == "f32") {
-      t = DType::kF32;
+      t.dtype = DType::kF32;
     } else if (item == "bf16") {
-      t = DType::kBF16;
+      t.dtype = DType::kBF16;
     } else if (item == "f16") {
-      t = DType::kF16;
+      t.dtype = DType::kF16;
     } else if (item == "i8" || item == "int8") {
-      t = DType::kI8;
+      t.dtype = DType::kI8;
+    } else if (item == "i8dot") {
+      t.dtype = DType::kI8;
+      t.int8_attention = true;
     } else {
-      *error =
-          flag + ": expected a comma-separated list of f32, bf16, f16, i8, got " + Quoted(text);
+      *error = flag + ": expected a comma-separated list of f32, bf16, f16, i8, i8dot, got " +
+               Quoted(text);
       return false;
     }
     if (std::find(out->begin(), out->end(), t) != out->end()) {
@@ -588,7 +599,9 @@ ParseResult ParseArgs(int argc, const char* const* argv, BenchOptions* o) {
     o->compare = decode_peers;
     if (o->decode_contexts.empty()) o->decode_contexts = {512, 1024, 2048, 4096, 8192};
     if (o->decode_batches.empty()) o->decode_batches = {1, 4, 8};
-    if (o->decode_caches.empty()) o->decode_caches = {DType::kF32, DType::kBF16, DType::kI8};
+    if (o->decode_caches.empty()) {
+      o->decode_caches = {CacheKind{DType::kF32}, CacheKind{DType::kBF16}, CacheKind{DType::kI8}};
+    }
     if (!o->prefill_given) o->prefill_tokens = {512, 2048};
   } else if (const std::string* only = DecodeOnlyPeer(o->compare)) {
     r.error = "--compare: " + *only + " times only a decode step: expected --decode as well, got " +
@@ -794,8 +807,10 @@ Incremental decoding (--decode runs this suite instead of the one above):
                      after each timed step, so every run sees the same context
   --contexts LIST    contexts to run, e.g. 512,4096 (default 512,1024,2048,4096,8192)
   --batches LIST     batch sizes to run, e.g. 1,8 (default 1,4,8)
-  --kv-dtypes LIST   cache storage types to run, of f32, bf16, f16, i8 (default f32,bf16,i8;
-                     the peers run with the f32 rows, so without f32 they are not timed)
+  --kv-dtypes LIST   cache storage types to run, of f32, bf16, f16, i8, i8dot (default
+                     f32,bf16,i8; i8dot: int8 storage with integer dot products,
+                     KvCacheOptions::int8_attention; the peers run with the f32 rows, so without
+                     f32 they are not timed)
   --weights-dtype T  the layer's weight storage: f32 (default), bf16 or f16 (halves the
                      weight bytes each step streams; the peers get the rounded weights in f32),
                      or quantized i8, i4 or i4-128 (1/4, 5/32 or 9/64 of the f32 bytes; the

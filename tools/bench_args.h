@@ -12,6 +12,21 @@
 namespace mha {
 namespace bench {
 
+// A decode row's cache: its storage type and, for i8, whether the step's attention takes
+// integer dot products (KvCacheOptions::int8_attention; spelled "i8dot").
+struct CacheKind {
+  DType dtype = DType::kF32;
+  bool int8_attention = false;
+  bool operator==(const CacheKind& o) const {
+    return dtype == o.dtype && int8_attention == o.int8_attention;
+  }
+  bool operator<(const CacheKind& o) const {
+    return dtype != o.dtype ? dtype < o.dtype : int8_attention < o.int8_attention;
+  }
+};
+// "f32", "bf16", "f16", "i8" or "i8dot".
+const char* CacheKindName(const CacheKind& kind);
+
 struct BenchOptions {
   // A custom shape (any of --batch --seq --kv-seq --embed --heads given) replaces the suite.
   bool custom_shape = false;
@@ -40,7 +55,7 @@ struct BenchOptions {
   bool decode = false;
   std::vector<int64_t> decode_contexts;  // default {512, 1024, 2048, 4096, 8192}
   std::vector<int64_t> decode_batches;   // default {1, 4, 8}
-  std::vector<DType> decode_caches;      // --kv-dtypes; default {kF32, kBF16, kI8}
+  std::vector<CacheKind> decode_caches;  // --kv-dtypes; default {f32, bf16, i8}
   DType decode_weights = DType::kF32;    // --weights-dtype: the layer's weight storage (--decode,
                                          // or a checkpoint's layer with --hf)
   int64_t decode_weight_block = 0;       // and its kI4 block (0: 32)

@@ -164,14 +164,16 @@ void MakeDecodeModelForLayer(std::unique_ptr<MultiheadAttention> layer, int64_t 
   rng.Fill(&m->kv, 1.0f);
 }
 
-DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
+DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, CacheKind kind,
                            size_t threads, const BenchOptions& o, PeerComparison* peers,
                            const std::function<void(const std::string&)>& status) {
   DecodeResult r;
   r.context = context;
   r.batch = batch;
   r.kv_heads = m.kv_heads;
+  const DType dtype = kind.dtype;
   r.dtype = dtype;
+  r.int8_attention = kind.int8_attention;
   r.weights = m.layer->config().weight_dtype;
   r.weight_block = m.layer->config().weight_block;
   r.threads = threads;
@@ -206,7 +208,9 @@ DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch,
     co.num_threads = threads;
     Status s = Context::Create(co, &ctx);
     if (s.ok()) {
-      s = KvCache::Create(KvCacheOptions::ForLayer(*m.layer, batch, context, dtype), &cache);
+      KvCacheOptions co = KvCacheOptions::ForLayer(*m.layer, batch, context, dtype);
+      co.int8_attention = kind.int8_attention;
+      s = KvCache::Create(co, &cache);
     }
     if (s.ok() && prior > 0) {
       const int64_t shape[4] = {batch, kvh, prior, hd};

@@ -27,6 +27,7 @@ struct DecodeResult {
   int64_t context = 0, batch = 0, kv_heads = 0;
   int64_t embed = 0, heads = 0, head_dim = 0;  // the layer's
   DType dtype = DType::kF32;    // cache storage
+  bool int8_attention = false;  // and its KvCacheOptions::int8_attention
   DType weights = DType::kF32;  // the layer's weight storage
   int64_t weight_block = 0;     // its kI4 block (AttentionConfig::weight_block, resolved)
   size_t threads = 1;
@@ -84,7 +85,7 @@ void MakeDecodeModelForLayer(std::unique_ptr<MultiheadAttention> layer, int64_t 
 // Times KvCache::Step of one token per entry over `context` - 1 cached positions in --rounds
 // rounds (default 1); with `peers` (an f32 cache only), each round then times the peers' step on
 // the same layer, cache contents and token.
-DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, DType dtype,
+DecodeResult RunDecodeCase(const DecodeModel& m, int64_t context, int64_t batch, CacheKind kind,
                            size_t threads, const BenchOptions& o, PeerComparison* peers,
                            const std::function<void(const std::string&)>& status);
 

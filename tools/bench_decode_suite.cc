@@ -243,10 +243,11 @@ int RunDecodeSuite(const BenchOptions& o) {
       for (int64_t batch : o.decode_batches) {
         // The peers' results of the f32 rows, by thread count, for the other cache types' rows.
         std::map<size_t, std::map<std::string, PeerResult>> f32_peers;
-        for (DType dtype : o.decode_caches) {
+        for (const CacheKind& kind : o.decode_caches) {
+          const DType dtype = kind.dtype;
           for (size_t t : o.threads) {
             progress.Show("context " + std::to_string(context) + ", batch " +
-                          std::to_string(batch) + ", " + DTypeName(dtype) + ", " +
+                          std::to_string(batch) + ", " + CacheKindName(kind) + ", " +
                           std::to_string(t) + " thread(s)");
             DecodeResult r;
             if (!st.ok()) {
@@ -257,10 +258,11 @@ int RunDecodeSuite(const BenchOptions& o) {
               r.heads = kDecodeHeads;
               r.head_dim = kDecodeEmbed / kDecodeHeads;
               r.dtype = dtype;
+              r.int8_attention = kind.int8_attention;
               r.threads = t;
               r.error = "MultiheadAttention::Create: " + st.ToString();
             } else {
-              r = RunDecodeCase(model, context, batch, dtype, t, o, peers.get(), status);
+              r = RunDecodeCase(model, context, batch, kind, t, o, peers.get(), status);
             }
             if (dtype == DType::kF32) {
               f32_peers[t] = r.peers;
@@ -282,7 +284,7 @@ int RunDecodeSuite(const BenchOptions& o) {
               failed = true;
               std::printf("%8lld %6lld %4lld %5s %7zu  FAILED\n", static_cast<long long>(context),
                           static_cast<long long>(batch), static_cast<long long>(kvh),
-                          DTypeName(dtype), t);
+                          CacheKindName(kind), t);
               std::fprintf(stderr, "mha-bench: decode context %lld batch %lld: %s\n",
                            static_cast<long long>(context), static_cast<long long>(batch),
                            r.error.c_str());
@@ -291,7 +293,7 @@ int RunDecodeSuite(const BenchOptions& o) {
                   "%8lld %6lld %4lld %5s %7zu %10.3f %10.3f %10.1f %9.1f %10.2f %13.2f %6.1f "
                   "%9.1f %8.3f %9.2f %6.1f%s\n",
                   static_cast<long long>(context), static_cast<long long>(batch),
-                  static_cast<long long>(kvh), DTypeName(dtype), t, r.median_ms, r.p90_ms,
+                  static_cast<long long>(kvh), CacheKindName(kind), t, r.median_ms, r.p90_ms,
                   r.tokens_per_s, r.cache_bytes / (1024.0 * 1024.0), r.cache_gbs, r.total_gbs,
                   r.read_gbs > 0 ? 100.0 * r.cache_gbs / r.read_gbs : NAN,
                   r.read_gbs > 0 ? 100.0 * r.total_gbs / r.read_gbs : NAN, r.attn_ms, r.attn_gbs,
@@ -340,7 +342,7 @@ int RunDecodeSuite(const BenchOptions& o) {
     j["heads"] = r.heads;
     j["kv_heads"] = r.kv_heads;
     j["head_dim"] = r.head_dim;
-    j["cache_dtype"] = DTypeName(r.dtype);
+    j["cache_dtype"] = CacheKindName(CacheKind{r.dtype, r.int8_attention});
     j["weights_dtype"] = WeightsDtypeName(r.weights, r.weight_block);
     j["threads"] = r.threads;
     j["error"] = r.error;

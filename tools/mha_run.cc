@@ -8,7 +8,7 @@
 //           --output O.safetensors [--batch-first] [--need-weights] [--no-average-weights]
 //           [--causal] [--add-zero-attn] [--qkv-layout pytorch|per-head] [--kv-heads K]
 //           [--scale F] [--weights-dtype f32|bf16|f16|i8|i4|i4-128] [--compute f32|bf16|int8]
-//           [--kv-dtype f32|bf16|f16|int8] [--kv-ring]
+//           [--kv-dtype f32|bf16|f16|int8|int8dot] [--kv-ring]
 //           [--rope neox|gptj] [--rope-theta F] [--rotary-dim N] [--rope-scale F] [--alibi]
 //           [--window W] [--softcap F] [--qk-norm-eps F] [--qk-norm-add-one] [--threads N]
 //           [--weights-png FILE] [--version] [--help]
@@ -131,7 +131,9 @@ const char kHelp[] =
     "                        compute\"; --version names the kernel), or int8 with i8/i4\n"
     "                        weights (activations quantized to int8, integer dots)\n"
     "  --kv-dtype T          decode the query one token at a time through a KV cache\n"
-    "                        stored as T: f32, bf16, f16 or int8 (per-row scaled codes).\n"
+    "                        stored as T: f32, bf16, f16 or int8 (per-row scaled codes),\n"
+    "                        or int8dot (int8 with integer dot products:\n"
+    "                        KvCacheOptions::int8_attention).\n"
     "                        Self-attention, causal (implies --causal); no masks, key,\n"
     "                        value or --need-weights\n"
     "  --kv-ring             with --kv-dtype and --window W: the cache keeps only the\n"
@@ -176,6 +178,7 @@ struct RunOptions : tools::VariantFlags {
   Compute compute = Compute::kF32;
   bool decode = false;  // --kv-dtype given
   DType kv_dtype = DType::kF32;
+  bool kv_int8_attention = false;  // --kv-dtype int8dot
   bool kv_ring = false;
   size_t threads = 0;
   // With the variant flags (kv_heads 0: from the file), LoadOptions' fields of those names.
@@ -328,9 +331,12 @@ Status ParseArgs(int argc, char** argv, RunOptions* o, Action* action) {
           o->kv_dtype = DType::kF16;
         } else if (text == "int8") {
           o->kv_dtype = DType::kI8;
+        } else if (text == "int8dot") {
+          o->kv_dtype = DType::kI8;
+          o->kv_int8_attention = true;
         } else {
-          return InvalidArgument("--kv-dtype: expected 'f32', 'bf16', 'f16' or 'int8', got '" +
-                                 text + "'");
+          return InvalidArgument(
+              "--kv-dtype: expected 'f32', 'bf16', 'f16', 'int8' or 'int8dot', got '" + text + "'");
         }
       }
     } else if (arg == "--scale") {
@@ -641,6 +647,7 @@ Status DecodeThroughCache(const MultiheadAttention& layer, Context& ctx, const R
   // A ring needs only the window's positions, however long the query.
   KvCacheOptions copts = KvCacheOptions::ForLayer(layer, N, o.kv_ring ? o.window : L, o.kv_dtype);
   copts.ring = o.kv_ring;
+  copts.int8_attention = o.kv_int8_attention;
   Status s = KvCache::Create(copts, &cache);
   if (!s.ok()) return s;
   auto token = [&](const TensorView& t, int64_t i, TensorView* v) {

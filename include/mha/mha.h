@@ -598,6 +598,10 @@ typedef struct mha_kv_cache_options {
   /* 1: a windowed layer's cache keeps the last `capacity` positions as a ring (see
    * mha::KvCacheOptions::ring). */
   int32_t ring;
+  /* 1: MHA_DTYPE_I8 storage only, head_dim <= 1024: the attention over the cache takes integer
+   * dot products (quantized queries and probabilities; AVX512_VNNI where the CPU has it; see
+   * mha::KvCacheOptions::int8_attention for the numerics). 0: f32 arithmetic. */
+  int32_t int8_attention;
 } mha_kv_cache_options;
 
 /* Bytes of storage (K and V) a cache with these options needs for `layer`:

@@ -1,0 +1,278 @@
+// Tests of kernels/decode_int8.h: every kernel this CPU can run (the portable one everywhere, the
+// AVX512_VNNI one where the CPU has it) against a scalar transcription of the header's
+// definition written here, bit for bit, on odd sizes (hd and n not multiples of the tiles),
+// padded strides and misaligned pointers; the error of both products against the exact f32
+// arithmetic within the header's bounds; and the edge cases of the weights' quantization.
+#include "kernels/decode_int8.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/decode.h"
+
+namespace mha {
+namespace {
+
+using kernels::DecodeDotKernel;
+
+std::vector<DecodeDotKernel> Kernels() {
+  std::vector<DecodeDotKernel> out = {DecodeDotKernel::kPortable};
+  if (kernels::DecodeDotKernelAvailable(DecodeDotKernel::kAvx512Vnni)) {
+    out.push_back(DecodeDotKernel::kAvx512Vnni);
+  }
+  return out;
+}
+
+bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+
+// int8 rows: n rows of `stride` bytes at `misalign` bytes into the buffer, codes in [-127, 127]
+// and a random scale per row.
+struct Rows {
+  std::vector<int8_t> storage;
+  const int8_t* data = nullptr;
+  std::vector<float> scales;
+};
+
+Rows MakeRows(size_t n, size_t stride, size_t misalign, std::mt19937* rng) {
+  Rows out;
+  out.storage.assign(n * stride + misalign + 64, 0);
+  std::uniform_int_distribution<int> code(-127, 127);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  for (size_t i = 0; i < n * stride; ++i) {
+    out.storage[misalign + i] = static_cast<int8_t>(code(*rng));
+  }
+  out.data = out.storage.data() + misalign;
+  out.scales.resize(n + 1);
+  for (float& s : out.scales) s = scale(*rng);
+  return out;
+}
+
+// The definition of QueryKeyScoresDot, transcribed.
+float ReferenceScore(const float* q, const int8_t* k, float k_scale, size_t hd) {
+  std::vector<int8_t> qc(hd);
+  float qs;
+  kernels::QuantizeRowI8(q, hd, qc.data(), &qs);
+  int64_t dot = 0;
+  for (size_t d = 0; d < hd; ++d) dot += int64_t{qc[d]} * k[d];
+  return static_cast<float>(dot) * (qs * k_scale);
+}
+
+// The definition of the weights' block quantization, transcribed.
+void ReferenceBlock(const float* p, const float* vs, size_t count, std::vector<int>* codes,
+                    float* scale) {
+  codes->assign(count, 0);
+  std::vector<float> w(count);
+  float m = 0.0f;
+  for (size_t i = 0; i < count; ++i) {
+    w[i] = p[i] * vs[i];
+    if (!std::isfinite(w[i])) {
+      *scale = std::numeric_limits<float>::quiet_NaN();
+      return;
+    }
+    m = std::max(m, w[i]);
+  }
+  if (m < std::ldexp(1.0f, -100)) {
+    *scale = 0.0f;
+    return;
+  }
+  *scale = m / 255.0f;
+  const float inv = 255.0f / m;
+  for (size_t i = 0; i < count; ++i) {
+    const float c = std::min(std::max(w[i] * inv, 0.0f), 255.0f);
+    (*codes)[i] = static_cast<int>(std::nearbyint(c));
+  }
+}
+
+// The definition of AccumulateWeightedValuesDot for one row, transcribed.
+void ReferenceValues(const float* p, const int8_t* v, ptrdiff_t v_stride, const float* vs, size_t n,
+                     size_t hd, float* acc) {
+  for (size_t b = 0; b < n; b += kernels::kDotValueBlock) {
+    const size_t count = std::min(kernels::kDotValueBlock, n - b);
+    std::vector<int> codes;
+    float scale;
+    ReferenceBlock(p + b, vs + b, count, &codes, &scale);
+    for (size_t d = 0; d < hd; ++d) {
+      int64_t sum = 0;
+      for (size_t j = 0; j < count; ++j) sum += int64_t{codes[j]} * v[(b + j) * v_stride + d];
+      acc[d] = acc[d] + static_cast<float>(sum) * scale;
+    }
+  }
+}
+
+constexpr size_t kHeadDims[] = {1, 3, 4, 17, 63, 64, 67, 128, 130, 256};
+constexpr size_t kCounts[] = {1, 5, 15, 16, 17, 31, 32, 33, 100};
+
+TEST(DecodeInt8Test, ScoresMatchTheDefinitionBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DecodeDotKernel kernel : Kernels()) {
+    for (size_t hd : kHeadDims) {
+      for (size_t n : kCounts) {
+        for (size_t rows : {1u, 3u, 4u, 6u}) {
+          const size_t stride = hd + 5, misalign = (hd + n) % 7;
+          const Rows keys = MakeRows(n, stride, misalign, &rng);
+          const ptrdiff_t q_stride = static_cast<ptrdiff_t>(hd + 3);
+          std::vector<float> qbuf(rows * (hd + 3) + 1);
+          for (float& x : qbuf) x = normal(rng);
+          const float* q = qbuf.data() + 1;  // misaligned
+          const ptrdiff_t score_stride = static_cast<ptrdiff_t>(n + 2);
+          std::vector<float> scores(rows * (n + 2) + 1, -7.0f);
+          kernels::QueryKeyScoresDot(kernel, q, rows, q_stride, keys.data,
+                                     static_cast<ptrdiff_t>(stride), keys.scales.data(), n, hd,
+                                     scores.data() + 1, score_stride);
+          for (size_t r = 0; r < rows; ++r) {
+            for (size_t j = 0; j < n + 2; ++j) {
+              const float got = scores[1 + r * (n + 2) + j];
+              if (j >= n) {
+                ASSERT_EQ(got, -7.0f) << "wrote past n";
+                continue;
+              }
+              const float want =
+                  ReferenceScore(q + r * (hd + 3), keys.data + j * stride, keys.scales[j], hd);
+              ASSERT_TRUE(SameBits(got, want))
+                  << kernels::DecodeDotKernelName(kernel) << " hd " << hd << " n " << n << " rows "
+                  << rows << " r " << r << " j " << j << ": " << got << " vs " << want;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeInt8Test, ValuesMatchTheDefinitionBitForBit) {
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> prob(0.0f, 1.0f);
+  for (DecodeDotKernel kernel : Kernels()) {
+    for (size_t hd : kHeadDims) {
+      for (size_t n : kCounts) {
+        for (size_t rows : {1u, 2u, 4u, 5u}) {
+          const size_t stride = hd + 3, misalign = (hd * 3 + n) % 5;
+          const Rows values = MakeRows(n, stride, misalign, &rng);
+          const ptrdiff_t p_stride = static_cast<ptrdiff_t>(n + 1);
+          std::vector<float> p(rows * (n + 1) + 1);
+          for (float& x : p) x = prob(rng) * prob(rng);  // many small weights, some large
+          // Masked positions (p = 0) and a zero block.
+          for (size_t j = 0; j < std::min<size_t>(n, 3); ++j) p[1 + j] = 0.0f;
+          const ptrdiff_t acc_stride = static_cast<ptrdiff_t>(hd + 2);
+          std::vector<float> acc(rows * (hd + 2) + 1);
+          for (float& x : acc) x = prob(rng);
+          std::vector<float> want = acc;
+          kernels::AccumulateWeightedValuesDot(kernel, p.data() + 1, rows, p_stride, values.data,
+                                               static_cast<ptrdiff_t>(stride), values.scales.data(),
+                                               n, hd, acc.data() + 1, acc_stride);
+          for (size_t r = 0; r < rows; ++r) {
+            ReferenceValues(p.data() + 1 + r * (n + 1), values.data, static_cast<ptrdiff_t>(stride),
+                            values.scales.data(), n, hd, want.data() + 1 + r * (hd + 2));
+          }
+          for (size_t i = 0; i < acc.size(); ++i) {
+            ASSERT_TRUE(SameBits(acc[i], want[i]))
+                << kernels::DecodeDotKernelName(kernel) << " hd " << hd << " n " << n << " rows "
+                << rows << " element " << i << ": " << acc[i] << " vs " << want[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(DecodeInt8Test, ErrorWithinTheHeaderBounds) {
+  // Scores: |error| <= qs / 2 * sum_d |k_d| + 2 ulp; values: <= sum_j m_b / 510 * |vc_jd| + f32
+  // roundings, against the exact products of the f32 inputs with the cached rows.
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t hd = 64, n = 300;
+  const Rows rows = MakeRows(n, hd, 0, &rng);
+  std::vector<float> q(hd), p(n), acc(hd, 0.0f), score(n);
+  for (float& x : q) x = normal(rng);
+  float total = 0.0f;
+  for (float& x : p) total += (x = std::exp(2.0f * normal(rng)));
+  for (float& x : p) x /= total;
+  for (DecodeDotKernel kernel : Kernels()) {
+    kernels::QueryKeyScoresDot(kernel, q.data(), 1, 0, rows.data, hd, rows.scales.data(), n, hd,
+                               score.data(), 0);
+    float amax = 0.0f;
+    for (float x : q) amax = std::max(amax, std::fabs(x));
+    const double qs = amax / 127.0;
+    for (size_t j = 0; j < n; ++j) {
+      double exact = 0.0, kabs = 0.0;
+      for (size_t d = 0; d < hd; ++d) {
+        const double k = static_cast<double>(rows.data[j * hd + d]) * rows.scales[j];
+        exact += static_cast<double>(q[d]) * k;
+        kabs += std::fabs(k);
+      }
+      EXPECT_LE(std::fabs(score[j] - exact), qs / 2 * kabs * 1.001 + 1e-6) << j;
+    }
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    kernels::AccumulateWeightedValuesDot(kernel, p.data(), 1, 0, rows.data, hd, rows.scales.data(),
+                                         n, hd, acc.data(), 0);
+    for (size_t d = 0; d < hd; ++d) {
+      double exact = 0.0, bound = 0.0;
+      for (size_t b = 0; b < n; b += kernels::kDotValueBlock) {
+        const size_t count = std::min(kernels::kDotValueBlock, n - b);
+        double m = 0.0;
+        for (size_t j = b; j < b + count; ++j) m = std::max(m, double{p[j]} * rows.scales[j]);
+        for (size_t j = b; j < b + count; ++j) {
+          const double v = rows.data[j * hd + d];
+          exact += double{p[j]} * rows.scales[j] * v;
+          bound += m / 510.0 * std::fabs(v) * 1.001;
+        }
+      }
+      EXPECT_LE(std::fabs(acc[d] - exact), bound + 1e-5) << d;
+    }
+  }
+}
+
+TEST(DecodeInt8Test, WeightBlocksEdgeCases) {
+  for (DecodeDotKernel kernel : Kernels()) {
+    const size_t hd = 64, n = 40;
+    std::mt19937 rng(14);
+    const Rows values = MakeRows(n, hd, 0, &rng);
+    std::vector<float> p(n, 0.0f), acc(hd, 1.0f);
+    // All-zero weights: no change (scale 0).
+    kernels::AccumulateWeightedValuesDot(kernel, p.data(), 1, 0, values.data, hd,
+                                         values.scales.data(), n, hd, acc.data(), 0);
+    for (float a : acc) ASSERT_EQ(a, 1.0f);
+    // A NaN weight in the second block: the row's sums become NaN.
+    p[35] = std::numeric_limits<float>::quiet_NaN();
+    kernels::AccumulateWeightedValuesDot(kernel, p.data(), 1, 0, values.data, hd,
+                                         values.scales.data(), n, hd, acc.data(), 0);
+    for (float a : acc) ASSERT_TRUE(std::isnan(a)) << kernels::DecodeDotKernelName(kernel);
+    // A NaN query element: NaN scores (QuantizeRowI8's NaN scale).
+    std::vector<float> q(hd, 0.5f), score(n);
+    q[7] = std::numeric_limits<float>::quiet_NaN();
+    kernels::QueryKeyScoresDot(kernel, q.data(), 1, 0, values.data, hd, values.scales.data(), n, hd,
+                               score.data(), 0);
+    for (float s : score) ASSERT_TRUE(std::isnan(s));
+    // A single weight of 1 in a block: code 255, the exact value row times its scale.
+    std::fill(p.begin(), p.end(), 0.0f);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    p[3] = 1.0f;
+    kernels::AccumulateWeightedValuesDot(kernel, p.data(), 1, 0, values.data, hd,
+                                         values.scales.data(), n, hd, acc.data(), 0);
+    for (size_t d = 0; d < hd; ++d) {
+      const float want =
+          static_cast<float>(255 * values.data[3 * hd + d]) * (values.scales[3] / 255.0f);
+      ASSERT_TRUE(SameBits(acc[d], 0.0f + want)) << d;
+    }
+  }
+}
+
+TEST(DecodeInt8Test, KernelNamesAndChoice) {
+  EXPECT_STREQ(kernels::DecodeDotKernelName(DecodeDotKernel::kPortable), "portable");
+  EXPECT_STREQ(kernels::DecodeDotKernelName(DecodeDotKernel::kAvx512Vnni), "avx512_vnni");
+  const DecodeDotKernel active = kernels::DecodeDotActiveKernel();
+  EXPECT_NE(active, DecodeDotKernel::kAuto);
+  EXPECT_TRUE(kernels::DecodeDotKernelAvailable(active));
+}
+
+}  // namespace
+}  // namespace mha
