@@ -1,17 +1,23 @@
-// The int8 dot-product decode kernels (decode_int8.h): kernel choice, the shared block
-// quantization, and the portable kernel, a direct transcription of the definition in integer
-// arithmetic (exact), which the VNNI kernel (decode_int8_avx512vnni.cc) must match bit for bit.
-#include "kernels/decode_int8.h"
+// The int8 dot-product decode kernels (decode_int8.h): kernel choice, the dispatch of the block
+// quantization (decode_int8-inl.h, per Highway target), and the portable kernel: decode.h's f32
+// kernels on the codes, exact, which the VNNI kernel (decode_int8_avx512vnni.cc) matches bit for
+// bit.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/decode_int8.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/decode_int8-inl.h"
 
+#if HWY_ONCE
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
-#include "hwy/detect_targets.h"
 #include "kernels/cpu_features.h"
 #include "kernels/decode.h"
+#include "kernels/decode_int8.h"
 #include "kernels/decode_int8_native.h"
 #include "kernels/targets.h"
 
@@ -57,33 +63,12 @@ DecodeDotKernel DecodeDotActiveKernel() {
   return DecodeDotKernel::kPortable;
 }
 
+HWY_EXPORT(QuantizeWeightsBlockHwy);
+
 void QuantizeWeightsBlock(const float* p, const float* value_scales, size_t count, uint8_t* codes,
                           float* scale) {
   assert(count <= kDotValueBlock);
-  float w[kDotValueBlock];
-  float m = 0.0f;
-  bool finite = true;
-  for (size_t i = 0; i < count; ++i) {
-    w[i] = p[i] * value_scales[i];
-    finite = finite && std::isfinite(w[i]);
-    m = std::max(m, w[i]);
-  }
-  std::memset(codes, 0, kDotValueBlock);
-  if (!finite) {
-    *scale = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  if (m < 0x1p-100f) {
-    *scale = 0.0f;
-    return;
-  }
-  *scale = m / 255.0f;
-  const float inv = 255.0f / m;
-  for (size_t i = 0; i < count; ++i) {
-    const float c = std::min(std::max(w[i] * inv, 0.0f), 255.0f);
-    // nearbyint rounds half to even in the default rounding mode, as VCVTPS2DQ does.
-    codes[i] = static_cast<uint8_t>(std::nearbyint(c));
-  }
+  HWY_DYNAMIC_DISPATCH(QuantizeWeightsBlockHwy)(p, value_scales, count, codes, scale);
 }
 
 namespace {
@@ -98,43 +83,63 @@ void QuantizeQueryRow(const float* q, size_t hd, int8_t* codes, float* scale, in
   *sum = s;
 }
 
+// Rows per pass of the portable kernels, whose codes (widened to f32) and sums sit on the stack.
+constexpr size_t kPortableRows = 4;
+
+// The definition's scores by decode.h's f32 kernel on the query codes: every product and partial
+// sum of codes is an integer below 2^24, so its dot products are exact, and it multiplies each by
+// the key's scale (the definition's first rounding); then the query's scale.
 void ScoresPortable(const float* q, size_t rows, ptrdiff_t q_stride, const int8_t* keys,
                     ptrdiff_t key_stride, const float* key_scales, size_t n, size_t hd,
                     float* scores, ptrdiff_t score_stride) {
   alignas(64) int8_t qc[kDotMaxHeadDim];
-  for (size_t r = 0; r < rows; ++r) {
-    float qs;
-    int32_t qsum;
-    QuantizeQueryRow(q + static_cast<ptrdiff_t>(r) * q_stride, hd, qc, &qs, &qsum);
-    float* out = scores + static_cast<ptrdiff_t>(r) * score_stride;
-    for (size_t j = 0; j < n; ++j) {
-      const int8_t* k = keys + static_cast<ptrdiff_t>(j) * key_stride;
-      int32_t dot = 0;
-      for (size_t d = 0; d < hd; ++d) dot += int32_t{qc[d]} * int32_t{k[d]};
-      out[j] = static_cast<float>(dot) * (qs * key_scales[j]);
+  alignas(64) float qf[kPortableRows][kDotMaxHeadDim];
+  float qs[kPortableRows];
+  for (size_t r0 = 0; r0 < rows; r0 += kPortableRows) {
+    const size_t nr = std::min(kPortableRows, rows - r0);
+    for (size_t r = 0; r < nr; ++r) {
+      QuantizeRowI8(q + static_cast<ptrdiff_t>(r0 + r) * q_stride, hd, qc, &qs[r]);
+      std::copy(qc, qc + hd, qf[r]);
+    }
+    float* out = scores + static_cast<ptrdiff_t>(r0) * score_stride;
+    QueryKeyScores(qf[0], nr, kDotMaxHeadDim, keys, DType::kI8, key_stride, key_scales, n, hd, out,
+                   score_stride);
+    for (size_t r = 0; r < nr; ++r) {
+      float* row = out + static_cast<ptrdiff_t>(r) * score_stride;
+      for (size_t j = 0; j < n; ++j) row[j] = row[j] * qs[r];
     }
   }
 }
 
+// The definition's sums by decode.h's f32 kernel per block: the weights' codes as the
+// probabilities, scales of 1 (exact products and sums, as above) into a zeroed block sum, which
+// is then scaled and added.
 void ValuesPortable(const float* p, size_t rows, ptrdiff_t p_stride, const int8_t* values,
                     ptrdiff_t value_stride, const float* value_scales, size_t n, size_t hd,
                     float* acc, ptrdiff_t acc_stride) {
-  alignas(64) uint8_t codes[kDotValueBlock];
-  int32_t sums[kDotMaxHeadDim];
-  for (size_t r = 0; r < rows; ++r) {
-    const float* pr = p + static_cast<ptrdiff_t>(r) * p_stride;
-    float* ar = acc + static_cast<ptrdiff_t>(r) * acc_stride;
+  uint8_t codes[kDotValueBlock];
+  float ones[kDotValueBlock];
+  std::fill(ones, ones + kDotValueBlock, 1.0f);
+  alignas(64) float cf[kPortableRows][kDotValueBlock];
+  alignas(64) float sums[kPortableRows][kDotMaxHeadDim];
+  float scale[kPortableRows];
+  for (size_t r0 = 0; r0 < rows; r0 += kPortableRows) {
+    const size_t nr = std::min(kPortableRows, rows - r0);
     for (size_t b = 0; b < n; b += kDotValueBlock) {
       const size_t count = std::min(kDotValueBlock, n - b);
-      float scale;
-      QuantizeWeightsBlock(pr + b, value_scales + b, count, codes, &scale);
-      std::fill(sums, sums + hd, 0);
-      for (size_t j = 0; j < count; ++j) {
-        const int8_t* v = values + static_cast<ptrdiff_t>(b + j) * value_stride;
-        const int32_t c = codes[j];
-        for (size_t d = 0; d < hd; ++d) sums[d] += c * int32_t{v[d]};
+      for (size_t r = 0; r < nr; ++r) {
+        QuantizeWeightsBlock(p + static_cast<ptrdiff_t>(r0 + r) * p_stride + b, value_scales + b,
+                             count, codes, &scale[r]);
+        std::copy(codes, codes + kDotValueBlock, cf[r]);
+        std::fill(sums[r], sums[r] + hd, 0.0f);
       }
-      for (size_t d = 0; d < hd; ++d) ar[d] = ar[d] + static_cast<float>(sums[d]) * scale;
+      AccumulateWeightedValues(cf[0], nr, kDotValueBlock,
+                               values + static_cast<ptrdiff_t>(b) * value_stride, DType::kI8,
+                               value_stride, ones, count, hd, sums[0], kDotMaxHeadDim);
+      for (size_t r = 0; r < nr; ++r) {
+        float* ar = acc + static_cast<ptrdiff_t>(r0 + r) * acc_stride;
+        for (size_t d = 0; d < hd; ++d) ar[d] = ar[d] + sums[r][d] * scale[r];
+      }
     }
   }
 }
@@ -180,3 +185,4 @@ void AccumulateWeightedValuesDot(DecodeDotKernel kernel, const float* p, size_t 
 
 }  // namespace kernels
 }  // namespace mha
+#endif  // HWY_ONCE

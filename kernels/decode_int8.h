@@ -16,7 +16,7 @@
 // Definition (every kernel gives these bits: integer sums are exact, and the f32 operations
 // around them are the same, in the same order, on every kernel and target):
 // - QueryKeyScoresDot: each query row r is quantized by QuantizeRowI8 (decode.h) to codes
-//   qc_rd and a scale qs_r; score_rj = float(sum_d qc_rd * kc_jd) * (qs_r * key_scales[j]), each
+//   qc_rd and a scale qs_r; score_rj = (float(sum_d qc_rd * kc_jd) * key_scales[j]) * qs_r, each
 //   * one f32 multiplication. Error against the exact dot product of the f32 query with the
 //   cached row (code * scale): |q_rd - qc_rd qs_r| <= qs_r / 2 per element, so
 //   <= qs_r / 2 * sum_d |k_jd| + 2 ulp.
@@ -31,6 +31,8 @@
 //   largest p times its largest value scale), so acc_rd moves by at most
 //   sum_j (m_j / 510) * |vc_jd| (vc: the codes; 1/510 of the block's largest term per term); the
 //   outputs' error is measured in README "KV cache".
+// The portable kernel runs decode.h's f32 kernels on the codes (exact: every product and partial
+// sum is an integer below 2^24), so it has their speed on every Highway target.
 // Tested against a scalar transcription of this definition on every kernel, bit for bit, in
 // tests/decode_int8_test.cc.
 #ifndef MHA_KERNELS_DECODE_INT8_H_
@@ -53,7 +55,7 @@ inline constexpr size_t kDotValueBlock = 32;
 
 // kAuto: the VNNI kernel where the CPU has AVX512_VNNI and the dispatched Highway target is
 // AVX3_DL (so MHA_TARGETS=AVX2 runs the portable one on any CPU), else the portable kernel
-// (scalar integer code). Both give the same bits.
+// (decode.h's f32 kernels on the codes). Both give the same bits.
 enum class DecodeDotKernel { kAuto, kPortable, kAvx512Vnni };
 bool DecodeDotKernelAvailable(DecodeDotKernel kernel);
 const char* DecodeDotKernelName(DecodeDotKernel kernel);

@@ -136,8 +136,8 @@ MHA_DOT_INLINE void ScoreTile(const int8_t (*qc)[kDotMaxHeadDim], const float* q
   const __mmask16 lanes = LaneMask(nt);
   const __m512 ks = _mm512_maskz_loadu_ps(lanes, key_scales + j0);
   for (size_t r = 0; r < NR; ++r) {
-    const __m512 t = _mm512_mul_ps(_mm512_set1_ps(qs[r]), ks);
-    const __m512 s = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, acc[r]), t);
+    const __m512 s = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, acc[r]), ks),
+                                   _mm512_set1_ps(qs[r]));
     _mm512_mask_storeu_ps(scores + static_cast<ptrdiff_t>(r) * score_stride + j0, lanes, s);
   }
 }

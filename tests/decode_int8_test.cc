@@ -1,8 +1,9 @@
-// Tests of kernels/decode_int8.h: every kernel this CPU can run (the portable one everywhere, the
-// AVX512_VNNI one where the CPU has it) against a scalar transcription of the header's
-// definition written here, bit for bit, on odd sizes (hd and n not multiples of the tiles),
-// padded strides and misaligned pointers; the error of both products against the exact f32
-// arithmetic within the header's bounds; and the edge cases of the weights' quantization.
+// Tests of kernels/decode_int8.h: every kernel this CPU can run (the portable one, whose
+// arithmetic is Highway's, on every target; the AVX512_VNNI one where the CPU has it) against a
+// scalar transcription of the header's definition written here, bit for bit, on odd sizes (hd and n
+// not multiples of the tiles), padded strides and misaligned pointers; the error of both products
+// against the exact f32 arithmetic within the header's bounds; and the edge cases of the weights'
+// quantization.
 #include "kernels/decode_int8.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "kernels/decode.h"
+#include "tests/kernel_test_util.h"
 
 namespace mha {
 namespace {
@@ -62,7 +64,7 @@ float ReferenceScore(const float* q, const int8_t* k, float k_scale, size_t hd) 
   kernels::QuantizeRowI8(q, hd, qc.data(), &qs);
   int64_t dot = 0;
   for (size_t d = 0; d < hd; ++d) dot += int64_t{qc[d]} * k[d];
-  return static_cast<float>(dot) * (qs * k_scale);
+  return (static_cast<float>(dot) * k_scale) * qs;
 }
 
 // The definition of the weights' block quantization, transcribed.
@@ -107,10 +109,12 @@ void ReferenceValues(const float* p, const int8_t* v, ptrdiff_t v_stride, const 
   }
 }
 
+class DecodeInt8TargetTest : public test::PerTargetTest {};
+
 constexpr size_t kHeadDims[] = {1, 3, 4, 17, 63, 64, 67, 128, 130, 256};
 constexpr size_t kCounts[] = {1, 5, 15, 16, 17, 31, 32, 33, 100};
 
-TEST(DecodeInt8Test, ScoresMatchTheDefinitionBitForBit) {
+TEST_P(DecodeInt8TargetTest, ScoresMatchTheDefinitionBitForBit) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (DecodeDotKernel kernel : Kernels()) {
@@ -148,7 +152,7 @@ TEST(DecodeInt8Test, ScoresMatchTheDefinitionBitForBit) {
   }
 }
 
-TEST(DecodeInt8Test, ValuesMatchTheDefinitionBitForBit) {
+TEST_P(DecodeInt8TargetTest, ValuesMatchTheDefinitionBitForBit) {
   std::mt19937 rng(12);
   std::uniform_real_distribution<float> prob(0.0f, 1.0f);
   for (DecodeDotKernel kernel : Kernels()) {
@@ -184,7 +188,7 @@ TEST(DecodeInt8Test, ValuesMatchTheDefinitionBitForBit) {
   }
 }
 
-TEST(DecodeInt8Test, ErrorWithinTheHeaderBounds) {
+TEST_P(DecodeInt8TargetTest, ErrorWithinTheHeaderBounds) {
   // Scores: |error| <= qs / 2 * sum_d |k_d| + 2 ulp; values: <= sum_j m_b / 510 * |vc_jd| + f32
   // roundings, against the exact products of the f32 inputs with the cached rows.
   std::mt19937 rng(13);
@@ -231,7 +235,7 @@ TEST(DecodeInt8Test, ErrorWithinTheHeaderBounds) {
   }
 }
 
-TEST(DecodeInt8Test, WeightBlocksEdgeCases) {
+TEST_P(DecodeInt8TargetTest, WeightBlocksEdgeCases) {
   for (DecodeDotKernel kernel : Kernels()) {
     const size_t hd = 64, n = 40;
     std::mt19937 rng(14);
@@ -252,6 +256,16 @@ TEST(DecodeInt8Test, WeightBlocksEdgeCases) {
     kernels::QueryKeyScoresDot(kernel, q.data(), 1, 0, values.data, hd, values.scales.data(), n, hd,
                                score.data(), 0);
     for (float s : score) ASSERT_TRUE(std::isnan(s));
+    // An infinite query element: NaN scores too (scale inf, codes 0); a zero query: zeros.
+    q.assign(hd, 0.25f);
+    q[9] = std::numeric_limits<float>::infinity();
+    kernels::QueryKeyScoresDot(kernel, q.data(), 1, 0, values.data, hd, values.scales.data(), n, hd,
+                               score.data(), 0);
+    for (float s : score) ASSERT_TRUE(std::isnan(s));
+    q.assign(hd, 0.0f);
+    kernels::QueryKeyScoresDot(kernel, q.data(), 1, 0, values.data, hd, values.scales.data(), n, hd,
+                               score.data(), 0);
+    for (float s : score) ASSERT_EQ(s, 0.0f);
     // A single weight of 1 in a block: code 255, the exact value row times its scale.
     std::fill(p.begin(), p.end(), 0.0f);
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -265,6 +279,8 @@ TEST(DecodeInt8Test, WeightBlocksEdgeCases) {
     }
   }
 }
+
+MHA_INSTANTIATE_PER_TARGET(DecodeInt8TargetTest);
 
 TEST(DecodeInt8Test, KernelNamesAndChoice) {
   EXPECT_STREQ(kernels::DecodeDotKernelName(DecodeDotKernel::kPortable), "portable");
