@@ -237,7 +237,7 @@ MHA_DOT_INLINE void QuantizeBlocks(const float* p, ptrdiff_t p_stride, const flo
   alignas(16) float inv[4], sc[4];
   _mm_store_ps(inv, _mm_div_ps(_mm_set1_ps(255.0f), m4));
   _mm_store_ps(sc, _mm_div_ps(m4, _mm_set1_ps(255.0f)));
-  const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(255.0f);
+  const __m512 zero = _mm512_setzero_ps();
   for (size_t r = 0; r < NR; ++r) {
     if (bad[r] || m[r] < 0x1p-100f) {
       std::memset(codes[r], 0, kDotValueBlock);
@@ -247,8 +247,9 @@ MHA_DOT_INLINE void QuantizeBlocks(const float* p, ptrdiff_t p_stride, const flo
     scale[r] = sc[r];
     const __m512 iv = _mm512_set1_ps(inv[r]);
     for (int h = 0; h < 2; ++h) {
-      const __m512 c = _mm512_maskz_min_ps(
-          kAll, _mm512_maskz_max_ps(kAll, _mm512_mul_ps(w[r][h], iv), zero), top);
+      // No clamp at 255: w <= m, so w * (255 / m) rounds to at most 255 (1 + 2^-23), whose
+      // nearest integer is 255.
+      const __m512 c = _mm512_maskz_max_ps(kAll, _mm512_mul_ps(w[r][h], iv), zero);
       _mm_store_si128(reinterpret_cast<__m128i*>(codes[r] + 16 * h),
                       _mm512_maskz_cvtepi32_epi8(kAll, _mm512_maskz_cvtps_epi32(kAll, c)));
     }
@@ -274,11 +275,12 @@ MHA_DOT_INLINE void AddGroup(const __m512i z[4], const uint8_t (*codes)[kDotValu
   }
 }
 
-// NR probability rows over the value rows [b0, b0 + count), count <= kDotValueBlock.
+// NR probability rows over the value rows [b0, b0 + count), count <= kDotValueBlock, into accp:
+// the rows' accumulators in the sums' lane order (InterleaveRows), padded to 64 columns.
 template <size_t NR>
 MHA_DOT_INLINE void ValueBlock(const float* p, ptrdiff_t p_stride, const int8_t* values,
                                ptrdiff_t value_stride, const float* value_scales, size_t b0,
-                               size_t count, size_t hd, float* acc, ptrdiff_t acc_stride) {
+                               size_t count, size_t hd, float (*accp)[kDotMaxHeadDim]) {
   alignas(64) uint8_t codes[NR][kDotValueBlock];
   float scale[NR];
   QuantizeBlocks<NR>(p + b0, p_stride, value_scales + b0, count, codes, scale);
@@ -312,15 +314,39 @@ MHA_DOT_INLINE void ValueBlock(const float* p, ptrdiff_t p_stride, const int8_t*
       AddGroup<NR>(z, codes, full, sums);
     }
     for (size_t r = 0; r < NR; ++r) {
-      __m512i cols[4];
-      TransposeLanes(sums[r], cols);
       const __m512 sc = _mm512_set1_ps(scale[r]);
-      float* a = acc + static_cast<ptrdiff_t>(r) * acc_stride + c;
-      for (size_t k = 0; k < 4 && c + 16 * k < hd; ++k) {
-        const __mmask16 lanes = LaneMask(hd - c - 16 * k);
-        const __m512 old = _mm512_maskz_loadu_ps(lanes, a + 16 * k);
-        const __m512 add = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, cols[k]), sc);
-        _mm512_mask_storeu_ps(a + 16 * k, lanes, _mm512_add_ps(old, add));
+      for (int k = 0; k < 4; ++k) {
+        float* a = accp[r] + c + 16 * k;
+        const __m512 add = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(kAll, sums[r][k]), sc);
+        _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a), add));
+      }
+    }
+  }
+}
+
+// Moves NR accumulator rows between acc (column order) and accp (the sums' lane order): the
+// lane order's vector k holds 128-bit lane k of the column order's 4 vectors, a 4 x 4 transpose
+// of 128-bit lanes, its own inverse.
+template <size_t NR, bool kToLaneOrder>
+MHA_DOT_INLINE void MoveAccumulators(float* acc, ptrdiff_t acc_stride, size_t hd,
+                                     float (*accp)[kDotMaxHeadDim]) {
+  for (size_t r = 0; r < NR; ++r) {
+    float* a = acc + static_cast<ptrdiff_t>(r) * acc_stride;
+    for (size_t c = 0; c < hd; c += 64) {
+      __m512i x[4], t[4];
+      for (size_t k = 0; k < 4; ++k) {
+        x[k] = kToLaneOrder ? _mm512_castps_si512(_mm512_maskz_loadu_ps(
+                                  c + 16 * k < hd ? LaneMask(hd - c - 16 * k) : 0, a + c + 16 * k))
+                            : _mm512_castps_si512(_mm512_load_ps(accp[r] + c + 16 * k));
+      }
+      TransposeLanes(x, t);
+      for (size_t k = 0; k < 4; ++k) {
+        if (kToLaneOrder) {
+          _mm512_store_ps(accp[r] + c + 16 * k, _mm512_castsi512_ps(t[k]));
+        } else if (c + 16 * k < hd) {
+          _mm512_mask_storeu_ps(a + c + 16 * k, LaneMask(hd - c - 16 * k),
+                                _mm512_castsi512_ps(t[k]));
+        }
       }
     }
   }
@@ -330,10 +356,15 @@ template <size_t NR>
 MHA_DOT_ATTR void ValueRows(const float* p, ptrdiff_t p_stride, const int8_t* values,
                             ptrdiff_t value_stride, const float* value_scales, size_t n, size_t hd,
                             float* acc, ptrdiff_t acc_stride) {
+  // The accumulators stay in the sums' lane order for the whole call: a block's update is then
+  // lane-wise, and the two reorderings run once per call instead of once per block.
+  alignas(64) float accp[NR][kDotMaxHeadDim];
+  MoveAccumulators<NR, true>(acc, acc_stride, hd, accp);
   for (size_t b0 = 0; b0 < n; b0 += kDotValueBlock) {
     ValueBlock<NR>(p, p_stride, values, value_stride, value_scales, b0,
-                   std::min(kDotValueBlock, n - b0), hd, acc, acc_stride);
+                   std::min(kDotValueBlock, n - b0), hd, accp);
   }
+  MoveAccumulators<NR, false>(acc, acc_stride, hd, accp);
 }
 
 }  // namespace
