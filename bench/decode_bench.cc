@@ -183,8 +183,8 @@ BENCHMARK(BM_DecodeStep)->Apply(DecodeArgs)->UseRealTime()->Unit(benchmark::kMil
 // range(0): context, range(1): batch, range(2): cache dtype, range(3): kv heads, range(4): 1
 // prefetch on, 0 off. Alternate the two on a shared machine, whose bandwidth moves between runs:
 //
-//   build/bench/decode_bench --benchmark_filter=BM_DecodePrefetch --benchmark_repetitions=6 \
-//       --benchmark_enable_random_interleaving=true --benchmark_min_time=0.3
+//   build/bench/decode_bench --benchmark_filter=BM_DecodePrefetch --benchmark_repetitions=6
+//       --benchmark_enable_random_interleaving=true --benchmark_min_time=0.3  (one line)
 void BM_DecodePrefetch(benchmark::State& state) {
   kernels::SetDecodePrefetch(state.range(4) != 0 ? kernels::DecodePrefetch::kOn
                                                  : kernels::DecodePrefetch::kOff);

@@ -30,11 +30,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 // QuantizeWeightsBlock (decode_int8.h) on this target.
 void QuantizeWeightsBlockHwy(const float* p, const float* value_scales, size_t count,
                              uint8_t* codes, float* scale) {
-  const hn::ScalableTag<float> d;
+  // At most kDotValueBlock lanes (SVE vectors may hold 64 floats).
+  const hn::CappedTag<float, kDotValueBlock> d;
+  const hn::Rebind<int32_t, decltype(d)> di;
   const hn::Rebind<uint8_t, decltype(d)> du8;
   const size_t N = hn::Lanes(d);
   // The block's inputs, zero-padded to whole vectors (Highway 1.0.3's MaskedLoad reads the whole
-  // vector on some targets; kDotValueBlock is a multiple of every target's lane count).
+  // vector on some targets; kDotValueBlock is a multiple of every lane count up to it).
   HWY_ALIGN float pp[kDotValueBlock] = {}, vs[kDotValueBlock] = {}, w[kDotValueBlock];
   std::memcpy(pp, p, count * sizeof(float));
   std::memcpy(vs, value_scales, count * sizeof(float));
@@ -58,11 +60,15 @@ void QuantizeWeightsBlockHwy(const float* p, const float* value_scales, size_t c
   }
   *scale = mx / 255.0f;
   const auto inv = hn::Set(d, 255.0f / mx);
-  const auto lo = hn::Zero(d), hi = hn::Set(d, 255.0f);
+  const auto lo = hn::Zero(d), hi = hn::Set(d, 255.0f), magic = hn::Set(d, 0x1.8p23f);
   HWY_ALIGN uint8_t c[kDotValueBlock];
   for (size_t i = 0; i < count; i += N) {
     const auto x = hn::Min(hn::Max(hn::Mul(hn::Load(d, w + i), inv), lo), hi);
-    hn::StoreU(hn::DemoteTo(du8, hn::NearestInt(x)), du8, c + i);
+    // Round half to even by adding and subtracting 1.5 * 2^23 (exact below 2^22), as the scalar
+    // definition does: Highway 1.0.3's NearestInt and Round on EMU128 and SCALAR add 0.5 and
+    // truncate (0.49999997 -> 1). The result is an integer, so the conversion is exact.
+    const auto r = hn::Sub(hn::Add(x, magic), magic);
+    hn::StoreU(hn::DemoteTo(du8, hn::ConvertTo(di, r)), du8, c + i);
   }
   std::memcpy(codes, c, count);
 }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/check.h"
 #include "kernels/cpu_features.h"
 #include "kernels/decode.h"
 #include "kernels/decode_int8.h"
@@ -56,7 +57,7 @@ const char* DecodeDotKernelName(DecodeDotKernel kernel) {
 DecodeDotKernel DecodeDotActiveKernel() {
 #if defined(__x86_64__)
   // The target Highway dispatches to (MHA_TARGETS narrows it), as Int8ActiveKernel decides.
-  if (ActiveTarget() == HWY_AVX3_DL && DecodeDotKernelAvailable(DecodeDotKernel::kAvx512Vnni)) {
+  if (ActiveTargetIsAvx512() && DecodeDotKernelAvailable(DecodeDotKernel::kAvx512Vnni)) {
     return DecodeDotKernel::kAvx512Vnni;
   }
 #endif
@@ -153,7 +154,8 @@ void QuantizeQueryRowForDot(const float* q, size_t hd, int8_t* codes, float* sca
 void QueryKeyScoresDot(DecodeDotKernel kernel, const float* q, size_t rows, ptrdiff_t q_stride,
                        const int8_t* keys, ptrdiff_t key_stride, const float* key_scales, size_t n,
                        size_t hd, float* scores, ptrdiff_t score_stride) {
-  assert(hd <= kDotMaxHeadDim);
+  // The kernels' stack buffers hold kDotMaxHeadDim codes a row (the cache checks at creation).
+  MHA_CHECK(hd <= kDotMaxHeadDim, "QueryKeyScoresDot: hd must be <= kDotMaxHeadDim");
   if (rows == 0 || n == 0) return;
   if (kernel == DecodeDotKernel::kAuto) kernel = DecodeDotActiveKernel();
 #if defined(__x86_64__)
@@ -170,7 +172,7 @@ void AccumulateWeightedValuesDot(DecodeDotKernel kernel, const float* p, size_t 
                                  ptrdiff_t p_stride, const int8_t* values, ptrdiff_t value_stride,
                                  const float* value_scales, size_t n, size_t hd, float* acc,
                                  ptrdiff_t acc_stride) {
-  assert(hd <= kDotMaxHeadDim);
+  MHA_CHECK(hd <= kDotMaxHeadDim, "AccumulateWeightedValuesDot: hd must be <= kDotMaxHeadDim");
   if (rows == 0 || n == 0 || hd == 0) return;
   if (kernel == DecodeDotKernel::kAuto) kernel = DecodeDotActiveKernel();
 #if defined(__x86_64__)

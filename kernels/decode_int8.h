@@ -32,7 +32,8 @@
 //   sum_j (m_j / 510) * |vc_jd| (vc: the codes; 1/510 of the block's largest term per term); the
 //   outputs' error is measured in README "KV cache".
 // The portable kernel runs decode.h's f32 kernels on the codes (exact: every product and partial
-// sum is an integer below 2^24), so it has their speed on every Highway target.
+// sum is an integer below 2^24) on every Highway target: their scores' speed, and sums about
+// twice as slow (per block of 32 positions: a call, the weights' quantization, the scaling).
 // Tested against a scalar transcription of this definition on every kernel, bit for bit, in
 // tests/decode_int8_test.cc.
 #ifndef MHA_KERNELS_DECODE_INT8_H_
@@ -44,7 +45,8 @@
 namespace mha {
 namespace kernels {
 
-// The integer sums stay below 2^24 (a query code sum <= 1024 * 127 * 127), so the portable
+// The integer sums stay below 2^24 (a dot product of query and key codes <= 1024 * 127 * 127),
+// so the portable
 // kernel's f32-exact arithmetic and VPDPBUSD's int32 sums agree; the kernels' stack buffers hold
 // four quantized query rows of this many codes.
 inline constexpr size_t kDotMaxHeadDim = 1024;
@@ -53,9 +55,10 @@ inline constexpr size_t kDotMaxHeadDim = 1024;
 // beside 32 * hd integer products.
 inline constexpr size_t kDotValueBlock = 32;
 
-// kAuto: the VNNI kernel where the CPU has AVX512_VNNI and the dispatched Highway target is
-// AVX3_DL (so MHA_TARGETS=AVX2 runs the portable one on any CPU), else the portable kernel
-// (decode.h's f32 kernels on the codes). Both give the same bits.
+// kAuto: the VNNI kernel where the CPU has AVX512_VNNI and the dispatched Highway target is an
+// AVX-512 one (AVX3 on Cascade Lake, AVX3_DL on Ice Lake, Sapphire Rapids, Zen 4; so
+// MHA_TARGETS=AVX2 runs the portable one on any CPU), else the portable kernel (decode.h's f32
+// kernels on the codes). Both give the same bits.
 enum class DecodeDotKernel { kAuto, kPortable, kAvx512Vnni };
 bool DecodeDotKernelAvailable(DecodeDotKernel kernel);
 const char* DecodeDotKernelName(DecodeDotKernel kernel);

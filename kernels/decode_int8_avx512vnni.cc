@@ -9,12 +9,13 @@
 // lane i is the whole score of row i, with no sum across lanes. The keys are the unsigned operand
 // (code + 128, an xor of the sign bit); the accumulator starts at -128 times the query row's code
 // sum, so it ends at the exact sum of code products. One transpose serves up to 4 query rows.
-// Values: 4 cached value rows are interleaved by bytes (6 unpacks), so that each dword holds one
+// Values: 4 cached value rows are interleaved by bytes (8 unpacks), so that each dword holds one
 // column of the 4 rows, in the lane order d = 16 L + 4 k + i of vector k (L the 128-bit lane);
-// VPDPBUSD with the 4 rows' weight codes broadcast adds c_j * v_jd over the 4 rows. At a block's
-// end, the integer sums go back to column order (a 4 x 4 transpose of 128-bit lanes), then the
-// definition's f32 update. The weights of a block are quantized with vector operations that give
-// QuantizeWeightsBlock's bits (the same f32 products, maximum, quotient and rounding).
+// VPDPBUSD with the 4 rows' weight codes broadcast adds c_j * v_jd over the 4 rows. A block ends
+// with the definition's f32 update, lane by lane, of accumulators kept in that lane order for
+// the whole call (put there and back by a 4 x 4 transpose of 128-bit lanes, once per call). The
+// weights of a block are quantized with vector operations that give QuantizeWeightsBlock's bits
+// (the same f32 products, maximum, quotient and rounding).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -112,7 +113,7 @@ MHA_DOT_INLINE void ScoreTile(const int8_t (*qc)[kDotMaxHeadDim], const float* q
     const __mmask64 mask = ByteMask(bytes);
     __m512i rows[kKeyTile], cols[kKeyTile];
     for (size_t i = 0; i < kKeyTile; ++i) {
-      // The next tile's rows (a hint: past the call's rows it reads nothing).
+      // The rows kKeyAhead positions on (a hint: past the call's rows it reads nothing).
       _mm_prefetch(reinterpret_cast<const char*>(
                        keys + static_cast<ptrdiff_t>(j0 + kKeyAhead + i) * key_stride + c),
                    _MM_HINT_T0);
@@ -170,13 +171,20 @@ MHA_DOT_INLINE void QuantizeQuery(const float* q, size_t hd, int8_t* codes, floa
   }
   const size_t padded = (hd + 63) / 64 * 64;
   const float a = MaxLane(amax);
+  const float inv_a = 127.0f / a;
+  if (a > 0.0f && !(inv_a <= 3.4e38f)) {
+    // 127 / a overflows (a below ~3.7e-37): QuantizeRowI8's NaN products (0 * inf) become code
+    // 0 there, which the clamp below would not give.
+    QuantizeQueryRowForDot(q, hd, codes, scale, sum);
+    return;
+  }
   *scale = a / 127.0f;
   if (!(a > 0.0f)) {
     std::memset(codes, 0, padded);
     *sum = 0;
     return;
   }
-  const __m512 inv = _mm512_set1_ps(127.0f / a);
+  const __m512 inv = _mm512_set1_ps(inv_a);
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   __m512i s = _mm512_setzero_si512();
   size_t d = 0;

@@ -33,7 +33,10 @@ std::vector<DecodeDotKernel> Kernels() {
   return out;
 }
 
-bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+// The same bits, or both NaN (the payload of a NaN made by different operations may differ).
+bool SameBits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof(float)) == 0 || (std::isnan(a) && std::isnan(b));
+}
 
 // int8 rows: n rows of `stride` bytes at `misalign` bytes into the buffer, codes in [-127, 127]
 // and a random scale per row.
@@ -158,13 +161,13 @@ TEST_P(DecodeInt8TargetTest, ValuesMatchTheDefinitionBitForBit) {
   for (DecodeDotKernel kernel : Kernels()) {
     for (size_t hd : kHeadDims) {
       for (size_t n : kCounts) {
-        for (size_t rows : {1u, 2u, 4u, 5u}) {
+        for (size_t rows : {1u, 2u, 3u, 4u, 5u}) {
           const size_t stride = hd + 3, misalign = (hd * 3 + n) % 5;
           const Rows values = MakeRows(n, stride, misalign, &rng);
           const ptrdiff_t p_stride = static_cast<ptrdiff_t>(n + 1);
           std::vector<float> p(rows * (n + 1) + 1);
           for (float& x : p) x = prob(rng) * prob(rng);  // many small weights, some large
-          // Masked positions (p = 0) and a zero block.
+          // Masked positions (p = 0) at the start of row 0.
           for (size_t j = 0; j < std::min<size_t>(n, 3); ++j) p[1 + j] = 0.0f;
           const ptrdiff_t acc_stride = static_cast<ptrdiff_t>(hd + 2);
           std::vector<float> acc(rows * (hd + 2) + 1);
@@ -280,6 +283,88 @@ TEST_P(DecodeInt8TargetTest, WeightBlocksEdgeCases) {
   }
 }
 
+// Query rows of every kind in one call, bit for bit against the definition: a normal row, one
+// with a NaN, one of zeros, one whose largest magnitude is ~1e-38 (127 / max overflows: its
+// zeros must stay code 0), one with an infinity; and the largest head_dim with every code at
+// +-127, whose dot products (1024 * 127 * 127) are the largest the kernels sum exactly.
+TEST_P(DecodeInt8TargetTest, QueryRowsOfEveryKind) {
+  std::mt19937 rng(15);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (DecodeDotKernel kernel : Kernels()) {
+    for (size_t hd : {size_t{70}, kernels::kDotMaxHeadDim}) {
+      const size_t n = 37, rows = 5;
+      Rows keys = MakeRows(n, hd, 3, &rng);
+      if (hd == kernels::kDotMaxHeadDim) {
+        for (size_t i = 0; i < n * hd; ++i) keys.storage[3 + i] = (i / hd) % 2 ? -127 : 127;
+      }
+      std::vector<float> q(rows * hd);
+      for (float& x : q) x = normal(rng);
+      q[hd + 5] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(q.begin() + 2 * hd, q.begin() + 3 * hd, 0.0f);
+      for (size_t d = 0; d < hd; ++d) q[3 * hd + d] = d % 3 == 0 ? 0.0f : 1e-38f * normal(rng);
+      q[4 * hd + 1] = -std::numeric_limits<float>::infinity();
+      if (hd == kernels::kDotMaxHeadDim) std::fill(q.begin(), q.begin() + hd, 3.0f);
+      std::vector<float> scores(rows * n);
+      kernels::QueryKeyScoresDot(kernel, q.data(), rows, static_cast<ptrdiff_t>(hd), keys.data,
+                                 static_cast<ptrdiff_t>(hd), keys.scales.data(), n, hd,
+                                 scores.data(), static_cast<ptrdiff_t>(n));
+      for (size_t r = 0; r < rows; ++r) {
+        for (size_t j = 0; j < n; ++j) {
+          const float want =
+              ReferenceScore(q.data() + r * hd, keys.data + j * hd, keys.scales[j], hd);
+          ASSERT_TRUE(SameBits(scores[r * n + j], want))
+              << kernels::DecodeDotKernelName(kernel) << " hd " << hd << " row " << r << " key "
+              << j << ": " << scores[r * n + j] << " vs " << want;
+        }
+      }
+      if (hd == kernels::kDotMaxHeadDim) {
+        // Row 0: codes all 127 against +-127 rows: +-16516096 * scale exactly.
+        EXPECT_EQ(scores[0], (16516096.0f * keys.scales[0]) * (3.0f / 127.0f));
+      }
+    }
+  }
+}
+
+// The weights' quantization on inputs built to land on its edges, bit for bit against the
+// definition, in a call of 3 rows (one pass of the VNNI kernel's 3-row form): exact ties
+// (p / 255 of the block's largest: 2.5 -> 2, 3.5 -> 4, 0.5 -> 0), 0.49999997 (not a tie: 0),
+// a negative p (counts as 0), a block whose largest weight is below 2^-100 (scale 0), and a
+// block with an infinite weight (NaN sums) beside finite rows.
+TEST_P(DecodeInt8TargetTest, WeightQuantizationEdges) {
+  std::mt19937 rng(16);
+  for (DecodeDotKernel kernel : Kernels()) {
+    const size_t hd = 48, n = 70, rows = 3;
+    Rows values = MakeRows(n, hd, 1, &rng);
+    std::fill(values.scales.begin(), values.scales.end(), 1.0f);
+    std::vector<float> p(rows * n, 0.0f);
+    const float ties[] = {255.0f, 2.5f, 3.5f, 0.5f, 1.5f, 0.49999997f, -3.0f, 254.5f, 127.5f};
+    for (size_t j = 0; j < n; ++j) p[j] = ties[j % 9];
+    for (size_t j = 0; j < n; ++j) p[n + j] = j < 32 ? 1e-31f * static_cast<float>(j % 3) : 0.25f;
+    for (size_t j = 0; j < n; ++j) p[2 * n + j] = j == 40 ? INFINITY : 0.5f;
+    std::vector<float> acc(rows * hd, 0.5f), want = acc;
+    kernels::AccumulateWeightedValuesDot(
+        kernel, p.data(), rows, static_cast<ptrdiff_t>(n), values.data, static_cast<ptrdiff_t>(hd),
+        values.scales.data(), n, hd, acc.data(), static_cast<ptrdiff_t>(hd));
+    for (size_t r = 0; r < rows; ++r) {
+      ReferenceValues(p.data() + r * n, values.data, static_cast<ptrdiff_t>(hd),
+                      values.scales.data(), n, hd, want.data() + r * hd);
+    }
+    for (size_t i = 0; i < acc.size(); ++i) {
+      ASSERT_TRUE(SameBits(acc[i], want[i])) << kernels::DecodeDotKernelName(kernel) << " element "
+                                             << i << ": " << acc[i] << " vs " << want[i];
+    }
+    for (size_t d = 0; d < hd; ++d) ASSERT_TRUE(std::isnan(acc[2 * hd + d]));
+  }
+  // The reference itself on the ties: codes 255, 2, 4, 0, 2, 0, 0, 254, 128 (p * 255 / 255).
+  std::vector<int> codes;
+  float scale;
+  const float ones[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  const float ties[] = {255.0f, 2.5f, 3.5f, 0.5f, 1.5f, 0.49999997f, -3.0f, 254.5f, 127.5f};
+  ReferenceBlock(ties, ones, 9, &codes, &scale);
+  EXPECT_EQ(codes, (std::vector<int>{255, 2, 4, 0, 2, 0, 0, 254, 128}));
+  EXPECT_EQ(scale, 1.0f);
+}
+
 MHA_INSTANTIATE_PER_TARGET(DecodeInt8TargetTest);
 
 TEST(DecodeInt8Test, KernelNamesAndChoice) {
@@ -288,6 +373,25 @@ TEST(DecodeInt8Test, KernelNamesAndChoice) {
   const DecodeDotKernel active = kernels::DecodeDotActiveKernel();
   EXPECT_NE(active, DecodeDotKernel::kAuto);
   EXPECT_TRUE(kernels::DecodeDotKernelAvailable(active));
+  // kAuto runs the active kernel: the same bits as the portable one.
+  std::mt19937 rng(17);
+  const size_t hd = 64, n = 50;
+  const Rows rows = MakeRows(n, hd, 0, &rng);
+  std::vector<float> q(2 * hd), p(2 * n);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : q) x = normal(rng);
+  for (float& x : p) x = std::fabs(normal(rng));
+  std::vector<float> s_auto(2 * n), s_port(2 * n), a_auto(2 * hd, 0.0f), a_port(2 * hd, 0.0f);
+  kernels::QueryKeyScoresDot(DecodeDotKernel::kAuto, q.data(), 2, hd, rows.data, hd,
+                             rows.scales.data(), n, hd, s_auto.data(), n);
+  kernels::QueryKeyScoresDot(DecodeDotKernel::kPortable, q.data(), 2, hd, rows.data, hd,
+                             rows.scales.data(), n, hd, s_port.data(), n);
+  kernels::AccumulateWeightedValuesDot(DecodeDotKernel::kAuto, p.data(), 2, n, rows.data, hd,
+                                       rows.scales.data(), n, hd, a_auto.data(), hd);
+  kernels::AccumulateWeightedValuesDot(DecodeDotKernel::kPortable, p.data(), 2, n, rows.data, hd,
+                                       rows.scales.data(), n, hd, a_port.data(), hd);
+  EXPECT_EQ(std::memcmp(s_auto.data(), s_port.data(), s_auto.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(a_auto.data(), a_port.data(), a_auto.size() * 4), 0);
 }
 
 }  // namespace

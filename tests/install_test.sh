@@ -14,10 +14,10 @@
 #   - both programs linked statically against libmha.a with pkg-config --static, run without
 #     libmha.so;
 #   - the CMake package (lib/.../cmake/mha/mhaConfig.cmake, mhaConfigVersion.cmake): the same two
-#     programs built by a CMake project with find_package(mha 0.5 CONFIG REQUIRED) against the
+#     programs built by a CMake project with find_package(mha 0.6 CONFIG REQUIRED) against the
 #     DESTDIR tree (CMAKE_PREFIX_PATH), linked to mha::mha (shared, loaded through the build
 #     RPATH CMake records) and mha::mha_static (no libmha.so), agreeing with the pkg-config
-#     builds; find_package(mha 0.6) refuses the 0.5 package.
+#     builds; find_package(mha 0.7) refuses the 0.6 package.
 # Prints one "ok: ..." line per check; exits 1 on the first failure, 77 (skip) when pkg-config,
 # cmake, ninja or a compiler is missing.
 set -euo pipefail
@@ -243,7 +243,7 @@ cp "$tmp/consumer.c" "$tmp/consumer.cc" "$tmp/cmake_consumer/"
 cat > "$tmp/cmake_consumer/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)
 project(mha_consumer C CXX)
-find_package(mha 0.5 CONFIG REQUIRED)
+find_package(mha 0.6 CONFIG REQUIRED)
 message(STATUS "mha_DIR=${mha_DIR} mha_VERSION=${mha_VERSION}")
 foreach(kind shared static)
   set(target mha::mha)
@@ -265,7 +265,7 @@ cmake -S "$tmp/cmake_consumer" -B "$tmp/cmake_build" -G Ninja -DCMAKE_PREFIX_PAT
   { cat "$tmp/cmake.log" >&2; fail "configuring the CMake consumer with find_package(mha CONFIG)"; }
 cmake_log=$(cat "$tmp/cmake.log")
 case "$cmake_log" in
-  *"mha_DIR=$libdir/cmake/mha mha_VERSION=0.5.0"*) ;;
+  *"mha_DIR=$libdir/cmake/mha mha_VERSION=0.6.0"*) ;;
   *) fail "find_package(mha) did not find the installed package in $libdir/cmake/mha: $cmake_log" ;;
 esac
 cmake --build "$tmp/cmake_build" > "$tmp/cmake_build.log" 2>&1 ||
@@ -283,12 +283,12 @@ for prog in c_shared cc_shared c_static cc_static; do
 done
 echo "ok: C and C++ consumers built by CMake (find_package(mha CONFIG); mha::mha, mha::mha_static) agree"
 
-# The version file: 0.6 (a minor version up, which may change the API before 1.0) is refused.
+# The version file: 0.7 (a minor version up, which may change the API before 1.0) is refused.
 mkdir -p "$tmp/cmake_version"
 cat > "$tmp/cmake_version/CMakeLists.txt" <<'EOF'
 cmake_minimum_required(VERSION 3.16)
 project(mha_version NONE)
-find_package(mha 0.6 CONFIG)
+find_package(mha 0.7 CONFIG)
 message(STATUS "mha_FOUND=${mha_FOUND}")
 EOF
 cmake -S "$tmp/cmake_version" -B "$tmp/cmake_version_build" -DCMAKE_PREFIX_PATH="$root" \
@@ -297,7 +297,7 @@ cmake -S "$tmp/cmake_version" -B "$tmp/cmake_version_build" -DCMAKE_PREFIX_PATH=
 version_log=$(cat "$tmp/cmake_version.log")
 case "$version_log" in
   *"mha_FOUND=0"*) ;;
-  *) fail "find_package(mha 0.6) accepted the 0.5.0 package: $version_log" ;;
+  *) fail "find_package(mha 0.7) accepted the 0.6.0 package: $version_log" ;;
 esac
-echo "ok: mhaConfigVersion.cmake refuses find_package(mha 0.6)"
+echo "ok: mhaConfigVersion.cmake refuses find_package(mha 0.7)"
 echo "install test passed"

@@ -111,17 +111,23 @@ struct MHA_API KvCacheOptions {
   // T tokens needs T <= capacity - W + 1. Truncate may drop at most capacity - W positions. The
   // layout of the file comment holds with slots in place of positions. See the file comment.
   bool ring = false;
-  // kI8 storage only (else InvalidArgument), head_dim <= 1024: the step's attention over the
+  // kI8 storage only (else InvalidArgument), head_dim <= 1024: the steps' attention over the
   // cache takes integer dot products instead of f32 arithmetic. Each query row is quantized to
   // int8 (symmetric, one scale per row, as the cache's rows are) for its scores against the
   // cached keys, and the softmax's probabilities, times the value rows' scales, are quantized to
   // u8 per block of 32 positions (one scale per block, the block's largest weight mapped to 255)
-  // for the sums over the cached values; the integer sums are exact, then scaled in f32. Where
-  // the CPU has AVX512_VNNI this runs on VPDPBUSD, 2.4x the f32 kernels' rate on int8 rows (Zen
-  // 4) — it makes grouped-query layers, whose query heads share each cached row, read their cache
-  // at memory speed; elsewhere a portable kernel computes the same bits, slower than the default.
-  // Results are bitwise the same on every CPU and for any thread count. Error: the queries' and
-  // the weights' rounding on top of the int8 storage's (README "KV cache" states it as measured).
+  // for the sums over the cached values; the integer sums are exact, then scaled in f32
+  // (kernels/decode_int8.h defines it). For CPUs with AVX512_VNNI (VPDPBUSD; used where an
+  // AVX-512 Highway target runs), where grouped-query layers, whose query heads share each cached
+  // row, then read an int8 cache near memory speed instead of being bound by f32 multiply-adds;
+  // elsewhere a portable kernel computes the same bits, slower than the default (README
+  // "Incremental decoding" gives both as measured). The two products over the cache give the
+  // same bits on every CPU and target (the rest of the step, projections and softmax, varies by
+  // target as without the option); outputs are bitwise the same for any thread count. Error:
+  // the queries' and the weights' rounding on top of the int8 storage's (README "Incremental
+  // decoding", measured).
+  // A prompt Step into an empty cache (every entry T >= 64 tokens, no padding) runs the layer's
+  // causal forward, whose attention stays f32; the Steps after it read the cache this way.
   bool int8_attention = false;
 
   // Options matching `layer`'s num_kv_heads and head_dim.

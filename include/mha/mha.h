@@ -107,7 +107,7 @@ typedef struct mha_tensor {
 
 /* ---- Library information ------------------------------------------------------------------ */
 
-/* The library version, e.g. "0.5.0". */
+/* The library version, e.g. "0.6.0". */
 MHA_API const char* mha_version(void);
 /* The Highway target the kernels dispatch to on this CPU, e.g. "AVX2", "AVX3_DL", "NEON". */
 MHA_API const char* mha_simd_target(void);
@@ -297,7 +297,9 @@ enum {
  * the separate biases and longrope factors to mha_layer_weights (libmha.so.0.3). 0.4.0 appended
  * weight_block to mha_layer_config, mha_load_options and mha_hf_options (libmha.so.0.4). 0.5.0
  * appended grouped_forward, group_rows, group_max_bytes and bf16_kernel to mha_context_options
- * (libmha.so.0.5). */
+ * (libmha.so.0.5). 0.6.0 appended int8_attention to mha_kv_cache_options, in what was its tail
+ * padding (the size is unchanged): a struct that was not zero-initialized may now carry garbage
+ * there, which is rejected unless it is 0 or 1 (libmha.so.0.6). */
 typedef struct mha_layer_config {
   int64_t embed_dim;    /* E: model width, output width */
   int64_t num_heads;    /* H: E % H == 0, head_dim = E / H */
@@ -599,8 +601,9 @@ typedef struct mha_kv_cache_options {
    * mha::KvCacheOptions::ring). */
   int32_t ring;
   /* 1: MHA_DTYPE_I8 storage only, head_dim <= 1024: the attention over the cache takes integer
-   * dot products (quantized queries and probabilities; AVX512_VNNI where the CPU has it; see
-   * mha::KvCacheOptions::int8_attention for the numerics). 0: f32 arithmetic. */
+   * dot products (quantized queries and probabilities; AVX512_VNNI's VPDPBUSD where the CPU has
+   * it and an AVX-512 target runs; see mha::KvCacheOptions::int8_attention for the numerics).
+   * 0: f32 arithmetic. */
   int32_t int8_attention;
 } mha_kv_cache_options;
 
