@@ -20,6 +20,7 @@
 #include "kernels/decode.h"
 #include "kernels/decode_int8.h"
 #include "kernels/decode_int8_native.h"
+#include "kernels/elementwise.h"
 #include "kernels/targets.h"
 
 namespace mha {
@@ -66,7 +67,7 @@ DecodeDotKernel DecodeDotActiveKernel() {
 
 HWY_EXPORT(QuantizeWeightsBlockHwy);
 
-void QuantizeWeightsBlock(const float* p, const float* value_scales, size_t count, uint8_t* codes,
+void QuantizeWeightsBlock(const float* p, const float* value_scales, size_t count, float* codes,
                           float* scale) {
   assert(count <= kDotValueBlock);
   HWY_DYNAMIC_DISPATCH(QuantizeWeightsBlockHwy)(p, value_scales, count, codes, scale);
@@ -114,11 +115,10 @@ void ScoresPortable(const float* q, size_t rows, ptrdiff_t q_stride, const int8_
 
 // The definition's sums by decode.h's f32 kernel per block: the weights' codes as the
 // probabilities, scales of 1 (exact products and sums, as above) into a zeroed block sum, which
-// is then scaled and added.
+// is then scaled (ScaleBy) and added (AddInto): the definition's multiplication, then addition.
 void ValuesPortable(const float* p, size_t rows, ptrdiff_t p_stride, const int8_t* values,
                     ptrdiff_t value_stride, const float* value_scales, size_t n, size_t hd,
                     float* acc, ptrdiff_t acc_stride) {
-  uint8_t codes[kDotValueBlock];
   float ones[kDotValueBlock];
   std::fill(ones, ones + kDotValueBlock, 1.0f);
   alignas(64) float cf[kPortableRows][kDotValueBlock];
@@ -130,16 +130,15 @@ void ValuesPortable(const float* p, size_t rows, ptrdiff_t p_stride, const int8_
       const size_t count = std::min(kDotValueBlock, n - b);
       for (size_t r = 0; r < nr; ++r) {
         QuantizeWeightsBlock(p + static_cast<ptrdiff_t>(r0 + r) * p_stride + b, value_scales + b,
-                             count, codes, &scale[r]);
-        std::copy(codes, codes + kDotValueBlock, cf[r]);
-        std::fill(sums[r], sums[r] + hd, 0.0f);
+                             count, cf[r], &scale[r]);
+        std::memset(sums[r], 0, hd * sizeof(float));
       }
       AccumulateWeightedValues(cf[0], nr, kDotValueBlock,
                                values + static_cast<ptrdiff_t>(b) * value_stride, DType::kI8,
                                value_stride, ones, count, hd, sums[0], kDotMaxHeadDim);
       for (size_t r = 0; r < nr; ++r) {
-        float* ar = acc + static_cast<ptrdiff_t>(r0 + r) * acc_stride;
-        for (size_t d = 0; d < hd; ++d) ar[d] = ar[d] + sums[r][d] * scale[r];
+        ScaleBy(scale[r], sums[r], hd);
+        AddInto(sums[r], acc + static_cast<ptrdiff_t>(r0 + r) * acc_stride, hd);
       }
     }
   }

@@ -76,10 +76,11 @@ void AccumulateWeightedValuesDot(DecodeDotKernel kernel, const float* p, size_t 
                                  const float* value_scales, size_t n, size_t hd, float* acc,
                                  ptrdiff_t acc_stride);
 
-// The block quantization of the definition, shared by every kernel: codes[i] and *scale for the
-// `count` <= kDotValueBlock weights w_i = p[i] * value_scales[i]; codes[count..kDotValueBlock)
-// are set to 0.
-void QuantizeWeightsBlock(const float* p, const float* value_scales, size_t count, uint8_t* codes,
+// The block quantization of the definition, as the portable kernel runs it (the VNNI kernel has
+// its own vector form of the same operations): codes[i] (as f32: integers 0..255) and *scale for
+// the `count` <= kDotValueBlock weights w_i = p[i] * value_scales[i]; codes[count..kDotValueBlock)
+// are set to 0. codes: kDotValueBlock floats, aligned to 64 bytes.
+void QuantizeWeightsBlock(const float* p, const float* value_scales, size_t count, float* codes,
                           float* scale);
 
 }  // namespace kernels
