@@ -4,13 +4,14 @@
 //
 // Each input decodes (ByteReader, fuzz_util.h) into a self-attention layer (E = H * hd <= 128,
 // GQA / MQA, input width d = q_dim = kdim = vdim, bias, f32/bf16/f16 weights, prepack mode), a
-// cache (batch N <= 3, capacity <= 96, f32/bf16/f16/int8 storage, owned or in a caller buffer with
-// canary bytes around it; attention variants: RoPE, ALiBi, window, softcap, sinks, QK-norm per
-// head or whole), a context (1-3 threads, owned or caller arena) and up to 24
-// operations: steps and appends of T tokens with ragged or absent `counts`, appends of keys and
-// values projected by mha_layer_project, forwards re-querying the last tokens of each entry,
-// truncations, resets, and calls that must fail (capacity exceeded, counts out of range, a
-// forward past an entry's length, a truncation beyond it, wrong shapes, an add_zero_attn layer).
+// cache (batch N <= 3, capacity <= 96, f32/bf16/f16/int8 storage, int8 with or without
+// int8_attention, owned or in a caller buffer with canary bytes around it; attention variants:
+// RoPE, ALiBi, window, softcap, sinks, QK-norm per head or whole), a context (1-3 threads, owned
+// or caller arena) and up to 24 operations: steps and appends of T tokens with ragged or absent
+// `counts`, appends of keys and values projected by mha_layer_project, forwards re-querying the
+// last tokens of each entry, truncations, resets, and calls that must fail (capacity exceeded,
+// counts out of range, a forward past an entry's length, a truncation beyond it, wrong shapes,
+// an add_zero_attn layer).
 // The fuzzer keeps each entry's token sequence; the cache must hold exactly its keys and values.
 //
 // Checks, any of which aborts with the case's description and the operation:
@@ -77,6 +78,7 @@ struct Case {
   bool batch_first = true;
   int64_t N = 1, capacity = 1;
   int32_t cdtype = MHA_DTYPE_F32;
+  bool int8_attention = false;  // mha_kv_cache_options.int8_attention (int8 caches)
   bool caller_buffer = false;
   size_t threads = 1;
   int arena = 0;  // 0 owned, 1 caller 1 MiB, 2 caller 64 KiB (either may be too small)
@@ -93,6 +95,7 @@ struct Case {
     os << "E=" << E << " H=" << H << " KVH=" << KVH << " d=" << d << " bias=" << bias
        << " wdtype=" << wdtype << " prepack=" << prepack << " batch_first=" << batch_first
        << " N=" << N << " capacity=" << capacity << " cache_dtype=" << cdtype
+       << (int8_attention ? "(int8_attention)" : "")
        << " caller_buffer=" << caller_buffer << " threads=" << threads << " arena=" << arena
        << " rope=" << rope << " theta=" << rope_theta << " rd=" << rotary_dim << " alibi=" << alibi
        << " window=" << window << " softcap=" << softcap << " sinks=" << sinks
@@ -133,6 +136,7 @@ Case Decode(ByteReader* r) {
   c.cdtype = cache_dtypes[s & 3];
   c.threads = 1 + ((s >> 2) & 3) % 3;
   c.arena = ((s >> 4) & 3) % 3;
+  c.int8_attention = c.cdtype == MHA_DTYPE_I8 && ((s >> 6) & 1) != 0;
   const int64_t num_ops = r->Range(1, kMaxOps);
   for (int64_t i = 0; i < num_ops; ++i) {
     Op op;
@@ -235,6 +239,7 @@ class Runner {
     co.batch = c_.N;
     co.capacity = c_.capacity;
     co.dtype = c_.cdtype;
+    co.int8_attention = c_.int8_attention ? 1 : 0;
     size_t required = 0;
     if (mha_kv_cache_required_bytes(layer_, &co, &required) != MHA_STATUS_OK) {
       Fail("mha_kv_cache_required_bytes failed", desc_);
