@@ -16,8 +16,8 @@
 // Definition (every kernel gives these bits: integer sums are exact, and the f32 operations
 // around them are the same, in the same order, on every kernel and target):
 // - QueryKeyScoresDot: each query row r is quantized by QuantizeRowI8 (decode.h) to codes
-//   qc_rd and a scale qs_r; score_rj = (float(sum_d qc_rd * kc_jd) * key_scales[j]) * qs_r, each
-//   * one f32 multiplication. Error against the exact dot product of the f32 query with the
+//   qc_rd and a scale qs_r; score_rj = (float(sum_d qc_rd * kc_jd) * key_scales[j]) * qs_r, two
+//   f32 multiplications in that order. Error against the exact dot product of the f32 query with the
 //   cached row (code * scale): |q_rd - qc_rd qs_r| <= qs_r / 2 per element, so
 //   <= qs_r / 2 * sum_d |k_jd| + 2 ulp.
 // - AccumulateWeightedValuesDot: per row r, the call's positions in blocks of kDotValueBlock
@@ -30,7 +30,7 @@
 //   Error: each weight within m / 510 of w_j (m: its block's largest, at most the block's
 //   largest p times its largest value scale), so acc_rd moves by at most
 //   sum_j (m_j / 510) * |vc_jd| (vc: the codes; 1/510 of the block's largest term per term); the
-//   outputs' error is measured in README "KV cache".
+//   outputs' error is measured in README "Incremental decoding (KV cache)".
 // The portable kernel runs decode.h's f32 kernels on the codes (exact: every product and partial
 // sum is an integer below 2^24) on every Highway target: their scores' speed, and sums about
 // twice as slow (per block of 32 positions: a call, the weights' quantization, the scaling).
@@ -46,9 +46,8 @@ namespace mha {
 namespace kernels {
 
 // The integer sums stay below 2^24 (a dot product of query and key codes <= 1024 * 127 * 127),
-// so the portable
-// kernel's f32-exact arithmetic and VPDPBUSD's int32 sums agree; the kernels' stack buffers hold
-// four quantized query rows of this many codes.
+// so the portable kernel's f32-exact arithmetic and VPDPBUSD's int32 sums agree; the kernels'
+// stack buffers hold four quantized query rows of this many codes.
 inline constexpr size_t kDotMaxHeadDim = 1024;
 // Positions per quantization block of the probabilities: 32 keeps each weight's error at 1/510
 // of a local maximum while the per-block f32 work (one scale, hd multiply-adds) stays small
