@@ -11,9 +11,7 @@
 #if HWY_ONCE
 #include <algorithm>
 #include <cassert>
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "kernels/check.h"
 #include "kernels/cpu_features.h"
@@ -75,16 +73,6 @@ void QuantizeWeightsBlock(const float* p, const float* value_scales, size_t coun
 
 namespace {
 
-// Quantized query rows: codes zero-padded to a multiple of 64 (the VNNI kernel reads 64-byte
-// chunks), their f32 scales and code sums.
-void QuantizeQueryRow(const float* q, size_t hd, int8_t* codes, float* scale, int32_t* sum) {
-  QuantizeRowI8(q, hd, codes, scale);
-  std::memset(codes + hd, 0, (hd + 63) / 64 * 64 - hd);
-  int32_t s = 0;
-  for (size_t d = 0; d < hd; ++d) s += codes[d];
-  *sum = s;
-}
-
 // Rows per pass of the portable kernels, whose codes (widened to f32) and sums sit on the stack.
 constexpr size_t kPortableRows = 4;
 
@@ -106,10 +94,8 @@ void ScoresPortable(const float* q, size_t rows, ptrdiff_t q_stride, const int8_
     float* out = scores + static_cast<ptrdiff_t>(r0) * score_stride;
     QueryKeyScores(qf[0], nr, kDotMaxHeadDim, keys, DType::kI8, key_stride, key_scales, n, hd, out,
                    score_stride);
-    for (size_t r = 0; r < nr; ++r) {
-      float* row = out + static_cast<ptrdiff_t>(r) * score_stride;
-      for (size_t j = 0; j < n; ++j) row[j] = row[j] * qs[r];
-    }
+    for (size_t r = 0; r < nr; ++r)
+      ScaleBy(qs[r], out + static_cast<ptrdiff_t>(r) * score_stride, n);
   }
 }
 
@@ -147,7 +133,12 @@ void ValuesPortable(const float* p, size_t rows, ptrdiff_t p_stride, const int8_
 }  // namespace
 
 void QuantizeQueryRowForDot(const float* q, size_t hd, int8_t* codes, float* scale, int32_t* sum) {
-  QuantizeQueryRow(q, hd, codes, scale, sum);
+  QuantizeRowI8(q, hd, codes, scale);
+  // Zeros to a multiple of 64: the VNNI kernel reads 64-byte chunks.
+  std::memset(codes + hd, 0, (hd + 63) / 64 * 64 - hd);
+  int32_t s = 0;
+  for (size_t d = 0; d < hd; ++d) s += codes[d];
+  *sum = s;
 }
 
 void QueryKeyScoresDot(DecodeDotKernel kernel, const float* q, size_t rows, ptrdiff_t q_stride,
